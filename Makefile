@@ -1,0 +1,38 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install --disable-pip-version-check -q
+# The CPU build on this machine's disk; installed before the project so pip never pulls a CUDA build.
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: demo test bench lint install clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) $(TORCH) 2>&1 | grep -v "is ignored" || true
+	$(PY) -c "import torch" || (echo "torch failed to install into $(VENV)" >&2; exit 1)
+	$(PIP) -e '.[hf,models,dev]' 2>&1 | grep -v "is ignored" || true
+	$(PY) -c "import multihead, transformers, hypothesis" || (echo "project install failed" >&2; exit 1)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/multihead demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/run.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

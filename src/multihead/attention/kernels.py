@@ -1,0 +1,256 @@
+"""The attention kernel: ``attention(q, k, v, mask, ...) -> (out, weights | None)``.
+
+Backends:
+
+* ``"math"``  — the readable reference: ``softmax(q·kᵀ·scale + mask)·v``. It is the oracle
+  every other path is tested against, and the only one that returns weights.
+* ``"sdpa"``  — ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's fused
+  flash / memory-efficient / CPU-flash kernels).
+* ``"auto"``  — the fastest exact path for the request; :func:`explain_backend` says which
+  one and why the others were not taken.
+
+Shapes: q (B, H, T, Dk); k (B, Hkv, S, Dk); v (B, Hkv, S, Dv), with Hkv dividing H
+(grouped-query attention; Hkv = 1 is multi-query). out is (B, H, T, Dv); weights
+(B, H, T, S).
+
+A query row whose every key is masked yields zeros in ``out`` and in ``weights`` (never
+NaN), in every dtype. Half-precision inputs are soft-maxed in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .masks import Causal, Mask, as_mask
+
+__all__ = ["BACKENDS", "BackendChoice", "attention", "explain_backend"]
+
+BACKENDS = ("auto", "math", "sdpa")
+_HALF = (torch.float16, torch.bfloat16)
+_SDPA_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """Which kernel serves a request, and why each other kernel does not."""
+
+    backend: str
+    reason: str
+    rejected: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"backend: {self.backend} ({self.reason})"]
+        lines += [f"  not {name}: {why}" for name, why in self.rejected.items()]
+        return "\n".join(lines)
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Mask | Tensor | None = None,
+    *,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+    backend: str = "auto",
+) -> tuple[Tensor, Tensor | None]:
+    """Scaled dot-product attention over heads.
+
+    Args:
+        q: (B, H, T, Dk) queries.
+        k: (B, Hkv, S, Dk) keys; Hkv must divide H (each group of H/Hkv query heads
+            shares one key/value head).
+        v: (B, Hkv, S, Dv) values.
+        mask: a :class:`~multihead.masks.Mask`, a tensor broadcastable to (B, H, T, S)
+            (bool: True = may attend; float: additive bias, ``-inf`` = may not attend),
+            or None.
+        scale: multiplier of q·kᵀ; default 1/sqrt(Dk).
+        dropout_p: dropout on the attention weights (applied only when > 0; callers pass
+            0 in eval mode).
+        need_weights: also return the per-head attention weights (B, H, T, S).
+        backend: "auto", "math" or "sdpa".
+
+    Returns:
+        ``(out, weights)``: out (B, H, T, Dv) in q's dtype; weights (B, H, T, S) before
+        dropout, or None when ``need_weights`` is False.
+    """
+    mask = as_mask(mask)
+    _B, _H, _T, _S = _check_inputs(q, k, v, scale, dropout_p)
+    choice = _choose(q, mask, need_weights, backend)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if choice.backend == "math":
+        out, weights = _math_attention(q, k, v, mask, scale, dropout_p)
+        return out, (weights if need_weights else None)
+    return _sdpa_attention(q, k, v, mask, scale, dropout_p), None
+
+
+def explain_backend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Mask | Tensor | None = None,
+    *,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+    backend: str = "auto",
+) -> BackendChoice:
+    """Say which backend :func:`attention` would use for these arguments, and why."""
+    mask = as_mask(mask)
+    _check_inputs(q, k, v, None, dropout_p)
+    return _choose(q, mask, need_weights, backend)
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def _choose(q: Tensor, mask: Mask | None, need_weights: bool, backend: str) -> BackendChoice:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+    sdpa_problem = None
+    if need_weights:
+        sdpa_problem = "scaled_dot_product_attention does not return attention weights"
+    elif q.dtype in _HALF and mask is not None and mask.has_bias:
+        sdpa_problem = (
+            f"an additive float mask with {q.dtype} inputs is added in {q.dtype} inside SDPA; "
+            "the math path adds it in float32"
+        )
+    if backend == "sdpa":
+        if need_weights:
+            raise ValueError("backend='sdpa' cannot return weights; use backend='math' or 'auto'")
+        return BackendChoice("sdpa", "requested", {})
+    if backend == "math":
+        return BackendChoice("math", "requested", {})
+    if sdpa_problem is None:
+        return BackendChoice(
+            "sdpa", "fused kernel, exact for this request",
+            {"math": "materialises the (B, H, T, S) weights; slower and O(T·S) memory"},
+        )
+    return BackendChoice("math", "the only path that serves this request", {"sdpa": sdpa_problem})
+
+
+# --------------------------------------------------------------------------- backends
+
+
+def _math_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: float, dropout_p: float
+) -> tuple[Tensor, Tensor]:
+    B, H, T, _ = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    if Hkv != H:  # grouped-query: each kv head serves H/Hkv consecutive query heads
+        k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, Dk)
+        v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, Dv)
+    compute = torch.float32 if q.dtype in _HALF else q.dtype
+    scores = torch.matmul(q, k.transpose(-2, -1)).to(compute) * scale  # (B, H, T, S)
+    visible = None
+    if mask is not None:
+        keep, visible, bias = _dense_mask(mask, B, H, T, S, q.device, compute)
+        if bias is not None:
+            scores = scores + bias  # (B, H, T, S)
+        scores = scores.masked_fill(~keep, float("-inf"))  # (B, H, T, S)
+    weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
+    if visible is not None:
+        weights = weights.masked_fill(~visible, 0.0)
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    out = torch.matmul(dropped.to(v.dtype), v)  # (B, H, T, Dv)
+    return out, weights.to(q.dtype)
+
+
+def _sdpa_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: float, dropout_p: float
+) -> Tensor:
+    T, S = q.shape[2], k.shape[2]
+    gqa = k.shape[1] != q.shape[1]
+    if gqa and not _SDPA_HAS_GQA:  # torch < 2.5
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, S, Dk)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)  # (B, H, S, Dv)
+        gqa = False
+    kwargs = {"enable_gqa": True} if gqa else {}
+    if mask is None or (isinstance(mask, Causal) and T == S):
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=mask is not None, scale=scale, **kwargs
+        )
+    bias_dtype = torch.float32 if q.dtype in _HALF else q.dtype
+    keep, visible, bias = _dense_mask(mask, q.shape[0], q.shape[1], T, S, q.device, bias_dtype)
+    attn_mask: Tensor = keep
+    if bias is not None:
+        if q.dtype in _HALF:  # a float32 bias such as -1e9 would overflow to -inf in half precision
+            bias = bias.clamp(min=torch.finfo(q.dtype).min).to(q.dtype)
+        attn_mask = bias.masked_fill(~keep, float("-inf"))
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, **kwargs
+    )  # (B, H, T, Dv)
+    return out.masked_fill(~visible, 0.0)
+
+
+def _dense_mask(
+    mask: Mask, B: int, H: int, T: int, S: int, device: torch.device, bias_dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Dense (keep, visible, bias) for the dense kernels, validated against (B, H, T, S).
+
+    ``visible`` (..., T, 1) is False for query rows that may attend to no key at all; in
+    ``keep`` those rows are unmasked, so every kernel's softmax stays finite, and the caller
+    zeroes them afterwards. That is how fully masked rows give zeros rather than NaN.
+    """
+    keep = mask.materialize(T, S, device=device)  # (..., T, S) bool
+    _check_broadcast("mask", keep.shape, (B, H, T, S))
+    visible = keep.any(dim=-1, keepdim=True)  # (..., T, 1)
+    keep = keep | ~visible
+    bias = mask.bias(T, S, dtype=bias_dtype, device=device)
+    if bias is not None:
+        _check_broadcast("mask", bias.shape, (B, H, T, S))
+    return keep, visible, bias
+
+
+def _check_broadcast(name: str, shape: torch.Size, target: tuple[int, ...]) -> None:
+    ok = len(shape) <= len(target) and all(
+        s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False)
+    )
+    if not ok:
+        raise ValueError(
+            f"{name} of shape {tuple(shape)} does not broadcast to (B, H, T, S) = {target}"
+        )
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout_p: float
+                  ) -> tuple[int, int, int, int]:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} must be 4-D (B, heads, length, head_dim); got shape {tuple(t.shape)}"
+            )
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point tensor; got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    B, H, T, Dk = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"batch sizes differ: q {B}, k {k.shape[0]}, v {v.shape[0]}")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"k and v must have the same number of heads; got {k.shape[1]} and {v.shape[1]}")
+    Hkv = k.shape[1]
+    if Hkv == 0 or H % Hkv != 0:
+        raise ValueError(
+            f"query heads H={H} must be a multiple of key/value heads Hkv={Hkv} (grouped-query attention)"
+        )
+    if k.shape[3] != Dk:
+        raise ValueError(f"q and k must share head_dim; got q (..., {Dk}) and k (..., {k.shape[3]})")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v must have the same length S; got {k.shape[2]} and {v.shape[2]}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")
+    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
+        raise ValueError(f"scale must be a positive number or None; got {scale!r}")
+    return B, H, T, k.shape[2]

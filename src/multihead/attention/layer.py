@@ -1,0 +1,271 @@
+"""``MultiHeadAttention``: project, split into heads, attend, merge, project back.
+
+    head_i = Attention(x·W_i^Q, c·W_i^K, c·W_i^V)            # i = 1..H, each of width Dk
+    MultiHead(x, c) = Concat(ξ_1·head_1, ..., ξ_H·head_H)·W^O
+
+x is the query input (B, T, D); c the context (B, S, kdim/vdim) — c = x for
+self-attention. ξ are the per-head gates (all ones by default). With ``num_kv_heads`` < H,
+groups of H / Hkv query heads share one key/value head (grouped-query attention).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .kernels import BACKENDS, attention
+from .masks import Mask
+
+__all__ = ["MultiHeadAttention"]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention, batch-first.
+
+    Args:
+        embed_dim: model width D (query input and output size).
+        num_heads: number of query heads H; D must be divisible by H (Dk = D / H).
+        num_kv_heads: number of key/value heads Hkv (default H); must divide H.
+        kdim, vdim: feature sizes of the key / value inputs (default D).
+        bias: add biases to the four projections.
+        dropout: dropout on the attention weights, in training mode only.
+        backend: kernel backend passed to :func:`multihead.attention` ("auto", "math", "sdpa").
+
+    Attributes:
+        head_gates: (H,) buffer of per-head multipliers ξ applied to each head's output
+            before W^O. Set an entry to 0 to silence a head; call
+            ``head_gates.requires_grad_(True)`` to take gradients with respect to them.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        backend: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        _check_config(embed_dim, num_heads, num_kv_heads, kdim, vdim, dropout, backend)
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = embed_dim // num_heads
+        self.kdim = embed_dim if kdim is None else kdim
+        self.vdim = embed_dim if vdim is None else vdim
+        self.dropout = dropout
+        self.backend = backend
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        kv_width = num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(embed_dim, num_heads * self.head_dim, bias=bias, **factory)
+        self.k_proj = nn.Linear(self.kdim, kv_width, bias=bias, **factory)
+        self.v_proj = nn.Linear(self.vdim, kv_width, bias=bias, **factory)
+        self.out_proj = nn.Linear(num_heads * self.head_dim, embed_dim, bias=bias, **factory)
+        self.register_buffer("head_gates", torch.ones(num_heads, **factory))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Initialise as ``nn.MultiheadAttention`` does: Xavier-uniform inputs, zero biases."""
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            nn.init.xavier_uniform_(proj.weight)
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            if proj.bias is not None:
+                nn.init.zeros_(proj.bias)
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | tuple[Tensor, Tensor] | None = None,
+        *,
+        mask: Mask | Tensor | None = None,
+        need_weights: bool = False,
+        average_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend from ``x`` (B, T, D) to ``context``.
+
+        Args:
+            x: (B, T, D) queries.
+            context: None for self-attention; a (B, S, kdim) tensor used as both key and
+                value input (kdim == vdim); or a ``(key_input, value_input)`` pair of
+                (B, S, kdim) and (B, S, vdim).
+            mask: a :class:`~multihead.masks.Mask` or tensor broadcastable to (B, H, T, S);
+                True = may attend (float tensors are additive biases).
+            need_weights: also return the attention weights.
+            average_weights: return weights averaged over heads, (B, T, S).
+
+        Returns:
+            out (B, T, D), or ``(out, weights)`` with weights (B, H, T, S) per head (before
+            dropout), or (B, T, S) if ``average_weights``.
+        """
+        key_in, value_in = self._inputs(x, context)
+        B, T, _ = x.shape
+        S = key_in.shape[1]
+        H, Hkv, Dk = self.num_heads, self.num_kv_heads, self.head_dim
+        if context is None:
+            # One GEMM for the three projections when they share the input.
+            w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+            b = None if self.q_proj.bias is None else torch.cat(
+                [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+            q, k, v = F.linear(x, w, b).split([H * Dk, Hkv * Dk, Hkv * Dk], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(key_in), self.v_proj(value_in)
+        q = q.view(B, T, H, Dk).transpose(1, 2)  # (B, H, T, Dk)
+        k = k.view(B, S, Hkv, Dk).transpose(1, 2)  # (B, Hkv, S, Dk)
+        v = v.view(B, S, Hkv, Dk).transpose(1, 2)  # (B, Hkv, S, Dv)
+        out, weights = attention(
+            q, k, v, mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=need_weights,
+            backend=self.backend,
+        )  # (B, H, T, Dv), (B, H, T, S) | None
+        out = out.transpose(1, 2).reshape(B, T, H * Dk)  # (B, T, H·Dv)
+        # ξ_h scales head h's columns of W^O: the same as scaling the head's output, cheaper.
+        w_o = self.out_proj.weight * self.head_gates.repeat_interleave(Dk)  # (D, H·Dv)
+        y = F.linear(out, w_o, self.out_proj.bias)  # (B, T, D)
+        if not need_weights:
+            return y
+        assert weights is not None
+        return y, (weights.mean(dim=1) if average_weights else weights)
+
+    def _inputs(self, x: Tensor, context: Tensor | tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+        _check_input("x", x, self.embed_dim)
+        if context is None:
+            if self.kdim != self.embed_dim or self.vdim != self.embed_dim:
+                raise ValueError(
+                    f"self-attention needs kdim == vdim == embed_dim; this layer has kdim={self.kdim}, "
+                    f"vdim={self.vdim}: pass context"
+                )
+            return x, x
+        if isinstance(context, tuple):
+            if len(context) != 2:
+                raise ValueError("context must be a tensor or a (key_input, value_input) pair")
+            key_in, value_in = context
+        else:
+            key_in = value_in = context
+        _check_input("key input", key_in, self.kdim)
+        _check_input("value input", value_in, self.vdim)
+        for name, t in (("key input", key_in), ("value input", value_in)):
+            if t.shape[0] != x.shape[0]:
+                raise ValueError(f"batch sizes differ: x has B={x.shape[0]}, {name} has B={t.shape[0]}")
+            if t.dtype != x.dtype:
+                raise TypeError(f"x is {x.dtype} but {name} is {t.dtype}")
+        if key_in.shape[1] != value_in.shape[1]:
+            raise ValueError(
+                f"key and value inputs must have the same length S; got {key_in.shape[1]} and {value_in.shape[1]}"
+            )
+        return key_in, value_in
+
+    # ------------------------------------------------------------------ conversion
+
+    @classmethod
+    def from_torch(cls, mha: nn.MultiheadAttention) -> MultiHeadAttention:
+        """Exact copy of an ``nn.MultiheadAttention`` (any ``batch_first``; kdim/vdim; bias).
+
+        The returned layer is always batch-first. Masks change meaning: torch's bool masks
+        mark positions to *ignore*; ours mark positions that *may attend*.
+        """
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(f"from_torch expects nn.MultiheadAttention, got {type(mha).__name__}")
+        if mha.bias_k is not None or mha.add_zero_attn:
+            raise ValueError("add_bias_kv and add_zero_attn have no equivalent in MultiHeadAttention")
+        w = mha.in_proj_weight if mha._qkv_same_embed_dim else None
+        ref = w if w is not None else mha.q_proj_weight
+        layer = cls(
+            mha.embed_dim, mha.num_heads, kdim=mha.kdim, vdim=mha.vdim,
+            bias=mha.in_proj_bias is not None, dropout=mha.dropout,
+            device=ref.device, dtype=ref.dtype,
+        )
+        E = mha.embed_dim
+        with torch.no_grad():
+            if w is not None:
+                wq, wk, wv = w.split(E)
+            else:
+                wq, wk, wv = mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight
+            for proj, weight in ((layer.q_proj, wq), (layer.k_proj, wk), (layer.v_proj, wv)):
+                proj.weight.copy_(weight)
+            layer.out_proj.weight.copy_(mha.out_proj.weight)
+            if mha.in_proj_bias is not None:
+                for proj, b in zip((layer.q_proj, layer.k_proj, layer.v_proj), mha.in_proj_bias.split(E),
+                                   strict=True):
+                    proj.bias.copy_(b)
+                layer.out_proj.bias.copy_(mha.out_proj.bias)
+        return layer
+
+    def to_torch(self, *, batch_first: bool = True) -> nn.MultiheadAttention:
+        """An ``nn.MultiheadAttention`` computing the same function (head gates folded into W^O).
+
+        Raises ValueError for grouped-query layers, which torch's module cannot express.
+        """
+        if self.num_kv_heads != self.num_heads:
+            raise ValueError(
+                f"nn.MultiheadAttention has no grouped-query form (num_kv_heads={self.num_kv_heads} "
+                f"!= num_heads={self.num_heads})"
+            )
+        bias = self.q_proj.bias is not None
+        ref = self.q_proj.weight
+        mha = nn.MultiheadAttention(
+            self.embed_dim, self.num_heads, dropout=self.dropout, bias=bias, kdim=self.kdim,
+            vdim=self.vdim, batch_first=batch_first, device=ref.device, dtype=ref.dtype,
+        )
+        with torch.no_grad():
+            weights = (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
+            if mha._qkv_same_embed_dim:
+                mha.in_proj_weight.copy_(torch.cat(weights))
+            else:
+                for dst, src in zip((mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight), weights,
+                                    strict=True):
+                    dst.copy_(src)
+            mha.out_proj.weight.copy_(self.out_proj.weight * self.head_gates.repeat_interleave(self.head_dim))
+            if bias:
+                mha.in_proj_bias.copy_(torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]))
+                mha.out_proj.bias.copy_(self.out_proj.bias)
+        return mha
+
+    def extra_repr(self) -> str:
+        kv = f", num_kv_heads={self.num_kv_heads}" if self.num_kv_heads != self.num_heads else ""
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}{kv}, head_dim={self.head_dim}, "
+                f"kdim={self.kdim}, vdim={self.vdim}, dropout={self.dropout}, backend={self.backend!r}")
+
+
+def _check_config(embed_dim: int, num_heads: int, num_kv_heads: int, kdim: int | None,
+                  vdim: int | None, dropout: float, backend: str) -> None:
+    for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer; got {value!r}")
+    for name, value in (("kdim", kdim), ("vdim", vdim)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            raise ValueError(f"{name} must be a positive integer or None; got {value!r}")
+    if embed_dim % num_heads != 0:
+        raise ValueError(
+            f"embed_dim={embed_dim} must be divisible by num_heads={num_heads} "
+            f"(each head gets embed_dim / num_heads features)"
+        )
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(f"num_heads={num_heads} must be divisible by num_kv_heads={num_kv_heads}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1); got {dropout}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+
+
+def _check_input(name: str, t: Tensor, features: int) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 3:
+        raise ValueError(f"{name} must be 3-D (B, length, {features}) batch-first; got shape {tuple(t.shape)}")
+    if t.shape[-1] != features:
+        raise ValueError(f"{name} must have {features} features in its last dim; got shape {tuple(t.shape)}")
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"{name} must be floating point; got {t.dtype}")

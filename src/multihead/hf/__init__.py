@@ -1,0 +1,9 @@
+"""Everything that touches Hugging Face ``transformers``: local model folders and adapters.
+
+``transformers`` is imported lazily, so ``import multihead`` works without it.
+"""
+
+from .bert import BertAttentionAdapter, attention_from_bert, swap_bert_attention
+from .paths import KNOWN_MODELS, model_path
+
+__all__ = ["KNOWN_MODELS", "BertAttentionAdapter", "attention_from_bert", "model_path", "swap_bert_attention"]

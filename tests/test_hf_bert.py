@@ -1,0 +1,121 @@
+"""Our layer swapped into Hugging Face BERT models, real (all-MiniLM-L6-v2) and tiny random ones."""
+
+import pytest
+import torch
+
+import multihead as mh
+
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+
+SENTENCES = [
+    "The animal didn't cross the street because it was too tired.",
+    "小明把蛋糕递给小红，因为她不饿了。",
+    "Hi.",
+    "Multi-head attention lets every head look at the sentence from its own angle, and W^O mixes them.",
+]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    path = mh.hf.model_path("minilm")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    return path, tokenizer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_minilm_with_our_layer_matches_transformers(minilm, impl):
+    path, tokenizer = minilm
+    model = transformers.AutoModel.from_pretrained(path, attn_implementation=impl).eval()
+    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    assert len(set(batch["attention_mask"].sum(1).tolist())) == len(SENTENCES)  # all different lengths
+    ours = mh.hf.swap_bert_attention(model)
+    adapters = [m for m in ours.modules() if isinstance(m, mh.hf.BertAttentionAdapter)]
+    assert len(adapters) == 6 and all(a.attn.num_heads == 12 for a in adapters)
+    assert not any(isinstance(m, mh.hf.BertAttentionAdapter) for m in model.modules())  # original untouched
+    with torch.no_grad():
+        want = model(**batch).last_hidden_state
+        got = ours(**batch).last_hidden_state
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    for backend in ("math", "sdpa"):
+        for a in adapters:
+            a.attn.backend = backend
+        with torch.no_grad():
+            torch.testing.assert_close(ours(**batch).last_hidden_state, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_minilm_weights_from_our_layer_are_per_head_and_padding_free(minilm):
+    path, tokenizer = minilm
+    model = mh.hf.swap_bert_attention(transformers.AutoModel.from_pretrained(path).eval(), inplace=True)
+    batch = tokenizer(SENTENCES[:2], padding=True, return_tensors="pt")
+    first = next(m for m in model.modules() if isinstance(m, mh.hf.BertAttentionAdapter))
+    first.need_weights = True
+    seen = []
+    first.register_forward_hook(lambda _m, _i, out: seen.append(out[1]))
+    with torch.no_grad():
+        model(**batch)
+    (w,) = seen
+    B, T = batch["input_ids"].shape
+    assert w.shape == (B, 12, T, T)
+    pad = ~batch["attention_mask"].bool()
+    assert (w[:, :, :, :][pad[:, None, None, :].expand_as(w)] == 0).all()  # no weight on padding keys
+    torch.testing.assert_close(w.sum(-1), torch.ones(B, 12, T))
+
+
+def _tiny_bert(**overrides):
+    config = transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32,
+        max_position_embeddings=32, **overrides,
+    )
+    torch.manual_seed(0)
+    return config
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_tiny_bert_decoder_with_cross_attention(impl):
+    config = _tiny_bert(is_decoder=True, add_cross_attention=True)
+    config._attn_implementation = impl
+    model = transformers.BertModel(config).eval()
+    ours = mh.hf.swap_bert_attention(model)
+    kinds = [m.is_cross_attention for m in ours.modules() if isinstance(m, mh.hf.BertAttentionAdapter)]
+    assert sorted(kinds) == [False, False, True, True]
+    ids = torch.randint(0, 50, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, 5:] = 0
+    enc = torch.randn(2, 4, 16)
+    enc_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    kwargs = {"input_ids": ids, "attention_mask": mask, "encoder_hidden_states": enc,
+              "encoder_attention_mask": enc_mask, "use_cache": False}
+    with torch.no_grad():
+        want = model(**kwargs).last_hidden_state
+        got = ours(**kwargs).last_hidden_state
+        # no padding: transformers may leave the causal mask implicit; the adapter must keep it causal
+        want_np = model(input_ids=ids, encoder_hidden_states=enc, use_cache=False).last_hidden_state
+        got_np = ours(input_ids=ids, encoder_hidden_states=enc, use_cache=False).last_hidden_state
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got_np, want_np, atol=1e-5, rtol=0)
+
+
+def test_training_mode_is_preserved_and_gradients_flow():
+    model = transformers.BertModel(_tiny_bert()).train()
+    ours = mh.hf.swap_bert_attention(model)
+    adapter = next(m for m in ours.modules() if isinstance(m, mh.hf.BertAttentionAdapter))
+    assert adapter.training and adapter.attn.training and adapter.attn.dropout == pytest.approx(0.1)
+    out = ours(input_ids=torch.randint(0, 50, (2, 5))).last_hidden_state
+    out.sum().backward()
+    assert adapter.attn.q_proj.weight.grad is not None
+
+
+def test_swap_refuses_models_without_bert_attention():
+    with pytest.raises(ValueError, match="no BERT-style attention"):
+        mh.hf.swap_bert_attention(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    with pytest.raises(TypeError, match="BERT-style"):
+        mh.hf.attention_from_bert(torch.nn.Linear(2, 2))
+
+
+def test_model_path_errors_are_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="neither a known name"):
+        mh.hf.model_path(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="no config\\.json"):
+        mh.hf.model_path(tmp_path)

@@ -1,0 +1,221 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import multihead as mh
+from conftest import mask_cases
+from multihead import masks
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def naive_attention(q, k, v, mask, scale=None):
+    """Attention written from the formula in float64, independent of the library's kernels."""
+    _B, H, T, Dk = q.shape
+    S = k.shape[2]
+    scale = 1 / math.sqrt(Dk) if scale is None else scale
+    group = H // k.shape[1]
+    k = k.double().repeat_interleave(group, 1)
+    v = v.double().repeat_interleave(group, 1)
+    scores = q.double() @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        bias = mask.bias(T, S, dtype=torch.float64)
+        if bias is not None:
+            scores = scores + bias
+        scores = scores.masked_fill(~mask.materialize(T, S), float("-inf"))
+    weights = torch.nan_to_num(scores.softmax(-1), nan=0.0)
+    return weights @ v, weights
+
+
+def rand_qkv(B, H, Hkv, T, S, Dk, Dv, dtype, seed=0, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, Dk, generator=g, dtype=torch.float64).to(dtype)
+    k = torch.randn(B, Hkv, S, Dk, generator=g, dtype=torch.float64).to(dtype)
+    v = torch.randn(B, Hkv, S, Dv, generator=g, dtype=torch.float64).to(dtype)
+    return [t.requires_grad_(requires_grad) for t in (q, k, v)]
+
+
+@st.composite
+def configs(draw):
+    B = draw(st.integers(1, 3))
+    Hkv = draw(st.integers(1, 3))
+    H = Hkv * draw(st.integers(1, 3))
+    T = draw(st.integers(1, 9))
+    S = draw(st.integers(1, 9))
+    Dk = draw(st.sampled_from([1, 4, 8]))
+    Dv = draw(st.sampled_from([Dk, 3]))
+    kind, mask = draw(mask_cases(B, H, T, S))
+    return B, H, Hkv, T, S, Dk, Dv, kind, mask
+
+
+@settings(max_examples=60)
+@given(configs(), st.sampled_from([torch.float32, torch.float64]))
+def test_math_matches_the_formula(cfg, dtype):
+    B, H, Hkv, T, S, Dk, Dv, _, mask = cfg
+    q, k, v = rand_qkv(B, H, Hkv, T, S, Dk, Dv, dtype)
+    out, w = mh.attention(q, k, v, mask, backend="math", need_weights=True)
+    ref_out, ref_w = naive_attention(q, k, v, mask)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(out.double(), ref_out, atol=tol, rtol=tol)
+    torch.testing.assert_close(w.double(), ref_w, atol=tol, rtol=tol)
+    assert out.shape == (B, H, T, Dv) and w.shape == (B, H, T, S)
+
+
+@settings(max_examples=60)
+@given(configs(), st.sampled_from([torch.float32, torch.float64]))
+def test_sdpa_matches_math_forward_and_backward(cfg, dtype):
+    B, H, Hkv, T, S, Dk, Dv, _, mask = cfg
+    tol = 2e-5 if dtype == torch.float32 else 1e-10
+    results = []
+    for backend in ("math", "sdpa"):
+        q, k, v = rand_qkv(B, H, Hkv, T, S, Dk, Dv, dtype, requires_grad=True)
+        out, _ = mh.attention(q, k, v, mask, backend=backend)
+        out.backward(torch.ones_like(out).cos())
+        results.append((out, q.grad, k.grad, v.grad))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("Hkv", [1, 2, 4])
+def test_gqa_matches_torch_enable_gqa(Hkv):
+    q, k, v = rand_qkv(2, 4, Hkv, 7, 9, 8, 8, torch.float32)
+    keep = masks.padding([9, 4]).materialize(7, 9)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
+    for backend in ("math", "sdpa", "auto"):
+        got, _ = mh.attention(q, k, v, masks.padding([9, 4]), backend=backend)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_causal_fast_path_matches_explicit_mask():
+    q, k, v = rand_qkv(1, 2, 2, 6, 6, 4, 4, torch.float64)
+    fast, _ = mh.attention(q, k, v, masks.causal(), backend="sdpa")
+    dense, _ = mh.attention(q, k, v, masks.from_tensor(torch.ones(6, 6, dtype=torch.bool).tril()), backend="math")
+    torch.testing.assert_close(fast, dense)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_fully_masked_rows_are_zero_not_nan(dtype, backend):
+    q, k, v = rand_qkv(2, 2, 2, 5, 4, 8, 8, dtype, requires_grad=True)
+    keep = torch.ones(2, 1, 5, 4, dtype=torch.bool)
+    keep[0, :, 1] = False  # query 1 of example 0 sees nothing
+    keep[1, :, :, :] = False  # example 1 sees nothing at all
+    out, w = mh.attention(q, k, v, keep, backend=backend, need_weights=backend == "math")
+    assert out.dtype == dtype
+    assert torch.isfinite(out).all()
+    assert (out[0, :, 1] == 0).all() and (out[1] == 0).all()
+    assert out[0, :, 0].abs().sum() > 0
+    if w is not None:
+        assert torch.isfinite(w).all() and (w[0, :, 1] == 0).all() and (w[1] == 0).all()
+        torch.testing.assert_close(w[0, :, 0].float().sum(-1), torch.ones(2), atol=1e-2, rtol=0)
+    out.float().sum().backward()
+    for t in (q, k, v):
+        assert torch.isfinite(t.grad).all()
+    assert (k.grad[1] == 0).all() and (q.grad[1] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("backend", ["math", "sdpa", "auto"])
+def test_huge_negative_float_mask_does_not_overflow_half(dtype, backend):
+    q, k, v = rand_qkv(1, 2, 2, 4, 4, 8, 8, dtype)
+    bias = torch.zeros(4, 4)
+    bias[:, 2:] = -1e9  # a classic additive mask: -1e9 overflows float16
+    out, _ = mh.attention(q, k, v, bias, backend=backend)
+    ref, _ = naive_attention(q, k, v, masks.from_tensor(bias.double()))
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_inputs_softmax_in_float32(dtype):
+    q, k, v = rand_qkv(2, 2, 1, 16, 16, 32, 32, dtype, seed=3)
+    out, w = mh.attention(q, k, v, masks.causal(), backend="math", need_weights=True)
+    ref_out, ref_w = naive_attention(q, k, v, masks.causal())
+    assert out.dtype == w.dtype == dtype
+    tol = 1e-2 if dtype == torch.float16 else 4e-2
+    torch.testing.assert_close(out.double(), ref_out, atol=tol, rtol=tol)
+    torch.testing.assert_close(w.double(), ref_w, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("kind", ["causal&padding", "float", "bool&float", "none"])
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_gradcheck_float64(kind, backend):
+    B, H, Hkv, T, S = 2, 2, 1, 4, 5
+    g = torch.Generator().manual_seed(1)
+    bias = torch.randn(1, H, T, S, generator=g, dtype=torch.float64)
+    mask = {
+        "causal&padding": masks.causal() & masks.padding([5, 3]),
+        "float": masks.from_tensor(bias),
+        "bool&float": masks.from_tensor(torch.rand(B, 1, T, S, generator=g) > 0.3) & masks.from_tensor(bias),
+        "none": None,
+    }[kind]
+    q, k, v = rand_qkv(B, H, Hkv, T, S, 3, 2, torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, c: mh.attention(a, b, c, mask, backend=backend)[0], (q, k, v))
+    if backend == "math":
+        assert torch.autograd.gradcheck(
+            lambda a, b, c: mh.attention(a, b, c, mask, backend="math", need_weights=True)[1], (q, k, v)
+        )
+
+
+def test_gradcheck_with_fully_masked_rows():
+    keep = torch.ones(1, 1, 3, 4, dtype=torch.bool)
+    keep[..., 1, :] = False
+    q, k, v = rand_qkv(1, 2, 2, 3, 4, 3, 3, torch.float64, requires_grad=True)
+    for backend in ("math", "sdpa"):
+        def f(a, b, c, be=backend):
+            return mh.attention(a, b, c, keep, backend=be)[0]
+
+        assert torch.autograd.gradcheck(f, (q, k, v))
+
+
+def test_custom_scale_and_dropout():
+    q, k, v = rand_qkv(1, 2, 2, 4, 4, 8, 8, torch.float64)
+    out, _ = mh.attention(q, k, v, scale=0.5, backend="sdpa")
+    ref, _ = naive_attention(q, k, v, None, scale=0.5)
+    torch.testing.assert_close(out, ref)
+    torch.manual_seed(0)
+    dropped, w = mh.attention(q, k, v, dropout_p=0.5, backend="math", need_weights=True)
+    assert torch.isfinite(dropped).all() and not torch.allclose(dropped, mh.attention(q, k, v)[0])
+    torch.testing.assert_close(w.sum(-1), torch.ones(1, 2, 4, dtype=torch.float64))  # weights before dropout
+
+
+def test_explain_backend_says_why():
+    q, k, v = rand_qkv(1, 2, 2, 4, 4, 8, 8, torch.float32)
+    choice = mh.explain_backend(q, k, v, masks.causal())
+    assert choice.backend == "sdpa" and "math" in choice.rejected
+    with_weights = mh.explain_backend(q, k, v, need_weights=True)
+    assert with_weights.backend == "math" and "weights" in with_weights.rejected["sdpa"]
+    half = [t.half() for t in (q, k, v)]
+    assert mh.explain_backend(*half, torch.zeros(4, 4)).backend == "math"
+    assert "backend: sdpa" in str(choice)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        (lambda q, k, v: mh.attention(q[0], k, v), ValueError, "4-D"),
+        (lambda q, k, v: mh.attention(q, k[:, :3].repeat(1, 1, 1, 1), v[:, :3]), ValueError, "multiple"),
+        (lambda q, k, v: mh.attention(q, k[..., :3], v), ValueError, "head_dim"),
+        (lambda q, k, v: mh.attention(q, k, v[:, :, :2]), ValueError, "length S"),
+        (lambda q, k, v: mh.attention(q, k[:1], v[:1]), ValueError, "batch"),
+        (lambda q, k, v: mh.attention(q, k.double(), v), TypeError, "dtype"),
+        (lambda q, k, v: mh.attention(q.long(), k.long(), v.long()), TypeError, "floating"),
+        (lambda q, k, v: mh.attention(q, k, v, torch.ones(3, 3, dtype=torch.bool)), ValueError, "broadcast"),
+        (lambda q, k, v: mh.attention(q, k, v, torch.ones(5, 1, 4, 5, dtype=torch.bool)), ValueError, "broadcast"),
+        (lambda q, k, v: mh.attention(q, k, v, torch.ones(4, 5, dtype=torch.int32)), TypeError, "bool"),
+        (lambda q, k, v: mh.attention(q, k, v, "causal"), TypeError, "Mask"),
+        (lambda q, k, v: mh.attention(q, k, v, backend="flash"), ValueError, "backend"),
+        (lambda q, k, v: mh.attention(q, k, v, backend="sdpa", need_weights=True), ValueError, "weights"),
+        (lambda q, k, v: mh.attention(q, k, v, dropout_p=1.0), ValueError, "dropout_p"),
+        (lambda q, k, v: mh.attention(q, k, v, scale=-1.0), ValueError, "scale"),
+    ],
+)
+def test_bad_inputs_name_the_expected_form(call, error, words):
+    q, k, v = rand_qkv(2, 4, 4, 4, 5, 8, 8, torch.float32)
+    with pytest.raises(error) as info:
+        call(q, k, v)
+    assert words in str(info.value)
