@@ -28,11 +28,36 @@ def timeit(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1, min_ti
     return statistics.median(times)
 
 
+def compare(fns: dict[str, Callable[[], object]], *, repeat: int = 5, warmup: int = 1) -> dict[str, float]:
+    """Best (minimum) seconds of each function over ``repeat`` rounds, timed round-robin.
+
+    Round-robin makes drift in the machine's speed hit every variant alike; the minimum is
+    the least noisy estimate of a function's own cost on a shared machine (as ``timeit``
+    recommends)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: min(ts) for name, ts in times.items()}
+
+
 def matmul_peak_gflops(n: int = 2048, repeat: int = 5) -> float:
-    """fp32 ``torch.mm`` throughput (GFLOP/s) on n x n matrices, measured now."""
+    """fp32 ``torch.mm`` throughput (GFLOP/s) on n x n matrices, measured now (best of ``repeat``)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
-    seconds = timeit(lambda: torch.mm(a, b), repeat=repeat, warmup=2)
-    return 2 * n**3 / seconds / 1e9
+    torch.mm(a, b)
+    best = min(_once(lambda: torch.mm(a, b)) for _ in range(repeat))
+    return 2 * n**3 / best / 1e9
+
+
+def _once(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def table(headers: list[str], rows: list[list[object]]) -> str:

@@ -17,10 +17,10 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from _common import matmul_peak_gflops, setup_threads, table, timeit, verdict
 from torch import nn
 
 import multihead as mh
+from _common import compare, matmul_peak_gflops, setup_threads, table, verdict
 
 
 class NanoGPTStyle(nn.Module):
@@ -56,7 +56,7 @@ def _variants(B: int, T: int, D: int, H: int):
     ours_math.backend = "math"
     hand = NanoGPTStyle(theirs)
     x = torch.randn(B, T, D)
-    return x, {
+    return {
         "torch MHA (need_weights=False)": lambda: theirs(x, x, x, need_weights=False)[0],
         "torch MHA (per-head weights)": lambda: theirs(x, x, x, need_weights=True, average_attn_weights=False),
         "ours auto": lambda: ours(x),
@@ -88,14 +88,12 @@ def _fwd_bwd(fn, modules):
 def bench_layer(shapes, repeat: int) -> list[list[object]]:
     rows = []
     for B, T, D, H in shapes:
-        x, variants, modules = _variants(B, T, D, H)
+        variants, modules = _variants(B, T, D, H)
         for mode in ("forward", "fwd+bwd"):
             for m in modules:
                 m.train(mode == "fwd+bwd")
-            times = {}
-            for name, fn in variants.items():
-                run = _fwd(fn) if mode == "forward" else _fwd_bwd(fn, modules)
-                times[name] = timeit(run, repeat=repeat, warmup=1)
+            runs = {name: _fwd(fn) if mode == "forward" else _fwd_bwd(fn, modules) for name, fn in variants.items()}
+            times = compare(runs, repeat=repeat)
             base = times["torch MHA (need_weights=False)"]
             base_w = times["torch MHA (per-head weights)"]
             for name, t in times.items():
@@ -111,10 +109,10 @@ def bench_core(B: int, T: int, H: int, Dk: int, repeat: int, peak: float) -> tup
     rows = []
     share = 0.0
     with torch.inference_mode():
-        for name, fn in (("F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(q, k, v)),
-                         ("mh.attention (auto)", lambda: mh.attention(q, k, v)),
-                         ("mh.attention (math)", lambda: mh.attention(q, k, v, backend="math"))):
-            t = timeit(fn, repeat=repeat, warmup=1)
+        times = compare({"F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v),
+                         "mh.attention (auto)": lambda: mh.attention(q, k, v),
+                         "mh.attention (math)": lambda: mh.attention(q, k, v, backend="math")}, repeat=repeat)
+        for name, t in times.items():
             gflops = flops / t / 1e9
             if name == "mh.attention (auto)":
                 share = gflops / peak
@@ -131,10 +129,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         shapes, core, repeat = [(2, 32, 64, 4)], (1, 64, 4, 16), 1
     else:
-        shapes, core, repeat = [(8, 512, 512, 8), (1, 4096, 512, 8)], (1, 4096, 8, 64), 3
+        shapes, core, repeat = [(8, 512, 512, 8), (1, 4096, 512, 8)], (1, 4096, 8, 64), 7
     print(f"## bench_layer: CPU float32, {threads} threads, torch {torch.__version__}\n")
     rows = bench_layer(shapes, repeat)
-    print(table(["shape", "mode", "variant", "ms", "ratio to torch"], rows))
+    print(table(["shape", "mode", "variant", "ms (best of rounds)", "ratio to torch"], rows))
     print("\nratio: to torch MHA need_weights=False; rows with weights: to torch MHA with per-head weights")
     peak = matmul_peak_gflops(n=512 if args.quick else 2048)
     core_rows, share = bench_core(*core, repeat=repeat, peak=peak)

@@ -69,6 +69,24 @@ def test_composition_matches_elementwise_logic(case, op):
     assert torch.equal(got, want.expand_as(got))
 
 
+@settings(max_examples=40, deadline=None)
+@given(_structural_masks(), st.data())
+def test_mask_mod_on_any_index_block_equals_the_dense_reference(case, data):
+    T, S, (c, p, d) = case
+    bias = masks.from_tensor(torch.randn(2, 1, T, S).double()) if p.lengths.numel() == 2 else masks.causal()
+    mask = (c & d) | p if data.draw(st.booleans()) else c & p & bias
+    rows = data.draw(st.lists(st.integers(0, T - 1), min_size=1, max_size=4))
+    cols = data.draw(st.lists(st.integers(0, S - 1), min_size=1, max_size=4))
+    i, j = torch.tensor(rows).view(-1, 1), torch.tensor(cols).view(1, -1)
+    dense = mask.materialize(T, S)
+    block = mask.mask_mod(i, j, T, S)
+    want = dense[..., i, j]
+    assert torch.equal(block.expand_as(want), want)
+    if mask.has_bias:
+        torch.testing.assert_close(mask.bias_mod(i, j, T, S, torch.float64).expand_as(want),
+                                   mask.bias(T, S, dtype=torch.float64)[..., i, j])
+
+
 def test_combining_with_a_tensor_wraps_it():
     t = torch.ones(3, 3, dtype=torch.bool).triu()
     m = masks.causal() & t

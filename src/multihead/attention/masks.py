@@ -4,36 +4,116 @@ One convention, everywhere in multihead: **True means "may attend"** (as in
 ``F.scaled_dot_product_attention``; ``nn.MultiheadAttention`` uses the opposite and
 the compatibility code converts).
 
-Every mask can :meth:`Mask.materialize` a dense boolean reference of shape ``(..., T, S)``
-that broadcasts to ``(B, H, T, S)``. That dense tensor is the oracle every fast kernel is
-tested against; kernels may instead read a mask's structure (``isinstance`` checks on the
-classes below) to pick a cheaper path, the way FlexAttention turns a ``mask_mod`` into
-block structure.
+A mask is a predicate, as FlexAttention's ``mask_mod``: :meth:`Mask.mask_mod` answers "may
+query i attend key j?" for whole tensors of indices at once, so a kernel can evaluate it on
+just the (query, key) blocks it computes. :meth:`Mask.materialize` evaluates it on the full
+grid: a dense boolean reference of shape ``(..., T, S)`` that broadcasts to ``(B, H, T, S)``,
+the oracle every fast kernel is tested against (as xFormers' ``materialize``).
 
 New mask kinds (windows, global tokens, block layouts) are new subclasses that implement
-``_materialize``; the combinators ``&``, ``|`` and ``~`` work on them unchanged.
+``mask_mod``; the combinators ``&``, ``|`` and ``~`` work on them unchanged.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 __all__ = [
     "And",
+    "Blocks",
     "Causal",
+    "Cover",
     "FromTensor",
+    "GlobalTokens",
     "KeyPadding",
     "Mask",
     "Not",
     "Or",
     "Padding",
+    "RandomBlocks",
+    "Segments",
+    "TopK",
+    "Window",
     "as_mask",
+    "blocks",
     "causal",
     "from_tensor",
+    "global_tokens",
     "key_padding",
     "padding",
+    "random_blocks",
+    "segments",
+    "split_topk",
+    "topk",
+    "window",
 ]
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class Cover:
+    """Where a mask *may* allow attention, read from its structure alone: a superset of its
+    True entries, so a kernel can skip everything outside it and evaluate ``mask_mod`` inside.
+
+    The union of
+    * a band ``-left <= j - (i + S - T) <= right`` (``has_band=False``: no band at all;
+      ``INF``: unbounded on that side — causal is ``left=INF, right=0``);
+    * the rows and the columns of the ``global_rows`` / ``global_cols`` positions;
+    * the blocks set in each ``(block_size, layout)`` of ``layouts`` (layout: (nqb, nkb) bool).
+    """
+
+    left: float = INF
+    right: float = INF
+    has_band: bool = True
+    global_rows: tuple[int, ...] = ()
+    global_cols: tuple[int, ...] = ()
+    layouts: tuple[tuple[int, Tensor], ...] = ()
+
+    @property
+    def is_full(self) -> bool:
+        return self.has_band and self.left == INF and self.right == INF
+
+    @property
+    def bounded_band(self) -> bool:
+        return not self.has_band or (self.left < INF and self.right < INF)
+
+    def __and__(self, other: Cover) -> Cover:
+        # (Ba ∪ Xa) ∩ (Bb ∪ Xb) ⊆ (Ba ∩ Bb) ∪ Xa ∪ Xb, X = global rows/cols and blocks.
+        if self.is_full:
+            return other
+        if other.is_full:
+            return self
+        both = self.has_band and other.has_band
+        return Cover(
+            left=min(self.left, other.left) if both else 0,
+            right=min(self.right, other.right) if both else 0,
+            has_band=both,
+            global_rows=_union(self.global_rows, other.global_rows),
+            global_cols=_union(self.global_cols, other.global_cols),
+            layouts=self.layouts + other.layouts,
+        )
+
+    def __or__(self, other: Cover) -> Cover:
+        if not self.has_band:
+            left, right, has_band = other.left, other.right, other.has_band
+        elif not other.has_band:
+            left, right, has_band = self.left, self.right, True
+        else:
+            left, right, has_band = max(self.left, other.left), max(self.right, other.right), True
+        return Cover(
+            left=left, right=right, has_band=has_band,
+            global_rows=_union(self.global_rows, other.global_rows),
+            global_cols=_union(self.global_cols, other.global_cols),
+            layouts=self.layouts + other.layouts,
+        )
+
+
+FULL = Cover()
 
 
 class Mask:
@@ -42,25 +122,41 @@ class Mask:
     #: True when :meth:`bias` may return an additive float tensor (only float masks do).
     has_bias: bool = False
 
+    def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
+        """May query ``i`` attend key ``j``? (bool, True = yes)
+
+        ``i`` and ``j`` are integer index tensors of the same number of dims that broadcast
+        together to some shape ``P`` (for the full grid: ``(T, 1)`` and ``(1, S)``). The result
+        broadcasts to ``(B, H, *P)``: structural masks return ``P``, per-example masks
+        ``(B, 1, *P)``. ``T`` and ``S`` are the full query and key lengths.
+        """
+        raise NotImplementedError
+
+    def bias_mod(self, i: Tensor, j: Tensor, T: int, S: int, dtype: torch.dtype) -> Tensor | None:
+        """Finite additive bias for the same indices as :meth:`mask_mod`, or None."""
+        return None
+
+    def cover(self, T: int, S: int) -> Cover:
+        """A structural superset of the allowed pairs (see :class:`Cover`); default: everything."""
+        return FULL
+
     def materialize(self, T: int, S: int, *, device: torch.device | str | None = None) -> Tensor:
         """Dense bool mask of shape ``(..., T, S)``, broadcastable to ``(B, H, T, S)``.
 
-        Structural masks return ``(T, S)``; per-example masks return ``(B, 1, T, S)``
-        (an expanded view, so no B·T·S memory is used until someone writes to it).
+        Structural masks return ``(T, S)``; per-example masks return ``(B, 1, T, S)``.
         """
-        _check_lengths(T, S)
-        out = self._materialize(T, S, torch.device(device) if device is not None else None)
-        if out.dtype != torch.bool or out.shape[-2:] != (T, S):  # pragma: no cover - subclass bug
-            raise RuntimeError(f"{type(self).__name__} materialized {out.dtype} {tuple(out.shape)}")
-        return out
+        i, j = _grid(T, S, device)
+        out = self.mask_mod(i, j, T, S)
+        return out.expand(*out.shape[:-2], T, S)
 
     def bias(self, T: int, S: int, *, dtype: torch.dtype, device: torch.device | str | None = None
              ) -> Tensor | None:
         """Finite additive bias of shape ``(..., T, S)`` added to the scores, or None."""
-        return None
-
-    def _materialize(self, T: int, S: int, device: torch.device | None) -> Tensor:
-        raise NotImplementedError
+        if not self.has_bias:
+            return None
+        i, j = _grid(T, S, device)
+        out = self.bias_mod(i, j, T, S, dtype)
+        return None if out is None else out.expand(*out.shape[:-2], T, S)
 
     def __and__(self, other: Mask) -> Mask:
         return And(self, _require_mask(other, "&"))
@@ -86,10 +182,11 @@ class Causal(Mask):
     key. With T > S the first T - S query rows see nothing and yield zeros.
     """
 
-    def _materialize(self, T: int, S: int, device: torch.device | None) -> Tensor:
-        i = torch.arange(T, device=device).unsqueeze(1)  # (T, 1)
-        j = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
-        return j <= i + (S - T)  # (T, S)
+    def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
+        return j <= i + (S - T)
+
+    def cover(self, T: int, S: int) -> Cover:
+        return Cover(left=INF, right=0)
 
     def __repr__(self) -> str:
         return "causal()"
@@ -118,12 +215,11 @@ class KeyPadding(Mask):
             valid = valid != 0
         self.valid = valid
 
-    def _materialize(self, T: int, S: int, device: torch.device | None) -> Tensor:
-        B, S_valid = self.valid.shape
-        if S_valid != S:
-            raise ValueError(f"key_padding mask covers {S_valid} keys but the keys have length S={S}")
-        valid = self.valid if device is None else self.valid.to(device)
-        return valid[:, None, None, :].expand(B, 1, T, S)  # (B, 1, T, S)
+    def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
+        if self.valid.shape[1] != S:
+            raise ValueError(f"key_padding mask covers {self.valid.shape[1]} keys but the keys have length S={S}")
+        valid = self.valid.to(j.device)[:, j]  # (B, *j.shape)
+        return valid.unsqueeze(1)  # (B, 1, *j.shape)
 
     def __repr__(self) -> str:
         return f"key_padding(B={self.valid.shape[0]}, S={self.valid.shape[1]})"
@@ -143,13 +239,12 @@ class Padding(Mask):
             raise ValueError(f"padding(lengths) must be >= 0; got {lengths.tolist()}")
         self.lengths = lengths
 
-    def _materialize(self, T: int, S: int, device: torch.device | None) -> Tensor:
+    def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
         longest = int(self.lengths.max()) if self.lengths.numel() else 0
         if longest > S:
             raise ValueError(f"padding length {longest} is longer than the keys (S={S})")
-        lengths = self.lengths if device is None else self.lengths.to(device)
-        valid = torch.arange(S, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)  # (B, S)
-        return valid[:, None, None, :].expand(len(lengths), 1, T, S)  # (B, 1, T, S)
+        lengths = self.lengths.to(j.device).view(-1, *([1] * j.dim()))  # (B, 1, ..., 1)
+        return (j < lengths).unsqueeze(1)  # (B, 1, *j.shape)
 
     def __repr__(self) -> str:
         return f"padding(lengths={self.lengths.tolist()})"
@@ -178,7 +273,7 @@ class FromTensor(Mask):
         self.tensor = t
         self.has_bias = t.dtype.is_floating_point
 
-    def _check(self, T: int, S: int) -> None:
+    def _indexed(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
         shape = tuple(self.tensor.shape)
         t_dim = shape[-2] if len(shape) >= 2 else 1
         if shape[-1] not in (1, S) or t_dim not in (1, T):
@@ -186,21 +281,29 @@ class FromTensor(Mask):
                 f"mask of shape {shape} does not broadcast to (B, H, T, S) with T={T}, S={S}; "
                 "expected (..., T, S) with each leading dim 1 or the full size"
             )
+        t = self.tensor.to(j.device)
+        t = t.view(*([1] * (4 - t.dim())), *t.shape)  # (B', H', T', S')
+        rows = i if t.shape[2] == T else torch.zeros_like(i)
+        cols = j if t.shape[3] == S else torch.zeros_like(j)
+        out = t[:, :, rows, cols]  # (B', H', *P)
+        return out.reshape(out.shape[4 - max(self.tensor.dim(), 2):])  # drop the dims view() added
 
-    def _materialize(self, T: int, S: int, device: torch.device | None) -> Tensor:
-        self._check(T, S)
+    def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
+        t = self._indexed(i, j, T, S)
+        return t if t.dtype == torch.bool else t != float("-inf")
+
+    def materialize(self, T: int, S: int, *, device: torch.device | str | None = None) -> Tensor:
+        # The full grid is the tensor itself: a broadcast view, no gather and no copy.
+        self._indexed(*_grid(1, 1, device), T, S)  # validates the shape
         t = self.tensor if device is None else self.tensor.to(device)
         keep = t if t.dtype == torch.bool else t != float("-inf")
-        shape = (*keep.shape[:-2], T, S) if keep.dim() >= 2 else (T, S)
-        return keep.expand(shape)
+        return keep.expand(*keep.shape[:-2], T, S) if keep.dim() >= 2 else keep.expand(T, S)
 
-    def bias(self, T: int, S: int, *, dtype: torch.dtype, device: torch.device | str | None = None
-             ) -> Tensor | None:
+    def bias_mod(self, i: Tensor, j: Tensor, T: int, S: int, dtype: torch.dtype) -> Tensor | None:
         if not self.has_bias:
             return None
-        self._check(T, S)
-        t = self.tensor.to(device=device, dtype=dtype)
-        return t.masked_fill(t == float("-inf"), 0.0)  # masked entries are handled by materialize()
+        t = self._indexed(i, j, T, S).to(dtype)
+        return t.masked_fill(t == float("-inf"), 0.0)  # masked entries are handled by mask_mod()
 
     def __repr__(self) -> str:
         kind = "bool" if self.tensor.dtype == torch.bool else f"additive {self.tensor.dtype}"
@@ -214,12 +317,14 @@ class And(Mask):
         self.a, self.b = a, b
         self.has_bias = a.has_bias or b.has_bias
 
-    def _materialize(self, T: int, S: int, device: torch.device | None) -> Tensor:
-        return self.a._materialize(T, S, device) & self.b._materialize(T, S, device)
+    def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
+        return self.a.mask_mod(i, j, T, S) & self.b.mask_mod(i, j, T, S)
 
-    def bias(self, T: int, S: int, *, dtype: torch.dtype, device: torch.device | str | None = None
-             ) -> Tensor | None:
-        parts = [m.bias(T, S, dtype=dtype, device=device) for m in (self.a, self.b)]
+    def cover(self, T: int, S: int) -> Cover:
+        return self.a.cover(T, S) & self.b.cover(T, S)
+
+    def bias_mod(self, i: Tensor, j: Tensor, T: int, S: int, dtype: torch.dtype) -> Tensor | None:
+        parts = [m.bias_mod(i, j, T, S, dtype) for m in (self.a, self.b)]
         parts = [p for p in parts if p is not None]
         if not parts:
             return None
@@ -233,12 +338,16 @@ class Or(Mask):
     """May attend where either mask allows it."""
 
     def __init__(self, a: Mask, b: Mask) -> None:
-        _refuse_bias(a, "|")
-        _refuse_bias(b, "|")
+        for m in (a, b):
+            _refuse_bias(m, "|")
+            _refuse_topk(m, "|")
         self.a, self.b = a, b
 
-    def _materialize(self, T: int, S: int, device: torch.device | None) -> Tensor:
-        return self.a._materialize(T, S, device) | self.b._materialize(T, S, device)
+    def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
+        return self.a.mask_mod(i, j, T, S) | self.b.mask_mod(i, j, T, S)
+
+    def cover(self, T: int, S: int) -> Cover:
+        return self.a.cover(T, S) | self.b.cover(T, S)
 
     def __repr__(self) -> str:
         return f"({self.a!r} | {self.b!r})"
@@ -249,13 +358,199 @@ class Not(Mask):
 
     def __init__(self, a: Mask) -> None:
         _refuse_bias(a, "~")
+        _refuse_topk(a, "~")
         self.a = a
 
-    def _materialize(self, T: int, S: int, device: torch.device | None) -> Tensor:
-        return ~self.a._materialize(T, S, device)
+    def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
+        return ~self.a.mask_mod(i, j, T, S)
 
     def __repr__(self) -> str:
         return f"~{self.a!r}"
+
+
+class Window(Mask):
+    """Sliding window: query i sees keys j with ``i' - left <= j <= i' + right``, i' = i + S - T.
+
+    Aligned like :class:`Causal` (i' = i when T == S), so ``window(w) & causal()`` is the
+    causal sliding window of w previous tokens plus the token itself.
+    """
+
+    def __init__(self, left: int, right: int | None = None) -> None:
+        right = left if right is None else right
+        for name, value in (("left", left), ("right", right)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"window({name}=...) must be a non-negative integer; got {value!r}")
+        self.left, self.right = left, right
+
+    def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
+        d = j - (i + (S - T))
+        return (d >= -self.left) & (d <= self.right)
+
+    def cover(self, T: int, S: int) -> Cover:
+        return Cover(left=self.left, right=self.right)
+
+    def __repr__(self) -> str:
+        return f"window({self.left}, {self.right})"
+
+
+class GlobalTokens(Mask):
+    """Longformer global attention: the listed positions attend to every key and every query
+    attends to them. Indices count from 0 (negative ones from the end, as in Python)."""
+
+    def __init__(self, indices: Tensor | list[int] | tuple[int, ...]) -> None:
+        idx = torch.as_tensor(indices)
+        if idx.dim() != 1 or idx.dtype.is_floating_point or idx.dtype == torch.bool:
+            raise ValueError(f"global_tokens(indices) expects a 1-D list of integer positions; got {indices!r}")
+        self.indices = tuple(int(x) for x in idx.tolist())
+
+    def _resolve(self, n: int) -> tuple[int, ...]:
+        out = []
+        for x in self.indices:
+            y = x + n if x < 0 else x
+            if not 0 <= y < n:
+                raise ValueError(f"global token index {x} is out of range for length {n}")
+            out.append(y)
+        return tuple(sorted(set(out)))
+
+    def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
+        rows = torch.tensor(self._resolve(T), dtype=i.dtype, device=i.device)
+        cols = torch.tensor(self._resolve(S), dtype=j.dtype, device=j.device)
+        return torch.isin(i, rows) | torch.isin(j, cols)
+
+    def cover(self, T: int, S: int) -> Cover:
+        return Cover(has_band=False, left=0, right=0, global_rows=self._resolve(T), global_cols=self._resolve(S))
+
+    def __repr__(self) -> str:
+        return f"global_tokens({list(self.indices)})"
+
+
+class Segments(Mask):
+    """Packed sequences in one row (block-diagonal): tokens attend within their own segment.
+
+    ``lengths`` are the segment lengths in order; positions past their sum belong to no
+    segment and attend to nothing. Needs T == S (self-attention over the packed row).
+    """
+
+    def __init__(self, lengths: Tensor | list[int]) -> None:
+        lengths = torch.as_tensor(lengths)
+        if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+            raise ValueError(f"segments(lengths) expects a 1-D list of integer lengths; got {lengths.tolist()}")
+        if bool((lengths <= 0).any()):
+            raise ValueError(f"segments(lengths) must all be > 0; got {lengths.tolist()}")
+        self.lengths = lengths
+        self.total = int(lengths.sum())
+
+    def _ids(self, pos: Tensor) -> Tensor:
+        ends = torch.cumsum(self.lengths, 0).to(pos.device)
+        ids = torch.searchsorted(ends, pos, right=True)
+        return torch.where(pos < self.total, ids, -1)
+
+    def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
+        if T != S:
+            raise ValueError(f"segments() needs as many queries as keys; got T={T}, S={S}")
+        if self.total > S:
+            raise ValueError(f"segment lengths add up to {self.total}, more than the sequence length {S}")
+        a, b = self._ids(i), self._ids(j)
+        return (a == b) & (a >= 0)
+
+    def cover(self, T: int, S: int) -> Cover:
+        longest = int(self.lengths.max()) - 1
+        return Cover(left=longest, right=longest)
+
+    def __repr__(self) -> str:
+        return f"segments({self.lengths.tolist()})"
+
+
+class Blocks(Mask):
+    """An arbitrary block layout: query block a may attend key block b when ``layout[a, b]``.
+
+    ``layout`` is (nqb, nkb) bool with nqb >= ceil(T / block_size), nkb >= ceil(S / block_size).
+    """
+
+    def __init__(self, block_size: int, layout: Tensor) -> None:
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
+            raise ValueError(f"blocks(block_size, ...) must be a positive integer; got {block_size!r}")
+        if not isinstance(layout, Tensor) or layout.dim() != 2 or layout.dtype != torch.bool:
+            raise ValueError("blocks(..., layout) expects a 2-D bool tensor (query blocks, key blocks)")
+        self.block_size, self.layout = block_size, layout
+
+    def _layout(self, T: int, S: int) -> Tensor:
+        nqb, nkb = -(-T // self.block_size), -(-S // self.block_size)
+        if self.layout.shape[0] < nqb or self.layout.shape[1] < nkb:
+            raise ValueError(
+                f"block layout of shape {tuple(self.layout.shape)} does not cover T={T}, S={S} with "
+                f"block_size={self.block_size}: expected at least ({nqb}, {nkb})"
+            )
+        return self.layout[:nqb, :nkb]
+
+    def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
+        layout = self._layout(T, S).to(i.device)
+        return layout[i // self.block_size, j // self.block_size]
+
+    def cover(self, T: int, S: int) -> Cover:
+        return Cover(has_band=False, left=0, right=0, layouts=((self.block_size, self._layout(T, S)),))
+
+    def __repr__(self) -> str:
+        return f"blocks({self.block_size}, layout={tuple(self.layout.shape)})"
+
+
+class RandomBlocks(Blocks):
+    """BigBird random attention: every query block attends ``n_blocks`` key blocks drawn at
+    random (without replacement), the same for a given ``seed``, T and S."""
+
+    def __init__(self, n_blocks: int, block_size: int, seed: int = 0) -> None:
+        if not isinstance(n_blocks, int) or isinstance(n_blocks, bool) or n_blocks < 0:
+            raise ValueError(f"random_blocks(n_blocks, ...) must be a non-negative integer; got {n_blocks!r}")
+        super().__init__(block_size, torch.zeros(0, 0, dtype=torch.bool))
+        self.n_blocks, self.seed = n_blocks, int(seed)
+
+    def _layout(self, T: int, S: int) -> Tensor:
+        nqb, nkb = -(-T // self.block_size), -(-S // self.block_size)
+        g = torch.Generator().manual_seed(self.seed)
+        layout = torch.zeros(nqb, nkb, dtype=torch.bool)
+        for a in range(nqb):
+            layout[a, torch.randperm(nkb, generator=g)[: self.n_blocks]] = True
+        return layout
+
+    def __repr__(self) -> str:
+        return f"random_blocks({self.n_blocks}, {self.block_size}, seed={self.seed})"
+
+
+class TopK(Mask):
+    """Data-dependent: each query keeps its ``k`` largest scores among the keys the rest of
+    the mask allows (the articles' "sparse attention: keep top-k, zero the rest").
+
+    It combines only with ``&``. Its dense reference needs the scores:
+    ``materialize(T, S, scores=s)``. Gradients flow through the kept scores; the choice of
+    which k keys are kept is piecewise constant and has no gradient.
+    """
+
+    def __init__(self, k: int) -> None:
+        if not isinstance(k, int) or isinstance(k, bool) or k <= 0:
+            raise ValueError(f"topk(k) must be a positive integer; got {k!r}")
+        self.k = k
+
+    def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
+        raise TypeError("topk() depends on the scores: use materialize(T, S, scores=...) or a kernel")
+
+    def select(self, scores: Tensor) -> Tensor:
+        """Bool (..., T, S): True at the k largest entries of each row of ``scores``
+        (masked entries should be -inf there; they are never selected)."""
+        k = min(self.k, scores.shape[-1])
+        idx = scores.topk(k, dim=-1).indices
+        keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, idx, True)
+        return keep & (scores > float("-inf"))
+
+    def materialize(self, T: int, S: int, *, device: torch.device | str | None = None,
+                    scores: Tensor | None = None) -> Tensor:
+        if scores is None:
+            raise TypeError("topk() depends on the scores: pass materialize(T, S, scores=...)")
+        if scores.shape[-2:] != (T, S):
+            raise ValueError(f"scores of shape {tuple(scores.shape)} do not end in (T, S) = ({T}, {S})")
+        return self.select(scores)
+
+    def __repr__(self) -> str:
+        return f"topk({self.k})"
 
 
 def causal() -> Causal:
@@ -276,6 +571,54 @@ def padding(lengths: Tensor | list[int]) -> Padding:
 def from_tensor(t: Tensor) -> FromTensor:
     """Wrap a bool (True = may attend) or additive float tensor broadcastable to (B, H, T, S)."""
     return FromTensor(t)
+
+
+def window(left: int, right: int | None = None) -> Window:
+    """Sliding window: query i sees keys i-left .. i+right (right defaults to left)."""
+    return Window(left, right)
+
+
+def global_tokens(indices: Tensor | list[int] | tuple[int, ...]) -> GlobalTokens:
+    """Longformer global tokens: these positions attend to all and are attended by all."""
+    return GlobalTokens(indices)
+
+
+def segments(lengths: Tensor | list[int]) -> Segments:
+    """Packed variable-length sequences (block-diagonal mask) from their lengths."""
+    return Segments(lengths)
+
+
+def random_blocks(n_blocks: int, block_size: int, seed: int = 0) -> RandomBlocks:
+    """BigBird random blocks: n_blocks random key blocks per query block, fixed by seed."""
+    return RandomBlocks(n_blocks, block_size, seed)
+
+
+def blocks(block_size: int, layout: Tensor) -> Blocks:
+    """An arbitrary (query block, key block) bool layout."""
+    return Blocks(block_size, layout)
+
+
+def topk(k: int) -> TopK:
+    """Keep each query's k largest scores among the allowed keys (combine with &)."""
+    return TopK(k)
+
+
+def split_topk(mask: Mask | None) -> tuple[int | None, Mask | None]:
+    """Split ``topk(k) & rest`` into ``(k, rest)``; ``(None, mask)`` when there is no top-k.
+
+    Two top-k masks combined with & keep the smaller k.
+    """
+    if isinstance(mask, TopK):
+        return mask.k, None
+    if isinstance(mask, And):
+        ka, ra = split_topk(mask.a)
+        kb, rb = split_topk(mask.b)
+        if ka is None and kb is None:
+            return None, mask
+        k = min(x for x in (ka, kb) if x is not None)
+        rest = ra if rb is None else rb if ra is None else And(ra, rb)
+        return k, rest
+    return None, mask
 
 
 def as_mask(mask: Mask | Tensor | None) -> Mask | None:
@@ -305,6 +648,18 @@ def _refuse_bias(m: Mask, op: str) -> None:
         )
 
 
-def _check_lengths(T: int, S: int) -> None:
+def _refuse_topk(m: Mask, op: str) -> None:
+    if split_topk(m)[0] is not None:
+        raise ValueError(f"topk() combines only with '&' (keep the top k among what the rest allows); got '{op}'")
+
+
+def _union(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(sorted(set(a) | set(b)))
+
+
+def _grid(T: int, S: int, device: torch.device | str | None) -> tuple[Tensor, Tensor]:
     if not (isinstance(T, int) and isinstance(S, int)) or T < 0 or S < 0:
         raise ValueError(f"materialize(T, S) expects non-negative integer lengths; got T={T!r}, S={S!r}")
+    i = torch.arange(T, device=device).unsqueeze(1)  # (T, 1)
+    j = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
+    return i, j
