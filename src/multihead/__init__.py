@@ -6,17 +6,30 @@
 """
 
 from . import hf
-from .attention import BACKENDS, BackendChoice, MultiHeadAttention, attention, explain_backend, masks
+from .attention import (
+    BACKENDS,
+    AttentionMemoryError,
+    BackendChoice,
+    MemoryEstimate,
+    MultiHeadAttention,
+    attention,
+    estimate_memory,
+    explain_backend,
+    masks,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
-           "BACKENDS",
-           "BackendChoice",
-           "MultiHeadAttention",
-           "__version__",
-           "attention",
-           "explain_backend",
-           "hf",
-           "masks",
+    "BACKENDS",
+    "AttentionMemoryError",
+    "BackendChoice",
+    "MemoryEstimate",
+    "MultiHeadAttention",
+    "__version__",
+    "attention",
+    "estimate_memory",
+    "explain_backend",
+    "hf",
+    "masks",
 ]

@@ -1,7 +1,18 @@
-"""Attention kernels, masks and the multi-head layer."""
+"""Attention kernels, masks, memory estimates and the multi-head layer."""
 
 from . import masks
 from .kernels import BACKENDS, BackendChoice, attention, explain_backend
 from .layer import MultiHeadAttention
+from .memory import AttentionMemoryError, MemoryEstimate, estimate_memory
 
-__all__ = ["BACKENDS", "BackendChoice", "MultiHeadAttention", "attention", "explain_backend", "masks"]
+__all__ = [
+    "BACKENDS",
+    "AttentionMemoryError",
+    "BackendChoice",
+    "MemoryEstimate",
+    "MultiHeadAttention",
+    "attention",
+    "estimate_memory",
+    "explain_backend",
+    "masks",
+]

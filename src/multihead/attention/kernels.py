@@ -26,11 +26,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .masks import Causal, Mask, as_mask
+from .chunked import chunked_attention
+from .masks import FULL, Causal, Mask, TopK, as_mask, split_topk
+from .memory import check_memory, estimate_memory
+from .plans import keys_per_query, plan_chunks
 
 __all__ = ["BACKENDS", "BackendChoice", "attention", "explain_backend"]
 
-BACKENDS = ("auto", "math", "sdpa")
+BACKENDS = ("auto", "math", "sdpa", "local", "sparse", "topk")
 _HALF = (torch.float16, torch.bfloat16)
 _SDPA_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 
@@ -74,20 +77,31 @@ def attention(
         dropout_p: dropout on the attention weights (applied only when > 0; callers pass
             0 in eval mode).
         need_weights: also return the per-head attention weights (B, H, T, S).
-        backend: "auto", "math" or "sdpa".
+        backend: one of :data:`BACKENDS`: "auto", "math", "sdpa", or the chunked kernels
+            "local" (bands, global tokens), "sparse" (block layouts), "topk".
 
     Returns:
         ``(out, weights)``: out (B, H, T, Dv) in q's dtype; weights (B, H, T, S) before
         dropout, or None when ``need_weights`` is False.
+
+    Raises:
+        AttentionMemoryError: the chosen kernel would need more memory than is available
+            (the message gives the estimate and what to change).
     """
     mask = as_mask(mask)
-    _B, _H, _T, _S = _check_inputs(q, k, v, scale, dropout_p)
-    choice = _choose(q, mask, need_weights, backend)
+    _check_inputs(q, k, v, scale, dropout_p)
+    choice = _choose(q, k, mask, need_weights, backend)
+    check_memory(estimate_memory(q, k, v, mask, need_weights=need_weights, backend=choice.backend))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if choice.backend == "math":
         out, weights = _math_attention(q, k, v, mask, scale, dropout_p)
         return out, (weights if need_weights else None)
-    return _sdpa_attention(q, k, v, mask, scale, dropout_p), None
+    if choice.backend == "sdpa":
+        return _sdpa_attention(q, k, v, mask, scale, dropout_p), None
+    top, rest = split_topk(mask)
+    cover = FULL if rest is None else rest.cover(q.shape[2], k.shape[2])
+    plan = plan_chunks(cover, q.shape[2], k.shape[2], B=q.shape[0], H=q.shape[1])
+    return chunked_attention(q, k, v, plan, rest, scale, topk=top, dropout_p=dropout_p), None
 
 
 def explain_backend(
@@ -103,35 +117,67 @@ def explain_backend(
     """Say which backend :func:`attention` would use for these arguments, and why."""
     mask = as_mask(mask)
     _check_inputs(q, k, v, None, dropout_p)
-    return _choose(q, mask, need_weights, backend)
+    return _choose(q, k, mask, need_weights, backend)
 
 
 # --------------------------------------------------------------------------- selection
 
+#: auto takes a chunked kernel when the mask leaves at most this share of the keys per query.
+SPARSE_SHARE = 0.25
 
-def _choose(q: Tensor, mask: Mask | None, need_weights: bool, backend: str) -> BackendChoice:
+
+def _choose(q: Tensor, k: Tensor, mask: Mask | None, need_weights: bool, backend: str) -> BackendChoice:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
-    sdpa_problem = None
+    T, S = q.shape[2], k.shape[2]
+    top, rest = split_topk(mask)
+    cover = FULL if rest is None else rest.cover(T, S)
+    width = keys_per_query(cover, T, S)
+    structure = "layout blocks" if cover.layouts else "band/global tokens"
+
+    problems: dict[str, str] = {}
     if need_weights:
-        sdpa_problem = "scaled_dot_product_attention does not return attention weights"
-    elif q.dtype in _HALF and mask is not None and mask.has_bias:
-        sdpa_problem = (
-            f"an additive float mask with {q.dtype} inputs is added in {q.dtype} inside SDPA; "
-            "the math path adds it in float32"
-        )
-    if backend == "sdpa":
-        if need_weights:
-            raise ValueError("backend='sdpa' cannot return weights; use backend='math' or 'auto'")
-        return BackendChoice("sdpa", "requested", {})
-    if backend == "math":
-        return BackendChoice("math", "requested", {})
-    if sdpa_problem is None:
+        problems["sdpa"] = "scaled_dot_product_attention does not return attention weights"
+        for name in ("local", "sparse", "topk"):
+            problems[name] = "computes chunk by chunk and never holds the (B, H, T, S) weights"
+    else:
+        if top is not None:
+            problems["sdpa"] = "scaled_dot_product_attention cannot keep only the top-k scores"
+        if top is None:
+            problems["topk"] = "the mask has no topk(k)"
+    if backend != "auto":
+        if backend in problems:
+            raise ValueError(f"backend={backend!r} cannot serve this request: {problems[backend]}")
+        return BackendChoice(backend, "requested", {})
+    if "sdpa" not in problems and q.dtype in _HALF and mask is not None and mask.has_bias:
+        # Served, but less precisely: auto prefers the math path.
+        problems["sdpa"] = (f"an additive float mask with {q.dtype} inputs is added in {q.dtype} inside "
+                            "SDPA; the math path adds it in float32")
+
+    math_why = "materialises the (B, H, T, S) scores: O(T·S) memory"
+    if need_weights:
+        return BackendChoice("math", "the only path that returns per-head weights",
+                             {n: w for n, w in problems.items() if n != "topk"})
+    if top is not None:
+        return BackendChoice("topk", f"chunked top-{top} selection over at most {width:.0f} keys per query, "
+                             "O(T·k) saved memory", {"sdpa": problems["sdpa"], "math": math_why})
+    dense_why = (f"the mask's {structure} leave {width:.0f} of S={S} keys per query; a chunked kernel "
+                 "computes only those")
+    sparse_enough = not cover.is_full and width <= SPARSE_SHARE * S
+    if sparse_enough:
+        name = "sparse" if cover.layouts else "local"
+        other = "local" if name == "sparse" else "sparse"
         return BackendChoice(
-            "sdpa", "fused kernel, exact for this request",
-            {"math": "materialises the (B, H, T, S) weights; slower and O(T·S) memory"},
+            name, f"{structure}: {width:.0f} of S={S} keys per query, time and memory O(T·{width:.0f})",
+            {"sdpa": dense_why, "math": math_why, other: f"the mask has {structure}", "topk": problems["topk"]},
         )
-    return BackendChoice("math", "the only path that serves this request", {"sdpa": sdpa_problem})
+    chunk_why = ("the mask is dense" if cover.is_full else
+                 f"{width:.0f} of S={S} keys per query is more than {SPARSE_SHARE:.0%}; dense fused kernels win")
+    if "sdpa" not in problems:
+        return BackendChoice("sdpa", "fused kernel, exact for this request",
+                             {"math": math_why, "local/sparse": chunk_why, "topk": problems["topk"]})
+    return BackendChoice("math", "the only dense path that serves this request",
+                         {"sdpa": problems["sdpa"], "local/sparse": chunk_why})
 
 
 # --------------------------------------------------------------------------- backends
@@ -149,11 +195,14 @@ def _math_attention(
     # Scaling q (T·Dk values) rather than the scores (T·S values) saves a pass over (B, H, T, S).
     scores = torch.matmul(q * scale, k.transpose(-2, -1)).to(compute)  # (B, H, T, S)
     visible = None
+    top, mask = split_topk(mask)
     if mask is not None:
         keep, visible, bias = _dense_mask(mask, B, H, T, S, q.device, compute)
         if bias is not None:
             scores = scores + bias  # (B, H, T, S)
         scores = scores.masked_fill(~keep, float("-inf"))  # (B, H, T, S)
+    if top is not None:  # keep each row's k largest allowed scores
+        scores = scores.masked_fill(~TopK(top).select(scores), float("-inf"))  # (B, H, T, S)
     if scores.requires_grad or scores.device.type != "cpu" or torch.compiler.is_compiling():
         weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
     else:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from .kernels import BACKENDS, attention
@@ -32,7 +33,9 @@ class MultiHeadAttention(nn.Module):
         kdim, vdim: feature sizes of the key / value inputs (default D).
         bias: add biases to the four projections.
         dropout: dropout on the attention weights, in training mode only.
-        backend: kernel backend passed to :func:`multihead.attention` ("auto", "math", "sdpa").
+        backend: kernel backend passed to :func:`multihead.attention` (see ``BACKENDS``).
+        checkpoint: in training, keep no attention activations for backward and recompute
+            the attention core instead (gradient checkpointing; same gradients and dropout).
 
     Attributes:
         head_gates: (H,) buffer of per-head multipliers ξ applied to each head's output
@@ -51,6 +54,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         backend: str = "auto",
+        checkpoint: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -65,6 +69,7 @@ class MultiHeadAttention(nn.Module):
         self.vdim = embed_dim if vdim is None else vdim
         self.dropout = dropout
         self.backend = backend
+        self.checkpoint = checkpoint
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         kv_width = num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(embed_dim, num_heads * self.head_dim, bias=bias, **factory)
@@ -124,12 +129,15 @@ class MultiHeadAttention(nn.Module):
         q = q.view(B, T, H, Dk).transpose(1, 2)  # (B, H, T, Dk)
         k = k.view(B, S, Hkv, Dk).transpose(1, 2)  # (B, Hkv, S, Dk)
         v = v.view(B, S, Hkv, Dk).transpose(1, 2)  # (B, Hkv, S, Dv)
-        out, weights = attention(
-            q, k, v, mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights,
-            backend=self.backend,
-        )  # (B, H, T, Dv), (B, H, T, S) | None
+        dropout_p = self.dropout if self.training else 0.0
+
+        def core(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor | None]:
+            return attention(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights, backend=self.backend)
+
+        if self.checkpoint and self.training and torch.is_grad_enabled():
+            out, weights = torch.utils.checkpoint.checkpoint(core, q, k, v, use_reentrant=False)
+        else:
+            out, weights = core(q, k, v)  # (B, H, T, Dv), (B, H, T, S) | None
         out = out.transpose(1, 2).reshape(B, T, H * Dk)  # (B, T, H·Dv)
         # ξ_h scales head h's columns of W^O: the same as scaling the head's output, cheaper.
         w_o = self.out_proj.weight * self.head_gates.repeat_interleave(Dk)  # (D, H·Dv)
@@ -235,8 +243,9 @@ class MultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         kv = f", num_kv_heads={self.num_kv_heads}" if self.num_kv_heads != self.num_heads else ""
+        ckpt = ", checkpoint=True" if self.checkpoint else ""
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}{kv}, head_dim={self.head_dim}, "
-                f"kdim={self.kdim}, vdim={self.vdim}, dropout={self.dropout}, backend={self.backend!r}")
+                f"kdim={self.kdim}, vdim={self.vdim}, dropout={self.dropout}, backend={self.backend!r}{ckpt}")
 
 
 def _check_config(embed_dim: int, num_heads: int, num_kv_heads: int, kdim: int | None,

@@ -1,0 +1,156 @@
+"""How much memory an attention call needs, and failing fast when it will not fit.
+
+A dense (B, H, T, S) score matrix at B=1, H=8, T=S=64k is 128 GiB in float32: the process
+would be killed half-way. :func:`estimate_memory` predicts the peak *extra* memory of a call
+from shapes alone (meta tensors work: ``torch.empty(B, H, T, D, device="meta")``), and
+:func:`attention <multihead.attention>` raises :class:`AttentionMemoryError` with the
+estimate and a remedy before allocating anything.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .masks import FULL, Mask, as_mask, split_topk
+
+__all__ = ["AttentionMemoryError", "MemoryEstimate", "available_memory", "check_memory", "estimate_memory"]
+
+#: Below this an estimate is not checked against the free memory (reading it costs a syscall).
+CHECK_ABOVE = 256 * 2**20
+_HALF = (torch.float16, torch.bfloat16)
+
+
+class AttentionMemoryError(MemoryError):
+    """An attention call would need more memory than the device has free."""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted peak extra memory of one attention call, in bytes, and what dominates it."""
+
+    backend: str
+    bytes: int
+    detail: str
+    device: torch.device
+
+    def __str__(self) -> str:
+        return f"{self.backend}: about {_human(self.bytes)} ({self.detail})"
+
+
+def estimate_memory(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Mask | Tensor | None = None,
+    *,
+    need_weights: bool = False,
+    backend: str = "auto",
+    training: bool | None = None,
+) -> MemoryEstimate:
+    """Peak extra memory of ``attention(q, k, v, mask, ...)``, beyond q, k, v themselves.
+
+    ``backend="auto"`` estimates the kernel auto would choose. ``training`` (default: whether
+    autograd will record the call) adds what the backward pass keeps and allocates.
+    """
+    from .kernels import _choose  # the kernel module imports this one
+    from .plans import plan_cost
+
+    mask = as_mask(mask)
+    if backend == "auto":
+        backend = _choose(q, k, mask, need_weights, "auto").backend
+    if training is None:
+        training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    B, H, T, _ = q.shape
+    S, Dv = k.shape[2], v.shape[3]
+    item = q.element_size()
+    acc = 4 if q.dtype in _HALF else item
+    out = B * H * T * Dv * item
+    _, rest = split_topk(mask)
+    mask_bytes = 0 if rest is None else B * T * S  # a materialised bool mask, per example at worst
+    if backend == "math":
+        scores = B * H * T * S * acc
+        copies = 3 if training else (1 if q.device.type == "cpu" else 2)
+        weights = B * H * T * S * item if q.dtype in _HALF else 0
+        total = copies * scores + weights + 2 * mask_bytes + out
+        detail = f"{copies} x (B, H, T, S) = ({B}, {H}, {T}, {S}) scores in {_dtype_name(acc)}"
+    elif backend == "sdpa":
+        total = 2 * mask_bytes + out * (3 if training else 1)
+        detail = f"dense mask {_human(mask_bytes)}" if mask_bytes else "fused kernel, no score matrix"
+    else:
+        cover = FULL if rest is None else rest.cover(T, S)
+        summary = plan_cost(cover, T, S, B=B, H=H)
+        temporaries = 6 * summary.max_block * acc
+        grads = (B * H * T * k.shape[3] + 2 * k.numel()) * acc if training else 0
+        total = temporaries + B * H * T * acc + out + grads
+        detail = (f"{summary.chunks} chunks of at most {summary.max_block:,} scores, "
+                  f"{summary.mean_keys:.0f} keys per query")
+    return MemoryEstimate(backend, int(total), detail, q.device)
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Free memory on ``device`` in bytes, or None when unknown (meta tensors, other devices)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    if device.type != "cpu":
+        return None
+    free = _meminfo_available()
+    limit = _cgroup_free()
+    candidates = [x for x in (free, limit) if x is not None]
+    return min(candidates) if candidates else None
+
+
+def check_memory(estimate: MemoryEstimate) -> None:
+    """Raise :class:`AttentionMemoryError` when ``estimate`` exceeds the free memory."""
+    if estimate.bytes < CHECK_ABOVE:
+        return
+    free = available_memory(estimate.device)
+    if free is None or estimate.bytes <= free:
+        return
+    remedy = ("use a sparse mask such as mh.masks.window(256) (memory O(T·w) with the local kernel), "
+              "a smaller batch, or shorter inputs")
+    if estimate.backend == "math":
+        remedy = "drop need_weights (fused and chunked kernels never hold the weights), or " + remedy
+    raise AttentionMemoryError(
+        f"attention would need {estimate} but only {_human(free)} is free on {estimate.device}; {remedy}"
+    )
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _cgroup_free() -> int | None:
+    base = "/sys/fs/cgroup"
+    try:
+        with open(os.path.join(base, "memory.max")) as f:
+            raw = f.read().strip()
+        if raw == "max":
+            return None
+        with open(os.path.join(base, "memory.current")) as f:
+            return int(raw) - int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _dtype_name(nbytes: int) -> str:
+    return {2: "16-bit floats", 4: "float32", 8: "float64"}.get(nbytes, f"{nbytes}-byte values")
