@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-BENCHMARKS = ["bench_layer"]
+BENCHMARKS = ["bench_layer", "bench_long"]
 
 
 def main() -> None:

@@ -6,9 +6,9 @@ need: a contiguous key range plus an optional list of extra key positions. The p
 keys; the mask's own predicate (``Mask.mask_mod``) decides, inside each chunk, exactly which
 (query, key) pairs count. Every query row belongs to exactly one chunk.
 
-The forward pass keeps only the output and the log-sum-exp per row (as FlashAttention does);
-the backward pass recomputes each chunk's scores, so saved memory is O(n) and temporaries are
-one chunk's (B, H, c, W) scores. Top-k selection and attention dropout are recomputed the
+The forward pass keeps nothing but q, k and v; the backward pass recomputes each chunk's
+probabilities (as FlashAttention does), so saved memory is O(n) and temporaries are one
+chunk's (B, H, c, W) scores. Top-k selection and attention dropout are recomputed the
 same way (the dropout pattern from a per-chunk seed).
 
 Gradient of top-k attention: the choice of the k kept keys is piecewise constant in the
@@ -75,55 +75,75 @@ def chunked_attention(
 
 
 class _ChunkedAttention(torch.autograd.Function):
+    """Forward saves only q, k, v; backward recomputes each chunk's probabilities."""
+
     @staticmethod
     def forward(ctx, q, k, v, plan, mask, scale, topk, dropout_p, seed):  # type: ignore[override]
         with torch.autocast(q.device.type, enabled=False):
             B, H, T, _ = q.shape
-            Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
+            Dv = v.shape[3]
             out = q.new_zeros(B, H, T, Dv)
-            lse = torch.full((B, H, T), float("inf"), dtype=_compute(q), device=q.device)
+            work = _Workspace()
             for n, chunk in enumerate(plan):
-                if chunk.n_keys == 0:  # rows that may attend to nothing: zeros, lse = +inf
+                if chunk.n_keys == 0:  # rows that may attend to nothing stay zero
                     continue
-                _, _, vc, rows, p, lse_c = _probabilities(q, k, v, chunk, mask, scale, topk, T, S, None)
-                pd = _dropout(p, dropout_p, seed + n)
-                oc = _grouped(pd.to(v.dtype), Hkv) @ vc  # (B, Hkv, G·c, Dv)
-                out.index_copy_(2, rows, oc.view(B, H, -1, Dv))
-                lse.index_copy_(2, rows, lse_c.view(B, H, -1))
-        ctx.save_for_backward(q, k, v, out, lse)
+                _, _, vc, rows, p, visible = _probabilities(q, k, v, chunk, mask, scale, topk, work)
+                pd = _dropout(p, dropout_p, seed + n)  # (B, Hkv, G·c, W)
+                oc = (pd.to(v.dtype) @ vc).view(B, H, -1, Dv)  # (B, H, c, Dv)
+                if visible is not None:
+                    oc = oc * visible
+                out.index_copy_(2, rows, oc)
+        ctx.save_for_backward(q, k, v)
         ctx.plan, ctx.mask, ctx.scale, ctx.topk, ctx.dropout_p, ctx.seed = plan, mask, scale, topk, dropout_p, seed
         return out
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v = ctx.saved_tensors
         with torch.autocast(q.device.type, enabled=False):
-            B, H, T, Dk = q.shape
-            Hkv, S = k.shape[1], k.shape[2]
+            B, H, _, Dk = q.shape
+            Hkv = k.shape[1]
             acc = _compute(q)
             dq = torch.zeros_like(q)
             dk = torch.zeros(k.shape, dtype=acc, device=k.device)
             dv = torch.zeros(v.shape, dtype=acc, device=v.device)
-            dout = dout.contiguous()
-            delta = (dout.to(acc) * out.to(acc)).sum(-1)  # (B, H, T)  rowsum(dO ∘ O)
+            work = _Workspace()
             for n, chunk in enumerate(ctx.plan):
                 if chunk.n_keys == 0:
                     continue
-                qc, kc, vc, rows, p, _ = _probabilities(q, k, v, chunk, ctx.mask, ctx.scale, ctx.topk, T, S, lse)
+                qc, kc, vc, rows, p, visible = _probabilities(q, k, v, chunk, ctx.mask, ctx.scale, ctx.topk, work)
+                doc = dout.index_select(2, rows)  # (B, H, c, Dv)
+                if visible is not None:  # rows with no key had their output zeroed
+                    doc = doc * visible
+                doc = _grouped(doc, Hkv)  # (B, Hkv, G·c, Dv)
                 pd = _dropout(p, ctx.dropout_p, ctx.seed + n)  # (B, Hkv, G·c, W)
-                doc = _grouped(dout.index_select(2, rows), Hkv)  # (B, Hkv, G·c, Dv)
                 dvc = pd.to(v.dtype).transpose(-1, -2) @ doc  # (B, Hkv, W, Dv)
                 dp = (doc @ vc.transpose(-1, -2)).to(acc)  # (B, Hkv, G·c, W)
-                if ctx.dropout_p > 0:
-                    dp = _dropout(dp, ctx.dropout_p, ctx.seed + n)
-                d = _grouped(delta.index_select(2, rows).unsqueeze(-1), Hkv)  # (B, Hkv, G·c, 1)
-                ds = (p * (dp - d)).to(q.dtype)  # (B, Hkv, G·c, W)
+                dp = _dropout(dp, ctx.dropout_p, ctx.seed + n)
+                # softmax backward, fused: ds = p ∘ (dp − rowsum(dp ∘ p))
+                ds = torch._softmax_backward_data(dp, p, -1, acc).to(q.dtype)  # (B, Hkv, G·c, W)
                 dqc = (ds @ kc) * ctx.scale  # (B, Hkv, G·c, Dk)
                 dkc = ds.transpose(-1, -2) @ qc  # (B, Hkv, W, Dk)  (qc carries the scale)
                 dq.index_copy_(2, rows, dqc.view(B, H, -1, Dk))
                 _scatter_keys(dk, dkc, chunk)
                 _scatter_keys(dv, dvc, chunk)
         return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
+
+
+class _Workspace:
+    """One reusable score buffer per pass: fresh multi-megabyte tensors per chunk would each
+    be a new mapping and page faults on the CPU, which cost more than the arithmetic."""
+
+    def __init__(self) -> None:
+        self.buffer: Tensor | None = None
+
+    def scores(self, shape: tuple[int, ...], like: Tensor, dtype: torch.dtype) -> Tensor:
+        n = 1
+        for d in shape:
+            n *= d
+        if self.buffer is None or self.buffer.numel() < n or self.buffer.dtype != dtype:
+            self.buffer = torch.empty(n, dtype=dtype, device=like.device)
+        return self.buffer[:n].view(shape)
 
 
 def _compute(q: Tensor) -> torch.dtype:
@@ -151,39 +171,65 @@ def _scatter_keys(acc: Tensor, grad: Tensor, chunk: Chunk) -> None:
 
 
 def _probabilities(q, k, v, chunk: Chunk, mask: Mask | None, scale: float, topk: int | None,
-                   T: int, S: int, lse: Tensor | None):
-    """Scores of one chunk turned into probabilities.
+                   work: _Workspace):
+    """One chunk's attention probabilities p (B, Hkv, G·c, W), the same in forward and backward.
 
-    Forward (``lse`` None): returns p normalised in the chunk and its log-sum-exp.
-    Backward: p = exp(s - lse) with the saved log-sum-exp, exactly the forward's p.
+    ``visible`` (..., c, 1), broadcastable to (B, H, c, 1), is False for rows that may attend
+    to no key (their scores are unmasked so the softmax stays finite; the caller zeroes those
+    rows), or None when every row has a key.
     """
-    B, H = q.shape[:2]
-    Hkv = k.shape[1]
+    B, H, T = q.shape[:3]
+    Hkv, S = k.shape[1], k.shape[2]
     device = q.device
     rows = chunk.row_index(device)
-    keys = chunk.key_index(device)
     qc = _grouped(q.index_select(2, rows) * scale, Hkv)  # (B, Hkv, G·c, Dk)
     kc, vc = _keys(k, chunk), _keys(v, chunk)  # (B, Hkv, W, Dk), (B, Hkv, W, Dv)
     acc = _compute(q)
-    c, W = rows.numel(), keys.numel()
-    s = (qc @ kc.transpose(-1, -2)).to(acc).view(B, H, c, W)  # (B, H, c, W)
+    c, W = rows.numel(), chunk.n_keys
+    if acc == q.dtype:
+        s = torch.matmul(qc, kc.transpose(-1, -2), out=work.scores((B, Hkv, qc.shape[2], W), q, acc))
+    else:
+        s = (qc @ kc.transpose(-1, -2)).to(acc)
+    s = s.view(B, H, c, W)  # (B, H, c, W)
+    visible = None
     if mask is not None:
-        i, j = rows.view(-1, 1), keys.view(1, -1)
+        i, j = rows.view(-1, 1), chunk.key_index(device).view(1, -1)
         if mask.has_bias:
-            s = s + mask.bias_mod(i, j, T, S, acc)
-        s = s.masked_fill(~mask.mask_mod(i, j, T, S), float("-inf"))
+            s += mask.bias_mod(i, j, T, S, acc)
+        keep = mask.mask_mod(i, j, T, S)  # (..., c, W)
+        seen = keep.any(-1, keepdim=True)  # (..., c, 1)
+        if not bool(seen.all()):
+            visible = seen
+            keep = keep | ~seen
+        _fill_masked(s, keep)
     if topk is not None:
-        s = s.masked_fill(~TopK(topk).select(s), float("-inf"))
-    if lse is not None:
-        p = torch.exp(s - lse.index_select(2, rows).unsqueeze(-1))  # (B, H, c, W); lse=+inf rows -> 0
-        return qc, kc, vc, rows, _grouped(p, Hkv), None
-    m = s.amax(-1, keepdim=True)  # (B, H, c, 1)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # rows with no key: avoid -inf - -inf
-    p = torch.exp(s - m)  # (B, H, c, W), 0 where masked
-    total = p.sum(-1, keepdim=True)  # (B, H, c, 1)
-    p = p / total.clamp_min(torch.finfo(acc).tiny)
-    lse_c = torch.where(total > 0, m + total.log(), torch.full_like(m, float("inf"))).squeeze(-1)  # (B, H, c)
-    return qc, kc, vc, rows, _grouped(p, Hkv), lse_c
+        s.masked_fill_(~TopK(topk).select(s), float("-inf"))
+    if device.type == "cpu":  # in place: no (B, H, c, W) allocation (checked against torch.softmax in tests)
+        p = torch.ops.aten._softmax.out(s, -1, False, out=s)
+    else:
+        p = torch.softmax(s, dim=-1)
+    return qc, kc, vc, rows, _grouped(p, Hkv), visible
+
+
+def _fill_masked(s: Tensor, keep: Tensor) -> None:
+    """``s[~keep] = -inf`` in place, touching only the key columns some row may not attend.
+
+    In a band chunk the middle columns are visible to every query of the chunk; only the two
+    edges (the band's corners) hold masked entries. Filling just those skips most of the pass.
+    """
+    W = keep.shape[-1]
+    open_cols = keep.reshape(-1, W).all(0)  # (W,) every row and example may attend
+    if bool(open_cols.all()):
+        return
+    lead = int((~open_cols).int().cumprod(0).sum())  # masked columns before the first open one
+    trail = int((~open_cols).flip(0).int().cumprod(0).sum())
+    if lead == W or not bool(open_cols[lead:W - trail].all()):
+        s.masked_fill_(~keep, float("-inf"))
+        return
+    if lead:
+        s[..., :lead].masked_fill_(~keep[..., :lead], float("-inf"))
+    if trail:
+        s[..., W - trail:].masked_fill_(~keep[..., W - trail:], float("-inf"))
 
 
 def _dropout(x: Tensor, p: float, seed: int) -> Tensor:

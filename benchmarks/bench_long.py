@@ -1,0 +1,202 @@
+"""Long sequences: our local (sliding-window) kernel against dense masked SDPA and FlexAttention.
+
+B=1, H=8, Dk=64, two-sided window 256, CPU float32, n in {1k, 4k, 16k, 64k}. Every
+measurement runs in a fresh worker process, so its peak memory (the rise of the process's
+peak RSS over what it held before the call, inputs included in neither) is its own.
+
+Peers:
+* dense: ``F.scaled_dot_product_attention`` with the band materialised as a (n, n) bool mask;
+* flex: ``torch.compile(flex_attention)`` with the band as a block mask. PyTorch has no
+  FlexAttention backward on the CPU, so flex rows are forward only.
+
+Usage: python benchmarks/bench_long.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WINDOW = 256
+B, H, DK = 1, 8, 64
+
+
+def _rss(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not found in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM (peak RSS) to the current RSS
+
+
+def worker(variant: str, n: int, mode: str, repeat: int) -> dict[str, float]:
+    import torch
+    import torch.nn.functional as F
+
+    import multihead as mh
+
+    torch.manual_seed(0)
+    grad = mode == "fwd+bwd"
+    q, k, v = (torch.randn(B, H, n, DK, requires_grad=grad) for _ in range(3))
+    if variant == "ours local":
+        mask = mh.masks.window(WINDOW)
+
+        def call():
+            return mh.attention(q, k, v, mask, backend="local")[0]
+    elif variant == "dense SDPA":
+
+        def call():  # the (n, n) band mask is part of what this method needs, so it is timed and counted
+            keep = mh.masks.window(WINDOW).materialize(n, n).contiguous()
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    elif variant == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        def band(b, h, qi, ki):
+            return (ki - qi <= WINDOW) & (qi - ki <= WINDOW)
+
+        block_mask = create_block_mask(band, None, None, n, n, device="cpu")
+        flex = torch.compile(flex_attention)
+
+        def call():
+            return flex(q, k, v, block_mask=block_mask)
+    else:
+        raise ValueError(variant)
+
+    def step():
+        if grad:
+            for t in (q, k, v):
+                t.grad = None
+            call().sum().backward()
+        else:
+            with torch.no_grad():
+                call()
+
+    start = time.perf_counter()
+    step()  # warm-up (compiles flex)
+    warmup = time.perf_counter() - start
+    base = _rss("VmRSS")
+    _reset_peak()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    peak = max(_rss("VmHWM") - base, 0)
+    # What every method must hold whatever its kernel: the output, and in training the
+    # incoming gradient and the three input gradients. The rest is the kernel's working memory.
+    io = q.numel() * 4 * (5 if grad else 1)
+    return {"seconds": min(times), "peak_bytes": peak, "working_bytes": max(peak - io, 0), "warmup": warmup}
+
+
+def measure(variant: str, n: int, mode: str, repeat: int, timeout: float) -> dict[str, float] | str:
+    cmd = [sys.executable, __file__, "--worker", variant, str(n), mode, str(repeat)]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:.0f} s"
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"failed: {tail[:80]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="n in {1k, 2k}, one repeat (checks the script runs)")
+    parser.add_argument("--worker", nargs=4, metavar=("VARIANT", "N", "MODE", "REPEAT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        variant, n, mode, repeat = args.worker
+        print(json.dumps(worker(variant, int(n), mode, int(repeat))))
+        return
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _common import table, verdict
+
+    sizes = [1024, 2048] if args.quick else [1024, 4096, 16384, 65536]
+    repeat = 1 if args.quick else 2
+    # The dense peer at 64k needs a 4 GiB mask and ~16x the 16k time: measured up to 16k.
+    dense_limit = 2048 if args.quick else 16384
+    results: dict[tuple[str, int, str], dict[str, float] | str] = {}
+    for n in sizes:
+        for mode in ("forward", "fwd+bwd"):
+            for variant in ("ours local", "dense SDPA", "flex"):
+                if variant == "flex" and mode == "fwd+bwd":
+                    results[(variant, n, mode)] = "no CPU backward in torch"
+                elif variant == "dense SDPA" and n > dense_limit:
+                    results[(variant, n, mode)] = f"skipped: O(n²), mask alone {n * n / 2**30:.0f} GiB"
+                else:
+                    results[(variant, n, mode)] = measure(variant, n, mode, repeat, timeout=900)
+
+    print(f"## bench_long: B={B} H={H} Dk={DK}, window {WINDOW} two-sided, CPU float32\n")
+    print("ours: mh.attention(..., backend='local'); auto picks it when the window leaves <= 25% of the keys "
+          "(n >= 4k here), dense SDPA below that.\n")
+    rows = []
+    for (variant, n, mode), r in results.items():
+        ours = results[("ours local", n, mode)]
+        if isinstance(r, str):
+            rows.append([n, mode, variant, r, "", "", "", "", ""])
+            continue
+        ratio_t = ratio_m = ratio_w = ""
+        if variant != "ours local" and isinstance(ours, dict):
+            ratio_t = f"{r['seconds'] / ours['seconds']:.2f}x"
+            ratio_m = f"{r['peak_bytes'] / max(ours['peak_bytes'], 1):.1f}x"
+            ratio_w = f"{r['working_bytes'] / max(ours['working_bytes'], 2**20):.1f}x"
+        rows.append([n, mode, variant, f"{r['seconds'] * 1e3:.0f}", f"{r['peak_bytes'] / 2**20:.0f}",
+                     f"{r['working_bytes'] / 2**20:.0f}", ratio_t, ratio_m, ratio_w])
+    print(table(["n", "mode", "kernel", "ms", "peak MiB", "working MiB", "peer time / ours", "peer peak / ours",
+                 "peer working / ours"], rows))
+    print("\npeak: rise of the worker's peak RSS during the call; working: peak minus the output and, with "
+          "backward, the incoming and the three input gradients, which every method holds")
+
+    growth = []
+    for mode in ("forward", "fwd+bwd"):
+        for a, b in itertools.pairwise(sizes):
+            ra, rb = results[("ours local", a, mode)], results[("ours local", b, mode)]
+            if isinstance(ra, dict) and isinstance(rb, dict):
+                doublings = (b // a).bit_length() - 1
+                growth.append([mode, f"{a} -> {b}", f"{(rb['seconds'] / ra['seconds']) ** (1 / doublings):.2f}x"])
+    if growth:
+        print("\nTime growth of our local kernel per doubling of n\n")
+        print(table(["mode", "n", "per doubling"], growth))
+
+    big = sizes[-2] if not args.quick else sizes[-1]
+    ours_fb, dense_fb = results[("ours local", big, "fwd+bwd")], results[("dense SDPA", big, "fwd+bwd")]
+    print("\nTargets")
+    if isinstance(ours_fb, dict) and isinstance(dense_fb, dict):
+        speed = dense_fb["seconds"] / ours_fb["seconds"]
+        mem = dense_fb["peak_bytes"] / max(ours_fb["peak_bytes"], 1)
+        work = dense_fb["working_bytes"] / max(ours_fb["working_bytes"], 2**20)  # floor: 1 MiB
+        print(f"- n={big} fwd+bwd >= 10x faster than dense masked SDPA: {speed:.1f}x -> {verdict(speed >= 10)}")
+        print(f"- n={big} fwd+bwd <= 1/20 of dense peak memory: 1/{mem:.1f} -> {verdict(mem >= 20)} "
+              f"(working memory: 1/{work:.1f})")
+    flex_ratios = []
+    for n in sizes:
+        f, o = results[("flex", n, "forward")], results[("ours local", n, "forward")]
+        if isinstance(f, dict) and isinstance(o, dict):
+            flex_ratios.append((n, f["seconds"] / o["seconds"]))
+    if flex_ratios:
+        worst = min(r for _, r in flex_ratios)
+        shown = ", ".join(f"n={n}: {r:.2f}x" for n, r in flex_ratios)
+        print(f"- forward >= 1.0x FlexAttention's speed: {shown} -> {verdict(worst >= 1.0)}")
+    worst_growth = max((float(g[2][:-1]) for g in growth), default=0.0)
+    print(f"- time grows <= 2.3x per doubling of n: worst {worst_growth:.2f}x -> {verdict(worst_growth <= 2.3)}")
+    last = results[("ours local", sizes[-1], "fwd+bwd")]
+    if isinstance(last, dict) and not args.quick:
+        print(f"- n={sizes[-1]} fwd+bwd within 4 GiB: peak {last['peak_bytes'] / 2**30:.2f} GiB -> "
+              f"{verdict(last['peak_bytes'] <= 4 * 2**30)}")
+
+
+if __name__ == "__main__":
+    main()
