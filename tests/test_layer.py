@@ -14,6 +14,8 @@ def torch_masks(mask, B, H, T, S, dtype):
     """Our mask as nn.MultiheadAttention's (attn_mask, key_padding_mask), True = ignore there."""
     if mask is None:
         return None, None
+    if isinstance(mask, masks.Padding):  # torch's own key_padding_mask path
+        return None, ~mask.materialize(1, S)[:, 0, 0, :]
     bias = mask.bias(T, S, dtype=dtype)
     keep = mask.materialize(T, S).expand(B, H, T, S)
     if bias is None:
