@@ -182,7 +182,8 @@ def _probabilities(q, k, v, chunk: Chunk, mask: Mask | None, scale: float, topk:
     Hkv, S = k.shape[1], k.shape[2]
     device = q.device
     rows = chunk.row_index(device)
-    qc = _grouped(q.index_select(2, rows) * scale, Hkv)  # (B, Hkv, G·c, Dk)
+    picked = q[:, :, chunk.rows] if isinstance(chunk.rows, slice) else q.index_select(2, rows)  # (B, H, c, Dk)
+    qc = _grouped(picked * scale, Hkv)  # (B, Hkv, G·c, Dk)
     kc, vc = _keys(k, chunk), _keys(v, chunk)  # (B, Hkv, W, Dk), (B, Hkv, W, Dv)
     acc = _compute(q)
     c, W = rows.numel(), chunk.n_keys

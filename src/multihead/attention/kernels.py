@@ -159,8 +159,8 @@ def _choose(q: Tensor, k: Tensor, mask: Mask | None, need_weights: bool, backend
         return BackendChoice("math", "the only path that returns per-head weights",
                              {n: w for n, w in problems.items() if n != "topk"})
     if top is not None:
-        return BackendChoice("topk", f"chunked top-{top} selection over at most {width:.0f} keys per query, "
-                             "O(T·k) saved memory", {"sdpa": problems["sdpa"], "math": math_why})
+        return BackendChoice("topk", f"chunked top-{top} selection over at most {width:.0f} keys per query; "
+                             "keeps only q, k, v for backward", {"sdpa": problems["sdpa"], "math": math_why})
     dense_why = (f"the mask's {structure} leave {width:.0f} of S={S} keys per query; a chunked kernel "
                  "computes only those")
     sparse_enough = not cover.is_full and width <= SPARSE_SHARE * S

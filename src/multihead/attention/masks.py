@@ -503,13 +503,18 @@ class RandomBlocks(Blocks):
             raise ValueError(f"random_blocks(n_blocks, ...) must be a non-negative integer; got {n_blocks!r}")
         super().__init__(block_size, torch.zeros(0, 0, dtype=torch.bool))
         self.n_blocks, self.seed = n_blocks, int(seed)
+        self._cache: dict[tuple[int, int], Tensor] = {}  # the layout is fixed by (seed, blocks)
 
     def _layout(self, T: int, S: int) -> Tensor:
         nqb, nkb = -(-T // self.block_size), -(-S // self.block_size)
+        cached = self._cache.get((nqb, nkb))
+        if cached is not None:
+            return cached
         g = torch.Generator().manual_seed(self.seed)
         layout = torch.zeros(nqb, nkb, dtype=torch.bool)
         for a in range(nqb):
             layout[a, torch.randperm(nkb, generator=g)[: self.n_blocks]] = True
+        self._cache[(nqb, nkb)] = layout
         return layout
 
     def __repr__(self) -> str:
