@@ -15,25 +15,12 @@ def setup_threads() -> int:
     return torch.get_num_threads()
 
 
-def timeit(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1, min_time: float = 0.0) -> float:
-    """Median wall time of ``fn()`` in seconds, after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    start_all = time.perf_counter()
-    while len(times) < repeat or time.perf_counter() - start_all < min_time:
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def compare(fns: dict[str, Callable[[], object]], *, repeat: int = 5, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds of each function in each of ``repeat`` rounds, timed round-robin.
 
-
-def compare(fns: dict[str, Callable[[], object]], *, repeat: int = 5, warmup: int = 1) -> dict[str, float]:
-    """Best (minimum) seconds of each function over ``repeat`` rounds, timed round-robin.
-
-    Round-robin makes drift in the machine's speed hit every variant alike; the minimum is
-    the least noisy estimate of a function's own cost on a shared machine (as ``timeit``
-    recommends)."""
+    Round-robin makes drift in the machine's speed (other load, thermal, memory) hit every
+    variant alike; report :func:`best` for a time and :func:`paired_ratio` for a comparison.
+    """
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -43,7 +30,17 @@ def compare(fns: dict[str, Callable[[], object]], *, repeat: int = 5, warmup: in
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    return {name: min(ts) for name, ts in times.items()}
+    return times
+
+
+def best(times: list[float]) -> float:
+    """The least noisy estimate of a function's own cost on a shared machine (as ``timeit``)."""
+    return min(times)
+
+
+def paired_ratio(times: dict[str, list[float]], name: str, peer: str) -> float:
+    """Median over rounds of (name's time / peer's time in the same round)."""
+    return statistics.median(a / b for a, b in zip(times[name], times[peer], strict=True))
 
 
 def matmul_peak_gflops(n: int = 2048, repeat: int = 5) -> float:

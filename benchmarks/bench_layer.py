@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import multihead as mh
-from _common import compare, matmul_peak_gflops, setup_threads, table, verdict
+from _common import best, compare, matmul_peak_gflops, paired_ratio, setup_threads, table, verdict
 
 
 class NanoGPTStyle(nn.Module):
@@ -94,11 +94,11 @@ def bench_layer(shapes, repeat: int) -> list[list[object]]:
                 m.train(mode == "fwd+bwd")
             runs = {name: _fwd(fn) if mode == "forward" else _fwd_bwd(fn, modules) for name, fn in variants.items()}
             times = compare(runs, repeat=repeat)
-            base = times["torch MHA (need_weights=False)"]
-            base_w = times["torch MHA (per-head weights)"]
-            for name, t in times.items():
-                peer = base_w if name.endswith("(per-head weights)") else base
-                rows.append([f"B={B} T={T} D={D} H={H}", mode, name, f"{t * 1e3:.1f}", f"{t / peer:.3f}"])
+            for name, ts in times.items():
+                with_weights = name.endswith("(per-head weights)")
+                peer = "torch MHA (per-head weights)" if with_weights else "torch MHA (need_weights=False)"
+                rows.append([f"B={B} T={T} D={D} H={H}", mode, name, f"{best(ts) * 1e3:.1f}",
+                             f"{paired_ratio(times, name, peer):.3f}"])
     return rows
 
 
@@ -112,7 +112,8 @@ def bench_core(B: int, T: int, H: int, Dk: int, repeat: int, peak: float) -> tup
         times = compare({"F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v),
                          "mh.attention (auto)": lambda: mh.attention(q, k, v),
                          "mh.attention (math)": lambda: mh.attention(q, k, v, backend="math")}, repeat=repeat)
-        for name, t in times.items():
+        for name, ts in times.items():
+            t = best(ts)
             gflops = flops / t / 1e9
             if name == "mh.attention (auto)":
                 share = gflops / peak
@@ -129,11 +130,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         shapes, core, repeat = [(2, 32, 64, 4)], (1, 64, 4, 16), 1
     else:
-        shapes, core, repeat = [(8, 512, 512, 8), (1, 4096, 512, 8)], (1, 4096, 8, 64), 7
+        shapes, core, repeat = [(8, 512, 512, 8), (1, 4096, 512, 8)], (1, 4096, 8, 64), 9
     print(f"## bench_layer: CPU float32, {threads} threads, torch {torch.__version__}\n")
     rows = bench_layer(shapes, repeat)
     print(table(["shape", "mode", "variant", "ms (best of rounds)", "ratio to torch"], rows))
-    print("\nratio: to torch MHA need_weights=False; rows with weights: to torch MHA with per-head weights")
+    print("\nratio: median over rounds of the paired time ratio, to torch MHA need_weights=False; rows with "
+          "weights: to torch MHA with per-head weights")
     peak = matmul_peak_gflops(n=512 if args.quick else 2048)
     core_rows, share = bench_core(*core, repeat=repeat, peak=peak)
     print(f"\nAttention core, forward; torch.mm peak measured now: {peak:.1f} GFLOP/s\n")

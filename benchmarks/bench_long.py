@@ -45,12 +45,46 @@ def _reset_peak() -> None:
         f.write("5")
 
 
+def checkpoint_worker(backend: str, checkpoint: bool, n: int) -> dict[str, float]:
+    """Peak memory of forward+backward through a stack of attention layers."""
+    import torch
+
+    import multihead as mh
+
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(*(mh.MultiHeadAttention(256, 8, backend=backend, checkpoint=checkpoint)
+                                   for _ in range(CKPT_LAYERS)))
+    x = torch.randn(1, n, 256, requires_grad=True)
+
+    def step():
+        layers.zero_grad(set_to_none=True)
+        x.grad = None
+        layers(x).sum().backward()
+
+    step()
+    layers.zero_grad(set_to_none=True)
+    x.grad = None
+    _reset_peak()
+    base = _rss("VmRSS")
+    start = time.perf_counter()
+    step()
+    seconds = time.perf_counter() - start
+    peak = max(_rss("VmHWM") - base, 0)
+    return {"seconds": seconds, "peak_bytes": peak, "working_bytes": peak}
+
+
+CKPT_LAYERS = 4
+
+
 def worker(variant: str, n: int, mode: str, repeat: int) -> dict[str, float]:
     import torch
     import torch.nn.functional as F
 
     import multihead as mh
 
+    if variant.startswith("stack "):  # "stack BACKEND on|off"
+        _, backend, flag = variant.split()
+        return checkpoint_worker(backend, flag == "on", n)
     torch.manual_seed(0)
     grad = mode == "fwd+bwd"
     q, k, v = (torch.randn(B, H, n, DK, requires_grad=grad) for _ in range(3))
@@ -198,6 +232,25 @@ def main(argv: list[str] | None = None) -> None:
     if growth:
         print("\nTime growth of our local kernel per doubling of n\n")
         print(table(["mode", "n", "per doubling"], growth))
+
+    ckpt_n = 1024 if args.quick else 4096
+    ckpt_rows = []
+    for backend in ("math", "sdpa"):
+        cells = {}
+        for flag in ("off", "on"):
+            cells[flag] = _run_worker(f"stack {backend} {flag}", ckpt_n, "fwd+bwd", 1, 900,
+                                      {"MALLOC_MMAP_THRESHOLD_": "65536"})
+        off, on = cells["off"], cells["on"]
+        if isinstance(off, dict) and isinstance(on, dict):
+            ckpt_rows.append([backend, f"{off['peak_bytes'] / 2**20:.0f}", f"{on['peak_bytes'] / 2**20:.0f}",
+                              f"{off['peak_bytes'] / max(on['peak_bytes'], 1):.1f}x",
+                              f"{on['seconds'] / off['seconds']:.2f}x"])
+        else:
+            ckpt_rows.append([backend, str(off), str(on), "", ""])
+    print(f"\nGradient checkpointing: {CKPT_LAYERS} stacked MultiHeadAttention(256, 8) layers, T={ckpt_n}, "
+          "forward+backward, peak memory\n")
+    print(table(["backend", "peak MiB, checkpoint off", "peak MiB, checkpoint on", "memory saved (off/on)",
+                 "time on/off"], ckpt_rows))
 
     big = sizes[-2] if not args.quick else sizes[-1]
     ours_fb, dense_fb = results[("ours local", big, "fwd+bwd")], results[("dense SDPA", big, "fwd+bwd")]

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from . import masks
-from .attention import MultiHeadAttention, explain_backend
+from .attention import MultiHeadAttention, estimate_memory, explain_backend
 
 SENTENCE = "The animal didn't cross the street because it was too tired."
 
@@ -65,9 +65,28 @@ def run_demo(model: str | None = "minilm") -> None:
     print(f"  per-head weights {_shape(w)}, each row sums to 1: {bool(torch.allclose(w.sum(-1), torch.ones(1)))}")
     print("  backend for this call:", explain_backend(q, k, v, masks.causal()).backend,
           "| with weights:", explain_backend(q, k, v, masks.causal(), need_weights=True).backend)
+    _long_input()
     if model is not None:
         print()
         _real_model(model)
+
+
+def _long_input(T: int = 16384) -> None:
+    """A 16k-token input with a Longformer mask: the kernel, its memory, and the dense cost."""
+    layer = MultiHeadAttention(256, 8).eval()
+    x = torch.randn(1, T, 256)
+    mask = masks.window(256) | masks.global_tokens([0])
+    q = torch.empty(1, 8, T, 32, device="meta")
+    choice = explain_backend(q, q, q, mask)
+    sparse = estimate_memory(q, q, q, mask)
+    dense = estimate_memory(q, q, q, need_weights=True)
+    start = time.perf_counter()
+    with torch.no_grad():
+        y = layer(x, mask=mask)
+    print(f"\nLong input: T={T}, mask = window(256) | global_tokens([0])")
+    print(f"  kernel: {choice.backend} ({choice.reason})")
+    print(f"  output {_shape(y)} in {time.perf_counter() - start:.2f} s; memory {sparse}")
+    print(f"  the same layer with dense weights would need {dense}")
 
 
 def _real_model(name: str) -> None:

@@ -116,19 +116,24 @@ class MultiHeadAttention(nn.Module):
         """
         key_in, value_in = self._inputs(x, context)
         B, T, _ = x.shape
-        S = key_in.shape[1]
         H, Hkv, Dk = self.num_heads, self.num_kv_heads, self.head_dim
         if context is None:
             # One GEMM for the three projections when they share the input.
             w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
             b = None if self.q_proj.bias is None else torch.cat(
                 [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
-            q, k, v = F.linear(x, w, b).split([H * Dk, Hkv * Dk, Hkv * Dk], dim=-1)
+            qkv = F.linear(x, w, b)  # (B, T, (H + 2·Hkv)·Dk)
+            if H == Hkv:
+                # One copy into (3, B, H, T, Dk) gives the kernels contiguous heads; matmul would
+                # otherwise copy q, k and v one by one to batch over (B, H).
+                q, k, v = qkv.view(B, T, 3, H, Dk).permute(2, 0, 3, 1, 4).contiguous()  # (B, H, T, Dk) each
+            else:
+                q, k, v = qkv.split([H * Dk, Hkv * Dk, Hkv * Dk], dim=-1)
+                q, k, v = _heads(q, H), _heads(k, Hkv), _heads(v, Hkv)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(key_in), self.v_proj(value_in)
-        q = q.view(B, T, H, Dk).transpose(1, 2)  # (B, H, T, Dk)
-        k = k.view(B, S, Hkv, Dk).transpose(1, 2)  # (B, Hkv, S, Dk)
-        v = v.view(B, S, Hkv, Dk).transpose(1, 2)  # (B, Hkv, S, Dv)
+            q = _heads(self.q_proj(x), H)  # (B, H, T, Dk)
+            k = _heads(self.k_proj(key_in), Hkv)  # (B, Hkv, S, Dk)
+            v = _heads(self.v_proj(value_in), Hkv)  # (B, Hkv, S, Dv)
         dropout_p = self.dropout if self.training else 0.0
 
         def core(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -246,6 +251,12 @@ class MultiHeadAttention(nn.Module):
         ckpt = ", checkpoint=True" if self.checkpoint else ""
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}{kv}, head_dim={self.head_dim}, "
                 f"kdim={self.kdim}, vdim={self.vdim}, dropout={self.dropout}, backend={self.backend!r}{ckpt}")
+
+
+def _heads(x: Tensor, n: int) -> Tensor:
+    """(B, L, n·Dk) -> (B, n, L, Dk), a view."""
+    B, L, width = x.shape
+    return x.view(B, L, n, width // n).transpose(1, 2)
 
 
 def _check_config(embed_dim: int, num_heads: int, num_kv_heads: int, kdim: int | None,
