@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.run(args) or 0)
-    except (UsageError, ValueError, TypeError, FileNotFoundError, PermissionError) as err:
+    except (UsageError, ValueError, TypeError, OSError) as err:
         print(f"multihead {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -42,6 +42,19 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", default="minilm", help="Hugging Face BERT-family model: 'minilm' or a local folder")
     demo.add_argument("--no-model", action="store_true", help="skip the real-model part")
     demo.set_defaults(run=_run_demo)
+
+    an = sub.add_parser("analyze", help="per-head diagnostics of a real model over a corpus (the main job)")
+    an.add_argument("texts", nargs="*", metavar="TEXT", help="texts to analyze (default: a built-in real sample)")
+    an.add_argument("--file", help="UTF-8 text file, one text per line")
+    an.add_argument("--model", default="minilm", help="'minilm' (default) or a local Hugging Face model folder")
+    an.add_argument("--out", default="multihead-report", help="output folder (default: ./multihead-report)")
+    an.add_argument("--json", action="store_true", help="print the report as JSON instead of the head map")
+    an.add_argument("--force", action="store_true", help="write into a non-empty folder that is not a report")
+    an.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
+    an.add_argument("--truncate", action="store_true", help="cut texts longer than the model's positions")
+    an.add_argument("--sample", type=int, default=300,
+                    help="with no text: how many Rotten Tomatoes sentences join the articles' examples (default 300)")
+    an.set_defaults(run=_run_analyze)
     return parser
 
 
@@ -50,6 +63,94 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     run_demo(model=None if args.no_model else args.model)
     return 0
+
+
+def _run_analyze(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .analysis import analyze
+    from .analysis.analyze import check_texts
+    from .analysis.report import SCHEMA
+    from .data import sample_sentences
+    from .hf import load
+
+    texts = list(args.texts)
+    if args.file:
+        texts += _read_lines(Path(args.file))
+    if not texts:
+        if args.texts or args.file:
+            raise UsageError("no text to analyze: every given text is empty")
+        texts = sample_sentences(args.sample)
+    check_texts(texts)  # before the model loads: bad input fails at once
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be a positive integer; got {args.batch_size}")
+    out = Path(args.out)
+    _check_output_folder(out, SCHEMA, args.force)
+    model = load(args.model)
+    report = analyze(model, texts, batch_size=args.batch_size, truncate=args.truncate, progress=sys.stderr.isatty())
+    out.mkdir(parents=True, exist_ok=True)
+    _write_atomically(out / "report.json", report.to_json())
+    tmp = out / ".report.csv.tmp"
+    report.to_csv(tmp)
+    tmp.replace(out / "report.csv")
+    if args.json:
+        print(report.to_json())
+        return 0
+    print(f"{model.name}: {model.num_layers} layers x {model.num_heads} heads"
+          f"{' (causal)' if model.is_causal else ''}; {report.sentences} sentences, {report.tokens} tokens\n")
+    print(report.label_map())
+    flagged = report.flagged()
+    print(f"\nDegenerate heads ({len(flagged)}):" if flagged else "\nNo degenerate heads.")
+    for r in flagged:
+        print(f"  L{r.layer}.H{r.head}: {', '.join(r.flags)} (entropy_norm {r.metrics['entropy_norm']:.2f}, "
+              f"self {r.metrics['self']:.2f}, sep {r.metrics['sep']:.2f})")
+    print(f"\nwrote {out / 'report.json'} and {out / 'report.csv'}")
+    return 0
+
+
+def _read_lines(path) -> list[str]:
+    try:
+        raw = path.read_bytes()
+    except IsADirectoryError as err:
+        raise UsageError(f"--file {path} is a folder, expected a UTF-8 text file") from err
+    except OSError as err:
+        raise UsageError(f"cannot read --file {path}: {err.strerror or err}") from err
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UsageError(f"--file {path} is not UTF-8 text (byte {err.start})") from err
+    lines = [line.strip() for line in text.splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        raise UsageError(f"--file {path} has no non-empty line")
+    return lines
+
+
+def _check_output_folder(out, schema: str, force: bool) -> None:
+    import json
+
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        earlier = out / "report.json"
+        try:
+            ok = json.loads(earlier.read_text(encoding="utf-8")).get("schema") == schema
+        except (OSError, ValueError, AttributeError):
+            ok = False
+        if not ok:
+            raise UsageError(f"--out {out} is not empty and holds no earlier multihead report; "
+                             "choose another folder or pass --force")
+    probe = out if out.is_dir() else next((p for p in out.parents if p.exists()), None)
+    import os
+
+    if probe is None or not os.access(probe, os.W_OK):
+        raise UsageError(f"--out {out} is not writable")
+
+
+def _write_atomically(path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text + "\n", encoding="utf-8")
+    tmp.replace(path)
 
 
 if __name__ == "__main__":  # pragma: no cover

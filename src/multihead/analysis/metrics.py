@@ -1,0 +1,133 @@
+"""Per-head attention statistics over a corpus, accumulated batch by batch and layer by layer.
+
+Every metric is a token-weighted mean over the real (non-padding) query tokens of the corpus:
+each query row ``p_i = weights[b, h, i, :]`` contributes once. ``n_i`` is the number of keys
+query ``i`` may see (all real tokens for an encoder; those up to ``i`` for a decoder).
+
+| key | definition for one query row |
+|---|---|
+| ``entropy`` | ``-Σ_j p_ij log p_ij`` (nats) |
+| ``entropy_norm`` | ``entropy / log n_i`` (rows with n_i > 1 only): 1 is uniform |
+| ``kl_uniform`` | ``log n_i - entropy``: KL divergence from the uniform distribution |
+| ``distance`` | ``Σ_j p_ij |i - j|`` |
+| ``self`` | ``p_ii`` |
+| ``previous_token`` / ``next_token`` | ``p_i,i-1`` / ``p_i,i+1`` |
+| ``local`` | ``Σ_{|i-j| ≤ 2} p_ij`` |
+| ``cls`` | mass on the first real token ([CLS] / BOS) |
+| ``sep`` | mass on separator / end-of-sequence tokens ([SEP], EOS) |
+| ``punctuation`` | mass on tokens made only of punctuation |
+| ``max_weight`` | ``max_j p_ij`` (confidence) |
+| ``vertical`` | per sentence: ``max_j Σ_i p_ij / #queries``, the largest share of all its queries' |
+|  | attention that one key column receives; weighted by the sentence's real tokens |
+
+Padding never counts: padded query rows are skipped, padded keys get no weight (they are
+masked), and positions are measured between real tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["METRICS", "HeadStatistics", "TokenInfo"]
+
+METRICS = ("entropy", "entropy_norm", "distance", "self", "previous_token", "next_token", "local", "cls", "sep",
+           "punctuation", "max_weight", "kl_uniform", "vertical")
+
+
+@dataclass
+class TokenInfo:
+    """What the metrics need to know about a padded batch of tokens, all (B, T) bool."""
+
+    valid: Tensor  # a real token (not padding)
+    first: Tensor  # the first real token of its sequence ([CLS] / BOS position)
+    separator: Tensor  # [SEP] / EOS
+    punctuation: Tensor
+
+
+class HeadStatistics:
+    """Running sums of every metric for an (L, H) grid of heads."""
+
+    def __init__(self, num_layers: int, num_heads: int) -> None:
+        self.shape = (num_layers, num_heads)
+        self.sums = torch.zeros(len(METRICS), num_layers, num_heads, dtype=torch.float64)
+        self.counts = torch.zeros(len(METRICS), num_layers, num_heads, dtype=torch.float64)
+        self.sentences = 0
+        self.tokens = 0
+
+    def add_batch(self, tokens: TokenInfo) -> None:
+        """Count a batch's sentences and real tokens (once per batch, not per layer)."""
+        self.sentences += int(tokens.valid.shape[0])
+        self.tokens += int(tokens.valid.sum())
+
+    def update(self, layer: int, weights: Tensor, visible: Tensor, tokens: TokenInfo) -> None:
+        """Add one layer's attention for a batch: weights (B, H, T, S) with S == T (self-attention),
+        visible (B|1, 1|H, T, S) bool — which keys each query may see."""
+        B, H, T, S = weights.shape
+        if S != T:
+            raise ValueError(f"head statistics need self-attention maps (T == S); got T={T}, S={S}")
+        p = weights.detach().to(torch.float64)  # (B, H, T, S)
+        q_valid = tokens.valid.to(p.device)  # (B, T)
+        k_valid = tokens.valid.to(p.device)[:, None, None, :]  # (B, 1, 1, S)
+        vis = (visible.to(p.device) & k_valid).expand(B, 1 if visible.shape[1] == 1 else H, T, S)
+        n_vis = vis.sum(-1).to(torch.float64).expand(B, H, T)  # (B, H, T)
+        rows = q_valid[:, None, :].expand(B, H, T)  # (B, H, T) rows that count
+
+        pos = tokens.valid.long().cumsum(-1).to(p.device) - 1  # (B, T) index among real tokens
+        i = pos[:, None, :, None].to(torch.float64)  # (B, 1, T, 1)
+        j = pos[:, None, None, :].to(torch.float64)  # (B, 1, 1, S)
+        offset = j - i  # (B, 1, T, S)
+        logp = torch.where(p > 0, p.log(), torch.zeros_like(p))
+        entropy = -(p * logp).sum(-1)  # (B, H, T)
+        log_n = n_vis.clamp_min(1).log()
+        informative = rows & (n_vis > 1)
+
+        def mass(sel: Tensor) -> Tensor:  # sel broadcastable to (B, 1|H, T, S)
+            return (p * sel).sum(-1)
+
+        key_sep = tokens.separator.to(p.device)[:, None, None, :]
+        key_punct = tokens.punctuation.to(p.device)[:, None, None, :]
+        key_first = tokens.first.to(p.device)[:, None, None, :]
+        values = {
+            "entropy": (entropy, rows),
+            "entropy_norm": (entropy / log_n.clamp_min(1e-12), informative),
+            "kl_uniform": (log_n - entropy, informative),
+            "distance": ((p * offset.abs()).sum(-1), rows),
+            "self": (mass(offset == 0), rows),
+            "previous_token": (mass(offset == -1), rows),
+            "next_token": (mass(offset == 1), rows),
+            "local": (mass(offset.abs() <= 2), rows),
+            "cls": (mass(key_first), rows),
+            "sep": (mass(key_sep), rows),
+            "punctuation": (mass(key_punct), rows),
+            "max_weight": (p.amax(-1), rows),
+        }
+        for name, (value, where) in values.items():
+            m = METRICS.index(name)
+            w = where.to(torch.float64)
+            self.sums[m, layer] += (value * w).sum(dim=(0, 2)).cpu()
+            self.counts[m, layer] += w.sum(dim=(0, 2)).cpu()
+        # vertical concentration, per sentence: the column that receives most of its attention
+        q_count = q_valid.sum(-1).to(torch.float64).clamp_min(1)  # (B,)
+        column = (p * q_valid[:, None, :, None]).sum(2) / q_count[:, None, None]  # (B, H, S)
+        vertical = column.amax(-1)  # (B, H)
+        m = METRICS.index("vertical")
+        self.sums[m, layer] += (vertical * q_valid.sum(-1)[:, None]).sum(0).cpu()
+        self.counts[m, layer] += q_valid.sum().to(torch.float64).cpu()
+
+    def merge(self, other: HeadStatistics) -> None:
+        """Add another accumulator's sums (e.g. from another process's shard)."""
+        if other.shape != self.shape:
+            raise ValueError(f"cannot merge statistics of shapes {other.shape} and {self.shape}")
+        self.sums += other.sums
+        self.counts += other.counts
+        self.sentences += other.sentences
+        self.tokens += other.tokens
+
+    def means(self) -> dict[str, Tensor]:
+        """Each metric as an (L, H) float64 tensor (NaN where nothing was counted)."""
+        out = self.sums / self.counts.where(self.counts > 0, torch.full_like(self.counts, math.nan))
+        return {name: out[k] for k, name in enumerate(METRICS)}

@@ -1,0 +1,107 @@
+"""``Report``: one record per (layer, head) with its metrics, label and flags.
+
+JSON schema (``schema`` = "multihead.report/1")::
+
+    {"schema": "multihead.report/1", "model": str, "causal": bool,
+     "num_layers": L, "num_heads": H, "sentences": int, "tokens": int,
+     "metrics": [metric names], "heads": [
+        {"layer": 0-based, "head": 0-based, "label": str, "flags": [str],
+         "metrics": {"entropy": float, "entropy_norm": float, ...}}, ...]}
+
+Metric definitions: :mod:`multihead.analysis.metrics`; labels and flags:
+:mod:`multihead.analysis.patterns`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "multihead.report/1"
+
+__all__ = ["SCHEMA", "HeadRecord", "Report"]
+
+_SHORT = {"self": "SELF", "previous": "PREV", "next": "NEXT", "special-token": "SPEC", "local": "LOCL",
+          "broad": "BRD", "mixed": "·"}
+
+
+@dataclass
+class HeadRecord:
+    layer: int
+    head: int
+    label: str
+    flags: list[str]
+    metrics: dict[str, float]
+
+
+@dataclass
+class Report:
+    model: str
+    causal: bool
+    num_layers: int
+    num_heads: int
+    sentences: int
+    tokens: int
+    heads: list[HeadRecord] = field(default_factory=list)
+
+    def head(self, layer: int, head: int) -> HeadRecord:
+        return self.heads[layer * self.num_heads + head]
+
+    def to_dict(self) -> dict[str, Any]:
+        names = list(self.heads[0].metrics) if self.heads else []
+        return {
+            "schema": SCHEMA, "model": self.model, "causal": self.causal, "num_layers": self.num_layers,
+            "num_heads": self.num_heads, "sentences": self.sentences, "tokens": self.tokens, "metrics": names,
+            "heads": [{"layer": r.layer, "head": r.head, "label": r.label, "flags": list(r.flags),
+                       "metrics": {k: _finite(v) for k, v in r.metrics.items()}} for r in self.heads],
+        }
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=1, ensure_ascii=False)
+        if path is not None:
+            Path(path).write_text(text + "\n", encoding="utf-8")
+        return text
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Report:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"{path} is not a multihead report (schema {data.get('schema')!r}, expected {SCHEMA!r})")
+        heads = [HeadRecord(h["layer"], h["head"], h["label"], h["flags"],
+                            {k: (math.nan if v is None else v) for k, v in h["metrics"].items()})
+                 for h in data["heads"]]
+        return cls(data["model"], data["causal"], data["num_layers"], data["num_heads"], data["sentences"],
+                   data["tokens"], heads)
+
+    def to_csv(self, path: str | Path) -> None:
+        names = list(self.heads[0].metrics) if self.heads else []
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(["layer", "head", "label", "flags", *names])
+            for r in self.heads:
+                writer.writerow([r.layer, r.head, r.label, ";".join(r.flags),
+                                 *(f"{r.metrics[n]:.6g}" for n in names)])
+
+    def label_map(self) -> str:
+        """The layer x head grid of labels, for a terminal."""
+        lines = ["layer | " + " ".join(f"h{h:<4d}" for h in range(self.num_heads))]
+        for layer in range(self.num_layers):
+            cells = [_SHORT.get(self.head(layer, h).label, self.head(layer, h).label[:4])
+                     for h in range(self.num_heads)]
+            lines.append(f"{layer:5d} | " + " ".join(f"{c:<5s}" for c in cells))
+        legend = ", ".join(f"{v}={k}" for k, v in _SHORT.items())
+        return "\n".join([*lines, f"({legend})"])
+
+    def flagged(self) -> list[HeadRecord]:
+        return [r for r in self.heads if r.flags]
+
+    def __str__(self) -> str:
+        return self.label_map()
+
+
+def _finite(v: float) -> float | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else round(float(v), 6)

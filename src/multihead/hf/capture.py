@@ -1,0 +1,91 @@
+"""See every head of a Hugging Face model: a registered transformers attention function.
+
+While :class:`AttentionCapture` is active, every attention layer of the model (BERT-family
+encoders, Llama/GPT-style decoders, grouped-query included) computes its attention with our
+math kernel and hands ``(layer, weights, head_outputs, visible)`` to a callback — one layer at a
+time, so nothing holds L·H·n² maps at once. This is not ``output_attentions=True``: the model
+never returns the maps; the callback reduces them and lets them go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..attention import attention
+from ..attention.masks import causal, from_tensor
+
+__all__ = ["IMPLEMENTATION", "AttentionCapture", "LayerCallback"]
+
+IMPLEMENTATION = "multihead_capture"
+
+#: callback(layer, weights (B, H, T, S), head_outputs (B, H, T, Dv) before W^O, visible (B|1, 1, T, S) bool)
+LayerCallback = Callable[[int, Tensor, Tensor, Tensor], None]
+
+_ACTIVE: list[AttentionCapture] = []
+_REGISTERED = False
+
+
+class AttentionCapture:
+    """Context manager routing a model's attention through the capture function."""
+
+    def __init__(self, model: nn.Module, callback: LayerCallback) -> None:
+        self.model = model
+        self.callback = callback
+        self._saved: list[tuple[Any, str]] = []
+
+    def __enter__(self) -> AttentionCapture:
+        _register()
+        for module in self.model.modules():
+            config = getattr(module, "config", None)
+            if config is not None and hasattr(config, "_attn_implementation") and \
+                    all(c is not config for c, _ in self._saved):
+                self._saved.append((config, config._attn_implementation))
+                config._attn_implementation = IMPLEMENTATION
+        if not self._saved:
+            raise ValueError(f"{type(self.model).__name__} has no transformers config to route attention through")
+        _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _ACTIVE.remove(self)
+        for config, impl in self._saved:
+            config._attn_implementation = impl
+        self._saved.clear()
+
+
+def _capture_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                       attention_mask: Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                       **kwargs: Any) -> tuple[Tensor, Tensor]:
+    T, S = query.shape[2], key.shape[2]
+    if attention_mask is not None:
+        mask = from_tensor(attention_mask[..., :S])
+    elif getattr(module, "is_causal", False) and T > 1:
+        mask = causal()  # transformers leaves a plain causal mask implicit
+    else:
+        mask = None
+    out, weights = attention(query, key, value, mask, scale=scaling, need_weights=True, backend="math")
+    if _ACTIVE:
+        layer = getattr(module, "layer_idx", None)
+        if layer is None:
+            raise ValueError(f"{type(module).__name__} has no layer_idx; cannot tell which layer it is")
+        visible = mask.materialize(T, S, device=query.device) if mask is not None else \
+            torch.ones(1, 1, T, S, dtype=torch.bool, device=query.device)
+        visible = visible if visible.dim() == 4 else visible.view(1, 1, T, S)
+        _ACTIVE[-1].callback(int(layer), weights, out, visible)
+    return out.transpose(1, 2).contiguous(), weights  # (B, T, H, Dv) as transformers expects
+
+
+def _register() -> None:
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(IMPLEMENTATION, _capture_attention)
+    AttentionMaskInterface.register(IMPLEMENTATION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    _REGISTERED = True

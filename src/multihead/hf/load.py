@@ -1,0 +1,66 @@
+"""Load a local Hugging Face model with its tokenizer, offline: ``mh.hf.load("minilm")``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .paths import model_path
+
+__all__ = ["HFModel", "load"]
+
+
+@dataclass
+class HFModel:
+    """A loaded model, its tokenizer and the shape of its attention."""
+
+    model: nn.Module
+    tokenizer: Any
+    name: str
+    path: Path
+    is_causal: bool
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    max_positions: int | None
+
+
+def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
+    """Load ``"minilm"`` (all-MiniLM-L6-v2 from its PyPI package) or a local model folder.
+
+    Encoders (BERT family) load with ``AutoModel``; decoders (``is_decoder`` or a causal-LM
+    architecture such as Llama) with ``AutoModelForCausalLM``. Nothing is fetched from a hub.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+    except ImportError as err:  # pragma: no cover - the hf extra is missing
+        raise FileNotFoundError("Hugging Face models need transformers: run `pip install 'multihead[hf]'`") from err
+    hf_logging.disable_progress_bar()
+    path = model_path(name_or_path)
+    config = AutoConfig.from_pretrained(path)
+    architectures = " ".join(getattr(config, "architectures", None) or [])
+    is_causal = bool(getattr(config, "is_decoder", False)) or "CausalLM" in architectures
+    loader = AutoModelForCausalLM if is_causal else AutoModel
+    model = loader.from_pretrained(path, dtype=dtype or torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:  # decoders often ship without one; padding is masked anyway
+        tokenizer.pad_token = tokenizer.eos_token
+    heads = int(config.num_attention_heads)
+    return HFModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=str(name_or_path) if str(name_or_path) in ("minilm",) else path.name,
+        path=path,
+        is_causal=is_causal,
+        num_layers=int(config.num_hidden_layers),
+        num_heads=heads,
+        num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        max_positions=getattr(config, "max_position_embeddings", None),
+    )

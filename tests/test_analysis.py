@@ -1,0 +1,210 @@
+"""Per-head analysis: metrics with known answers, capture, padding invariance, the CLI."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import multihead as mh
+from multihead.analysis import METRICS, HeadStatistics, Report, TokenInfo, analyze, label_for
+from multihead.analysis.analyze import collect_statistics
+
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+
+
+def _tokens(B, T, lengths=None):
+    lengths = lengths or [T] * B
+    valid = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+    first = torch.zeros(B, T, dtype=torch.bool)
+    first[:, 0] = True
+    sep = torch.zeros(B, T, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        sep[b, n - 1] = True
+    return TokenInfo(valid=valid, first=first, separator=sep, punctuation=torch.zeros(B, T, dtype=torch.bool))
+
+
+def _metrics_of(weights, tokens=None, visible=None):
+    B, H, T, _ = weights.shape
+    stats = HeadStatistics(1, H)
+    tokens = tokens or _tokens(B, T)
+    stats.update(0, weights, visible if visible is not None else torch.ones(1, 1, T, T, dtype=torch.bool), tokens)
+    means = stats.means()
+    return [{k: float(means[k][0, h]) for k in METRICS} for h in range(H)]
+
+
+def test_identity_map_is_a_self_head_with_zero_entropy():
+    (m,) = _metrics_of(torch.eye(6).view(1, 1, 6, 6))
+    assert m["self"] == pytest.approx(1) and m["entropy"] == pytest.approx(0) and m["distance"] == 0
+    assert m["max_weight"] == pytest.approx(1) and m["kl_uniform"] == pytest.approx(math.log(6))
+    assert label_for(m) == "self"
+
+
+def test_uniform_map_has_normalised_entropy_one():
+    (m,) = _metrics_of(torch.full((1, 1, 5, 5), 0.2))
+    assert m["entropy_norm"] == pytest.approx(1) and m["kl_uniform"] == pytest.approx(0, abs=1e-6)
+    assert m["entropy"] == pytest.approx(math.log(5)) and m["vertical"] == pytest.approx(0.2)
+    assert m["cls"] == pytest.approx(0.2) and m["sep"] == pytest.approx(0.2)
+    assert label_for(m) == "broad"
+
+
+def test_shifted_identity_is_a_previous_token_head():
+    w = torch.zeros(1, 1, 6, 6)
+    w[0, 0, 0, 0] = 1
+    for i in range(1, 6):
+        w[0, 0, i, i - 1] = 1
+    (m,) = _metrics_of(w)
+    assert m["previous_token"] == pytest.approx(5 / 6) and m["distance"] == pytest.approx(5 / 6)
+    assert label_for(m) == "previous"
+
+
+def test_column_map_is_vertical_and_special():
+    w = torch.zeros(1, 1, 4, 4)
+    w[..., 0] = 1  # every query on the first token
+    (m,) = _metrics_of(w)
+    assert m["vertical"] == pytest.approx(1) and m["cls"] == pytest.approx(1)
+    assert label_for(m) == "special-token"
+
+
+def test_padding_rows_and_causal_visibility_are_respected():
+    # Example 1 is padded to 5 from 3 real tokens; padded rows carry garbage that must not count.
+    w = torch.zeros(2, 1, 5, 5)
+    w[0, 0] = torch.eye(5)
+    w[1, 0, :3, :3] = torch.eye(3)
+    w[1, 0, 3:, :] = 0.2  # padded query rows
+    (m,) = _metrics_of(w, _tokens(2, 5, [5, 3]))
+    assert m["self"] == pytest.approx(1)
+    causal = mh.masks.causal().materialize(4, 4).view(1, 1, 4, 4)
+    uniform_causal = causal.float() / causal.sum(-1, keepdim=True)
+    (m,) = _metrics_of(uniform_causal.view(1, 1, 4, 4), visible=causal)
+    assert m["entropy_norm"] == pytest.approx(1)  # uniform over what each query may see
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return mh.hf.load("minilm")
+
+
+SENTENCES = [
+    "The animal didn't cross the street because it was too tired.",
+    "小明把蛋糕递给小红，因为她不饿了。",
+    "Heads specialise.",
+    "A much longer sentence about attention heads, their patterns, and the padding that surrounds short ones.",
+]
+
+
+@pytest.mark.slow
+def test_capture_equals_transformers_eager_attention(minilm):
+    tok = minilm.tokenizer
+    batch = tok(SENTENCES, padding=True, return_tensors="pt")
+    eager = transformers.AutoModel.from_pretrained(minilm.path, attn_implementation="eager").eval()
+    with torch.no_grad():
+        ref = eager(**batch, output_attentions=True)
+    seen = {}
+    with mh.hf.AttentionCapture(minilm.model, lambda layer, w, out, vis: seen.__setitem__(layer, w)), \
+            torch.no_grad():
+        hidden = minilm.model(**batch).last_hidden_state
+    assert sorted(seen) == list(range(6))
+    valid = batch["attention_mask"].bool()
+    for layer, w in seen.items():
+        assert w.shape == ref.attentions[layer].shape
+        keep = valid[:, None, :, None] & valid[:, None, None, :]
+        torch.testing.assert_close(w[keep.expand_as(w)], ref.attentions[layer][keep.expand_as(w)], atol=1e-5,
+                                   rtol=1e-4)
+    torch.testing.assert_close(hidden[valid], ref.last_hidden_state[valid], atol=1e-5, rtol=1e-4)
+    assert minilm.model.config._attn_implementation != "multihead_capture"  # restored
+
+
+@pytest.mark.slow
+def test_statistics_do_not_depend_on_padding_or_batch_size(minilm):
+    one = collect_statistics(minilm, SENTENCES, batch_size=1).means()
+    many = collect_statistics(minilm, SENTENCES, batch_size=4).means()
+    for name in METRICS:
+        torch.testing.assert_close(one[name], many[name], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_analyze_minilm_report(minilm, tmp_path):
+    report = analyze(minilm, SENTENCES, batch_size=2)
+    assert (report.num_layers, report.num_heads, report.sentences) == (6, 12, 4)
+    data = json.loads(report.to_json(tmp_path / "r.json"))
+    assert data["schema"] == "multihead.report/1" and len(data["heads"]) == 72
+    required = {"entropy", "entropy_norm", "distance", "self", "previous_token", "next_token", "local", "cls", "sep",
+                "punctuation", "max_weight", "kl_uniform", "vertical"}
+    for h in data["heads"]:
+        assert required <= set(h["metrics"]) and {"layer", "head", "label", "flags"} <= set(h)
+        assert 0 <= h["metrics"]["entropy_norm"] <= 1 + 1e-9
+    back = Report.from_json(tmp_path / "r.json")
+    assert back.head(3, 4).label == report.head(3, 4).label
+    report.to_csv(tmp_path / "r.csv")
+    assert len((tmp_path / "r.csv").read_text().splitlines()) == 73
+    assert "layer |" in report.label_map()
+
+
+def _tiny_llama(tmp_path):
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(tmp_path)
+    return model
+
+
+def test_capture_works_for_a_gqa_decoder(tmp_path):
+    model = _tiny_llama(tmp_path).eval()
+    ids = torch.randint(0, 64, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).logits
+    seen = {}
+    with mh.hf.AttentionCapture(model, lambda layer, w, out, vis: seen.__setitem__(layer, (w, out))), \
+            torch.no_grad():
+        got = model(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=1e-4)
+    w, out = seen[1]
+    assert w.shape == (2, 4, 9, 9) and out.shape == (2, 4, 9, 8)
+    assert (w.triu(1) == 0).all()  # causal
+    assert (w[1, :, :, 6:] == 0).all()  # padding keys
+
+
+def test_cli_rejects_bad_input_without_traceback(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe\x00")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+    cases = [
+        (["   "], "empty"),
+        (["--file", str(bad)], "not UTF-8"),
+        (["--file", str(tmp_path / "missing.txt")], "cannot read"),
+        (["--model", str(tmp_path / "nope"), "hi"], "neither a known name"),
+        (["--out", str(full), "hi"], "not empty"),
+        (["--batch-size", "0", "hi"], "batch-size"),
+    ]
+    for args, words in cases:
+        done = subprocess.run([sys.executable, "-m", "multihead.cli", "analyze", *args], capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 2, (args, done.stderr)
+        assert "Traceback" not in done.stderr and words in done.stderr, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1
+    assert (full / "keep.txt").read_text() == "mine" and len(list(full.iterdir())) == 1
+
+
+@pytest.mark.slow
+def test_cli_analyze_writes_a_report_and_rejects_too_long_text(tmp_path):
+    out = tmp_path / "rep"
+    done = subprocess.run([sys.executable, "-m", "multihead.cli", "analyze", *SENTENCES[:3], "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "layer |" in done.stdout and (out / "report.json").is_file() and (out / "report.csv").is_file()
+    again = subprocess.run([sys.executable, "-m", "multihead.cli", "analyze", "Again.", "--out", str(out)],
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr  # an earlier report may be replaced
+    long_text = "word " * 600
+    done = subprocess.run([sys.executable, "-m", "multihead.cli", "analyze", long_text, "--out", str(tmp_path / "x")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and "at most 512" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "x").exists()
