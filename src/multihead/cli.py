@@ -104,6 +104,19 @@ def _run_analyze(args: argparse.Namespace) -> int:
     for r in flagged:
         print(f"  L{r.layer}.H{r.head}: {', '.join(r.flags)} (entropy_norm {r.metrics['entropy_norm']:.2f}, "
               f"self {r.metrics['self']:.2f}, sep {r.metrics['sep']:.2f})")
+    red = report.redundancy or {}
+    if red.get("pairs_js"):
+        print("\nMost redundant head pairs (Jensen-Shannon distance of their attention, 0 = identical; "
+              "cosine of their outputs after W^O):")
+        cos = red["cosine"]
+        H = report.num_heads
+        for a, b, js in red["pairs_js"][:5]:
+            c = float(cos[a[0] * H + a[1], b[0] * H + b[1]])
+            print(f"  L{a[0]}.H{a[1]} ~ L{b[0]}.H{b[1]}: JS {js:.3f}, cosine {c:.2f}")
+        groups = red.get("clusters_js") or []
+        if groups:
+            shown = "; ".join(" ".join(f"L{x[0]}.H{x[1]}" for x in g) for g in groups[:3])
+            print(f"  clusters (JS <= {red['cluster_threshold']}): {shown}")
     print(f"\nwrote {out / 'report.json'} and {out / 'report.csv'}")
     return 0
 

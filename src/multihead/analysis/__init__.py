@@ -1,9 +1,10 @@
 """Per-head diagnostics of real models: capture, metrics, patterns, reports."""
 
-from .analyze import analyze, collect_statistics
+from .analyze import CorpusStatistics, analyze, collect_statistics
 from .metrics import METRICS, HeadStatistics, TokenInfo
 from .patterns import flags_for, label_for
+from .redundancy import RedundancyStatistics, clusters, most_redundant
 from .report import SCHEMA, HeadRecord, Report
 
-__all__ = ["METRICS", "SCHEMA", "HeadRecord", "HeadStatistics", "Report", "TokenInfo", "analyze",
-           "collect_statistics", "flags_for", "label_for"]
+__all__ = ["METRICS", "SCHEMA", "CorpusStatistics", "HeadRecord", "HeadStatistics", "RedundancyStatistics", "Report",
+           "TokenInfo", "analyze", "clusters", "collect_statistics", "flags_for", "label_for", "most_redundant"]

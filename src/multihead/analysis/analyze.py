@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -17,9 +18,19 @@ from ..hf.capture import AttentionCapture
 from ..hf.load import HFModel
 from .metrics import METRICS, HeadStatistics, TokenInfo
 from .patterns import flags_for, label_for
+from .redundancy import RedundancyStatistics, clusters, most_redundant
 from .report import HeadRecord, Report
 
-__all__ = ["analyze", "check_texts", "collect_statistics"]
+__all__ = ["CorpusStatistics", "analyze", "check_texts", "collect_statistics"]
+
+#: Heads whose attention rows differ by at most this JS distance (base 2) on average are clustered.
+CLUSTER_JS = 0.2
+
+
+@dataclass
+class CorpusStatistics:
+    heads: HeadStatistics
+    redundancy: RedundancyStatistics
 
 
 def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
@@ -29,20 +40,31 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     Raises ValueError for an empty corpus, an empty text, or a text longer than the model's
     positions (unless ``truncate``).
     """
-    stats = collect_statistics(model, texts, batch_size=batch_size, truncate=truncate, progress=progress)
+    corpus = collect_statistics(model, texts, batch_size=batch_size, truncate=truncate, progress=progress)
+    stats = corpus.heads
     means = stats.means()
     heads = []
     for layer in range(model.num_layers):
         for head in range(model.num_heads):
             metrics = {name: float(means[name][layer, head]) for name in METRICS}
             heads.append(HeadRecord(layer, head, label_for(metrics), flags_for(metrics), metrics))
+    js, cosine = corpus.redundancy.js(), corpus.redundancy.cosine()
+    H = model.num_heads
+    redundancy = {
+        "js_distance": js,
+        "cosine": cosine,
+        "pairs_js": most_redundant(js, H, k=10, distance=True),
+        "pairs_cosine": most_redundant(cosine, H, k=10, distance=False),
+        "clusters_js": [[(n // H, n % H) for n in group] for group in clusters(js, CLUSTER_JS)],
+        "cluster_threshold": CLUSTER_JS,
+    }
     return Report(model.name, model.is_causal, model.num_layers, model.num_heads, stats.sentences, stats.tokens,
-                  heads)
+                  heads, redundancy)
 
 
 def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
-                       progress: bool = False) -> HeadStatistics:
-    """The running sums behind :func:`analyze` (mergeable across processes)."""
+                       progress: bool = False) -> CorpusStatistics:
+    """The running sums behind :func:`analyze` (head metrics mergeable across processes)."""
     texts = check_texts(texts)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
@@ -56,6 +78,7 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
                                  "(shorten it or use truncate=True / --truncate)")
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # length buckets: little padding
     stats = HeadStatistics(model.num_layers, model.num_heads)
+    redundancy = RedundancyStatistics(model.num_layers, model.num_heads)
     special = {t for t in (tok.sep_token_id, tok.eos_token_id) if t is not None}
     punct_cache: dict[int, bool] = {}
     batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
@@ -66,13 +89,15 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
             return x
     info_box: list[TokenInfo] = []
 
-    def on_layer(layer: int, weights: torch.Tensor, _out: torch.Tensor, visible: torch.Tensor) -> None:
+    def on_layer(layer: int, weights: torch.Tensor, out: torch.Tensor, visible: torch.Tensor) -> None:
         stats.update(layer, weights, visible, info_box[0])
+        redundancy.add_layer(layer, weights, out, capture.output_projection(layer), info_box[0].valid)
 
     saved_side = tok.padding_side
     tok.padding_side = "right"  # positions must not shift with padding (decoders count them from 0)
     try:
-        with AttentionCapture(model.model, on_layer), torch.inference_mode():
+        capture = AttentionCapture(model.model, on_layer)
+        with capture, torch.inference_mode():
             for batch_ids in tqdm(batches, desc="analyze", unit="batch", disable=not progress):
                 ids = [encoded[i] for i in batch_ids]
                 batch = tok.pad({"input_ids": ids}, return_tensors="pt")
@@ -80,9 +105,10 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
                 info_box[:] = [info]
                 stats.add_batch(info)
                 model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+                redundancy.end_batch()
     finally:
         tok.padding_side = saved_side
-    return stats
+    return CorpusStatistics(stats, redundancy)
 
 
 def check_texts(texts: Sequence[str]) -> list[str]:

@@ -47,18 +47,32 @@ class Report:
     sentences: int
     tokens: int
     heads: list[HeadRecord] = field(default_factory=list)
+    #: js_distance / cosine: (N, N) tensors over N = L·H heads (head n is layer n // H, head n % H);
+    #: pairs_js / pairs_cosine: most redundant pairs; clusters_js: groups of near-identical heads.
+    redundancy: dict[str, Any] | None = None
 
     def head(self, layer: int, head: int) -> HeadRecord:
         return self.heads[layer * self.num_heads + head]
 
     def to_dict(self) -> dict[str, Any]:
         names = list(self.heads[0].metrics) if self.heads else []
-        return {
+        data = {
             "schema": SCHEMA, "model": self.model, "causal": self.causal, "num_layers": self.num_layers,
             "num_heads": self.num_heads, "sentences": self.sentences, "tokens": self.tokens, "metrics": names,
             "heads": [{"layer": r.layer, "head": r.head, "label": r.label, "flags": list(r.flags),
                        "metrics": {k: _finite(v) for k, v in r.metrics.items()}} for r in self.heads],
         }
+        if self.redundancy is not None:
+            red = self.redundancy
+            data["redundancy"] = {
+                "js_distance": _matrix(red["js_distance"]),
+                "cosine": _matrix(red["cosine"]),
+                "pairs_js": [{"a": list(a), "b": list(b), "value": _finite(v)} for a, b, v in red["pairs_js"]],
+                "pairs_cosine": [{"a": list(a), "b": list(b), "value": _finite(v)} for a, b, v in red["pairs_cosine"]],
+                "clusters_js": [[list(x) for x in group] for group in red["clusters_js"]],
+                "cluster_threshold": red["cluster_threshold"],
+            }
+        return data
 
     def to_json(self, path: str | Path | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=1, ensure_ascii=False)
@@ -74,8 +88,13 @@ class Report:
         heads = [HeadRecord(h["layer"], h["head"], h["label"], h["flags"],
                             {k: (math.nan if v is None else v) for k, v in h["metrics"].items()})
                  for h in data["heads"]]
+        red = data.get("redundancy")
+        if red is not None:
+            for key in ("pairs_js", "pairs_cosine"):
+                red[key] = [(tuple(p["a"]), tuple(p["b"]), p["value"]) for p in red[key]]
+            red["clusters_js"] = [[tuple(x) for x in group] for group in red["clusters_js"]]
         return cls(data["model"], data["causal"], data["num_layers"], data["num_heads"], data["sentences"],
-                   data["tokens"], heads)
+                   data["tokens"], heads, red)
 
     def to_csv(self, path: str | Path) -> None:
         names = list(self.heads[0].metrics) if self.heads else []
@@ -103,5 +122,10 @@ class Report:
         return self.label_map()
 
 
-def _finite(v: float) -> float | None:
-    return None if v is None or (isinstance(v, float) and math.isnan(v)) else round(float(v), 6)
+def _matrix(m: Any) -> list[list[float | None]]:
+    rows = m.tolist() if hasattr(m, "tolist") else m
+    return [[_finite(math.nan if x is None else float(x), 4) for x in row] for row in rows]
+
+
+def _finite(v: float, digits: int = 6) -> float | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else round(float(v), digits)

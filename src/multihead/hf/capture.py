@@ -36,9 +36,15 @@ class AttentionCapture:
         self.model = model
         self.callback = callback
         self._saved: list[tuple[Any, str]] = []
+        self._w_o: dict[int, Tensor] = {}
+
+    def output_projection(self, layer: int) -> Tensor | None:
+        """W^O of a layer's self-attention, (D, H·Dv), or None when it cannot be found."""
+        return self._w_o.get(layer)
 
     def __enter__(self) -> AttentionCapture:
         _register()
+        self._w_o = _output_projections(self.model)
         for module in self.model.modules():
             config = getattr(module, "config", None)
             if config is not None and hasattr(config, "_attn_implementation") and \
@@ -68,7 +74,7 @@ def _capture_attention(module: nn.Module, query: Tensor, key: Tensor, value: Ten
     else:
         mask = None
     out, weights = attention(query, key, value, mask, scale=scaling, need_weights=True, backend="math")
-    if _ACTIVE:
+    if _ACTIVE and not _is_cross_attention(module):
         layer = getattr(module, "layer_idx", None)
         if layer is None:
             raise ValueError(f"{type(module).__name__} has no layer_idx; cannot tell which layer it is")
@@ -77,6 +83,27 @@ def _capture_attention(module: nn.Module, query: Tensor, key: Tensor, value: Ten
         visible = visible if visible.dim() == 4 else visible.view(1, 1, T, S)
         _ACTIVE[-1].callback(int(layer), weights, out, visible)
     return out.transpose(1, 2).contiguous(), weights  # (B, T, H, Dv) as transformers expects
+
+
+def _is_cross_attention(module: nn.Module) -> bool:
+    return bool(getattr(module, "is_cross_attention", False)) or "Cross" in type(module).__name__
+
+
+def _output_projections(model: nn.Module) -> dict[int, Tensor]:
+    """layer -> W^O weight: the attention's own ``o_proj``/``out_proj``, or BERT's ``output.dense``
+    on the parent block."""
+    found: dict[int, Tensor] = {}
+    for name, module in model.named_modules():
+        layer = getattr(module, "layer_idx", None)
+        if layer is None or _is_cross_attention(module) or int(layer) in found:
+            continue
+        proj = getattr(module, "o_proj", None) or getattr(module, "out_proj", None)
+        if proj is None and "." in name:
+            parent = model.get_submodule(name.rpartition(".")[0])
+            proj = getattr(getattr(parent, "output", None), "dense", None)
+        if isinstance(proj, nn.Linear):
+            found[int(layer)] = proj.weight
+    return found
 
 
 def _register() -> None:

@@ -1,0 +1,124 @@
+"""Which heads do the same thing: head × head similarity over a corpus, streaming.
+
+Two measures, both averaged over the real query tokens of the corpus:
+
+* ``js``: Jensen–Shannon distance (base 2, in [0, 1]) between two heads' attention rows for
+  the same query token, ``sqrt(JS(p_a,i || p_b,i))``. 0 means the heads attend identically.
+* ``cosine``: cosine similarity between two heads' *contributions to the residual stream*
+  for the same token, ``head_h(x_i) · W^O[:, h]ᵀ`` (a D-vector). Head outputs before W^O live
+  in different coordinates for every head; after W^O they are comparable.
+
+Maps of one batch are kept for all layers at once (cross-layer pairs need them side by side),
+then reduced and released; nothing grows with the corpus.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["RedundancyStatistics", "clusters", "most_redundant"]
+
+
+class RedundancyStatistics:
+    """Running sums of pairwise JS distance and output cosine for N = L·H heads."""
+
+    def __init__(self, num_layers: int, num_heads: int) -> None:
+        self.L, self.H = num_layers, num_heads
+        n = num_layers * num_heads
+        self.js_sum = torch.zeros(n, n, dtype=torch.float64)
+        self.cos_sum = torch.zeros(n, n, dtype=torch.float64)
+        self.js_count = 0.0
+        self.cos_count = 0.0
+        self._maps: dict[int, Tensor] = {}
+        self._contrib: dict[int, Tensor] = {}
+
+    def add_layer(self, layer: int, weights: Tensor, head_outputs: Tensor, w_o: Tensor | None, valid: Tensor
+                  ) -> None:
+        """One layer of the current batch: weights (B, H, T, S), head outputs before W^O
+        (B, H, T, Dv), W^O (D, H·Dv) or None, valid (B, T) real query tokens."""
+        rows = valid.to(weights.device)
+        self._maps[layer] = weights.detach().permute(1, 0, 2, 3)[:, rows]  # (H, R, S)
+        if w_o is not None:
+            out = head_outputs.detach().permute(1, 0, 2, 3)[:, rows]  # (H, R, Dv)
+            w = w_o.detach().view(w_o.shape[0], self.H, -1).to(out.dtype)  # (D, H, Dv)
+            self._contrib[layer] = torch.einsum("hrv,dhv->hrd", out, w)  # (H, R, D)
+
+    def end_batch(self, chunk: int = 64) -> None:
+        """Reduce the batch's layers into the running sums and release them."""
+        if len(self._maps) == self.L:
+            maps = torch.cat([self._maps[layer] for layer in range(self.L)]).to(torch.float64)  # (N, R, S)
+            R = maps.shape[1]
+            self.js_sum += _pairwise_js(maps, chunk).cpu() * R
+            self.js_count += R
+        if len(self._contrib) == self.L:
+            contrib = torch.cat([self._contrib[layer] for layer in range(self.L)]).to(torch.float64)  # (N, R, D)
+            unit = contrib / contrib.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+            R = unit.shape[1]
+            self.cos_sum += torch.einsum("ard,brd->ab", unit, unit).cpu()
+            self.cos_count += R
+        self._maps.clear()
+        self._contrib.clear()
+
+    def js(self) -> Tensor:
+        """(N, N) mean JS distance; N = L·H, head n is (n // H, n % H)."""
+        return self.js_sum / max(self.js_count, 1)
+
+    def cosine(self) -> Tensor:
+        """(N, N) mean cosine of residual contributions (NaN when not captured)."""
+        return self.cos_sum / self.cos_count if self.cos_count else torch.full_like(self.cos_sum, math.nan)
+
+
+def _pairwise_js(maps: Tensor, chunk: int) -> Tensor:
+    """Mean over rows of sqrt(JS) between every pair of heads: maps (N, R, S) -> (N, N)."""
+    N = maps.shape[0]
+    out = torch.zeros(N, N, dtype=maps.dtype, device=maps.device)
+
+    def plogp(x: Tensor) -> Tensor:
+        return torch.where(x > 0, x * torch.log2(x.clamp_min(1e-300)), torch.zeros_like(x))
+
+    own = plogp(maps).sum(-1)  # (N, R)  Σ p log p
+    for a in range(0, N, chunk):
+        pa = maps[a:a + chunk, None]  # (c, 1, R, S)
+        for b in range(0, N, chunk):
+            pb = maps[None, b:b + chunk]  # (1, c', R, S)
+            mix = plogp((pa + pb) / 2).sum(-1)  # (c, c', R)
+            js = ((own[a:a + chunk, None] + own[None, b:b + chunk]) / 2 - mix).clamp_min(0)  # (c, c', R)
+            out[a:a + chunk, b:b + chunk] = js.sqrt().mean(-1)
+    return out
+
+
+def most_redundant(similarity: Tensor, num_heads: int, *, k: int = 10, distance: bool = True
+                   ) -> list[tuple[tuple[int, int], tuple[int, int], float]]:
+    """The k most similar pairs of different heads as ((layer, head), (layer, head), value)."""
+    N = similarity.shape[0]
+    i, j = torch.triu_indices(N, N, offset=1)
+    values = similarity[i, j]
+    keep = ~torch.isnan(values)
+    i, j, values = i[keep], j[keep], values[keep]
+    order = values.argsort(descending=not distance)[:k]
+    return [((int(i[o]) // num_heads, int(i[o]) % num_heads), (int(j[o]) // num_heads, int(j[o]) % num_heads),
+             float(values[o])) for o in order]
+
+
+def clusters(distance: Tensor, threshold: float) -> list[list[int]]:
+    """Groups of heads linked by distance <= threshold (single linkage), largest first; singletons dropped."""
+    N = distance.shape[0]
+    parent = list(range(N))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    close = (distance <= threshold).nonzero().tolist()
+    for a, b in close:
+        if a < b:
+            parent[find(a)] = find(b)
+    groups: dict[int, list[int]] = {}
+    for n in range(N):
+        groups.setdefault(find(n), []).append(n)
+    return sorted((g for g in groups.values() if len(g) > 1), key=len, reverse=True)
