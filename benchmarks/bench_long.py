@@ -18,6 +18,7 @@ import argparse
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -76,15 +77,13 @@ def checkpoint_worker(backend: str, checkpoint: bool, n: int) -> dict[str, float
 CKPT_LAYERS = 4
 
 
-def worker(variant: str, n: int, mode: str, repeat: int) -> dict[str, float]:
+def _make_step(variant: str, n: int, mode: str):
+    """A callable running one forward (or forward+backward) of ``variant``, and its inputs."""
     import torch
     import torch.nn.functional as F
 
     import multihead as mh
 
-    if variant.startswith("stack "):  # "stack BACKEND on|off"
-        _, backend, flag = variant.split()
-        return checkpoint_worker(backend, flag == "on", n)
     torch.manual_seed(0)
     grad = mode == "fwd+bwd"
     q, k, v = (torch.randn(B, H, n, DK, requires_grad=grad) for _ in range(3))
@@ -122,77 +121,105 @@ def worker(variant: str, n: int, mode: str, repeat: int) -> dict[str, float]:
             with torch.no_grad():
                 call()
 
-    start = time.perf_counter()
+    return step, (q, k, v)
+
+
+def memory_worker(variant: str, n: int, mode: str) -> dict[str, float]:
+    """Peak memory of one step after a warm-up (run with a fixed mmap threshold, see measure_memory)."""
+    if variant.startswith("stack "):  # "stack BACKEND on|off"
+        _, backend, flag = variant.split()
+        return checkpoint_worker(backend, flag == "on", n)
+    step, (q, k, v) = _make_step(variant, n, mode)
     step()  # warm-up (compiles flex)
-    warmup = time.perf_counter() - start
     for t in (q, k, v):
         t.grad = None  # the baseline holds no gradients: each step allocates its own
     _reset_peak()
     base = _rss("VmRSS")
-    times: list[float] = []
-    # At least `repeat` runs, and more (up to 10) while they add up to under 3 s: fast cases on a
-    # noisy machine need several tries for a stable minimum.
-    while len(times) < repeat or (sum(times) < 3.0 and len(times) < 10):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+    step()
     peak = max(_rss("VmHWM") - base, 0)
     # What every method must hold whatever its kernel: the output, and in training the three
     # input gradients. The rest is the kernel's working memory.
-    io = q.numel() * 4 * (4 if grad else 1)  # (.sum().backward()'s incoming gradient is a broadcast scalar)
-    return {"seconds": min(times), "peak_bytes": peak, "working_bytes": max(peak - io, 0), "warmup": warmup}
+    io = q.numel() * 4 * (4 if mode == "fwd+bwd" else 1)  # (.sum().backward()'s gradient is a broadcast scalar)
+    return {"peak_bytes": peak, "working_bytes": max(peak - io, 0)}
 
 
-def measure(variant: str, n: int, mode: str, repeat: int, timeout: float) -> dict[str, float] | str:
-    """Time in one worker (the normal allocator), peak memory in another: with a fixed mmap
-    threshold every large tensor is its own mapping, returned to the system when freed, so the
-    worker's peak RSS follows what its tensors hold, but each allocation page-faults, which
-    would distort the time."""
-    timed = _run_worker(variant, n, mode, repeat, timeout, {})
-    if isinstance(timed, str):
-        return timed
-    sized = _run_worker(variant, n, mode, 1, timeout, {"MALLOC_MMAP_THRESHOLD_": "65536"})
-    if isinstance(sized, str):
-        return sized
-    return {"seconds": timed["seconds"], "peak_bytes": sized["peak_bytes"], "working_bytes": sized["working_bytes"]}
+def timing_worker(variants: list[str], n: int, mode: str) -> dict[str, list[float] | str]:
+    """All variants in one process, timed round-robin: drift in the machine's speed hits each
+    alike, and ratios are taken round by round. At least 3 rounds; more (up to 10) while a round
+    takes under 2 s."""
+    steps, out = {}, {}
+    for variant in variants:
+        try:
+            step, _ = _make_step(variant, n, mode)
+            step()  # warm-up (compiles flex)
+            steps[variant] = step
+        except (RuntimeError, MemoryError) as err:
+            text = (str(err).splitlines() or [type(err).__name__])[0]
+            oom = "alloc" in text.lower() or "memory" in text.lower()
+            out[variant] = "failed: out of memory" if oom else f"failed: {text[:60]}"
+    times: dict[str, list[float]] = {v: [] for v in steps}
+    rounds, spent = 0, 0.0
+    while steps and (rounds < 3 or (rounds < 10 and spent / rounds < 2.0)):
+        for variant, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[variant].append(time.perf_counter() - start)
+            spent += times[variant][-1]
+        rounds += 1
+    out.update(times)
+    return out
 
 
-def _run_worker(variant: str, n: int, mode: str, repeat: int, timeout: float, extra_env: dict[str, str]
-                ) -> dict[str, float] | str:
-    cmd = [sys.executable, __file__, "--worker", variant, str(n), mode, str(repeat)]
+def _run(args: list[str], timeout: float, extra_env: dict[str, str]) -> dict | str:
+    cmd = [sys.executable, __file__, *args]
     env = dict(os.environ, PYTHONWARNINGS="ignore", **extra_env)
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return f"timed out after {timeout:.0f} s"
     if done.returncode != 0:
-        lines = done.stderr.strip().splitlines() or ["no output"]
-        tail = lines[-1]
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         if "alloc" in tail.lower() or "memory" in tail.lower():
             return "failed: out of memory"
         return f"failed: {tail[:80]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def measure_memory(variant: str, n: int, mode: str, timeout: float = 900) -> dict | str:
+    """Peak memory in a worker of its own with a fixed mmap threshold: every large tensor is its
+    own mapping, returned to the system when freed, so the peak RSS follows what the tensors hold
+    (each allocation then page-faults, so no time is taken there)."""
+    return _run(["--memory-worker", variant, str(n), mode], timeout, {"MALLOC_MMAP_THRESHOLD_": "65536"})
+
+
+def measure_times(variants: list[str], n: int, mode: str, timeout: float = 1800) -> dict | str:
+    return _run(["--timing-worker", ",".join(variants), str(n), mode], timeout, {})
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n in {1k, 2k}, one repeat (checks the script runs)")
-    parser.add_argument("--worker", nargs=4, metavar=("VARIANT", "N", "MODE", "REPEAT"), help=argparse.SUPPRESS)
+    parser.add_argument("--memory-worker", nargs=3, metavar=("VARIANT", "N", "MODE"), help=argparse.SUPPRESS)
+    parser.add_argument("--timing-worker", nargs=3, metavar=("VARIANTS", "N", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        variant, n, mode, repeat = args.worker
-        print(json.dumps(worker(variant, int(n), mode, int(repeat))))
+    if args.memory_worker:
+        variant, n, mode = args.memory_worker
+        print(json.dumps(memory_worker(variant, int(n), mode)))
+        return
+    if args.timing_worker:
+        variants, n, mode = args.timing_worker
+        print(json.dumps(timing_worker(variants.split(","), int(n), mode)))
         return
     sys.path.insert(0, str(Path(__file__).parent))
     from _common import table, verdict
 
     sizes = [1024, 2048] if args.quick else [1024, 4096, 16384, 65536]
-    repeat = 1 if args.quick else 2
     # The dense peer at 64k needs a 4 GiB mask and ~16x the 16k time: measured up to 16k.
     dense_limit = 2048 if args.quick else 16384
-    results: dict[tuple[str, int, str], dict[str, float] | str] = {}
+    results: dict[tuple[str, int, str], dict | str] = {}
     for n in sizes:
         for mode in ("forward", "fwd+bwd"):
+            run = []
             for variant in ("ours local", "ours auto", "dense SDPA", "flex"):
                 if variant == "ours auto" and mode == "fwd+bwd":
                     continue
@@ -201,11 +228,22 @@ def main(argv: list[str] | None = None) -> None:
                 elif variant == "dense SDPA" and n > dense_limit:
                     results[(variant, n, mode)] = f"skipped: O(n²), mask alone {n * n / 2**30:.0f} GiB"
                 else:
-                    results[(variant, n, mode)] = measure(variant, n, mode, repeat, timeout=900)
+                    run.append(variant)
+            timed = measure_times(run, n, mode)
+            for variant in run:
+                got = timed if isinstance(timed, str) else timed.get(variant, "failed: no result")
+                if isinstance(got, str):
+                    results[(variant, n, mode)] = got
+                    continue
+                mem = measure_memory(variant, n, mode)
+                if isinstance(mem, str):
+                    results[(variant, n, mode)] = mem
+                    continue
+                results[(variant, n, mode)] = {"times": got, "seconds": min(got), **mem}
 
     print(f"## bench_long: B={B} H={H} Dk={DK}, window {WINDOW} two-sided, CPU float32\n")
-    print("ours: mh.attention(..., backend='local'); auto picks it when the window leaves <= 25% of the keys "
-          "(n >= 4k here), dense SDPA below that.\n")
+    print("ours: mh.attention(..., backend='local'); auto picks it when the window leaves <= half of the keys "
+          "(n >= 2k here), dense SDPA below that.\n")
     rows = []
     for (variant, n, mode), r in results.items():
         ours = results[("ours local", n, mode)]
@@ -214,13 +252,15 @@ def main(argv: list[str] | None = None) -> None:
             continue
         ratio_t = ratio_m = ratio_w = ""
         if variant != "ours local" and isinstance(ours, dict):
-            ratio_t = f"{r['seconds'] / ours['seconds']:.2f}x"
+            ratio_t = f"{_paired(r['times'], ours['times']):.2f}x"
             ratio_m = f"{r['peak_bytes'] / max(ours['peak_bytes'], 1):.1f}x"
             ratio_w = f"{r['working_bytes'] / max(ours['working_bytes'], 2**20):.1f}x"
         rows.append([n, mode, variant, f"{r['seconds'] * 1e3:.0f}", f"{r['peak_bytes'] / 2**20:.0f}",
                      f"{r['working_bytes'] / 2**20:.0f}", ratio_t, ratio_m, ratio_w])
-    print(table(["n", "mode", "kernel", "ms", "peak MiB", "working MiB", "peer time / ours", "peer peak / ours",
-                 "peer working / ours"], rows))
+    print(table(["n", "mode", "kernel", "ms (best)", "peak MiB", "working MiB", "peer time / ours",
+                 "peer peak / ours", "peer working / ours"], rows))
+    print("\ntime ratio: median over rounds of the paired ratio (all kernels of a row group run round-robin in "
+          "one process)")
     print("\npeak: rise of the worker's peak RSS during the call; working: peak minus the output and, with "
           "backward, the incoming and the three input gradients, which every method holds")
 
@@ -240,8 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     for backend in ("math", "sdpa"):
         cells = {}
         for flag in ("off", "on"):
-            cells[flag] = _run_worker(f"stack {backend} {flag}", ckpt_n, "fwd+bwd", 1, 900,
-                                      {"MALLOC_MMAP_THRESHOLD_": "65536"})
+            cells[flag] = measure_memory(f"stack {backend} {flag}", ckpt_n, "fwd+bwd")
         off, on = cells["off"], cells["on"]
         if isinstance(off, dict) and isinstance(on, dict):
             ckpt_rows.append([backend, f"{off['peak_bytes'] / 2**20:.0f}", f"{on['peak_bytes'] / 2**20:.0f}",
@@ -252,13 +291,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nGradient checkpointing: {CKPT_LAYERS} stacked MultiHeadAttention(256, 8) layers, T={ckpt_n}, "
           "forward+backward, peak memory\n")
     print(table(["backend", "peak MiB, checkpoint off", "peak MiB, checkpoint on", "memory saved (off/on)",
-                 "time on/off"], ckpt_rows))
+                 "time on/off (one step)"], ckpt_rows))
 
     big = sizes[-2] if not args.quick else sizes[-1]
     ours_fb, dense_fb = results[("ours local", big, "fwd+bwd")], results[("dense SDPA", big, "fwd+bwd")]
     print("\nTargets")
     if isinstance(ours_fb, dict) and isinstance(dense_fb, dict):
-        speed = dense_fb["seconds"] / ours_fb["seconds"]
+        speed = _paired(dense_fb["times"], ours_fb["times"])
         mem = dense_fb["peak_bytes"] / max(ours_fb["peak_bytes"], 1)
         work = dense_fb["working_bytes"] / max(ours_fb["working_bytes"], 2**20)  # floor: 1 MiB
         print(f"- n={big} fwd+bwd >= 10x faster than dense masked SDPA: {speed:.1f}x -> {verdict(speed >= 10)}")
@@ -269,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
         for n in sizes:
             f, o = results[("flex", n, "forward")], results[(ours_name, n, "forward")]
             if isinstance(f, dict) and isinstance(o, dict):
-                flex_ratios.append((n, f["seconds"] / o["seconds"]))
+                flex_ratios.append((n, _paired(f["times"], o["times"])))
         if flex_ratios:
             worst = min(r for _, r in flex_ratios)
             shown = ", ".join(f"n={n}: {r:.2f}x" for n, r in flex_ratios)
@@ -280,6 +319,11 @@ def main(argv: list[str] | None = None) -> None:
     if isinstance(last, dict) and not args.quick:
         print(f"- n={sizes[-1]} fwd+bwd within 4 GiB: peak {last['peak_bytes'] / 2**30:.2f} GiB -> "
               f"{verdict(last['peak_bytes'] <= 4 * 2**30)}")
+
+
+def _paired(peer: list[float], ours: list[float]) -> float:
+    """Median over rounds of peer time / our time in the same round."""
+    return statistics.median(p / o for p, o in zip(peer, ours, strict=True))
 
 
 if __name__ == "__main__":
