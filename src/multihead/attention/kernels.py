@@ -193,8 +193,10 @@ def _math_attention(
         k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, Dk)
         v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, Dv)
     compute = torch.float32 if q.dtype in _HALF else q.dtype
-    # Scaling q (T·Dk values) rather than the scores (T·S values) saves a pass over (B, H, T, S).
-    scores = torch.matmul(q * scale, k.transpose(-2, -1)).to(compute)  # (B, H, T, S)
+    q3, k3 = q.reshape(B * H, T, -1), k.reshape(B * H, S, -1)  # views when contiguous
+    # The GEMM applies the scale itself (alpha): no extra pass over q or over the scores.
+    scores = torch.baddbmm(q3.new_empty(B * H, T, S), q3, k3.transpose(1, 2), beta=0.0, alpha=scale)
+    scores = scores.view(B, H, T, S).to(compute)  # (B, H, T, S)
     visible = None
     top, mask = split_topk(mask)
     if mask is not None:
