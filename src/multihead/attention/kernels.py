@@ -279,7 +279,7 @@ def _check_broadcast(name: str, shape: torch.Size, target: tuple[int, ...]) -> N
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout_p: float
-                  ) -> tuple[int, int, int, int]:
+                  ) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -293,7 +293,7 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout_
         raise TypeError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
-    B, H, T, Dk = q.shape
+    B, H, _, Dk = q.shape
     if k.shape[0] != B or v.shape[0] != B:
         raise ValueError(f"batch sizes differ: q {B}, k {k.shape[0]}, v {v.shape[0]}")
     if k.shape[1] != v.shape[1]:
@@ -311,4 +311,3 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout_
         raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")
     if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
         raise ValueError(f"scale must be a positive number or None; got {scale!r}")
-    return B, H, T, k.shape[2]

@@ -273,7 +273,7 @@ class FromTensor(Mask):
         self.tensor = t
         self.has_bias = t.dtype.is_floating_point
 
-    def _indexed(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
+    def _check_shape(self, T: int, S: int) -> None:
         shape = tuple(self.tensor.shape)
         t_dim = shape[-2] if len(shape) >= 2 else 1
         if shape[-1] not in (1, S) or t_dim not in (1, T):
@@ -281,6 +281,9 @@ class FromTensor(Mask):
                 f"mask of shape {shape} does not broadcast to (B, H, T, S) with T={T}, S={S}; "
                 "expected (..., T, S) with each leading dim 1 or the full size"
             )
+
+    def _indexed(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
+        self._check_shape(T, S)
         t = self.tensor.to(j.device)
         t = t.view(*([1] * (4 - t.dim())), *t.shape)  # (B', H', T', S')
         rows = i if t.shape[2] == T else torch.zeros_like(i)
@@ -294,7 +297,8 @@ class FromTensor(Mask):
 
     def materialize(self, T: int, S: int, *, device: torch.device | str | None = None) -> Tensor:
         # The full grid is the tensor itself: a broadcast view, no gather and no copy.
-        self._indexed(*_grid(1, 1, device), T, S)  # validates the shape
+        _check_lengths(T, S)
+        self._check_shape(T, S)
         t = self.tensor if device is None else self.tensor.to(device)
         keep = t if t.dtype == torch.bool else t != float("-inf")
         return keep.expand(*keep.shape[:-2], T, S) if keep.dim() >= 2 else keep.expand(T, S)
@@ -662,9 +666,13 @@ def _union(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted(set(a) | set(b)))
 
 
-def _grid(T: int, S: int, device: torch.device | str | None) -> tuple[Tensor, Tensor]:
+def _check_lengths(T: int, S: int) -> None:
     if not (isinstance(T, int) and isinstance(S, int)) or T < 0 or S < 0:
         raise ValueError(f"materialize(T, S) expects non-negative integer lengths; got T={T!r}, S={S!r}")
+
+
+def _grid(T: int, S: int, device: torch.device | str | None) -> tuple[Tensor, Tensor]:
+    _check_lengths(T, S)
     i = torch.arange(T, device=device).unsqueeze(1)  # (T, 1)
     j = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
     return i, j

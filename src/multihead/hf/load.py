@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from .paths import model_path
+from .paths import KNOWN_MODELS, model_path
 
 __all__ = ["HFModel", "load"]
 
@@ -56,7 +56,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
     return HFModel(
         model=model,
         tokenizer=tokenizer,
-        name=str(name_or_path) if str(name_or_path) in ("minilm",) else path.name,
+        name=str(name_or_path) if str(name_or_path) in KNOWN_MODELS else path.name,
         path=path,
         is_causal=is_causal,
         num_layers=int(config.num_hidden_layers),
