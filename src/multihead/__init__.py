@@ -5,7 +5,8 @@
 >>> y = attn(x, mask=mh.masks.causal())
 """
 
-from . import hf
+from . import analysis, hf
+from .analysis import Report, analyze
 from .attention import (
     BACKENDS,
     AttentionMemoryError,
@@ -26,7 +27,10 @@ __all__ = [
     "BackendChoice",
     "MemoryEstimate",
     "MultiHeadAttention",
+    "Report",
     "__version__",
+    "analysis",
+    "analyze",
     "attention",
     "estimate_memory",
     "explain_backend",

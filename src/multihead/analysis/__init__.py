@@ -1,10 +1,26 @@
 """Per-head diagnostics of real models: capture, metrics, patterns, reports."""
 
 from .analyze import CorpusStatistics, analyze, collect_statistics
+from .gradients import GradientMonitor
 from .metrics import METRICS, HeadStatistics, TokenInfo
 from .patterns import flags_for, label_for
 from .redundancy import RedundancyStatistics, clusters, most_redundant
 from .report import SCHEMA, HeadRecord, Report
 
-__all__ = ["METRICS", "SCHEMA", "CorpusStatistics", "HeadRecord", "HeadStatistics", "RedundancyStatistics", "Report",
-           "TokenInfo", "analyze", "clusters", "collect_statistics", "flags_for", "label_for", "most_redundant"]
+__all__ = [
+           "METRICS",
+           "SCHEMA",
+           "CorpusStatistics",
+           "GradientMonitor",
+           "HeadRecord",
+           "HeadStatistics",
+           "RedundancyStatistics",
+           "Report",
+           "TokenInfo",
+           "analyze",
+           "clusters",
+           "collect_statistics",
+           "flags_for",
+           "label_for",
+           "most_redundant",
+]

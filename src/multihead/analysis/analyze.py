@@ -16,38 +16,76 @@ import torch
 
 from ..hf.capture import AttentionCapture
 from ..hf.load import HFModel
-from .metrics import METRICS, HeadStatistics, TokenInfo
-from .patterns import flags_for, label_for
+from .coreference import CoreferenceExample, coreference_scores
+from .induction import induction_scores
+from .metrics import HeadStatistics, TokenInfo
+from .patterns import SYNTAX_RULE, flags_for, label_for
 from .redundancy import RedundancyStatistics, clusters, most_redundant
 from .report import HeadRecord, Report
+from .syntax import Parse, SyntaxStatistics, parse_with_spacy, parses_for
 
 __all__ = ["CorpusStatistics", "analyze", "check_texts", "collect_statistics"]
 
 #: Heads whose attention rows differ by at most this JS distance (base 2) on average are clustered.
 CLUSTER_JS = 0.2
+#: The induction probe of causal models: sequences, random tokens repeated once, seed.
+INDUCTION_PROBE = {"count": 32, "length": 40, "seed": 0}
 
 
 @dataclass
 class CorpusStatistics:
     heads: HeadStatistics
     redundancy: RedundancyStatistics
+    syntax: SyntaxStatistics | None = None
 
 
 def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
-            progress: bool = False) -> Report:
+            progress: bool = False, parses: Sequence[Parse] | str | None = None,
+            coreference: bool | Sequence[CoreferenceExample] = True, induction: bool = True) -> Report:
     """Metrics, a label and flags for every (layer, head) of ``model`` over ``texts``.
 
+    ``parses``: dependency parses of ``texts`` (one each), or ``"spacy"`` to parse them with
+    spaCy, for the syntax scores; ``coreference``: score the shipped pronoun set (True) or these
+    examples; ``induction``: for causal models, run the repeated-random-tokens probe.
     Raises ValueError for an empty corpus, an empty text, or a text longer than the model's
     positions (unless ``truncate``).
     """
-    corpus = collect_statistics(model, texts, batch_size=batch_size, truncate=truncate, progress=progress)
+    texts = check_texts(texts)
+    if isinstance(parses, str):
+        if parses != "spacy":
+            raise ValueError(f"parses must be a list of Parse or 'spacy'; got {parses!r}")
+        parses = parse_with_spacy(texts)
+    corpus = collect_statistics(model, texts, batch_size=batch_size, truncate=truncate, progress=progress,
+                                parses=parses)
     stats = corpus.heads
-    means = stats.means()
+    means = {name: value for name, value in stats.means().items()}
+    sections: dict[str, dict] = {}
+    if induction and model.is_causal:
+        means.update(induction_scores(model, count=INDUCTION_PROBE["count"], length=INDUCTION_PROBE["length"],
+                                      seed=INDUCTION_PROBE["seed"]))
+        sections["induction"] = dict(INDUCTION_PROBE)
+    coref_baseline = None
+    if coreference is not False:
+        scores = coreference_scores(model, None if coreference is True else coreference, batch_size=batch_size)
+        means["coreference"], means["coreference_mass"] = scores.accuracy, scores.mass
+        coref_baseline = scores.baseline
+        sections["coreference"] = {"examples": scores.examples, "baseline_nearest": scores.baseline}
+    syntax = corpus.syntax.scores() if corpus.syntax is not None else None
+    if syntax is not None:
+        sections["syntax"] = {"min_count": SYNTAX_RULE[0], "relations": {
+            rel: {"count": syntax.count[rel], "baseline": syntax.baseline[rel],
+                  "baseline_offset": syntax.baseline_offset[rel], "accuracy": syntax.accuracy[rel],
+                  "best": dict(zip(("layer", "head", "accuracy"), syntax.best(rel), strict=True))}
+            for rel in syntax.accuracy}}
     heads = []
     for layer in range(model.num_layers):
         for head in range(model.num_heads):
-            metrics = {name: float(means[name][layer, head]) for name in METRICS}
-            heads.append(HeadRecord(layer, head, label_for(metrics), flags_for(metrics), metrics))
+            metrics = {name: float(value[layer, head]) for name, value in means.items()}
+            per_relation = None if syntax is None else {
+                rel: (float(acc[layer, head]), syntax.baseline[rel], syntax.count[rel])
+                for rel, acc in syntax.accuracy.items()}
+            label = label_for(metrics, syntax=per_relation, coreference_baseline=coref_baseline)
+            heads.append(HeadRecord(layer, head, label, flags_for(metrics), metrics))
     js, cosine = corpus.redundancy.js(), corpus.redundancy.cosine()
     H = model.num_heads
     redundancy = {
@@ -57,20 +95,25 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
         "pairs_cosine": most_redundant(cosine, H, k=10, distance=False),
         "clusters_js": [[(n // H, n % H) for n in group] for group in clusters(js, CLUSTER_JS)],
         "cluster_threshold": CLUSTER_JS,
+        "rows_js": int(corpus.redundancy.js_count),
     }
     return Report(model.name, model.is_causal, model.num_layers, model.num_heads, stats.sentences, stats.tokens,
-                  heads, redundancy)
+                  heads, redundancy, sections)
 
 
 def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
-                       progress: bool = False) -> CorpusStatistics:
+                       progress: bool = False, parses: Sequence[Parse] | None = None) -> CorpusStatistics:
     """The running sums behind :func:`analyze` (head metrics mergeable across processes)."""
     texts = check_texts(texts)
+    if parses is not None:
+        parses = parses_for(texts, parses)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
     tok = model.tokenizer
     limit = model.max_positions
-    encoded = tok(list(texts), truncation=bool(truncate and limit), max_length=limit if truncate else None)["input_ids"]
+    encoding = tok(list(texts), truncation=bool(truncate and limit), max_length=limit if truncate else None,
+                   return_offsets_mapping=parses is not None)
+    encoded = encoding["input_ids"]
     if limit and not truncate:
         for i, ids in enumerate(encoded):
             if len(ids) > limit:
@@ -79,6 +122,7 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # length buckets: little padding
     stats = HeadStatistics(model.num_layers, model.num_heads)
     redundancy = RedundancyStatistics(model.num_layers, model.num_heads)
+    syntax = SyntaxStatistics(model.num_layers, model.num_heads) if parses is not None else None
     special = {t for t in (tok.sep_token_id, tok.eos_token_id) if t is not None}
     punct_cache: dict[int, bool] = {}
     batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
@@ -92,7 +136,10 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
     def on_layer(layer: int, weights: torch.Tensor, out: torch.Tensor, visible: torch.Tensor) -> None:
         stats.update(layer, weights, visible, info_box[0])
         redundancy.add_layer(layer, weights, out, capture.output_projection(layer), info_box[0].valid)
+        if syntax is not None:
+            syntax.update(layer, weights)
 
+    body = getattr(model.model, "base_model", model.model)
     saved_side = tok.padding_side
     tok.padding_side = "right"  # positions must not shift with padding (decoders count them from 0)
     try:
@@ -104,11 +151,15 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
                 info = _token_info(batch["input_ids"], batch["attention_mask"].bool(), special, tok, punct_cache)
                 info_box[:] = [info]
                 stats.add_batch(info)
-                model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+                if syntax is not None:
+                    syntax.add_batch([parses[i] for i in batch_ids],
+                                     [[tuple(o) for o in encoding["offset_mapping"][i]] for i in batch_ids])
+                # The base model: attention is all we read, so a language-model head is skipped.
+                body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
                 redundancy.end_batch()
     finally:
         tok.padding_side = saved_side
-    return CorpusStatistics(stats, redundancy)
+    return CorpusStatistics(stats, redundancy, syntax)
 
 
 def check_texts(texts: Sequence[str]) -> list[str]:

@@ -9,7 +9,10 @@ Two measures, both averaged over the real query tokens of the corpus:
   in different coordinates for every head; after W^O they are comparable.
 
 Maps of one batch are kept for all layers at once (cross-layer pairs need them side by side),
-then reduced and released; nothing grows with the corpus.
+then reduced and released; nothing grows with the corpus. JS costs N²/2 · rows · keys: for
+MiniLM's 72 heads every row of a batch is used; for models with hundreds of heads (SmolLM2's
+270) a strided sample of each batch's rows keeps the cost within :data:`JS_BUDGET`, and
+``rows_js`` in the report says how many rows the averages rest on.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["RedundancyStatistics", "clusters", "most_redundant"]
+__all__ = ["JS_BUDGET", "RedundancyStatistics", "clusters", "most_redundant"]
+
+JS_BUDGET = 1 << 28
 
 
 class RedundancyStatistics:
@@ -32,6 +37,9 @@ class RedundancyStatistics:
         self.cos_sum = torch.zeros(n, n, dtype=torch.float64)
         self.js_count = 0.0
         self.cos_count = 0.0
+        #: pair-elements (N²/2 · rows · keys) of JS work allowed per batch; beyond it a strided
+        #: sample of the batch's query rows is used (only models with hundreds of heads reach it).
+        self.js_budget = JS_BUDGET
         self._maps: dict[int, Tensor] = {}
         self._contrib: dict[int, Tensor] = {}
 
@@ -46,19 +54,19 @@ class RedundancyStatistics:
             w = w_o.detach().view(w_o.shape[0], self.H, -1).to(out.dtype)  # (D, H, Dv)
             self._contrib[layer] = torch.einsum("hrv,dhv->hrd", out, w)  # (H, R, D)
 
-    def end_batch(self, chunk: int = 64) -> None:
+    def end_batch(self) -> None:
         """Reduce the batch's layers into the running sums and release them."""
         if len(self._maps) == self.L:
-            maps = torch.cat([self._maps[layer] for layer in range(self.L)]).to(torch.float64)  # (N, R, S)
+            maps = torch.cat([self._maps[layer] for layer in range(self.L)])  # (N, R, S)
+            maps = maps[:, _row_sample(maps.shape[0], maps.shape[1], maps.shape[2], self.js_budget)]
             R = maps.shape[1]
-            self.js_sum += _pairwise_js(maps, chunk).cpu() * R
+            self.js_sum += _pairwise_js(maps).cpu() * R
             self.js_count += R
         if len(self._contrib) == self.L:
-            contrib = torch.cat([self._contrib[layer] for layer in range(self.L)]).to(torch.float64)  # (N, R, D)
-            unit = contrib / contrib.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-            R = unit.shape[1]
-            self.cos_sum += torch.einsum("ard,brd->ab", unit, unit).cpu()
-            self.cos_count += R
+            contrib = torch.cat([self._contrib[layer] for layer in range(self.L)]).float()  # (N, R, D)
+            unit = (contrib / contrib.norm(dim=-1, keepdim=True).clamp_min(1e-12)).flatten(1)  # (N, R·D)
+            self.cos_sum += (unit @ unit.T).to(torch.float64).cpu()  # Σ_r cos_r for every pair
+            self.cos_count += contrib.shape[1]
         self._maps.clear()
         self._contrib.clear()
 
@@ -71,23 +79,34 @@ class RedundancyStatistics:
         return self.cos_sum / self.cos_count if self.cos_count else torch.full_like(self.cos_sum, math.nan)
 
 
-def _pairwise_js(maps: Tensor, chunk: int) -> Tensor:
-    """Mean over rows of sqrt(JS) between every pair of heads: maps (N, R, S) -> (N, N)."""
-    N = maps.shape[0]
-    out = torch.zeros(N, N, dtype=maps.dtype, device=maps.device)
+def _pairwise_js(maps: Tensor, budget: int = 1 << 24) -> Tensor:
+    """Mean over rows of sqrt(JS) (base 2) between every pair of heads: maps (N, R, S) -> (N, N).
 
-    def plogp(x: Tensor) -> Tensor:
-        return torch.where(x > 0, x * torch.log2(x.clamp_min(1e-300)), torch.zeros_like(x))
-
-    own = plogp(maps).sum(-1)  # (N, R)  Σ p log p
-    for a in range(0, N, chunk):
-        pa = maps[a:a + chunk, None]  # (c, 1, R, S)
-        for b in range(0, N, chunk):
-            pb = maps[None, b:b + chunk]  # (1, c', R, S)
-            mix = plogp((pa + pb) / 2).sum(-1)  # (c, c', R)
-            js = ((own[a:a + chunk, None] + own[None, b:b + chunk]) / 2 - mix).clamp_min(0)  # (c, c', R)
-            out[a:a + chunk, b:b + chunk] = js.sqrt().mean(-1)
+    Symmetric, so only blocks on and above the diagonal are computed; block size keeps each
+    temporary at about ``budget`` elements.
+    """
+    N, R, S = maps.shape
+    maps = maps.float()
+    out = torch.zeros(N, N, dtype=torch.float64, device=maps.device)
+    own = torch.special.xlogy(maps, maps).sum(-1)  # (N, R)  Σ p ln p
+    c = max(1, int(math.sqrt(budget / max(R * S, 1))))
+    for a in range(0, N, c):
+        pa = maps[a:a + c, None]  # (c, 1, R, S)
+        for b in range(a, N, c):
+            mix = (pa + maps[None, b:b + c]).mul_(0.5)  # (c, c', R, S)
+            js = (own[a:a + c, None] + own[None, b:b + c]).mul_(0.5)  # (c, c', R)
+            js.sub_(torch.special.xlogy(mix, mix).sum(-1)).clamp_min_(0).div_(math.log(2))
+            block = js.sqrt_().mean(-1, dtype=torch.float64)  # (c, c')
+            out[a:a + c, b:b + c] = block
+            out[b:b + c, a:a + c] = block.T
     return out
+
+
+def _row_sample(N: int, R: int, S: int, budget: int) -> slice:
+    """Every row when the batch's JS work fits the budget, else an even stride through them."""
+    pairs = N * (N + 1) // 2
+    keep = max(1, budget // max(pairs * S, 1))
+    return slice(None) if keep >= R else slice(None, None, math.ceil(R / keep))
 
 
 def most_redundant(similarity: Tensor, num_heads: int, *, k: int = 10, distance: bool = True

@@ -6,7 +6,12 @@ JSON schema (``schema`` = "multihead.report/1")::
      "num_layers": L, "num_heads": H, "sentences": int, "tokens": int,
      "metrics": [metric names], "heads": [
         {"layer": 0-based, "head": 0-based, "label": str, "flags": [str],
-         "metrics": {"entropy": float, "entropy_norm": float, ...}}, ...]}
+         "metrics": {"entropy": float, "entropy_norm": float, ...}}, ...],
+     "redundancy": {...}, "induction": {...}, "coreference": {...}, "syntax": {...}}
+
+Metric keys: the 13 of :data:`~multihead.analysis.metrics.METRICS`; ``duplicate_token`` and
+``induction`` for causal models; ``coreference`` and ``coreference_mass`` when the pronoun set
+was scored. A metric that could not be measured is ``null``.
 
 Metric definitions: :mod:`multihead.analysis.metrics`; labels and flags:
 :mod:`multihead.analysis.patterns`.
@@ -25,7 +30,8 @@ SCHEMA = "multihead.report/1"
 
 __all__ = ["SCHEMA", "HeadRecord", "Report"]
 
-_SHORT = {"self": "SELF", "previous": "PREV", "next": "NEXT", "special-token": "SPEC", "local": "LOCL",
+_SHORT = {"induction": "IND", "coreference": "COREF",
+          "self": "SELF", "previous": "PREV", "next": "NEXT", "special-token": "SPEC", "local": "LOCL",
           "broad": "BRD", "mixed": "·"}
 
 
@@ -50,6 +56,10 @@ class Report:
     #: js_distance / cosine: (N, N) tensors over N = L·H heads (head n is layer n // H, head n % H);
     #: pairs_js / pairs_cosine: most redundant pairs; clusters_js: groups of near-identical heads.
     redundancy: dict[str, Any] | None = None
+    #: probe results beside the per-head metrics: "induction" (the probe's settings), "coreference"
+    #: (examples, baseline_nearest), "syntax" (min_count, relations: count, baseline,
+    #: baseline_offset, best head, (L, H) accuracy)
+    sections: dict[str, Any] = field(default_factory=dict)
 
     def head(self, layer: int, head: int) -> HeadRecord:
         return self.heads[layer * self.num_heads + head]
@@ -71,7 +81,10 @@ class Report:
                 "pairs_cosine": [{"a": list(a), "b": list(b), "value": _finite(v)} for a, b, v in red["pairs_cosine"]],
                 "clusters_js": [[list(x) for x in group] for group in red["clusters_js"]],
                 "cluster_threshold": red["cluster_threshold"],
+                "rows_js": red.get("rows_js"),
             }
+        for name, section in self.sections.items():
+            data[name] = _plain(section)
         return data
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -93,8 +106,9 @@ class Report:
             for key in ("pairs_js", "pairs_cosine"):
                 red[key] = [(tuple(p["a"]), tuple(p["b"]), p["value"]) for p in red[key]]
             red["clusters_js"] = [[tuple(x) for x in group] for group in red["clusters_js"]]
+        sections = {name: data[name] for name in ("induction", "coreference", "syntax") if name in data}
         return cls(data["model"], data["causal"], data["num_layers"], data["num_heads"], data["sentences"],
-                   data["tokens"], heads, red)
+                   data["tokens"], heads, red, sections)
 
     def to_csv(self, path: str | Path) -> None:
         names = list(self.heads[0].metrics) if self.heads else []
@@ -109,10 +123,9 @@ class Report:
         """The layer x head grid of labels, for a terminal."""
         lines = ["layer | " + " ".join(f"h{h:<4d}" for h in range(self.num_heads))]
         for layer in range(self.num_layers):
-            cells = [_SHORT.get(self.head(layer, h).label, self.head(layer, h).label[:4])
-                     for h in range(self.num_heads)]
+            cells = [_short(self.head(layer, h).label) for h in range(self.num_heads)]
             lines.append(f"{layer:5d} | " + " ".join(f"{c:<5s}" for c in cells))
-        legend = ", ".join(f"{v}={k}" for k, v in _SHORT.items())
+        legend = ", ".join(f"{v}={k}" for k, v in _SHORT.items()) + ", lower case=syntactic:<relation>"
         return "\n".join([*lines, f"({legend})"])
 
     def flagged(self) -> list[HeadRecord]:
@@ -120,6 +133,25 @@ class Report:
 
     def __str__(self) -> str:
         return self.label_map()
+
+
+def _short(label: str) -> str:
+    if label.startswith("syntactic:"):
+        return label.removeprefix("syntactic:")[:5].lower()
+    return _SHORT.get(label, label[:5])
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready: tensors become nested lists, floats are rounded, NaN becomes null."""
+    if hasattr(value, "tolist"):
+        return _matrix(value) if getattr(value, "dim", lambda: 0)() == 2 else value.tolist()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, float):
+        return _finite(value)
+    return value
 
 
 def _matrix(m: Any) -> list[list[float | None]]:

