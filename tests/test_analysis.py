@@ -241,3 +241,25 @@ def test_redundancy_on_hand_built_heads():
     pairs = most_redundant(js, 2, k=3)
     assert {(a, b) for a, b, _ in pairs} >= {((0, 0), (0, 1)), ((0, 0), (1, 0))}
     assert clusters(js, 0.01) == [[0, 1, 2]]
+
+
+def test_left_and_right_padding_give_the_same_statistics():
+    """Right padding takes the diagonal fast path, left padding the general one: same numbers."""
+    torch.manual_seed(0)
+    lengths, T = [6, 3, 5], 7
+    right = torch.zeros(3, 2, T, T)
+    left = torch.zeros(3, 2, T, T)
+    tok_r, tok_l = _tokens(3, T, lengths), _tokens(3, T, lengths)
+    for b, n in enumerate(lengths):
+        p = torch.softmax(torch.randn(2, n, n) * 2, -1)
+        right[b, :, :n, :n] = p
+        left[b, :, T - n:, T - n:] = p
+        for field in ("valid", "first", "separator"):
+            getattr(tok_l, field)[b] = getattr(tok_r, field)[b].roll(T - n)
+    vis_r = tok_r.valid[:, None, None, :].expand(3, 1, T, T)
+    vis_l = tok_l.valid[:, None, None, :].expand(3, 1, T, T)
+    stats_r, stats_l = HeadStatistics(1, 2), HeadStatistics(1, 2)
+    stats_r.update(0, right, vis_r, tok_r)
+    stats_l.update(0, left, vis_l, tok_l)
+    for name in METRICS:
+        torch.testing.assert_close(stats_l.means()[name], stats_r.means()[name], msg=name)

@@ -352,3 +352,98 @@ def test_smollm2_has_induction_heads_and_a_full_report(smollm2):
     assert induction[:10].max() < 0.1 and duplicate.max() > 0.3
     assert sum(r.label == "induction" for r in report.heads) == len(strong)
     assert report.sections["induction"] == {"count": 32, "length": 40, "seed": 0}
+
+
+# --- our own layer under capture ---------------------------------------------------------------------------------
+
+def test_capture_of_our_own_layers_equals_the_math_reference():
+    torch.manual_seed(0)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = mh.MultiHeadAttention(16, 4, backend="sdpa")
+            self.cross = mh.MultiHeadAttention(16, 4)
+            self.b = mh.MultiHeadAttention(16, 4, num_kv_heads=2)
+
+        def forward(self, x, memory, mask):
+            x = x + self.a(x, mask=mask)
+            x = x + self.cross(x, memory)  # cross-attention: not captured
+            return x + self.b(x, mask=mh.masks.causal())
+
+    model = Tiny().eval()
+    x, memory = torch.randn(2, 6, 16), torch.randn(2, 4, 16)
+    pad = mh.masks.key_padding(torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]]))
+    with torch.no_grad():
+        want = model(x, memory, pad)
+    seen = {}
+    capture = mh.hf.AttentionCapture(model, lambda layer, w, out, vis: seen.__setitem__(layer, (w, out, vis)))
+    with capture, torch.no_grad():
+        got = model(x, memory, pad)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert sorted(seen) == [0, 2]  # module order; the cross-attention layer (1) is skipped
+    w, out, vis = seen[0]
+    with torch.no_grad():
+        q = model.a.q_proj(x).view(2, 6, 4, 4).transpose(1, 2)
+        k = model.a.k_proj(x).view(2, 6, 4, 4).transpose(1, 2)
+        v = model.a.v_proj(x).view(2, 6, 4, 4).transpose(1, 2)
+        ref_out, ref_w = mh.attention(q, k, v, pad, need_weights=True, backend="math")
+    torch.testing.assert_close(w, ref_w)
+    torch.testing.assert_close(out, ref_out)
+    assert vis.shape == (2, 1, 6, 6) and not vis[1, 0, :, 4:].any()
+    w_b, _, vis_b = seen[2]
+    assert w_b.shape == (2, 4, 6, 6) and (w_b.triu(1) == 0).all() and not vis_b[0, 0, 0, 1]
+    torch.testing.assert_close(capture.output_projection(0), model.a.out_proj.weight)
+    assert model.a._observers == [] and model.a.backend == "sdpa"  # nothing left behind
+
+
+def test_report_html_is_self_contained_and_escapes_every_string(tmp_path):
+    from multihead.analysis import HeadRecord, Report
+
+    hostile = '<script>alert(1)</script>"onmouseover='
+    metrics = {"entropy": 0.5, "self": float("nan")}
+    report = Report(hostile, False, 1, 2, 3, 30, [HeadRecord(0, 0, "self", ["self-only"], metrics),
+                                                  HeadRecord(0, 1, f"syntactic:{hostile}", [], metrics)])
+    page = report.to_html(tmp_path / "r.html")
+    assert (tmp_path / "r.html").read_text(encoding="utf-8") == page
+    assert "<script" not in page and hostile not in page and "&lt;script&gt;" in page
+    assert "http://" not in page and "https://" not in page and "src=" not in page
+    assert "default-src 'none'" in page and "self-only" in page and "–" in page  # NaN shown as a dash
+    assert report._repr_html_().startswith('<div class="mh-report">')
+
+
+def test_cli_probe_options_reject_bad_input(tmp_path):
+    import subprocess
+    import sys
+
+    bad_conllu = tmp_path / "bad.conllu"
+    bad_conllu.write_text("1\tDogs\n")
+    cases = [
+        (["--coreference", str(tmp_path / "none.jsonl"), "hi"], "no such file"),
+        (["--conllu", str(tmp_path / "none.conllu")], "no such file"),
+        (["--conllu", str(bad_conllu)], "10 tab-separated columns"),
+        (["--conllu", str(bad_conllu), "hi"], "do not add TEXT"),
+    ]
+    for args, words in cases:
+        done = subprocess.run([sys.executable, "-m", "multihead.cli", "analyze", *args, "--out", str(tmp_path / "o")],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_cli_analyze_on_a_conllu_file(tmp_path):
+    import subprocess
+    import sys
+
+    rows = ["1\tDogs\t_\t_\t_\t_\t2\tnsubj\t_\t_", "2\tbark\t_\t_\t_\t_\t0\troot\t_\tSpaceAfter=No",
+            "3\t.\t_\t_\t_\t_\t2\tpunct\t_\t_", ""]
+    path = tmp_path / "t.conllu"
+    path.write_text("\n".join(rows * 40) + "\n")
+    out = tmp_path / "rep"
+    done = subprocess.run([sys.executable, "-m", "multihead.cli", "analyze", "--conllu", str(path), "--out", str(out),
+                           "--no-coreference"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    data = json.loads((out / "report.json").read_text())
+    assert data["sentences"] == 40 and data["syntax"]["relations"]["nsubj"]["count"] == 40
+    assert "coreference" not in data and (out / "report.html").is_file()

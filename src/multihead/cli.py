@@ -123,6 +123,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
     tmp = out / ".report.csv.tmp"
     report.to_csv(tmp)
     tmp.replace(out / "report.csv")
+    _write_atomically(out / "report.html", report.to_html().rstrip("\n"))
     if args.json:
         print(report.to_json())
         return 0
@@ -148,7 +149,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
             shown = "; ".join(" ".join(f"L{x[0]}.H{x[1]}" for x in g) for g in groups[:3])
             print(f"  clusters (JS <= {red['cluster_threshold']}): {shown}")
     _print_probes(report)
-    print(f"\nwrote {out / 'report.json'} and {out / 'report.csv'}")
+    print(f"\nwrote {out / 'report.json'}, {out / 'report.csv'} and {out / 'report.html'}")
     return 0
 
 

@@ -69,50 +69,59 @@ class HeadStatistics:
         B, H, T, S = weights.shape
         if S != T:
             raise ValueError(f"head statistics need self-attention maps (T == S); got T={T}, S={S}")
-        p = weights.detach().to(torch.float64)  # (B, H, T, S)
-        q_valid = tokens.valid.to(p.device)  # (B, T)
-        k_valid = tokens.valid.to(p.device)[:, None, None, :]  # (B, 1, 1, S)
-        vis = (visible.to(p.device) & k_valid).expand(B, 1 if visible.shape[1] == 1 else H, T, S)
-        n_vis = vis.sum(-1).to(torch.float64).expand(B, H, T)  # (B, H, T)
+        dev = weights.device
+        # Per-row values in float32 (one pass each over the maps), sums over rows in float64.
+        p = weights.detach().float()  # (B, H, T, S)
+        valid = tokens.valid.to(dev)
+        q_valid = valid  # (B, T)
+        vis = visible.to(dev) & valid[:, None, None, :]  # (B, 1|H, T, S)
+        n_vis = vis.sum(-1).expand(B, H, T).float()  # (B, H, T)
         rows = q_valid[:, None, :].expand(B, H, T)  # (B, H, T) rows that count
 
-        pos = tokens.valid.long().cumsum(-1).to(p.device) - 1  # (B, T) index among real tokens
-        i = pos[:, None, :, None].to(torch.float64)  # (B, 1, T, 1)
-        j = pos[:, None, None, :].to(torch.float64)  # (B, 1, 1, S)
-        offset = j - i  # (B, 1, T, S)
-        logp = torch.where(p > 0, p.log(), torch.zeros_like(p))
-        entropy = -(p * logp).sum(-1)  # (B, H, T)
+        pos = valid.long().cumsum(-1) - 1  # (B, T) index among real tokens
+        prefix = bool((pos[valid] == torch.arange(T, device=dev).expand(B, T)[valid]).all())
+        entropy = -p.add(1e-30).log_().mul_(p).sum(-1)  # (B, H, T)
         log_n = n_vis.clamp_min(1).log()
         informative = rows & (n_vis > 1)
+        keys = torch.stack([tokens.first, tokens.separator, tokens.punctuation], -1).to(dev).float()  # (B, S, 3)
+        key_mass = p @ keys[:, None]  # (B, H, T, 3)
+        if prefix:  # real tokens are 0..n-1 (right padding): offsets are diagonals
+            def band(k: int) -> Tensor:  # p[i, i+k] as (B, H, T), 0 where j is outside
+                d = p.diagonal(offset=k, dim1=-2, dim2=-1)
+                pad = torch.zeros(B, H, abs(k), device=dev)
+                return torch.cat([d, pad], -1) if k > 0 else torch.cat([pad, d], -1)
 
-        def mass(sel: Tensor) -> Tensor:  # sel broadcastable to (B, 1|H, T, S)
-            return (p * sel).sum(-1)
-
-        key_sep = tokens.separator.to(p.device)[:, None, None, :]
-        key_punct = tokens.punctuation.to(p.device)[:, None, None, :]
-        key_first = tokens.first.to(p.device)[:, None, None, :]
+            diag = {k: band(k) for k in range(-2, 3)}
+            idx = torch.arange(T, device=dev, dtype=torch.float32)
+            distance = (p * (idx[None, :] - idx[:, None]).abs()).sum(-1)  # (B, H, T)
+        else:  # general valid masks: measure offsets between real tokens
+            i = pos[:, None, :, None].float()  # (B, 1, T, 1)
+            j = pos[:, None, None, :].float()  # (B, 1, 1, S)
+            offset = (j - i) * vis  # (B, 1|H, T, S)
+            diag = {k: (p * (offset == k)).sum(-1) for k in range(-2, 3)}
+            distance = (p * offset.abs()).sum(-1)
         values = {
             "entropy": (entropy, rows),
             "entropy_norm": (entropy / log_n.clamp_min(1e-12), informative),
             "kl_uniform": (log_n - entropy, informative),
-            "distance": ((p * offset.abs()).sum(-1), rows),
-            "self": (mass(offset == 0), rows),
-            "previous_token": (mass(offset == -1), rows),
-            "next_token": (mass(offset == 1), rows),
-            "local": (mass(offset.abs() <= 2), rows),
-            "cls": (mass(key_first), rows),
-            "sep": (mass(key_sep), rows),
-            "punctuation": (mass(key_punct), rows),
+            "distance": (distance, rows),
+            "self": (diag[0], rows),
+            "previous_token": (diag[-1], rows),
+            "next_token": (diag[1], rows),
+            "local": (sum(diag.values()), rows),
+            "cls": (key_mass[..., 0], rows),
+            "sep": (key_mass[..., 1], rows),
+            "punctuation": (key_mass[..., 2], rows),
             "max_weight": (p.amax(-1), rows),
         }
         for name, (value, where) in values.items():
             m = METRICS.index(name)
             w = where.to(torch.float64)
-            self.sums[m, layer] += (value * w).sum(dim=(0, 2)).cpu()
+            self.sums[m, layer] += (value.to(torch.float64) * w).sum(dim=(0, 2)).cpu()
             self.counts[m, layer] += w.sum(dim=(0, 2)).cpu()
         # vertical concentration, per sentence: the column that receives most of its attention
         q_count = q_valid.sum(-1).to(torch.float64).clamp_min(1)  # (B,)
-        column = (p * q_valid[:, None, :, None]).sum(2) / q_count[:, None, None]  # (B, H, S)
+        column = (p * q_valid[:, None, :, None]).sum(2).to(torch.float64) / q_count[:, None, None]  # (B, H, S)
         vertical = column.amax(-1)  # (B, H)
         m = METRICS.index("vertical")
         self.sums[m, layer] += (vertical * q_valid.sum(-1)[:, None]).sum(0).cpu()

@@ -128,6 +128,20 @@ class Report:
         legend = ", ".join(f"{v}={k}" for k, v in _SHORT.items()) + ", lower case=syntactic:<relation>"
         return "\n".join([*lines, f"({legend})"])
 
+    def to_html(self, path: str | Path | None = None) -> str:
+        """One self-contained HTML page (nothing loaded from the network, every string escaped)."""
+        from .html import report_page
+
+        page = report_page(self)
+        if path is not None:
+            Path(path).write_text(page, encoding="utf-8")
+        return page
+
+    def _repr_html_(self) -> str:  # Jupyter
+        from .html import report_body
+
+        return report_body(self)
+
     def flagged(self) -> list[HeadRecord]:
         return [r for r in self.heads if r.flags]
 

@@ -77,6 +77,9 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(self.vdim, kv_width, bias=bias, **factory)
         self.out_proj = nn.Linear(num_heads * self.head_dim, embed_dim, bias=bias, **factory)
         self.register_buffer("head_gates", torch.ones(num_heads, **factory))
+        # Callbacks (layer, weights (B, H, T, S), head outputs (B, H, T, Dv), mask) set by
+        # multihead.hf.AttentionCapture; a plain list, so not part of the state dict.
+        self._observers: list = []
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -136,13 +139,21 @@ class MultiHeadAttention(nn.Module):
             v = _heads(self.v_proj(value_in), Hkv)  # (B, Hkv, S, Dv)
         dropout_p = self.dropout if self.training else 0.0
 
+        observed = bool(self._observers) and context is None  # an AttentionCapture is watching
+        want_weights = need_weights or observed
+
         def core(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor | None]:
-            return attention(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights, backend=self.backend)
+            return attention(q, k, v, mask, dropout_p=dropout_p, need_weights=want_weights,
+                             backend="math" if observed else self.backend)
 
         if self.checkpoint and self.training and torch.is_grad_enabled():
             out, weights = torch.utils.checkpoint.checkpoint(core, q, k, v, use_reentrant=False)
         else:
             out, weights = core(q, k, v)  # (B, H, T, Dv), (B, H, T, S) | None
+        if observed:
+            assert weights is not None
+            for observe in self._observers:
+                observe(self, weights, out, mask)
         out = out.transpose(1, 2).reshape(B, T, H * Dk)  # (B, T, H·Dv)
         # ξ_h scales head h's columns of W^O: the same as scaling the head's output, cheaper.
         w_o = self.out_proj.weight * self.head_gates.repeat_interleave(Dk)  # (D, H·Dv)

@@ -1,9 +1,11 @@
 """See every head of a Hugging Face model: a registered transformers attention function.
 
 While :class:`AttentionCapture` is active, every attention layer of the model (BERT-family
-encoders, Llama/GPT-style decoders, grouped-query included) computes its attention with our
-math kernel and hands ``(layer, weights, head_outputs, visible)`` to a callback — one layer at a
-time, so nothing holds L·H·n² maps at once. This is not ``output_attentions=True``: the model
+encoders, Llama/GPT-style decoders, grouped-query included, and models built from our own
+:class:`~multihead.MultiHeadAttention`, numbered by their order among the model's
+``MultiHeadAttention`` modules; cross-attention calls are not reported) computes its attention
+with our math kernel and hands ``(layer, weights, head_outputs, visible)`` to a callback — one
+layer at a time, so nothing holds L·H·n² maps at once. This is not ``output_attentions=True``: the model
 never returns the maps; the callback reduces them and lets them go.
 """
 
@@ -16,7 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import attention
-from ..attention.masks import causal, from_tensor
+from ..attention.layer import MultiHeadAttention
+from ..attention.masks import as_mask, causal, from_tensor
 
 __all__ = ["IMPLEMENTATION", "AttentionCapture", "LayerCallback"]
 
@@ -37,12 +40,21 @@ class AttentionCapture:
         self.callback = callback
         self._saved: list[tuple[Any, str]] = []
         self._w_o: dict[int, Tensor] = {}
+        self._ours: list[MultiHeadAttention] = []
 
     def output_projection(self, layer: int) -> Tensor | None:
         """W^O of a layer's self-attention, (D, H·Dv), or None when it cannot be found."""
         return self._w_o.get(layer)
 
     def __enter__(self) -> AttentionCapture:
+        ours = [m for m in self.model.modules() if isinstance(m, MultiHeadAttention)]
+        if ours:  # models built from our layer (or HF models with it swapped in): observe each layer
+            self._ours = ours
+            for index, layer in enumerate(ours):
+                layer._observers.append(self._observer(index))
+            self._w_o = {i: layer.out_proj.weight * layer.head_gates.repeat_interleave(layer.head_dim)
+                         for i, layer in enumerate(ours)}
+            return self
         _register()
         self._w_o = _output_projections(self.model)
         for module in self.model.modules():
@@ -56,7 +68,28 @@ class AttentionCapture:
         _ACTIVE.append(self)
         return self
 
+    def _observer(self, index: int):
+        def observe(layer: MultiHeadAttention, weights: Tensor, out: Tensor, mask: object) -> None:
+            T, S = weights.shape[-2:]
+            if mask is None:
+                visible = torch.ones(1, 1, T, S, dtype=torch.bool, device=weights.device)
+            else:
+                try:
+                    visible = as_mask(mask).materialize(T, S, device=weights.device)
+                except (TypeError, ValueError):  # data-dependent (top-k): every key was a candidate
+                    visible = torch.ones(1, 1, T, S, dtype=torch.bool, device=weights.device)
+                visible = visible if visible.dim() == 4 else visible.view(1, 1, T, S)
+            self.callback(index, weights, out, visible)
+
+        observe.capture = self  # type: ignore[attr-defined]
+        return observe
+
     def __exit__(self, *exc: object) -> None:
+        if self._ours:
+            for layer in self._ours:
+                layer._observers[:] = [o for o in layer._observers if getattr(o, "capture", None) is not self]
+            self._ours = []
+            return
         _ACTIVE.remove(self)
         for config, impl in self._saved:
             config._attn_implementation = impl
