@@ -5,7 +5,7 @@
 >>> y = attn(x, mask=mh.masks.causal())
 """
 
-from . import analysis, hf
+from . import analysis, heads, hf
 from .analysis import Report, analyze
 from .attention import (
     BACKENDS,
@@ -18,6 +18,7 @@ from .attention import (
     explain_backend,
     masks,
 )
+from .heads import head_importance, prune_heads
 
 __version__ = "0.1.0"
 
@@ -34,6 +35,9 @@ __all__ = [
     "attention",
     "estimate_memory",
     "explain_backend",
+    "head_importance",
+    "heads",
     "hf",
     "masks",
+    "prune_heads",
 ]

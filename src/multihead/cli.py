@@ -63,6 +63,25 @@ def _parser() -> argparse.ArgumentParser:
                     help="pronoun/antecedent examples (default: the shipped English + Chinese set)")
     an.add_argument("--no-coreference", action="store_true", help="skip the coreference scores")
     an.set_defaults(run=_run_analyze)
+
+    pr = sub.add_parser("prune", help="rank heads by gradient importance and prune them iteratively on a task")
+    pr.add_argument("--model", default="minilm", help="'minilm' (default), 'smollm2' or a local Hugging Face folder")
+    pr.add_argument("--task", default=None, choices=("sentiment", "lm"),
+                    help="sentiment (Rotten Tomatoes, encoders; default for encoders) or lm (Penn Treebank "
+                         "next-token, decoders; default for decoders)")
+    pr.add_argument("--steps", type=int, default=10, help="pruning steps (default 10)")
+    pr.add_argument("--per-step", type=float, default=0.1, help="share of the remaining heads pruned per step")
+    pr.add_argument("--threshold", type=float, default=0.99,
+                    help="report the largest fraction whose metric stays >= THRESHOLD x unpruned (default 0.99)")
+    pr.add_argument("--stop-below", type=float, default=None, help="stop once the metric falls below this share")
+    pr.add_argument("--once", action="store_true", help="rank heads once instead of re-estimating every step")
+    pr.add_argument("--train-size", type=int, default=None, help="examples to estimate importance on")
+    pr.add_argument("--test-size", type=int, default=None, help="held-out examples to evaluate on")
+    pr.add_argument("--out", default="multihead-prune", help="output folder (default: ./multihead-prune)")
+    pr.add_argument("--force", action="store_true", help="write into a non-empty folder that is not an earlier run")
+    pr.add_argument("--save-model", action="store_true",
+                    help="also save the model physically pruned at the reported fraction (safetensors)")
+    pr.set_defaults(run=_run_prune)
     return parser
 
 
@@ -153,6 +172,66 @@ def _run_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_prune(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .heads import LanguageModelTask, SentimentTask, prune_heads, pruning_curve, save_pruned
+    from .hf import load
+
+    if args.steps < 1:
+        raise UsageError(f"--steps must be a positive integer; got {args.steps}")
+    if not 0 < args.per_step <= 1:
+        raise UsageError(f"--per-step must be in (0, 1]; got {args.per_step}")
+    if not 0 < args.threshold <= 1:
+        raise UsageError(f"--threshold must be in (0, 1] (a share of the unpruned metric); got {args.threshold}")
+    if args.stop_below is not None and not 0 < args.stop_below <= 1:
+        raise UsageError(f"--stop-below must be in (0, 1]; got {args.stop_below}")
+    for flag, value in (("--train-size", args.train_size), ("--test-size", args.test_size)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be a positive integer; got {value}")
+    out = Path(args.out)
+    _check_output_folder(out, "multihead.pruning/1", args.force, "curve.json")
+    model = load(args.model)
+    task_name = args.task or ("lm" if model.is_causal else "sentiment")
+    sizes = {k: v for k, v in (("train_size", args.train_size), ("test_size", args.test_size)) if v is not None}
+    if task_name == "sentiment":
+        if model.is_causal:
+            raise UsageError(f"--task sentiment needs an encoder; {model.name} is a causal decoder (use --task lm)")
+        task = SentimentTask(model, **sizes)
+    else:
+        task = LanguageModelTask(model, **sizes)
+    try:
+        from .hf.gates import self_attention_modules
+
+        self_attention_modules(model.model)
+    except ValueError as err:
+        raise UsageError(f"{model.name} has no attention layer to prune") from err
+    curve = pruning_curve(task, steps=args.steps, per_step=args.per_step, reestimate=not args.once,
+                          stop_below=args.stop_below, progress=sys.stderr.isatty())
+    out.mkdir(parents=True, exist_ok=True)
+    _write_atomically(out / "curve.json", curve.to_json())
+    curve.plot(out / "curve.png")
+    print(f"{model.name}, task {task.name} ({task.metric_name}), {curve.total_heads} heads\n")
+    print(curve.table())
+    best = curve.prunable_within(1 - args.threshold)
+    if best is None:
+        print(f"\nNo step kept {task.metric_name} within {args.threshold:.0%} of the unpruned "
+              f"{curve.baseline:.4f}.")
+    else:
+        print(f"\nLargest fraction prunable within {args.threshold:.0%} of the unpruned {task.metric_name}: "
+              f"{best.fraction_pruned:.2f} ({best.heads_pruned} of {curve.total_heads} heads; "
+              f"{best.metric:.4f} vs {curve.baseline:.4f})")
+        if args.save_model:
+            heads: dict[int, list[int]] = {}
+            for layer, h in best.pruned:
+                heads.setdefault(layer, []).append(h)
+            prune_heads(model.model, heads)
+            save_pruned(model.model, out / "model", heads, base=args.model)
+            print(f"saved the pruned model to {out / 'model'}")
+    print(f"wrote {out / 'curve.json'} and {out / 'curve.png'}")
+    return 0
+
+
 def _print_probes(report) -> None:
     by_metric = {}
     for key in ("induction", "coreference"):
@@ -202,19 +281,19 @@ def _read_lines(path) -> list[str]:
     return lines
 
 
-def _check_output_folder(out, schema: str, force: bool) -> None:
+def _check_output_folder(out, schema: str, force: bool, name: str = "report.json") -> None:
     import json
 
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
-        earlier = out / "report.json"
+        earlier = out / name
         try:
             ok = json.loads(earlier.read_text(encoding="utf-8")).get("schema") == schema
         except (OSError, ValueError, AttributeError):
             ok = False
         if not ok:
-            raise UsageError(f"--out {out} is not empty and holds no earlier multihead report; "
+            raise UsageError(f"--out {out} is not empty and holds no earlier multihead {name}; "
                              "choose another folder or pass --force")
     probe = out if out.is_dir() else next((p for p in out.parents if p.exists()), None)
     import os

@@ -80,6 +80,7 @@ class MultiHeadAttention(nn.Module):
         # Callbacks (layer, weights (B, H, T, S), head outputs (B, H, T, Dv), mask) set by
         # multihead.hf.AttentionCapture; a plain list, so not part of the state dict.
         self._observers: list = []
+        self._gate_override = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -120,6 +121,10 @@ class MultiHeadAttention(nn.Module):
         key_in, value_in = self._inputs(x, context)
         B, T, _ = x.shape
         H, Hkv, Dk = self.num_heads, self.num_kv_heads, self.head_dim
+        if H == 0:  # every head pruned (multihead.heads.prune_heads): only W^O's bias is left
+            y = x.new_zeros(B, T, self.out_proj.out_features)
+            y = y + self.out_proj.bias if self.out_proj.bias is not None else y
+            return (y, x.new_zeros(B, 0, T, key_in.shape[1])) if need_weights else y
         if context is None:
             # One GEMM for the three projections when they share the input.
             w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
@@ -154,6 +159,9 @@ class MultiHeadAttention(nn.Module):
             assert weights is not None
             for observe in self._observers:
                 observe(self, weights, out, mask)
+        if self._gate_override is not None:  # multihead.hf.HeadGates: (H,) or per example (B, H)
+            g = self._gate_override()
+            out = out * (g[:, None, None] if g.dim() == 1 else g[:, :, None, None]).to(out.dtype)  # (B, H, T, Dv)
         out = out.transpose(1, 2).reshape(B, T, H * Dk)  # (B, T, H·Dv)
         # ξ_h scales head h's columns of W^O: the same as scaling the head's output, cheaper.
         w_o = self.out_proj.weight * self.head_gates.repeat_interleave(Dk)  # (D, H·Dv)

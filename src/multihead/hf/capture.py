@@ -24,6 +24,10 @@ from ..attention.masks import as_mask, causal, from_tensor
 __all__ = ["IMPLEMENTATION", "AttentionCapture", "LayerCallback"]
 
 IMPLEMENTATION = "multihead_capture"
+#: attribute of an attention module holding a callable that returns its gates (see .gates)
+GATE_ATTRIBUTE = "_multihead_gate"
+#: attribute holding a callable that returns the heads to replace by uniform attention
+UNIFORM_ATTRIBUTE = "_multihead_uniform"
 
 #: callback(layer, weights (B, H, T, S), head_outputs (B, H, T, Dv) before W^O, visible (B|1, 1, T, S) bool)
 LayerCallback = Callable[[int, Tensor, Tensor, Tensor], None]
@@ -55,7 +59,7 @@ class AttentionCapture:
             self._w_o = {i: layer.out_proj.weight * layer.head_gates.repeat_interleave(layer.head_dim)
                          for i, layer in enumerate(ours)}
             return self
-        _register()
+        register()
         self._w_o = _output_projections(self.model)
         for module in self.model.modules():
             config = getattr(module, "config", None)
@@ -98,7 +102,8 @@ class AttentionCapture:
 
 def _capture_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                        attention_mask: Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                       **kwargs: Any) -> tuple[Tensor, Tensor]:
+                       **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+    """The one attention function both the capture and the head gates route through."""
     T, S = query.shape[2], key.shape[2]
     if attention_mask is not None:
         mask = from_tensor(attention_mask[..., :S])
@@ -106,8 +111,25 @@ def _capture_attention(module: nn.Module, query: Tensor, key: Tensor, value: Ten
         mask = causal()  # transformers leaves a plain causal mask implicit
     else:
         mask = None
-    out, weights = attention(query, key, value, mask, scale=scaling, need_weights=True, backend="math")
-    if _ACTIVE and not _is_cross_attention(module):
+    watched = bool(_ACTIVE) and not _is_cross_attention(module)
+    out, weights = attention(query, key, value, mask, scale=scaling, need_weights=watched,
+                             dropout_p=dropout if module.training else 0.0, backend="math" if watched else "auto")
+    uniform = getattr(module, UNIFORM_ATTRIBUTE, None)
+    heads = uniform() if uniform is not None else ()
+    if heads:  # Kovaleva et al.'s ablation: these heads attend uniformly to the keys they may see
+        visible = mask.materialize(T, S, device=query.device) if mask is not None else \
+            torch.ones(1, 1, T, S, dtype=torch.bool, device=query.device)
+        visible = (visible if visible.dim() == 4 else visible.view(1, 1, T, S)).to(value.dtype)
+        flat = visible / visible.sum(-1, keepdim=True).clamp_min(1)  # (B|1, 1, T, S)
+        group = query.shape[1] // value.shape[1]
+        out = out.clone()
+        for h in heads:
+            out[:, h] = flat[:, 0] @ value[:, h // group]  # (B, T, Dv)
+    gate = getattr(module, GATE_ATTRIBUTE, None)
+    if gate is not None:
+        g = gate()  # (H,) or (B, H)
+        out = out * (g[:, None, None] if g.dim() == 1 else g[:, :, None, None]).to(out.dtype)  # (B, H, T, Dv)
+    if watched:
         layer = getattr(module, "layer_idx", None)
         if layer is None:
             raise ValueError(f"{type(module).__name__} has no layer_idx; cannot tell which layer it is")
@@ -139,7 +161,7 @@ def _output_projections(model: nn.Module) -> dict[int, Tensor]:
     return found
 
 
-def _register() -> None:
+def register() -> None:
     global _REGISTERED
     if _REGISTERED:
         return

@@ -1,0 +1,262 @@
+"""Head gates, importance and pruning (issue: which heads matter)."""
+
+import pytest
+import torch
+
+import multihead as mh
+from multihead.heads import (
+    count_heads,
+    head_importance,
+    load_pruned,
+    prune_heads,
+    pruning_curve,
+    save_pruned,
+    spearman,
+)
+from multihead.hf.gates import HeadGates
+
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+
+
+def _gates_for(L, H, pruned):
+    g = torch.ones(L, H)
+    for layer, hs in pruned.items():
+        g[layer, hs] = 0
+    return g
+
+
+# --- our layer ---------------------------------------------------------------------------------------------------
+
+class _Stack(torch.nn.Module):
+    def __init__(self, kv=None):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([mh.MultiHeadAttention(24, 6, num_kv_heads=kv) for _ in range(2)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x, mask=mh.masks.causal())
+        return x
+
+
+@pytest.mark.parametrize("kv", [None, 3, 2])
+@pytest.mark.parametrize("pruned", [{0: [1, 4], 1: [0]}, {0: [0, 1], 1: [0, 1, 2, 3, 4, 5]}, {1: [5, 2, 3]}])
+def test_gate_zero_equals_physical_removal_on_our_layer(kv, pruned):
+    torch.manual_seed(0)
+    model = _Stack(kv).eval()
+    x = torch.randn(2, 7, 24)
+    with torch.no_grad(), HeadGates(model, values=_gates_for(2, 6, pruned)):
+        gated = model(x)
+    before = sum(p.numel() for p in model.parameters())
+    prune_heads(model, pruned)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), gated, atol=1e-5, rtol=1e-5)
+    assert count_heads(model) == [6 - len(pruned.get(layer, [])) for layer in range(2)]
+    if kv is None:  # plain MHA: the parameter count drops (GQA with unequal groups left repeats K/V)
+        assert sum(p.numel() for p in model.parameters()) < before
+
+
+def test_per_example_gates_give_per_example_gradients_on_our_layer():
+    torch.manual_seed(0)
+    model = _Stack().double().eval()
+    x = torch.randn(3, 5, 24, dtype=torch.float64)
+    with HeadGates(model) as gates:
+        values = torch.ones(2, 3, 6, dtype=torch.float64, requires_grad=True)
+        gates.values = values
+        model(x).square().sum(dim=(1, 2)).sum().backward()
+        for b in range(3):  # example b's gradient, alone
+            single = torch.ones(2, 1, 6, dtype=torch.float64, requires_grad=True)
+            gates.values = single
+            model(x[b:b + 1]).square().sum().backward()
+            torch.testing.assert_close(values.grad[:, b], single.grad[:, 0])
+
+
+# --- importance --------------------------------------------------------------------------------------------------
+
+def _tiny_bert():
+    config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=32, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                                     attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    return transformers.BertModel(config).double().eval()
+
+
+def _batches(n=6, size=3, T=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 50, (n, T), generator=g)
+    mask = torch.ones(n, T, dtype=torch.long)
+    mask[1, 4:] = 0
+    mask[4, 3:] = 0
+    target = torch.randn(n, 16, generator=g, dtype=torch.float64)
+    return [{"input_ids": ids[s:s + size], "attention_mask": mask[s:s + size], "target": target[s:s + size]}
+            for s in range(0, n, size)]
+
+
+def _loss(outputs, batch):
+    pooled = outputs.last_hidden_state[:, 0]  # (B, D)
+    return (pooled - batch["target"]).square().sum(-1)  # (B,)
+
+
+def test_importance_equals_finite_differences_of_each_example_loss():
+    model = _tiny_bert()
+    batches = _batches()
+    got = head_importance(model, batches, _loss, normalize=False)
+    want = torch.zeros(2, 4, dtype=torch.float64)
+    eps = 1e-6
+    with HeadGates(model) as gates, torch.no_grad():
+        for batch in batches:
+            for b in range(batch["input_ids"].shape[0]):
+                one = {k: v[b:b + 1] for k, v in batch.items()}
+                for layer in range(2):
+                    for h in range(4):
+                        values = torch.ones(2, 4, dtype=torch.float64)
+                        values[layer, h] += eps
+                        gates.values = values
+                        up = _loss(model(input_ids=one["input_ids"], attention_mask=one["attention_mask"]), one)
+                        values[layer, h] -= 2 * eps
+                        down = _loss(model(input_ids=one["input_ids"], attention_mask=one["attention_mask"]), one)
+                        want[layer, h] += ((up - down) / (2 * eps)).abs().item()
+    torch.testing.assert_close(got.raw, want / 6, rtol=1e-5, atol=1e-8)
+    assert got.examples == 6
+
+
+def test_importance_does_not_depend_on_the_batch_size_and_normalises_per_layer():
+    model = _tiny_bert()
+    one = head_importance(model, _batches(size=1), _loss)
+    three = head_importance(model, _batches(size=3), _loss)
+    torch.testing.assert_close(one.raw, three.raw)
+    torch.testing.assert_close(three.scores.norm(dim=-1), torch.ones(2, dtype=torch.float64))
+    low = three.ranking()[0]
+    assert three.scores[low[0], low[1]] == three.scores.min()
+    assert all(p.requires_grad for p in model.parameters())  # restored
+
+
+def test_spearman_matches_the_definition():
+    a = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert spearman(a, a * 10) == pytest.approx(1)
+    assert spearman(a, -a) == pytest.approx(-1)
+    b = torch.tensor([2.0, 1.0, 4.0, 3.0, 5.0])
+    assert spearman(a, b) == pytest.approx(0.8)  # 1 - 6·Σd²/(n(n²-1)) = 1 - 6·4/120
+    assert spearman(torch.tensor([1.0, 1.0, 2.0]), torch.tensor([1.0, 2.0, 3.0])) == pytest.approx(0.8660254)
+
+
+# --- real models -------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def minilm():
+    return mh.hf.load("minilm")
+
+
+TEXTS = ["The animal didn't cross the street because it was too tired.", "Heads specialise.",
+         "小明把蛋糕递给小红，因为她不饿了。"]
+
+
+@pytest.mark.slow
+def test_gate_zero_equals_pruning_on_minilm_and_saves_and_loads(minilm, tmp_path):
+    model = transformers.AutoModel.from_pretrained(minilm.path).eval()
+    batch = minilm.tokenizer(TEXTS, padding=True, return_tensors="pt")
+    pruned = {0: [0, 5, 11], 2: list(range(12)), 5: [3]}
+    with torch.no_grad(), HeadGates(model, values=_gates_for(6, 12, pruned)):
+        gated = model(**batch).last_hidden_state
+    with torch.no_grad():
+        full = model(**batch).last_hidden_state
+    before = sum(p.numel() for p in model.parameters())
+    prune_heads(model, pruned)
+    valid = batch["attention_mask"].bool()
+    with torch.no_grad():
+        got = model(**batch).last_hidden_state
+    torch.testing.assert_close(got[valid], gated[valid], atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(got[valid], full[valid], atol=1e-3)
+    assert count_heads(model) == [9, 12, 0, 12, 12, 11]
+    assert before - sum(p.numel() for p in model.parameters()) == 16 * (384 * 32 * 4 + 32 * 3)
+    save_pruned(model, tmp_path / "p", pruned, base="minilm")
+    again = load_pruned(transformers.AutoModel.from_pretrained(minilm.path).eval(), tmp_path / "p")
+    with torch.no_grad():
+        torch.testing.assert_close(again(**batch).last_hidden_state, got)
+
+
+@pytest.mark.slow
+def test_gate_zero_equals_pruning_on_smollm2_with_gqa(tmp_path):
+    pytest.importorskip("gguf")
+    lm = mh.hf.load("smollm2")
+    model = transformers.AutoModelForCausalLM.from_pretrained(lm.path).eval()
+    tok = lm.tokenizer
+    tok.padding_side = "right"
+    batch = tok(TEXTS, padding=True, return_tensors="pt")
+    # layer 0: a whole kv group (heads 0-2); layer 1: unequal groups; layer 7: every head; layer 29: one head
+    pruned = {0: [0, 1, 2], 1: [0, 4], 7: list(range(9)), 29: [8]}
+    with torch.no_grad(), HeadGates(model, values=_gates_for(30, 9, pruned)):
+        gated = model(**batch).logits
+    prune_heads(model, pruned)
+    valid = batch["attention_mask"].bool()
+    with torch.no_grad():
+        got = model(**batch).logits
+    torch.testing.assert_close(got[valid], gated[valid], atol=1e-4, rtol=1e-4)
+    assert count_heads(model)[:2] == [6, 7] and count_heads(model)[7] == 0
+    attn0 = model.model.layers[0].self_attn
+    assert attn0.k_proj.out_features == 2 * 64 and attn0.num_key_value_groups == 3
+
+
+@pytest.mark.slow
+def test_sentiment_task_importance_ablation_and_a_short_curve(minilm):
+    from multihead.heads import SentimentTask, ablation_importance
+
+    task = SentimentTask(minilm, train_size=256, test_size=96, batch_size=64)
+    acc = task.evaluate()
+    assert 0.6 < acc <= 1  # a linear probe on frozen MiniLM separates fresh from rotten
+    imp = head_importance(minilm.model, task.batches("train"), task.loss)
+    assert imp.scores.shape == (6, 12) and imp.examples == 256 and (imp.raw > 0).all()
+    drop, base = ablation_importance(minilm.model, task.evaluate, heads=[(0, 0), (3, 5)])
+    assert base == pytest.approx(acc) and drop.shape == (6, 12)
+    assert not drop[0, 0].isnan() and not drop[3, 5].isnan() and int(drop.isnan().sum()) == 70
+    curve = pruning_curve(task, steps=2, per_step=0.25)
+    assert [s.heads_pruned for s in curve.steps] == [18, 32]  # 25% of 72, then of the 54 left
+    assert curve.baseline == pytest.approx(acc) and len(curve.steps[1].pruned) == 32
+    assert minilm.model.config._attn_implementation != "multihead_capture"  # gates taken off
+
+
+def test_cli_prune_rejects_bad_input_without_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    cases = [
+        (["--task", "translation"], "invalid choice"),
+        (["--threshold", "1.5"], "--threshold must be in (0, 1]"),
+        (["--threshold", "0"], "--threshold must be in (0, 1]"),
+        (["--steps", "0"], "--steps must be a positive integer"),
+        (["--per-step", "2"], "--per-step must be in (0, 1]"),
+        (["--model", str(tmp_path / "missing")], "neither a known name"),
+    ]
+    for args, words in cases:
+        done = subprocess.run([sys.executable, "-m", "multihead.cli", "prune", *args, "--out", str(tmp_path / "o")],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_cli_prune_on_minilm_writes_the_curve(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "p"
+    done = subprocess.run([sys.executable, "-m", "multihead.cli", "prune", "--steps", "2", "--per-step", "0.5",
+                           "--train-size", "64", "--test-size", "64", "--out", str(out), "--save-model"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "Largest fraction prunable" in done.stdout or "No step kept" in done.stdout
+    curve = json.loads((out / "curve.json").read_text())
+    assert curve["schema"] == "multihead.pruning/1" and [s["heads_pruned"] for s in curve["steps"]] == [36, 54]
+    png = (out / "curve.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_models_without_attention_and_bad_head_lists_fail_clearly():
+    with pytest.raises(ValueError, match="no transformers self-attention layer"):
+        prune_heads(torch.nn.Sequential(torch.nn.Linear(2, 2)), {0: [0]})
+    with pytest.raises(ValueError, match="no transformers self-attention layer"):
+        HeadGates(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match=r"heads \[6\] out of range"):
+        prune_heads(_Stack(), {0: [6]})
+    with pytest.raises(ValueError, match="layer 2 out of range"):
+        prune_heads(_Stack(), {2: [0]})
