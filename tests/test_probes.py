@@ -447,3 +447,29 @@ def test_cli_analyze_on_a_conllu_file(tmp_path):
     data = json.loads((out / "report.json").read_text())
     assert data["sentences"] == 40 and data["syntax"]["relations"]["nsubj"]["count"] == 40
     assert "coreference" not in data and (out / "report.html").is_file()
+
+
+def test_analyze_runs_on_a_model_built_from_our_layers(minilm):
+    """Any module built from mh.MultiHeadAttention that takes (input_ids, attention_mask) can be analysed."""
+
+    class TinyEncoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(len(minilm.tokenizer), 32)
+            self.layers = torch.nn.ModuleList([mh.MultiHeadAttention(32, 4) for _ in range(2)])
+
+        def forward(self, input_ids, attention_mask):
+            x = self.embed(input_ids)
+            mask = mh.masks.key_padding(attention_mask)
+            for layer in self.layers:
+                x = x + layer(x, mask=mask)
+            return x
+
+    torch.manual_seed(0)
+    hf = mh.hf.HFModel(TinyEncoder().eval(), minilm.tokenizer, "tiny", minilm.path, False, 2, 4, 4, 512)
+    texts = ["Heads specialise.", "The animal didn't cross the street because it was too tired."]
+    report = mh.analyze(hf, texts, batch_size=1, coreference=False)
+    again = mh.analyze(hf, texts, batch_size=2, coreference=False)
+    assert len(report.heads) == 8 and report.tokens == again.tokens
+    for a, b in zip(report.heads, again.heads, strict=True):
+        assert a.metrics["entropy"] == pytest.approx(b.metrics["entropy"], abs=1e-5)

@@ -1,0 +1,6 @@
+"""Views of attention: static figures (matplotlib) of heads, layers, the model and head similarity."""
+
+from .figures import cjk_font, head_heatmap, layer_grid, model_grid, save, similarity_matrix
+from .maps import attention_maps
+
+__all__ = ["attention_maps", "cjk_font", "head_heatmap", "layer_grid", "model_grid", "save", "similarity_matrix"]
