@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test bench lint install clean
+.PHONY: demo test bench lint install clean browser
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,7 +31,13 @@ demo: $(STAMP)
 	$(VENV)/bin/multihead demo
 	$(VENV)/bin/multihead analyze
 
-test: $(STAMP)
+# Headless Chromium for the page's end-to-end tests (Debian packages), installed where missing.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
+	  echo "warning: could not install chromium + chromium-driver; the browser tests will be skipped" >&2
+
+test: $(STAMP) browser
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(PY) -m pytest -q
 

@@ -64,6 +64,15 @@ def _parser() -> argparse.ArgumentParser:
     an.add_argument("--no-coreference", action="store_true", help="skip the coreference scores")
     an.set_defaults(run=_run_analyze)
 
+    vw = sub.add_parser("view", help="an interactive, offline attention page for a few texts")
+    vw.add_argument("texts", nargs="*", metavar="TEXT", help="texts to show (default: the articles' examples)")
+    vw.add_argument("--file", help="UTF-8 text file, one text per line")
+    vw.add_argument("--model", default="minilm", help="'minilm' (default), 'smollm2' or a local Hugging Face folder")
+    vw.add_argument("--report", help="a report.json of the same model, for labels, metrics and similarity")
+    vw.add_argument("--out", default="attention.html", help="the page to write (default: attention.html)")
+    vw.add_argument("--force", action="store_true", help="replace an existing file")
+    vw.set_defaults(run=_run_view)
+
     pr = sub.add_parser("prune", help="rank heads by gradient importance and prune them iteratively on a task")
     pr.add_argument("--model", default="minilm", help="'minilm' (default), 'smollm2' or a local Hugging Face folder")
     pr.add_argument("--task", default=None, choices=("sentiment", "lm"),
@@ -142,7 +151,11 @@ def _run_analyze(args: argparse.Namespace) -> int:
     tmp = out / ".report.csv.tmp"
     report.to_csv(tmp)
     tmp.replace(out / "report.csv")
-    _write_atomically(out / "report.html", report.to_html().rstrip("\n"))
+    from .data import ARTICLE_SENTENCES
+    from .viz.page import view_page
+
+    shown = [t for t in texts if t in ARTICLE_SENTENCES][:4] or texts[:3]
+    _write_atomically(out / "report.html", view_page(model, shown, report).rstrip("\n"))
     if args.json:
         print(report.to_json())
         return 0
@@ -169,6 +182,50 @@ def _run_analyze(args: argparse.Namespace) -> int:
             print(f"  clusters (JS <= {red['cluster_threshold']}): {shown}")
     _print_probes(report)
     print(f"\nwrote {out / 'report.json'}, {out / 'report.csv'} and {out / 'report.html'}")
+    return 0
+
+
+def _run_view(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .analysis import Report
+    from .analysis.analyze import check_texts
+    from .data import ARTICLE_SENTENCES
+    from .hf import load
+    from .viz.page import view_page
+
+    texts = list(args.texts)
+    if args.file:
+        texts += _read_lines(Path(args.file))
+    if not texts:
+        if args.texts or args.file:
+            raise UsageError("no text to show: every given text is empty")
+        texts = list(ARTICLE_SENTENCES)
+    check_texts(texts)
+    out = Path(args.out)
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise UsageError(f"--out {out} should end in .html")
+    if out.exists() and not args.force:
+        raise UsageError(f"--out {out} exists; pass --force to replace it")
+    if not out.parent.exists():
+        raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    report = None
+    if args.report:
+        _readable(Path(args.report), "--report")
+        report = Report.from_json(args.report)
+    model = load(args.model)
+    if report is not None and (report.num_layers, report.num_heads) != (model.num_layers, model.num_heads):
+        raise UsageError(f"--report is for {report.num_layers} x {report.num_heads} heads; {model.name} has "
+                         f"{model.num_layers} x {model.num_heads}")
+    if model.max_positions:
+        lengths = [len(ids) for ids in model.tokenizer(texts)["input_ids"]]
+        for i, n in enumerate(lengths):
+            if n > model.max_positions:
+                raise UsageError(f"text {i + 1} has {n} tokens; the model takes at most {model.max_positions}")
+    page = view_page(model, texts, report)
+    _write_atomically(out, page.rstrip("\n"))
+    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): {len(texts)} texts, {model.name}, "
+          f"{model.num_layers} x {model.num_heads} heads")
     return 0
 
 

@@ -1,0 +1,246 @@
+// multihead attention page: everything inline, nothing from the network.
+// Each page instance lives in its own container and closure, so several in one notebook don't interfere.
+(function () {
+  "use strict";
+  const root = document.getElementById("__ROOT_ID__");
+  const data = JSON.parse(document.getElementById("__ROOT_ID__-data").textContent);
+  const L = data.num_layers, H = data.num_heads;
+  const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                  "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"];
+  const state = { sentence: 0, layer: 0, head: 0, heads: new Set([...Array(H).keys()]), view: "model",
+                  sortKey: null, sortDesc: false };
+
+  function el(tag, attrs, text) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = String(text);  // text, never markup
+    return e;
+  }
+  const q = (sel) => root.querySelector(sel);
+
+  // --- data: per row, the k largest weights: uint16 key indices + uint8 values (0..255 = 0..1), base64 ---
+  const decoded = new Map();
+  function b64(text) {
+    const bin = atob(text), arr = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) arr[i] = bin.charCodeAt(i);
+    return arr;
+  }
+  function sparse(s) {
+    if (!decoded.has(s)) {
+      const d = data.sentences[s];
+      decoded.set(s, { idx: new Uint16Array(b64(d.index).buffer), val: b64(d.values), k: d.k, T: d.tokens.length });
+    }
+    return decoded.get(s);
+  }
+  function eachEntry(s, l, h, i, fn) {  // fn(j, weight) for the row's kept entries
+    const d = sparse(s), base = ((l * H + h) * d.T + i) * d.k;
+    for (let e = 0; e < d.k; e++) { const v = d.val[base + e]; if (v > 0) fn(d.idx[base + e], v / 255); }
+  }
+  function weight(s, l, h, i, j) {
+    let w = 0;
+    eachEntry(s, l, h, i, (jj, v) => { if (jj === j) w = v; });
+    return w;
+  }
+  function label(l, h) { return data.labels ? data.labels[l * H + h] : ""; }
+
+  // --- controls ---
+  const controls = q(".mh-controls");
+  const sentenceSelect = el("select", { "class": "mh-sentence", "aria-label": "sentence" });
+  data.sentences.forEach((s, i) => sentenceSelect.appendChild(el("option", { value: String(i) }, s.text.slice(0, 80))));
+  const layerSelect = el("select", { "class": "mh-layer", "aria-label": "layer" });
+  for (let l = 0; l < L; l++) layerSelect.appendChild(el("option", { value: String(l) }, "layer " + l));
+  controls.append(el("span", {}, "sentence "), sentenceSelect, el("span", {}, " "), layerSelect);
+  const headBoxes = el("span", { "class": "mh-heads" });
+  for (let h = 0; h < H; h++) {
+    const box = el("span", { "class": "mh-headbox on", "data-head": String(h), title: "head " + h });
+    box.style.background = COLORS[h % COLORS.length];
+    box.textContent = String(h);
+    box.addEventListener("click", () => {
+      if (state.heads.has(h)) state.heads.delete(h); else state.heads.add(h);
+      box.classList.toggle("on");
+      draw();
+    });
+    headBoxes.appendChild(box);
+  }
+  controls.appendChild(headBoxes);
+  sentenceSelect.addEventListener("change", () => { state.sentence = +sentenceSelect.value; draw(); });
+  layerSelect.addEventListener("change", () => { state.layer = +layerSelect.value; draw(); });
+  root.querySelectorAll(".mh-tab").forEach((tab) => tab.addEventListener("click", () => {
+    state.view = tab.getAttribute("data-view");
+    root.querySelectorAll(".mh-tab").forEach((t) => t.classList.toggle("active", t === tab));
+    root.querySelectorAll(".mh-view").forEach((v) => { v.style.display = v.getAttribute("data-view") === state.view ? "" : "none"; });
+    draw();
+  }));
+  const info = q(".mh-info");
+
+  // --- head view: lines from each token to the tokens it attends to ---
+  function drawHeadView() {
+    const canvas = q("canvas.mh-headview");
+    const toks = data.sentences[state.sentence].tokens, T = toks.length;
+    const row = T > 200 ? 4 : 16, width = 520;
+    canvas.width = width; canvas.height = Math.max(60, T * row + 20);
+    const ctx = canvas.getContext("2d");
+    ctx.clearRect(0, 0, canvas.width, canvas.height);
+    ctx.font = (row >= 12 ? 12 : row) + "px sans-serif";
+    ctx.textBaseline = "middle";
+    if (row >= 10) {
+      toks.forEach((t, i) => {
+        ctx.fillStyle = "#222";
+        ctx.textAlign = "right"; ctx.fillText(t, 150, 10 + i * row + row / 2);
+        ctx.textAlign = "left"; ctx.fillText(t, width - 150, 10 + i * row + row / 2);
+      });
+    }
+    ctx.lineWidth = 1.5;
+    for (const h of state.heads) {
+      ctx.strokeStyle = COLORS[h % COLORS.length];
+      for (let i = 0; i < T; i++) eachEntry(state.sentence, state.layer, h, i, (j, w) => {
+        if (w < 0.02) return;
+        ctx.globalAlpha = Math.min(1, w);
+        ctx.beginPath(); ctx.moveTo(158, 10 + i * row + row / 2); ctx.lineTo(width - 158, 10 + j * row + row / 2); ctx.stroke();
+      });
+    }
+    ctx.globalAlpha = 1;
+  }
+
+  // --- model view: L x H thumbnails with labels; a click opens the matrix view ---
+  const THUMB = 64, GAP = 18;
+  function drawModelView() {
+    const canvas = q("canvas.mh-modelview");
+    canvas.width = H * (THUMB + 6) + 40; canvas.height = L * (THUMB + GAP) + 10;
+    const ctx = canvas.getContext("2d");
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
+    const T = data.sentences[state.sentence].tokens.length;
+    for (let l = 0; l < L; l++) for (let h = 0; h < H; h++) {
+      const x0 = 40 + h * (THUMB + 6), y0 = l * (THUMB + GAP) + GAP;
+      const img = ctx.createImageData(THUMB, THUMB), cells = new Float32Array(THUMB * THUMB);
+      const n = Math.min(T, THUMB);
+      for (let i = 0; i < T; i++) eachEntry(state.sentence, l, h, i, (j, w) => {
+        const c = Math.floor(i * n / T) * THUMB + Math.floor(j * n / T);
+        if (w > cells[c]) cells[c] = w;
+      });
+      const scale = THUMB / n;
+      for (let y = 0; y < THUMB; y++) for (let x = 0; x < THUMB; x++) {
+        const w = cells[Math.floor(y / scale) * THUMB + Math.floor(x / scale)];
+        const k = (y * THUMB + x) * 4, c = 255 - Math.round(255 * Math.min(1, w * 2));
+        img.data[k] = c; img.data[k + 1] = c; img.data[k + 2] = 255; img.data[k + 3] = 255;
+      }
+      ctx.putImageData(img, x0, y0);
+      ctx.fillStyle = "#222"; ctx.font = "10px sans-serif"; ctx.textAlign = "left"; ctx.textBaseline = "bottom";
+      ctx.fillText(label(l, h).replace("syntactic:", "syn:").slice(0, 11), x0, y0 - 2);
+    }
+    for (let l = 0; l < L; l++) { ctx.fillText("L" + l, 4, l * (THUMB + GAP) + GAP + THUMB / 2); }
+  }
+  function modelViewCell(ev) {
+    const canvas = q("canvas.mh-modelview"), r = canvas.getBoundingClientRect();
+    const x = (ev.clientX - r.left) * canvas.width / r.width - 40, y = (ev.clientY - r.top) * canvas.height / r.height - GAP;
+    const h = Math.floor(x / (THUMB + 6)), l = Math.floor(y / (THUMB + GAP));
+    return (h >= 0 && h < H && l >= 0 && l < L) ? [l, h] : null;
+  }
+
+  // --- matrix view: one head's heatmap, value under the pointer ---
+  function drawMatrixView() {
+    const canvas = q("canvas.mh-matrix");
+    const toks = data.sentences[state.sentence].tokens, T = toks.length;
+    const cell = Math.max(2, Math.min(24, Math.floor(560 / T)));
+    canvas.width = T * cell; canvas.height = T * cell;
+    const ctx = canvas.getContext("2d");
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
+    for (let i = 0; i < T; i++) eachEntry(state.sentence, state.layer, state.head, i, (j, w) => {
+      const c = 255 - Math.round(255 * Math.min(1, w));
+      ctx.fillStyle = "rgb(" + c + "," + c + ",255)"; ctx.fillRect(j * cell, i * cell, cell, cell);
+    });
+    q(".mh-matrix-title").textContent = "layer " + state.layer + ", head " + state.head + ": " + label(state.layer, state.head);
+  }
+  function matrixSVG() {
+    const toks = data.sentences[state.sentence].tokens, T = toks.length, cell = 10;
+    const parts = ['<svg xmlns="http://www.w3.org/2000/svg" width="' + T * cell + '" height="' + T * cell + '">'];
+    for (let i = 0; i < T; i++) eachEntry(state.sentence, state.layer, state.head, i, (j, w) => {
+      const c = 255 - Math.round(255 * Math.min(1, w));
+      parts.push('<rect x="' + j * cell + '" y="' + i * cell + '" width="' + cell + '" height="' + cell + '" fill="rgb(' + c + ',' + c + ',255)"/>');
+    });
+    parts.push("</svg>");
+    return parts.join("");
+  }
+
+  // --- similarity matrix with clusters ---
+  function drawSimilarity() {
+    const canvas = q("canvas.mh-similarity");
+    if (!data.similarity) { canvas.style.display = "none"; return; }
+    const N = L * H, cell = Math.max(2, Math.floor(480 / N));
+    canvas.width = N * cell; canvas.height = N * cell;
+    const ctx = canvas.getContext("2d");
+    for (let a = 0; a < N; a++) for (let b = 0; b < N; b++) {
+      const v = data.similarity[a * N + b] / 255, c = Math.round(255 * v);
+      ctx.fillStyle = "rgb(" + c + "," + c + "," + c + ")"; ctx.fillRect(b * cell, a * cell, cell, cell);
+    }
+  }
+
+  // --- sortable head table; every string through textContent ---
+  function buildTable() {
+    const table = q("table.mh-table");
+    table.textContent = "";
+    const head = el("tr");
+    const cols = ["layer", "head", "label", "flags", ...data.metric_names];
+    cols.forEach((c) => {
+      const th = el("th", { "data-key": c }, c + (state.sortKey === c ? (state.sortDesc ? " ▼" : " ▲") : ""));
+      th.addEventListener("click", () => { state.sortDesc = state.sortKey === c ? !state.sortDesc : false; state.sortKey = c; buildTable(); });
+      head.appendChild(th);
+    });
+    table.appendChild(head);
+    const rows = data.heads.slice();
+    if (state.sortKey) {
+      const k = state.sortKey, sign = state.sortDesc ? -1 : 1;
+      const val = (r) => (k in r ? r[k] : (r.metrics[k] === null ? -Infinity : r.metrics[k]));
+      rows.sort((a, b) => { const x = val(a), y = val(b); return x < y ? -sign : x > y ? sign : 0; });
+    }
+    rows.forEach((r) => {
+      const tr = el("tr");
+      tr.appendChild(el("td", {}, r.layer)); tr.appendChild(el("td", {}, r.head));
+      tr.appendChild(el("td", {}, r.label)); tr.appendChild(el("td", {}, r.flags.join(", ")));
+      data.metric_names.forEach((m) => tr.appendChild(el("td", {}, r.metrics[m] === null ? "–" : r.metrics[m].toFixed(3))));
+      table.appendChild(tr);
+    });
+  }
+
+  function draw() {
+    if (state.view === "head") drawHeadView();
+    else if (state.view === "model") drawModelView();
+    else if (state.view === "matrix") drawMatrixView();
+    else if (state.view === "similarity") drawSimilarity();
+  }
+
+  q("canvas.mh-modelview").addEventListener("click", (ev) => {
+    const c = modelViewCell(ev);
+    if (!c) return;
+    state.layer = c[0]; state.head = c[1]; layerSelect.value = String(c[0]);
+    root.querySelector('.mh-tab[data-view="matrix"]').click();
+  });
+  q("canvas.mh-matrix").addEventListener("mousemove", (ev) => {
+    const canvas = q("canvas.mh-matrix"), r = canvas.getBoundingClientRect();
+    const toks = data.sentences[state.sentence].tokens, T = toks.length;
+    const j = Math.floor((ev.clientX - r.left) / r.width * T), i = Math.floor((ev.clientY - r.top) / r.height * T);
+    if (i < 0 || j < 0 || i >= T || j >= T) return;
+    info.textContent = toks[i] + " → " + toks[j] + ": " + weight(state.sentence, state.layer, state.head, i, j).toFixed(3);
+  });
+  q("canvas.mh-similarity").addEventListener("mousemove", (ev) => {
+    const canvas = q("canvas.mh-similarity"), r = canvas.getBoundingClientRect(), N = L * H;
+    const b = Math.floor((ev.clientX - r.left) / r.width * N), a = Math.floor((ev.clientY - r.top) / r.height * N);
+    if (a < 0 || b < 0 || a >= N || b >= N) return;
+    info.textContent = "L" + Math.floor(a / H) + ".H" + (a % H) + " ~ L" + Math.floor(b / H) + ".H" + (b % H) +
+      ": JS distance " + (data.similarity[a * N + b] / 255).toFixed(3);
+  });
+  function download(name, href) { const a = el("a", { href: href, download: name }); root.appendChild(a); a.click(); a.remove(); }
+  q(".mh-export-png").addEventListener("click", () => {
+    const canvas = root.querySelector('.mh-view[data-view="' + state.view + '"] canvas');
+    if (canvas) download("multihead-" + state.view + ".png", canvas.toDataURL("image/png"));
+  });
+  q(".mh-export-svg").addEventListener("click", () => {
+    download("multihead-matrix.svg", "data:image/svg+xml;charset=utf-8," + encodeURIComponent(matrixSVG()));
+  });
+
+  const clusters = q(".mh-clusters");
+  (data.clusters || []).forEach((g) => clusters.appendChild(el("li", {}, g.map((x) => "L" + x[0] + ".H" + x[1]).join(" "))));
+  buildTable();
+  draw();
+  root.setAttribute("data-ready", "1");
+})();

@@ -1,0 +1,154 @@
+"""The interactive attention page: one self-contained HTML file (or a notebook cell).
+
+Views: model (L x H thumbnails titled with labels; a click opens the head), head (lines from each
+token to what it attends to, heads toggled by colour), matrix (one head's heatmap, the value
+under the pointer, PNG/SVG export), the sortable head table with every metric of a
+:class:`~multihead.Report`, and the head x head similarity with its clusters. Several sentences
+in one page, chosen from a list.
+
+Size: each attention row keeps its ``k`` largest weights (k = 32, or 16 for large models and
+long inputs), quantised to a byte — the views draw nothing finer. All strings are data (JSON in
+a non-executable script tag, ``<``, ``>`` and ``&`` escaped) and are put on the page with
+``textContent``; the page loads nothing from the network (a Content-Security-Policy says so).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from ..analysis.report import Report
+    from ..hf.load import HFModel
+
+__all__ = ["page_html", "view_page", "write_page"]
+
+_CSS = """
+.mh-page { font: 13px/1.4 system-ui, sans-serif; color: #222; }
+.mh-page .mh-tabs button { margin-right: 4px; }
+.mh-page .mh-tab.active { font-weight: 700; }
+.mh-page .mh-headbox { display: inline-block; min-width: 18px; text-align: center; color: #fff; margin: 1px;
+  cursor: pointer; opacity: 0.3; border-radius: 3px; font-size: 11px; }
+.mh-page .mh-headbox.on { opacity: 1; }
+.mh-page table { border-collapse: collapse; }
+.mh-page th, .mh-page td { border: 1px solid #ccc; padding: 1px 5px; text-align: right; }
+.mh-page th { cursor: pointer; background: #f3f3f3; }
+.mh-page canvas { border: 1px solid #eee; max-width: 100%; }
+.mh-page .mh-info { min-height: 1.4em; font-family: monospace; }
+"""
+
+
+def _sparse_rows(maps: Tensor, k: int) -> tuple[str, str, int]:
+    """Top-k of every row of (L, H, T, T) as base64 uint16 indices and uint8 values."""
+    T = maps.shape[-1]
+    k = min(k, T)
+    values, index = maps.float().topk(k, dim=-1)  # (L, H, T, k)
+    q = (values.clamp(0, 1) * 255).round().to(torch.uint8)
+    idx = index.to(torch.int32).numpy().astype("<u2")
+    return base64.b64encode(idx.tobytes()).decode(), base64.b64encode(q.numpy().tobytes()).decode(), k
+
+
+def _json_for_script(value: object) -> str:
+    """JSON that cannot end the script element it sits in."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def page_data(sentences: Sequence[tuple[str, Sequence[str], Tensor]], report: Report | None = None,
+              num_layers: int | None = None, num_heads: int | None = None, *, top_k: int | None = None) -> dict:
+    """The page's data: sentences as (text, tokens, maps (L, H, T, T)) and an optional report."""
+    if not sentences:
+        raise ValueError("a page needs at least one sentence")
+    L, H = sentences[0][2].shape[:2]
+    if report is not None and (report.num_layers, report.num_heads) != (L, H):
+        raise ValueError(f"the report is for {report.num_layers} x {report.num_heads} heads; the maps are {L} x {H}")
+    rows = []
+    for text, tokens, maps in sentences:
+        if maps.dim() != 4 or maps.shape[:2] != (L, H) or maps.shape[2] != maps.shape[3] != len(tokens):
+            raise ValueError(f"maps must be (L, H, T, T) with T = {len(tokens)} tokens; got {tuple(maps.shape)}")
+        T = len(tokens)
+        k = top_k or (16 if L * H * T > 20_000 else 32)
+        idx, val, k = _sparse_rows(maps, k)
+        rows.append({"text": text, "tokens": list(tokens), "k": k, "index": idx, "values": val})
+    data: dict = {"num_layers": L, "num_heads": H, "sentences": rows, "metric_names": [], "heads": []}
+    if report is not None:
+        data["model"] = report.model
+        data["labels"] = [r.label for r in report.heads]
+        data["metric_names"] = list(report.heads[0].metrics) if report.heads else []
+        data["heads"] = [{"layer": r.layer, "head": r.head, "label": r.label, "flags": list(r.flags),
+                          "metrics": {k: (None if v != v else round(float(v), 4)) for k, v in r.metrics.items()}}
+                         for r in report.heads]
+        red = report.redundancy or {}
+        if red.get("js_distance") is not None:
+            js = torch.as_tensor(red["js_distance"], dtype=torch.float64).nan_to_num(1.0).clamp(0, 1)
+            data["similarity"] = (js * 255).round().to(torch.uint8).flatten().tolist()
+            data["clusters"] = [list(map(list, g)) for g in red.get("clusters_js", [])]
+    return data
+
+
+def page_body(data: dict) -> str:
+    """The page as a fragment: a container with its own id, its data and its script."""
+    from importlib.resources import files
+
+    root = f"mh-{uuid.uuid4().hex[:12]}"
+    script = files("multihead.viz").joinpath("page.js").read_text(encoding="utf-8").replace("__ROOT_ID__", root)
+    title = html.escape(str(data.get("model", "attention")))
+    return (f'<div class="mh-page" id="{root}"><style>{_CSS}</style>'
+            f"<h2>{title}: {data['num_layers']} layers × {data['num_heads']} heads</h2>"
+            '<div class="mh-controls"></div>'
+            '<div class="mh-tabs">'
+            '<button class="mh-tab active" data-view="model">model</button>'
+            '<button class="mh-tab" data-view="head">head</button>'
+            '<button class="mh-tab" data-view="matrix">matrix</button>'
+            '<button class="mh-tab" data-view="table">table</button>'
+            '<button class="mh-tab" data-view="similarity">similarity</button>'
+            ' <button class="mh-export-png">export PNG</button>'
+            ' <button class="mh-export-svg">export matrix SVG</button></div>'
+            '<div class="mh-info"></div>'
+            '<div class="mh-view" data-view="model"><canvas class="mh-modelview"></canvas></div>'
+            '<div class="mh-view" data-view="head" style="display:none"><canvas class="mh-headview"></canvas></div>'
+            '<div class="mh-view" data-view="matrix" style="display:none"><div class="mh-matrix-title"></div>'
+            '<canvas class="mh-matrix"></canvas></div>'
+            '<div class="mh-view" data-view="table" style="display:none"><table class="mh-table"></table></div>'
+            '<div class="mh-view" data-view="similarity" style="display:none">'
+            '<canvas class="mh-similarity"></canvas><ul class="mh-clusters"></ul></div>'
+            f'<script type="application/json" id="{root}-data">{_json_for_script(data)}</script>'
+            f"<script>{script}</script></div>")
+
+
+def page_html(data: dict) -> str:
+    """A whole HTML document: everything inline, and a policy that forbids any network load."""
+    csp = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
+    title = html.escape(str(data.get("model", "attention")))
+    return (f'<!DOCTYPE html><html><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+            f"<title>multihead: {title}</title></head><body>{page_body(data)}</body></html>\n")
+
+
+def view_page(model: HFModel, texts: Sequence[str], report: Report | None = None) -> str:
+    """A page for a few texts of a real model (optionally with its corpus report)."""
+    from .maps import attention_maps
+
+    sentences = []
+    for text in texts:
+        tokens, maps = attention_maps(model, text)
+        sentences.append((text, tokens, maps))
+    data = page_data(sentences, report)
+    data.setdefault("model", model.name)
+    return page_html(data)
+
+
+def write_page(page: str, path: str | Path) -> Path:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(path)
+    return path
