@@ -153,3 +153,23 @@ def test_a_512_token_page_is_small_and_becomes_interactive_quickly(browser, tmp_
     assert seconds < 10
     root.find_element("css selector", '.mh-tab[data-view="head"]').click()
     assert root.find_element("css selector", "canvas.mh-headview").size["height"] > 0
+
+
+def test_two_pages_in_one_document_do_not_interfere(browser, tmp_path):
+    from multihead.viz.page import AttentionPage
+
+    torch.manual_seed(0)
+    maps = torch.softmax(torch.randn(2, 3, 5, 5), -1)
+    a = AttentionPage(page_data([("one", list("abcde"), maps)]))
+    b = AttentionPage(page_data([("two", list("vwxyz"), maps.flip(-1))]))
+    doc = tmp_path / "two.html"
+    doc.write_text(f"<!DOCTYPE html><html><body>{a._repr_html_()}{b._repr_html_()}</body></html>", encoding="utf-8")
+    browser.get(doc.as_uri())
+    first, second = browser.find_elements("css selector", ".mh-page")
+    assert first.get_attribute("id") != second.get_attribute("id")
+    assert first.get_attribute("data-ready") == second.get_attribute("data-ready") == "1"
+    first.find_element("css selector", '.mh-tab[data-view="table"]').click()
+    assert first.find_element("css selector", '.mh-view[data-view="table"]').is_displayed()
+    assert second.find_element("css selector", '.mh-view[data-view="model"]').is_displayed()
+    assert not second.find_element("css selector", '.mh-view[data-view="table"]').is_displayed()
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []

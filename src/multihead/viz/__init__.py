@@ -2,5 +2,7 @@
 
 from .figures import cjk_font, head_heatmap, layer_grid, model_grid, save, similarity_matrix
 from .maps import attention_maps
+from .page import AttentionPage, attention_page
 
-__all__ = ["attention_maps", "cjk_font", "head_heatmap", "layer_grid", "model_grid", "save", "similarity_matrix"]
+__all__ = ["AttentionPage", "attention_maps", "attention_page", "cjk_font", "head_heatmap", "layer_grid", "model_grid",
+           "save", "similarity_matrix"]

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..analysis.report import Report
     from ..hf.load import HFModel
 
-__all__ = ["page_html", "view_page", "write_page"]
+__all__ = ["AttentionPage", "attention_page", "page_data", "page_html", "view_page", "write_page"]
 
 _CSS = """
 .mh-page { font: 13px/1.4 system-ui, sans-serif; color: #222; }
@@ -133,17 +133,35 @@ def page_html(data: dict) -> str:
             f"<title>multihead: {title}</title></head><body>{page_body(data)}</body></html>\n")
 
 
-def view_page(model: HFModel, texts: Sequence[str], report: Report | None = None) -> str:
-    """A page for a few texts of a real model (optionally with its corpus report)."""
+class AttentionPage:
+    """The page's data, shown inline in Jupyter (each display is its own independent instance)."""
+
+    def __init__(self, data: dict) -> None:
+        self.data = data
+
+    def _repr_html_(self) -> str:
+        return page_body(self.data)
+
+    def html(self) -> str:
+        return page_html(self.data)
+
+    def save(self, path: str | Path) -> Path:
+        return write_page(self.html(), path)
+
+
+def attention_page(model: HFModel, texts: Sequence[str], report: Report | None = None) -> AttentionPage:
+    """The page object for a few texts of a real model (display it in Jupyter, or ``.save(path)``)."""
     from .maps import attention_maps
 
-    sentences = []
-    for text in texts:
-        tokens, maps = attention_maps(model, text)
-        sentences.append((text, tokens, maps))
+    sentences = [(text, *attention_maps(model, text)) for text in texts]
     data = page_data(sentences, report)
     data.setdefault("model", model.name)
-    return page_html(data)
+    return AttentionPage(data)
+
+
+def view_page(model: HFModel, texts: Sequence[str], report: Report | None = None) -> str:
+    """A page for a few texts of a real model (optionally with its corpus report), as HTML."""
+    return attention_page(model, texts, report).html()
 
 
 def write_page(page: str, path: str | Path) -> Path:
