@@ -173,3 +173,15 @@ def test_two_pages_in_one_document_do_not_interfere(browser, tmp_path):
     assert second.find_element("css selector", '.mh-view[data-view="model"]').is_displayed()
     assert not second.find_element("css selector", '.mh-view[data-view="table"]').is_displayed()
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+def test_export_buttons_produce_png_and_svg(browser, page):
+    root, _ = _open(browser, page)
+    browser.execute_script(
+        "window.__downloads = []; HTMLAnchorElement.prototype.click = function () {"
+        " window.__downloads.push([this.getAttribute('download'), this.href]); };")
+    root.find_element("css selector", ".mh-export-png").click()
+    root.find_element("css selector", ".mh-export-svg").click()
+    (png_name, png), (svg_name, svg) = browser.execute_script("return window.__downloads;")
+    assert png_name == "multihead-model.png" and png.startswith("data:image/png;base64,") and len(png) > 1000
+    assert svg_name == "multihead-matrix.svg" and svg.startswith("data:image/svg+xml") and "rect" in svg

@@ -128,11 +128,21 @@ class Report:
         legend = ", ".join(f"{v}={k}" for k, v in _SHORT.items()) + ", lower case=syntactic:<relation>"
         return "\n".join([*lines, f"({legend})"])
 
-    def to_html(self, path: str | Path | None = None) -> str:
-        """One self-contained HTML page (nothing loaded from the network, every string escaped)."""
-        from .html import report_page
+    def to_html(self, path: str | Path | None = None, *, model: Any = None, texts: Any = None) -> str:
+        """One self-contained HTML page (nothing loaded from the network, every string escaped).
 
-        page = report_page(self)
+        With ``model`` (an :class:`~multihead.hf.HFModel`) and ``texts``: the interactive page
+        (model, head, matrix, table and similarity views) for those texts with this report;
+        otherwise a static page of the label map, the head table and the probes.
+        """
+        if model is not None:
+            from ..viz.page import view_page
+
+            page = view_page(model, list(texts or []), self)
+        else:
+            from .html import report_page
+
+            page = report_page(self)
         if path is not None:
             Path(path).write_text(page, encoding="utf-8")
         return page
