@@ -178,8 +178,12 @@ def _run_analyze(args: argparse.Namespace) -> int:
             print(f"  L{a[0]}.H{a[1]} ~ L{b[0]}.H{b[1]}: JS {js:.3f}, cosine {c:.2f}")
         groups = red.get("clusters_js") or []
         if groups:
-            shown = "; ".join(" ".join(f"L{x[0]}.H{x[1]}" for x in g) for g in groups[:3])
-            print(f"  clusters (JS <= {red['cluster_threshold']}): {shown}")
+            def names(group: list) -> str:
+                heads = " ".join(f"L{x[0]}.H{x[1]}" for x in group[:8])
+                return heads + (f" … ({len(group)} heads)" if len(group) > 8 else "")
+
+            shown = "; ".join(names(g) for g in groups[:3])
+            print(f"  {len(groups)} clusters (JS <= {red['cluster_threshold']}), largest first: {shown}")
     _print_probes(report)
     print(f"\nwrote {out / 'report.json'}, {out / 'report.csv'} and {out / 'report.html'}")
     return 0
