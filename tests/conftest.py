@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -54,3 +55,22 @@ def cast_mask(mask, dtype):
     if isinstance(mask, masks.And):
         return cast_mask(mask.a, dtype) & cast_mask(mask.b, dtype)
     return mask
+
+
+@pytest.fixture
+def cli_rejects(tmp_path):
+    """Run ``multihead COMMAND ARGS --out tmp/o`` for each (args, words) case: exit 2, one line naming the
+    problem, no traceback, nothing written."""
+    import subprocess
+    import sys
+
+    def check(command: str, cases: list[tuple[list[str], str]]) -> None:
+        out = tmp_path / "o"
+        for args, words in cases:
+            done = subprocess.run([sys.executable, "-m", "multihead.cli", command, *args, "--out", str(out)],
+                                  capture_output=True, text=True, timeout=300)
+            assert done.returncode == 2 and words in done.stderr, (args, done.stderr)
+            assert "Traceback" not in done.stderr, (args, done.stderr)
+        assert not out.exists()
+
+    return check
