@@ -73,6 +73,10 @@ def _parser() -> argparse.ArgumentParser:
     vw.add_argument("--force", action="store_true", help="replace an existing file")
     vw.set_defaults(run=_run_view)
 
+    ps = sub.add_parser("presets", help="the model table: layers, heads, d_model, d_k, parameters, attention FLOPs")
+    ps.add_argument("--length", type=int, default=2048, help="context length for the FLOPs column (default 2048)")
+    ps.set_defaults(run=_run_presets)
+
     pr = sub.add_parser("prune", help="rank heads by gradient importance and prune them iteratively on a task")
     pr.add_argument("--model", default="minilm", help="'minilm' (default), 'smollm2' or a local Hugging Face folder")
     pr.add_argument("--task", default=None, choices=("sentiment", "lm"),
@@ -186,6 +190,17 @@ def _run_analyze(args: argparse.Namespace) -> int:
             print(f"  {len(groups)} clusters (JS <= {red['cluster_threshold']}), largest first: {shown}")
     _print_probes(report)
     print(f"\nwrote {out / 'report.json'}, {out / 'report.csv'} and {out / 'report.html'}")
+    return 0
+
+
+def _run_presets(args: argparse.Namespace) -> int:
+    from .models import presets_table
+
+    if args.length < 1:
+        raise UsageError(f"--length must be a positive integer; got {args.length}")
+    print(presets_table(args.length))
+    print("\nParameters are counted on models built by our own code on the meta device (no memory used); "
+          "attention FLOPs per token = layers x (8 d^2 + 4 n d).")
     return 0
 
 

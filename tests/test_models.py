@@ -1,0 +1,94 @@
+"""Blocks, models and the model table's presets (issue: transformer models)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from multihead.models import PRESETS, DecoderLM, EncoderBlock, EncoderDecoder, ModelConfig, build, count_parameters
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_presets_reproduce_the_published_parameter_counts(name):
+    model = build(name, device="meta")
+    n = count_parameters(model)
+    assert abs(n - PRESETS[name].published) / PRESETS[name].published < 0.035, (name, n)
+    assert all(p.device.type == "meta" for p in model.parameters())
+
+
+def test_exact_counts_of_known_architectures():
+    assert count_parameters(build("bert-base", device="meta")) == 109_482_240  # bert-base-uncased
+    assert count_parameters(build("gpt2-small", device="meta")) == 124_439_808  # GPT-2 "124M"
+
+
+def test_gpt3_175b_is_built_without_memory():
+    def rss_mib():
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+    before = rss_mib()
+    model = build("gpt3-175b", device="meta")
+    assert count_parameters(model) > 174e9 and rss_mib() - before < 200
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_encoder_block_equals_torch_transformer_encoder_layer(norm_first, activation):
+    torch.manual_seed(0)
+    theirs = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, activation=activation, batch_first=True,
+                                              norm_first=norm_first).eval()
+    ours = EncoderBlock(32, 4, 64, dropout=0.0, activation=activation, norm_first=norm_first).eval()
+    with torch.no_grad():
+        import multihead as mh
+
+        ours.attn.load_state_dict(mh.MultiHeadAttention.from_torch(theirs.self_attn).state_dict())
+        ours.ffn.up.load_state_dict(theirs.linear1.state_dict())
+        ours.ffn.down.load_state_dict(theirs.linear2.state_dict())
+        ours.norm1.load_state_dict(theirs.norm1.state_dict())
+        ours.norm2.load_state_dict(theirs.norm2.state_dict())
+    x = torch.randn(2, 7, 32)
+    pad = torch.tensor([[False] * 7, [False] * 5 + [True] * 2])  # torch: True = padding
+    want = theirs(x, src_key_padding_mask=pad)
+    got = ours(x, mh.masks.key_padding(~pad))
+    keep = ~pad
+    torch.testing.assert_close(got[keep], want[keep], atol=1e-5, rtol=1e-5)
+
+
+def test_small_models_run_forward_and_backward_and_checkpointing_keeps_gradients():
+    torch.manual_seed(0)
+    config = ModelConfig("decoder", 2, 4, 32, 64, vocab=50, max_len=16, norm_first=True, dropout=0.0)
+    lm = DecoderLM(config)
+    ids = torch.randint(0, 50, (2, 9))
+    logits = lm(ids)
+    assert logits.shape == (2, 9, 50)
+    torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:]).backward()
+    plain = {n: p.grad.clone() for n, p in lm.named_parameters()}
+    lm.zero_grad()
+    for block in lm.layers:
+        block.checkpoint = True
+    lm.train()
+    torch.nn.functional.cross_entropy(lm(ids)[:, :-1].transpose(1, 2), ids[:, 1:]).backward()
+    for n, p in lm.named_parameters():
+        torch.testing.assert_close(p.grad, plain[n], atol=1e-6, rtol=1e-5, msg=n)
+    # causal: a later token does not change earlier logits
+    changed = ids.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % 50
+    lm.eval()
+    torch.testing.assert_close(lm(changed)[:, :-1], lm(ids)[:, :-1])
+    ed = EncoderDecoder(ModelConfig("encoder-decoder", 2, 4, 32, 64, vocab=50, positions="sinusoidal", dropout=0.0))
+    assert ed(torch.randint(0, 50, (2, 6)), ids).shape == (2, 9, 50)
+    with pytest.raises(ValueError, match="at most 16"):
+        lm(torch.randint(0, 50, (1, 17)))
+
+
+def test_cli_presets_prints_the_table():
+    done = subprocess.run([sys.executable, "-m", "multihead.cli", "presets", "--length", "512"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "| gpt3-175b | 96 | 96 | 12288 | 128 | 174.60B | 175.00B |" in done.stdout
+    assert "| bert-base | 12 | 12 | 768 | 64 | 109.5M | 110.0M |" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "multihead.cli", "presets", "--length", "0"], capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2 and "--length must be a positive integer" in bad.stderr
+    assert "Traceback" not in bad.stderr
