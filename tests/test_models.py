@@ -92,3 +92,27 @@ def test_cli_presets_prints_the_table():
                          text=True, timeout=300)
     assert bad.returncode == 2 and "--length must be a positive integer" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.slow
+def test_minilm_weights_in_our_encoder_give_the_same_hidden_states():
+    import multihead as mh
+    from multihead.models import encoder_from_bert
+
+    hf = mh.hf.load("minilm")
+    ours = encoder_from_bert(hf.model).eval()
+    batch = hf.tokenizer(["The animal didn't cross the street because it was too tired.", "Heads specialise."],
+                         padding=True, return_tensors="pt")
+    with torch.no_grad():
+        want = hf.model(**batch).last_hidden_state
+        got = ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    keep = batch["attention_mask"].bool()
+    torch.testing.assert_close(got[keep], want[keep], atol=1e-5, rtol=1e-4)
+    assert count_parameters(ours) == sum(p.numel() for p in hf.model.parameters())
+    # and the analysis sees our encoder's heads like the original's
+    ours_model = mh.hf.HFModel(ours, hf.tokenizer, "minilm-ours", hf.path, False, 6, 12, 12, 512)
+    texts = ["The animal didn't cross the street because it was too tired.", "Heads specialise."]
+    a = mh.analyze(ours_model, texts, coreference=False, redundancy=False)
+    b = mh.analyze(hf, texts, coreference=False, redundancy=False)
+    for x, y in zip(a.heads, b.heads, strict=True):
+        assert x.label == y.label and x.metrics["entropy"] == pytest.approx(y.metrics["entropy"], abs=1e-4)
