@@ -73,6 +73,10 @@ def _parser() -> argparse.ArgumentParser:
     vw.add_argument("--force", action="store_true", help="replace an existing file")
     vw.set_defaults(run=_run_view)
 
+    tr = sub.add_parser("train", help="train a model from a TOML config (resumable; torchrun for several processes)")
+    tr.add_argument("config", help="the run's TOML file (see docs/training.md)")
+    tr.set_defaults(run=_run_train)
+
     ps = sub.add_parser("presets", help="the model table: layers, heads, d_model, d_k, parameters, attention FLOPs")
     ps.add_argument("--length", type=int, default=2048, help="context length for the FLOPs column (default 2048)")
     ps.set_defaults(run=_run_presets)
@@ -190,6 +194,13 @@ def _run_analyze(args: argparse.Namespace) -> int:
             print(f"  {len(groups)} clusters (JS <= {red['cluster_threshold']}), largest first: {shown}")
     _print_probes(report)
     print(f"\nwrote {out / 'report.json'}, {out / 'report.csv'} and {out / 'report.html'}")
+    return 0
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from .train import load_config, train
+
+    train(load_config(args.config))
     return 0
 
 

