@@ -116,3 +116,30 @@ def test_minilm_weights_in_our_encoder_give_the_same_hidden_states():
     b = mh.analyze(hf, texts, coreference=False, redundancy=False)
     for x, y in zip(a.heads, b.heads, strict=True):
         assert x.label == y.label and x.metrics["entropy"] == pytest.approx(y.metrics["entropy"], abs=1e-4)
+
+
+def test_vision_transformer_learns_digits():
+    from multihead.models.examples import VisionTransformer, train_vit_digits
+
+    vit = VisionTransformer()
+    img = torch.arange(64.0).view(1, 8, 8)
+    patches = vit.patches(img)
+    assert patches.shape == (1, 16, 4) and patches[0, 1].tolist() == [2.0, 3.0, 10.0, 11.0]
+    result = train_vit_digits(epochs=12)
+    assert result["test_accuracy"] > 0.85, result  # chance is 0.10
+
+
+def test_graph_transformer_separates_the_karate_club_from_two_labels():
+    from multihead.models.examples import train_graph_karate
+
+    result = train_graph_karate()
+    assert result["accuracy"] > 0.75, result  # 32 unlabelled members; chance 0.5
+
+
+def test_sequential_recommender_beats_most_popular():
+    from multihead.models.examples import behaviour_log, train_recommender
+
+    log = behaviour_log(users=4, length=6)
+    assert log.shape == (4, 6) and int(log.max()) < 60
+    result = train_recommender()
+    assert result["hit_rate_at_10"] > 0.7 and result["hit_rate_at_10"] > result["popular_baseline"] + 0.3, result
