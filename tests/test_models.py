@@ -143,3 +143,23 @@ def test_sequential_recommender_beats_most_popular():
     assert log.shape == (4, 6) and int(log.max()) < 60
     result = train_recommender()
     assert result["hit_rate_at_10"] > 0.7 and result["hit_rate_at_10"] > result["popular_baseline"] + 0.3, result
+
+
+def test_kv_cache_generation_equals_recomputing_the_whole_sequence():
+    torch.manual_seed(0)
+    lm = DecoderLM(ModelConfig("decoder", 2, 4, 32, 64, vocab=40, max_len=32, norm_first=True, dropout=0.0)).eval()
+    prompt = torch.randint(0, 40, (3, 5))
+    with_cache = lm.generate(prompt, 10)
+    without = lm.generate(prompt, 10, use_cache=False)
+    assert with_cache.shape == (3, 15) and torch.equal(with_cache, without)
+    from multihead.attention import KVCache
+
+    cache = [KVCache() for _ in lm.layers]
+    with torch.no_grad():
+        lm(with_cache[:, :14], cache=cache)
+        step = lm(with_cache[:, 14:15], cache=cache)[:, -1]
+        full = lm(with_cache)[:, -1]
+    torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+    assert len(cache[0]) == 15
+    with pytest.raises(ValueError, match="KV cache is for self-attention"):
+        lm.layers[0].attn(torch.randn(1, 2, 32), torch.randn(1, 3, 32), cache=KVCache())

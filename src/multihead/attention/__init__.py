@@ -2,13 +2,14 @@
 
 from . import masks
 from .kernels import BACKENDS, BackendChoice, attention, explain_backend
-from .layer import MultiHeadAttention
+from .layer import KVCache, MultiHeadAttention
 from .memory import AttentionMemoryError, MemoryEstimate, estimate_memory
 
 __all__ = [
     "BACKENDS",
     "AttentionMemoryError",
     "BackendChoice",
+    "KVCache",
     "MemoryEstimate",
     "MultiHeadAttention",
     "attention",

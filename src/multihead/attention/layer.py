@@ -23,6 +23,22 @@ from .masks import Mask
 __all__ = ["MultiHeadAttention"]
 
 
+class KVCache:
+    """Keys and values of the tokens seen so far, for one layer: (B, Hkv, S, Dk) each."""
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else int(self.k.shape[2])
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, batch-first.
 
@@ -101,6 +117,7 @@ class MultiHeadAttention(nn.Module):
         mask: Mask | Tensor | None = None,
         need_weights: bool = False,
         average_weights: bool = False,
+        cache: KVCache | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``x`` (B, T, D) to ``context``.
 
@@ -113,6 +130,9 @@ class MultiHeadAttention(nn.Module):
                 True = may attend (float tensors are additive biases).
             need_weights: also return the attention weights.
             average_weights: return weights averaged over heads, (B, T, S).
+            cache: a :class:`KVCache` for incremental decoding (self-attention only): this
+                call's keys and values are appended to it and the queries attend to all of
+                them (a causal mask is bottom-right aligned, so it still means "no future").
 
         Returns:
             out (B, T, D), or ``(out, weights)`` with weights (B, H, T, S) per head (before
@@ -142,6 +162,10 @@ class MultiHeadAttention(nn.Module):
             q = _heads(self.q_proj(x), H)  # (B, H, T, Dk)
             k = _heads(self.k_proj(key_in), Hkv)  # (B, Hkv, S, Dk)
             v = _heads(self.v_proj(value_in), Hkv)  # (B, Hkv, S, Dv)
+        if cache is not None:
+            if context is not None:
+                raise ValueError("a KV cache is for self-attention: pass context=None")
+            k, v = cache.append(k, v)  # (B, Hkv, S_past + T, Dk)
         dropout_p = self.dropout if self.training else 0.0
 
         observed = bool(self._observers) and context is None  # an AttentionCapture is watching

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from ..attention.layer import MultiHeadAttention
+from ..attention.layer import KVCache, MultiHeadAttention
 from ..attention.masks import Mask, causal
 
 __all__ = ["DecoderBlock", "EncoderBlock", "FeedForward", "sinusoidal_positions"]
@@ -107,9 +107,9 @@ class DecoderBlock(_Block):
         self.dropout = nn.Dropout(dropout)
 
     def _forward(self, x: Tensor, memory: Tensor | None = None, self_mask: Mask | Tensor | None = None,
-                 memory_mask: Mask | Tensor | None = None) -> Tensor:
+                 memory_mask: Mask | Tensor | None = None, cache: KVCache | None = None) -> Tensor:
         mask = self_mask if self_mask is not None else causal()
-        x = self._sublayer(x, self.norm1, lambda h: self.attn(h, mask=mask), self.dropout)
+        x = self._sublayer(x, self.norm1, lambda h: self.attn(h, mask=mask, cache=cache), self.dropout)
         if self.cross is not None:
             if memory is None:
                 raise ValueError("this decoder block has cross-attention: pass the encoder's memory (B, S, D)")

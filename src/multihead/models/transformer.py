@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..attention.layer import KVCache
 from ..attention.masks import causal, key_padding
 from .blocks import DecoderBlock, EncoderBlock, sinusoidal_positions
 
@@ -48,15 +49,16 @@ class _Embeddings(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
         self.dim, self.max_len = c.dim, c.max_len
 
-    def forward(self, ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+    def forward(self, ids: Tensor, token_type_ids: Tensor | None = None, offset: int = 0) -> Tensor:
         T = ids.shape[1]
-        if T > self.max_len:
-            raise ValueError(f"input has {T} tokens; this model takes at most {self.max_len}")
+        if offset + T > self.max_len:
+            raise ValueError(f"input has {offset + T} tokens; this model takes at most {self.max_len}")
         x = self.tokens(ids)  # (B, T, D)
         if self.positions is not None:
-            x = x + self.positions(torch.arange(T, device=ids.device))
+            x = x + self.positions(torch.arange(offset, offset + T, device=ids.device))
         else:
-            x = x * self.dim**0.5 + sinusoidal_positions(T, self.dim, device=ids.device, dtype=x.dtype)
+            table = sinusoidal_positions(offset + T, self.dim, device=ids.device, dtype=x.dtype)
+            x = x * self.dim**0.5 + table[offset:]
         if self.types is not None:
             x = x + self.types(token_type_ids if token_type_ids is not None else torch.zeros_like(ids))
         if self.norm is not None:
@@ -106,13 +108,30 @@ class DecoderLM(nn.Module):
             for _ in range(config.layers)])
         self.final_norm = nn.LayerNorm(config.dim, eps=config.eps)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        x = self.embeddings(input_ids)  # (B, T, D)
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                cache: list[KVCache] | None = None) -> Tensor:
+        """``cache``: one :class:`KVCache` per layer for incremental decoding (the tokens already
+        in it come before ``input_ids``; ``attention_mask`` then covers all of them)."""
+        offset = len(cache[0]) if cache else 0
+        x = self.embeddings(input_ids, offset=offset)  # (B, T, D)
         pad = _padding(attention_mask)
         mask = causal() if pad is None else causal() & pad
-        for layer in self.layers:
-            x = layer(x, None, mask)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, None, mask, None, cache[i] if cache else None)
         return self.final_norm(x) @ self.embeddings.tokens.weight.T  # (B, T, V)
+
+    @torch.no_grad()
+    def generate(self, input_ids: Tensor, max_new_tokens: int, *, use_cache: bool = True) -> Tensor:
+        """Greedy decoding: (B, T) → (B, T + max_new_tokens). With the KV cache each step feeds
+        one token; without it, the whole sequence again (same tokens, tested)."""
+        cache = [KVCache() for _ in self.layers] if use_cache else None
+        ids, step_input = input_ids, input_ids
+        for _ in range(max_new_tokens):
+            logits = self(step_input, cache=cache) if use_cache else self(ids)
+            nxt = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+            ids = torch.cat([ids, nxt], 1)
+            step_input = nxt
+        return ids
 
 
 class EncoderDecoder(nn.Module):
