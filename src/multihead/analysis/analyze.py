@@ -40,6 +40,26 @@ class CorpusStatistics:
     redundancy: RedundancyStatistics
     syntax: SyntaxStatistics | None = None
 
+    def merge(self, other: CorpusStatistics) -> None:
+        self.heads.merge(other.heads)
+        self.redundancy.merge(other.redundancy)
+        if self.syntax is not None and other.syntax is not None:
+            self.syntax.merge(other.syntax)
+
+
+def _all_ranks(corpus: CorpusStatistics) -> CorpusStatistics:
+    """Every rank's statistics merged, on every rank (torch.distributed must be initialised)."""
+    import torch.distributed as dist
+
+    parts: list[CorpusStatistics | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, corpus)
+    merged = parts[0]
+    assert merged is not None
+    for part in parts[1:]:
+        assert part is not None
+        merged.merge(part)
+    return merged
+
 
 def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
             progress: bool = False, parses: Sequence[Parse] | str | None = None,
@@ -110,10 +130,23 @@ def _redundancy_section(red: RedundancyStatistics, H: int) -> dict:
 def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
                        progress: bool = False, parses: Sequence[Parse] | None = None, redundancy: bool = True
                        ) -> CorpusStatistics:
-    """The running sums behind :func:`analyze` (head metrics mergeable across processes)."""
+    """The running sums behind :func:`analyze`.
+
+    Under ``torch.distributed`` (e.g. ``torchrun``) the corpus is sharded across the ranks — rank
+    r takes texts r, r + world, ... — and every rank returns the merged statistics of all.
+    """
     texts = check_texts(texts)
     if parses is not None:
         parses = parses_for(texts, parses)
+    sharded = torch.distributed.is_available() and torch.distributed.is_initialized() and \
+        torch.distributed.get_world_size() > 1
+    if sharded:  # each rank takes every world-th text; the sums are merged at the end
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        mine = list(range(rank, len(texts), world))
+        texts = [texts[i] for i in mine] or []
+        parses = [parses[i] for i in mine] if parses is not None else None
+        if not texts:
+            raise ValueError(f"{world} processes need at least {world} texts (one each)")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
     tok = model.tokenizer
@@ -168,7 +201,8 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
                 _return_freed_memory()
     finally:
         tok.padding_side = saved_side
-    return CorpusStatistics(stats, similarity, syntax)
+    corpus = CorpusStatistics(stats, similarity, syntax)
+    return _all_ranks(corpus) if sharded else corpus
 
 
 @functools.cache

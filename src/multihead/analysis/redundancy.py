@@ -80,6 +80,15 @@ class RedundancyStatistics:
         self._maps.clear()
         self._contrib.clear()
 
+    def merge(self, other: RedundancyStatistics) -> None:
+        """Add another accumulator's sums (e.g. from another process's shard)."""
+        if (other.L, other.H) != (self.L, self.H):
+            raise ValueError(f"cannot merge statistics of {other.L}x{other.H} and {self.L}x{self.H} heads")
+        self.js_sum += other.js_sum
+        self.cos_sum += other.cos_sum
+        self.js_count += other.js_count
+        self.cos_count += other.cos_count
+
     def js(self) -> Tensor:
         """(N, N) mean JS distance; N = L·H, head n is (n // H, n % H)."""
         return self.js_sum / max(self.js_count, 1)
