@@ -20,3 +20,18 @@ def test_bench_long_workers_measure_our_kernel():
     assert len(times["ours local"]) == len(times["dense SDPA"]) >= 3
     memory = bench_long.memory_worker("ours local", 512, "forward")
     assert memory["peak_bytes"] >= 0 and memory["working_bytes"] >= 0
+
+
+def test_bench_train_models_are_the_same_network():
+    import torch
+
+    import bench_train
+    import multihead as mh
+
+    ours, theirs = bench_train._models()
+    x, valid = bench_train._inputs()
+    with torch.no_grad():
+        want = theirs.eval()(x[:2, :16], src_key_padding_mask=~valid[:2, :16])
+        got = bench_train._ours_forward(ours.eval(), x[:2, :16], mh.masks.key_padding(valid[:2, :16]))
+    keep = valid[:2, :16]
+    torch.testing.assert_close(got[keep], want[keep], atol=1e-4, rtol=1e-4)
