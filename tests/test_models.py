@@ -163,3 +163,22 @@ def test_kv_cache_generation_equals_recomputing_the_whole_sequence():
     assert len(cache[0]) == 15
     with pytest.raises(ValueError, match="KV cache is for self-attention"):
         lm.layers[0].attn(torch.randn(1, 2, 32), torch.randn(1, 3, 32), cache=KVCache())
+
+
+def test_rotary_scores_depend_only_on_relative_position_and_cache_agrees():
+    from multihead.attention.layer import rotate
+
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    scores = rotate(q) @ rotate(k).transpose(-1, -2)
+    shifted = rotate(q, 17) @ rotate(k, 17).transpose(-1, -2)
+    torch.testing.assert_close(scores, shifted, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(scores, q @ k.transpose(-1, -2))
+    torch.testing.assert_close(rotate(q).norm(dim=-1), q.norm(dim=-1))  # a rotation
+    lm = DecoderLM(ModelConfig("decoder", 2, 4, 32, 64, vocab=40, max_len=32, positions="rotary", norm_first=True,
+                               dropout=0.0)).eval()
+    assert lm.embeddings.positions is None and all(block.attn.rotary for block in lm.layers)
+    prompt = torch.randint(0, 40, (2, 4))
+    assert torch.equal(lm.generate(prompt, 8), lm.generate(prompt, 8, use_cache=False))
+    with pytest.raises(ValueError, match="positions must be"):
+        DecoderLM(ModelConfig("decoder", 1, 2, 8, 16, vocab=5, positions="alibi"))

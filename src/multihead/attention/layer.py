@@ -23,6 +23,19 @@ from .masks import Mask
 __all__ = ["MultiHeadAttention"]
 
 
+def rotate(x: Tensor, start: int = 0, base: float = 10000.0) -> Tensor:
+    """Rotary position embedding of x (B, H, T, Dk) for positions start..start+T-1 (pairs of
+    features (i, i + Dk/2) rotated by position · base^(-2i/Dk), the GPT-NeoX/Llama layout)."""
+    T, Dk = x.shape[-2], x.shape[-1]
+    if Dk % 2:
+        raise ValueError(f"rotary embedding needs an even head_dim; got {Dk}")
+    inv = base ** (-torch.arange(0, Dk, 2, device=x.device, dtype=torch.float32) / Dk)  # (Dk/2,)
+    angle = torch.arange(start, start + T, device=x.device, dtype=torch.float32)[:, None] * inv  # (T, Dk/2)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    a, b = x[..., : Dk // 2], x[..., Dk // 2:]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (B, H, T, Dk)
+
+
 class KVCache:
     """Keys and values of the tokens seen so far, for one layer: (B, Hkv, S, Dk) each."""
 
@@ -97,6 +110,9 @@ class MultiHeadAttention(nn.Module):
         # multihead.hf.AttentionCapture; a plain list, so not part of the state dict.
         self._observers: list = []
         self._gate_override = None
+        #: rotary position embedding (Su et al. 2021) of queries and keys in self-attention
+        self.rotary = False
+        self.rotary_base = 10000.0
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -162,6 +178,9 @@ class MultiHeadAttention(nn.Module):
             q = _heads(self.q_proj(x), H)  # (B, H, T, Dk)
             k = _heads(self.k_proj(key_in), Hkv)  # (B, Hkv, S, Dk)
             v = _heads(self.v_proj(value_in), Hkv)  # (B, Hkv, S, Dv)
+        if self.rotary and context is None:  # RoPE: rotate by absolute position, scores see the offset
+            start = len(cache) if cache is not None else 0
+            q, k = rotate(q, start, self.rotary_base), rotate(k, start, self.rotary_base)
         if cache is not None:
             if context is not None:
                 raise ValueError("a KV cache is for self-attention: pass context=None")

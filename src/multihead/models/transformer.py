@@ -25,7 +25,7 @@ class ModelConfig:
     hidden: int
     vocab: int
     max_len: int = 512
-    positions: str = "learned"  # "learned" | "sinusoidal"
+    positions: str = "learned"  # "learned" | "sinusoidal" | "rotary" (in the attention of every block)
     norm_first: bool = False
     activation: str = "gelu"
     token_types: int = 0  # BERT's segment embeddings
@@ -43,6 +43,9 @@ class _Embeddings(nn.Module):
     def __init__(self, c: ModelConfig, norm: bool) -> None:
         super().__init__()
         self.tokens = nn.Embedding(c.vocab, c.dim)
+        if c.positions not in ("learned", "sinusoidal", "rotary"):
+            raise ValueError(f"positions must be 'learned', 'sinusoidal' or 'rotary'; got {c.positions!r}")
+        self.kind = c.positions
         self.positions = nn.Embedding(c.max_len, c.dim) if c.positions == "learned" else None
         self.types = nn.Embedding(c.token_types, c.dim) if c.token_types else None
         self.norm = nn.LayerNorm(c.dim, eps=c.eps) if norm else None
@@ -56,6 +59,8 @@ class _Embeddings(nn.Module):
         x = self.tokens(ids)  # (B, T, D)
         if self.positions is not None:
             x = x + self.positions(torch.arange(offset, offset + T, device=ids.device))
+        elif self.kind == "rotary":
+            pass  # positions enter each block's attention
         else:
             table = sinusoidal_positions(offset + T, self.dim, device=ids.device, dtype=x.dtype)
             x = x * self.dim**0.5 + table[offset:]
@@ -68,6 +73,15 @@ class _Embeddings(nn.Module):
 
 def _padding(attention_mask: Tensor | None):
     return None if attention_mask is None else key_padding(attention_mask)
+
+
+def _use_rotary(model: nn.Module, config: ModelConfig) -> None:
+    if config.positions == "rotary":
+        from ..attention.layer import MultiHeadAttention
+
+        for m in model.modules():
+            if isinstance(m, MultiHeadAttention):
+                m.rotary = True
 
 
 class Encoder(nn.Module):
@@ -83,6 +97,7 @@ class Encoder(nn.Module):
             for _ in range(config.layers)])
         self.final_norm = nn.LayerNorm(config.dim, eps=config.eps) if config.norm_first else None
         self.pooler = nn.Linear(config.dim, config.dim) if config.pooler else None
+        _use_rotary(self, config)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None) -> Tensor:
@@ -107,6 +122,7 @@ class DecoderLM(nn.Module):
                          checkpoint=config.checkpoint)
             for _ in range(config.layers)])
         self.final_norm = nn.LayerNorm(config.dim, eps=config.eps)
+        _use_rotary(self, config)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 cache: list[KVCache] | None = None) -> Tensor:
@@ -148,6 +164,7 @@ class EncoderDecoder(nn.Module):
                                       for _ in range(config.layers)])
         self.decoder = nn.ModuleList([DecoderBlock(config.dim, config.heads, config.hidden, **common)
                                       for _ in range(config.layers)])
+        _use_rotary(self, config)
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         memory = self.embeddings(src)  # (B, S, D)
