@@ -103,3 +103,20 @@ def test_bad_configs_fail_clearly(tmp_path):
     done = subprocess.run([sys.executable, "-m", "multihead.cli", "train", str(tmp_path / "none.toml")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
+
+
+def test_fsdp_two_processes_smoke_test_equals_one_process(tmp_path):
+    pytest.importorskip("torch.distributed.fsdp")
+    subprocess.run([sys.executable, "-m", "multihead.train", str(_config(tmp_path, "one", steps=6, every=6))],
+                   check=True, env=_env(), timeout=300)
+    path = _config(tmp_path, "fsdp", steps=6, every=6)
+    path.write_text(path.read_text() + "fsdp = true\n")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-port", "29521", "-m", "multihead.train", str(path)],
+                          capture_output=True, text=True, env=_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    one, two = _weights(tmp_path, "one"), _weights(tmp_path, "fsdp")
+    assert one.keys() == two.keys()
+    for key in one:
+        if not key.endswith("k_proj.bias"):  # see the DDP test
+            torch.testing.assert_close(two[key], one[key], atol=2e-5, rtol=1e-4)
