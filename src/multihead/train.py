@@ -22,7 +22,9 @@ the batch and the steps::
     [run]
     checkpoint_every = 50
     log_every = 10
-    grad_monitor = false
+    grad_monitor = false  # per-head gradient norms to grads.jsonl
+    tensorboard = false   # also TensorBoard scalars, when TensorBoard is installed
+    fsdp = false          # under torchrun: FSDP2 instead of DDP
 
 Batches are a pure function of (seed, step), so the data position is the step: a run killed at
 any point and resumed from its last checkpoint (``model.safetensors`` + ``state.pt`` with the
@@ -176,6 +178,14 @@ def train(c: TrainConfig) -> DecoderLM:
 
         monitor = GradientMonitor(model, c.out / "grads.jsonl")
     c.out.mkdir(parents=True, exist_ok=True)
+    writer = None
+    if rank == 0 and c.run.get("tensorboard"):
+        try:  # optional: TensorBoard when installed, JSONL always
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            print("multihead train: TensorBoard is not installed; metrics go to metrics.jsonl only", file=sys.stderr)
+        else:
+            writer = SummaryWriter(str(c.out / "tensorboard"))
     log_every, ckpt_every = int(c.run.get("log_every", 10)), int(c.run.get("checkpoint_every", 0))
     model.train()
     for step in range(start, c.steps):
@@ -191,6 +201,9 @@ def train(c: TrainConfig) -> DecoderLM:
         if rank == 0 and (step % log_every == 0 or step == c.steps - 1):
             with (c.out / "metrics.jsonl").open("a", encoding="utf-8") as f:
                 f.write(json.dumps({"step": step, "loss": round(loss.item(), 6), "lr": sched.get_last_lr()[0]}) + "\n")
+            if writer is not None:
+                writer.add_scalar("loss", loss.item(), step)
+                writer.add_scalar("lr", sched.get_last_lr()[0], step)
         if ckpt_every and ((step + 1) % ckpt_every == 0 or step + 1 == c.steps):
             if fsdp:  # every rank takes part in gathering the full weights; rank 0 writes them
                 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -200,6 +213,8 @@ def train(c: TrainConfig) -> DecoderLM:
                     _save_weights(full, c.out / "checkpoint", step + 1)
             elif rank == 0:
                 _save(model, opt, sched, step + 1, c.out / "checkpoint")
+    if writer is not None:
+        writer.close()
     if distributed:
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
