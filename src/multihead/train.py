@@ -188,7 +188,14 @@ def train(c: TrainConfig) -> DecoderLM:
             writer = SummaryWriter(str(c.out / "tensorboard"))
     log_every, ckpt_every = int(c.run.get("log_every", 10)), int(c.run.get("checkpoint_every", 0))
     model.train()
-    for step in range(start, c.steps):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        def tqdm(x, **_):  # type: ignore[no-redef]
+            return x
+    progress = tqdm(range(start, c.steps), desc="train", unit="step", initial=start, total=c.steps,
+                    disable=rank != 0 or not sys.stderr.isatty())
+    for step in progress:
         batch = data.batch(step, B)[rank * (B // world):(rank + 1) * (B // world)]  # this rank's slice
         logits = net(batch[:, :-1])  # (b, T, V)
         loss = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:])
