@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="multihead", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="multihead", description="Multi-head attention you can trust and run "
+                                     "long, and a clear view into every head of a real model.")
     from . import __version__
 
     parser.add_argument("--version", action="version", version=f"multihead {__version__}")
