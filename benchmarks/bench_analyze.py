@@ -55,7 +55,7 @@ def _numpy_metrics(maps: list[np.ndarray], ids: list[int], tok, sums: np.ndarray
         ]
         for m, v in enumerate(values):
             sums[m, layer] += v.sum(-1)
-        sums[12, layer] += p.sum(1).max(-1) / T * T  # vertical, weighted by tokens
+        sums[12, layer] += p.sum(1).max(-1)  # vertical (column share = max / T), weighted by T tokens
 
 
 def peer_batch1_numpy(texts: list[str]) -> float:

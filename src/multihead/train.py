@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 import tomllib
 from dataclasses import dataclass, field
@@ -140,14 +141,25 @@ def train(c: TrainConfig) -> DecoderLM:
                          int(c.model["hidden"]), vocab=data.vocab, max_len=int(c.data["seq_len"]), norm_first=True,
                          dropout=float(c.model.get("dropout", 0.0)), eps=1e-5)
     model = DecoderLM(config)
+    ckpt = c.out / "checkpoint"
+    if not (ckpt / "state.pt").is_file() and (c.out / "checkpoint.old" / "state.pt").is_file():
+        ckpt = c.out / "checkpoint.old"  # killed between the two renames of _save
+    resuming = (ckpt / "state.pt").is_file()
+    fsdp = bool(c.run.get("fsdp")) and distributed
+    if fsdp:  # shard every block's and the rest's parameters, gradients and optimiser state across ranks
+        if resuming:
+            raise ValueError("resuming an FSDP run is not supported yet; start it in a new folder")
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.layers:
+            fully_shard(block)
+        fully_shard(model)
+    # Built after sharding, so under FSDP the optimiser holds the sharded parameters.
     opt = torch.optim.AdamW(model.parameters(), lr=float(c.optim["lr"]),
                             weight_decay=float(c.optim.get("weight_decay", 0.0)))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr(s, c))
     start = 0
-    ckpt = c.out / "checkpoint"
-    if not (ckpt / "state.pt").is_file() and (c.out / "checkpoint.old" / "state.pt").is_file():
-        ckpt = c.out / "checkpoint.old"  # killed between the two renames of _save
-    if (ckpt / "state.pt").is_file():
+    if resuming:
         from safetensors.torch import load_file
 
         model.load_state_dict(load_file(str(ckpt / "model.safetensors")))
@@ -156,18 +168,6 @@ def train(c: TrainConfig) -> DecoderLM:
         sched.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
         start = int(state["step"])
-    fsdp = bool(c.run.get("fsdp")) and distributed
-    if fsdp:  # shard every block's and the rest's parameters, gradients and optimiser state across ranks
-        from torch.distributed.fsdp import fully_shard
-
-        for block in model.layers:
-            fully_shard(block)
-        fully_shard(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=float(c.optim["lr"]),
-                                weight_decay=float(c.optim.get("weight_decay", 0.0)))
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr(s, c))
-        if start:
-            raise ValueError("resuming an FSDP run is not supported yet; start it in a new folder")
     net = torch.nn.parallel.DistributedDataParallel(model) if distributed and not fsdp else model
     B = int(c.data["batch_size"])
     if B % world:
@@ -242,9 +242,7 @@ def _save(model, opt, sched, step: int, folder: Path) -> None:
         folder.rename(old)
     tmp.rename(folder)
     if old.exists():
-        for p in old.iterdir():
-            p.unlink()
-        old.rmdir()
+        shutil.rmtree(old)
 
 
 def _save_weights(state: dict, folder: Path, step: int) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..hf.capture import AttentionCapture
-from ..hf.load import HFModel
+from ..hf.load import HFModel, right_padding
 from .coreference import CoreferenceExample, coreference_scores
 from .induction import induction_scores
 from .metrics import HeadStatistics, TokenInfo
@@ -82,7 +82,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     corpus = collect_statistics(model, texts, batch_size=batch_size, truncate=truncate, progress=progress,
                                 parses=parses, redundancy=redundancy)
     stats = corpus.heads
-    means = {name: value for name, value in stats.means().items()}
+    means = dict(stats.means())
     sections: dict[str, dict] = {}
     if induction and model.is_causal:
         means.update(induction_scores(model, count=INDUCTION_PROBE["count"], length=INDUCTION_PROBE["length"],
@@ -180,27 +180,22 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
         if syntax is not None:
             syntax.update(layer, weights)
 
-    body = getattr(model.model, "base_model", model.model)
-    saved_side = tok.padding_side
-    tok.padding_side = "right"  # positions must not shift with padding (decoders count them from 0)
-    try:
-        capture = AttentionCapture(model.model, on_layer)
-        with capture, torch.inference_mode():
-            for batch_ids in tqdm(batches, desc="analyze", unit="batch", disable=not progress):
-                ids = [encoded[i] for i in batch_ids]
-                batch = tok.pad({"input_ids": ids}, return_tensors="pt")
-                info = _token_info(batch["input_ids"], batch["attention_mask"].bool(), special, tok, punct_cache)
-                info_box[:] = [info]
-                stats.add_batch(info)
-                if syntax is not None:
-                    syntax.add_batch([parses[i] for i in batch_ids],
-                                     [[tuple(o) for o in encoding["offset_mapping"][i]] for i in batch_ids])
-                # The base model: attention is all we read, so a language-model head is skipped.
-                body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-                similarity.end_batch()
-                _return_freed_memory()
-    finally:
-        tok.padding_side = saved_side
+    capture = AttentionCapture(model.model, on_layer)
+    # Right padding: positions must not shift with padding (decoders count them from 0).
+    with right_padding(tok), capture, torch.inference_mode():
+        for batch_ids in tqdm(batches, desc="analyze", unit="batch", disable=not progress):
+            ids = [encoded[i] for i in batch_ids]
+            batch = tok.pad({"input_ids": ids}, return_tensors="pt")
+            info = _token_info(batch["input_ids"], batch["attention_mask"].bool(), special, tok, punct_cache)
+            info_box[:] = [info]
+            stats.add_batch(info)
+            if syntax is not None:
+                syntax.add_batch([parses[i] for i in batch_ids],
+                                 [[tuple(o) for o in encoding["offset_mapping"][i]] for i in batch_ids])
+            # The base model: attention is all we read, so a language-model head is skipped.
+            model.body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            similarity.end_batch()
+            _return_freed_memory()
     corpus = CorpusStatistics(stats, similarity, syntax)
     return _all_ranks(corpus) if sharded else corpus
 

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from ..hf.capture import AttentionCapture
-from ..hf.load import HFModel
+from ..hf.load import HFModel, right_padding
 
 __all__ = ["DEFAULT_EXAMPLES", "CoreferenceExample", "CoreferenceScores", "coreference_scores", "load_examples"]
 
@@ -136,33 +136,27 @@ def coreference_scores(model: HFModel, examples: Sequence[CoreferenceExample] | 
         correct[layer] += (picked == answer).sum(0).to(torch.float64).cpu()
         mass[layer] += cand.gather(-1, answer[..., None].expand(-1, cand.shape[1], 1))[..., 0].sum(0).cpu()
 
-    saved_side = tok.padding_side
-    tok.padding_side = "right"
-    body = getattr(model.model, "base_model", model.model)
-    try:
-        with AttentionCapture(model.model, on_layer), torch.inference_mode():
-            for start in range(0, len(examples), batch_size):
-                chunk = examples[start:start + batch_size]
-                enc = tok([e.text for e in chunk], return_offsets_mapping=True, padding=True, return_tensors="pt")
-                T = enc["input_ids"].shape[1]
-                C = max(len(e.candidates) for e in chunk)
-                pronoun = torch.zeros(len(chunk), T, dtype=torch.float64)
-                candidates = torch.zeros(len(chunk), C, T, dtype=torch.float64)
-                real = torch.zeros(len(chunk), C, dtype=torch.bool)
-                for b, e in enumerate(chunk):
-                    offsets = [tuple(o) for o in enc["offset_mapping"][b].tolist()]
-                    (p_mask,) = _token_masks(offsets, [e.pronoun])
-                    if not any(p_mask):
-                        raise ValueError(f"the pronoun of {e.text!r} maps to no token")
-                    pronoun[b] = torch.tensor(p_mask, dtype=torch.float64) / sum(p_mask)
-                    for c, c_mask in enumerate(_token_masks(offsets, e.candidates)):
-                        candidates[b, c] = torch.tensor(c_mask, dtype=torch.float64)
-                        real[b, c] = True
-                state.update(pronoun=pronoun, candidates=candidates, real=real,
-                             answer=torch.tensor([e.antecedent for e in chunk]))
-                body(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
-    finally:
-        tok.padding_side = saved_side
+    with right_padding(tok), AttentionCapture(model.model, on_layer), torch.inference_mode():
+        for start in range(0, len(examples), batch_size):
+            chunk = examples[start:start + batch_size]
+            enc = tok([e.text for e in chunk], return_offsets_mapping=True, padding=True, return_tensors="pt")
+            T = enc["input_ids"].shape[1]
+            C = max(len(e.candidates) for e in chunk)
+            pronoun = torch.zeros(len(chunk), T, dtype=torch.float64)
+            candidates = torch.zeros(len(chunk), C, T, dtype=torch.float64)
+            real = torch.zeros(len(chunk), C, dtype=torch.bool)
+            for b, e in enumerate(chunk):
+                offsets = [tuple(o) for o in enc["offset_mapping"][b].tolist()]
+                (p_mask,) = _token_masks(offsets, [e.pronoun])
+                if not any(p_mask):
+                    raise ValueError(f"the pronoun of {e.text!r} maps to no token")
+                pronoun[b] = torch.tensor(p_mask, dtype=torch.float64) / sum(p_mask)
+                for c, c_mask in enumerate(_token_masks(offsets, e.candidates)):
+                    candidates[b, c] = torch.tensor(c_mask, dtype=torch.float64)
+                    real[b, c] = True
+            state.update(pronoun=pronoun, candidates=candidates, real=real,
+                         answer=torch.tensor([e.antecedent for e in chunk]))
+            model.body(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
     n = len(examples)
     baseline = sum(e.nearest() == e.antecedent for e in examples) / n
     return CoreferenceScores(correct / n, mass / n, baseline, n)

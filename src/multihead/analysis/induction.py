@@ -59,10 +59,9 @@ def induction_scores(model: HFModel, *, count: int = 32, length: int = 40, seed:
         sums["duplicate_token"][layer] += dup.sum(dim=(0, 2, 3)).cpu()
         sums["induction"][layer] += ind.sum(dim=(0, 2, 3)).cpu()
 
-    body = getattr(model.model, "base_model", model.model)
     with AttentionCapture(model.model, on_layer), torch.inference_mode():
         for start in range(0, count, batch_size):
             batch = ids[start:start + batch_size]
-            body(input_ids=batch, attention_mask=torch.ones_like(batch))
+            model.body(input_ids=batch, attention_mask=torch.ones_like(batch))
             n += batch.shape[0] * len(queries)
     return {key: value / n for key, value in sums.items()}

@@ -46,7 +46,7 @@ class RedundancyStatistics:
         #: sample of the batch's query rows is used (only models with hundreds of heads reach it).
         self.js_budget = JS_BUDGET
         self._maps: dict[int, Tensor] = {}
-        self._contrib: dict[int, Tensor] = {}
+        self._contrib: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> (head outputs, W^O)
 
     def add_layer(self, layer: int, weights: Tensor, head_outputs: Tensor, w_o: Tensor | None, valid: Tensor
                   ) -> None:

@@ -36,6 +36,12 @@ def rotate(x: Tensor, start: int = 0, base: float = 10000.0) -> Tensor:
     return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (B, H, T, Dk)
 
 
+def scale_heads(out: Tensor, gates: Tensor) -> Tensor:
+    """Head outputs (B, H, T, Dv) times per-head gates (H,) or per-example gates (B, H)."""
+    g = gates[:, None, None] if gates.dim() == 1 else gates[:, :, None, None]
+    return out * g.to(out.dtype)  # (B, H, T, Dv)
+
+
 class KVCache:
     """Keys and values of the tokens seen so far, for one layer: (B, Hkv, S, Dk) each."""
 
@@ -203,8 +209,7 @@ class MultiHeadAttention(nn.Module):
             for observe in self._observers:
                 observe(self, weights, out, mask)
         if self._gate_override is not None:  # multihead.hf.HeadGates: (H,) or per example (B, H)
-            g = self._gate_override()
-            out = out * (g[:, None, None] if g.dim() == 1 else g[:, :, None, None]).to(out.dtype)  # (B, H, T, Dv)
+            out = scale_heads(out, self._gate_override())
         out = out.transpose(1, 2).reshape(B, T, H * Dk)  # (B, T, H·Dv)
         # ξ_h scales head h's columns of W^O: the same as scaling the head's output, cheaper.
         w_o = self.out_proj.weight * self.head_gates.repeat_interleave(Dk)  # (D, H·Dv)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..hf.load import HFModel
+from ..hf.load import HFModel, right_padding
 
 __all__ = ["LanguageModelTask", "SentimentTask", "Task"]
 
@@ -50,9 +50,7 @@ class Task:
 def _encode(tok, texts: list[str], batch_size: int, extra: dict[str, list] | None = None
             ) -> Iterator[dict[str, Tensor]]:
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # little padding
-    saved = tok.padding_side
-    tok.padding_side = "right"
-    try:
+    with right_padding(tok):
         for s in range(0, len(order), batch_size):
             idx = order[s:s + batch_size]
             batch = dict(tok([texts[i] for i in idx], padding=True, truncation=True, max_length=256,
@@ -60,8 +58,6 @@ def _encode(tok, texts: list[str], batch_size: int, extra: dict[str, list] | Non
             for key, values in (extra or {}).items():
                 batch[key] = torch.tensor([values[i] for i in idx])
             yield batch
-    finally:
-        tok.padding_side = saved
 
 
 def _mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:

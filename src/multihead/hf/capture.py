@@ -18,8 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import attention
-from ..attention.layer import MultiHeadAttention
-from ..attention.masks import as_mask, causal, from_tensor
+from ..attention.layer import MultiHeadAttention, scale_heads
+from ..attention.masks import Mask, as_mask, causal, from_tensor
 
 __all__ = ["IMPLEMENTATION", "AttentionCapture", "LayerCallback"]
 
@@ -75,14 +75,10 @@ class AttentionCapture:
     def _observer(self, index: int):
         def observe(layer: MultiHeadAttention, weights: Tensor, out: Tensor, mask: object) -> None:
             T, S = weights.shape[-2:]
-            if mask is None:
-                visible = torch.ones(1, 1, T, S, dtype=torch.bool, device=weights.device)
-            else:
-                try:
-                    visible = as_mask(mask).materialize(T, S, device=weights.device)
-                except (TypeError, ValueError):  # data-dependent (top-k): every key was a candidate
-                    visible = torch.ones(1, 1, T, S, dtype=torch.bool, device=weights.device)
-                visible = visible if visible.dim() == 4 else visible.view(1, 1, T, S)
+            try:
+                visible = _visible(as_mask(mask), T, S, weights.device)
+            except (TypeError, ValueError):  # data-dependent (top-k): every key was a candidate
+                visible = _visible(None, T, S, weights.device)
             self.callback(index, weights, out, visible)
 
         observe.capture = self  # type: ignore[attr-defined]
@@ -117,9 +113,7 @@ def _capture_attention(module: nn.Module, query: Tensor, key: Tensor, value: Ten
     uniform = getattr(module, UNIFORM_ATTRIBUTE, None)
     heads = uniform() if uniform is not None else ()
     if heads:  # Kovaleva et al.'s ablation: these heads attend uniformly to the keys they may see
-        visible = mask.materialize(T, S, device=query.device) if mask is not None else \
-            torch.ones(1, 1, T, S, dtype=torch.bool, device=query.device)
-        visible = (visible if visible.dim() == 4 else visible.view(1, 1, T, S)).to(value.dtype)
+        visible = _visible(mask, T, S, query.device).to(value.dtype)
         flat = visible / visible.sum(-1, keepdim=True).clamp_min(1)  # (B|1, 1, T, S)
         group = query.shape[1] // value.shape[1]
         out = out.clone()
@@ -127,17 +121,21 @@ def _capture_attention(module: nn.Module, query: Tensor, key: Tensor, value: Ten
             out[:, h] = flat[:, 0] @ value[:, h // group]  # (B, T, Dv)
     gate = getattr(module, GATE_ATTRIBUTE, None)
     if gate is not None:
-        g = gate()  # (H,) or (B, H)
-        out = out * (g[:, None, None] if g.dim() == 1 else g[:, :, None, None]).to(out.dtype)  # (B, H, T, Dv)
+        out = scale_heads(out, gate())
     if watched:
         layer = getattr(module, "layer_idx", None)
         if layer is None:
             raise ValueError(f"{type(module).__name__} has no layer_idx; cannot tell which layer it is")
-        visible = mask.materialize(T, S, device=query.device) if mask is not None else \
-            torch.ones(1, 1, T, S, dtype=torch.bool, device=query.device)
-        visible = visible if visible.dim() == 4 else visible.view(1, 1, T, S)
-        _ACTIVE[-1].callback(int(layer), weights, out, visible)
+        _ACTIVE[-1].callback(int(layer), weights, out, _visible(mask, T, S, query.device))
     return out.transpose(1, 2).contiguous(), weights  # (B, T, H, Dv) as transformers expects
+
+
+def _visible(mask: Mask | None, T: int, S: int, device: torch.device) -> Tensor:
+    """Which keys each query may see, (B|1, 1|H, T, S) bool (all of them without a mask)."""
+    if mask is None:
+        return torch.ones(1, 1, T, S, dtype=torch.bool, device=device)
+    visible = mask.materialize(T, S, device=device)
+    return visible if visible.dim() == 4 else visible.view(1, 1, T, S)
 
 
 def _is_cross_attention(module: nn.Module) -> bool:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ from torch import nn
 
 from .paths import KNOWN_MODELS, model_path
 
-__all__ = ["HFModel", "load"]
+__all__ = ["HFModel", "load", "right_padding"]
 
 
 @dataclass
@@ -27,6 +29,22 @@ class HFModel:
     num_heads: int
     num_kv_heads: int
     max_positions: int | None
+
+    @property
+    def body(self) -> nn.Module:
+        """The base model (``model.base_model``): what reading attention needs, without an LM head."""
+        return getattr(self.model, "base_model", self.model)
+
+
+@contextmanager
+def right_padding(tokenizer: Any) -> Iterator[Any]:
+    """Pad on the right while inside (positions then do not shift with padding); restore after."""
+    saved = tokenizer.padding_side
+    tokenizer.padding_side = "right"
+    try:
+        yield tokenizer
+    finally:
+        tokenizer.padding_side = saved
 
 
 def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:

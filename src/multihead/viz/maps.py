@@ -24,7 +24,6 @@ def attention_maps(model: HFModel, text: str, *, max_tokens: int | None = None) 
     def keep(layer: int, weights: Tensor, out: Tensor, visible: Tensor) -> None:
         maps[layer] = weights[0].detach().float().cpu()  # (H, T, T)
 
-    body = getattr(model.model, "base_model", model.model)
     with AttentionCapture(model.model, keep), torch.inference_mode():
-        body(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
+        model.body(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
     return [t.replace("Ġ", " ").replace("▁", " ") for t in tokens], torch.stack([maps[k] for k in sorted(maps)])
