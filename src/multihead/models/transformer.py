@@ -122,6 +122,11 @@ class DecoderLM(nn.Module):
                          checkpoint=config.checkpoint)
             for _ in range(config.layers)])
         self.final_norm = nn.LayerNorm(config.dim, eps=config.eps)
+        # GPT-2's initialisation of the (tied) embeddings: with PyTorch's N(0, 1) the first logits
+        # have a standard deviation of sqrt(d_model) and training starts far from uniform.
+        nn.init.normal_(self.embeddings.tokens.weight, std=0.02)
+        if self.embeddings.positions is not None:
+            nn.init.normal_(self.embeddings.positions.weight, std=0.02)
         _use_rotary(self, config)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
