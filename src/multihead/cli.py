@@ -100,7 +100,43 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--save-model", action="store_true",
                     help="also save the model physically pruned at the reported fraction (safetensors)")
     pr.set_defaults(run=_run_prune)
+
+    from .experiments import EXPERIMENTS, TASKS
+
+    ex = sub.add_parser("experiment", help="run an experiment that tests a claim about heads (JSON, Markdown, PNG)")
+    ex.add_argument("name", choices=(*EXPERIMENTS, "all"), help="which experiment (all: every one, in order)")
+    ex.add_argument("--quick", action="store_true", help="the small setting (< 2 minutes): checks the pipeline")
+    ex.add_argument("--out", default="multihead-experiments",
+                    help="output folder; each experiment writes OUT/NAME, trained runs are cached in OUT/runs")
+    ex.add_argument("--tasks", nargs="+", choices=TASKS, help="tasks of the head-count sweep (default: "
+                    "lm-hamlet multi-relation sentiment)")
+    ex.add_argument("--seeds", type=int, help="seeds per point (default 3; 2 with --quick)")
+    ex.add_argument("--heads", type=int, nargs="+", help="head counts of the sweep (default 1 2 4 8 16 32)")
+    ex.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu or cuda[:N]")
+    ex.add_argument("--force", action="store_true", help="write into a non-empty folder that is not an earlier run")
+    ex.set_defaults(run=_run_experiment)
     return parser
+
+
+def _run_experiment(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .experiments import EXPERIMENTS, run_experiment, setting_for
+    from .experiments.common import SCHEMA, pick_device
+
+    setting = setting_for(args.quick, tasks=args.tasks, seeds=args.seeds, heads=args.heads)
+    pick_device(args.device)  # a bad device fails before any training
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder")
+    names = EXPERIMENTS if args.name == "all" else (args.name,)
+    for name in names:
+        _check_output_folder(out / name, SCHEMA, args.force, name="result.json")
+    for name in names:
+        folder = run_experiment(name, out, setting=setting, device=args.device)
+        print((folder / "result.md").read_text(encoding="utf-8"))
+        print(f"wrote {folder}/result.json, result.md and plots")
+    return 0
 
 
 def _run_demo(args: argparse.Namespace) -> int:

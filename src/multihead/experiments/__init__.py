@@ -1,0 +1,73 @@
+"""Experiments that test claims about heads: ``multihead experiment NAME [--quick]``.
+
+| name | question |
+|---|---|
+| ``heads`` | how does the number of heads (at fixed d_model) change the result? |
+| ``one-vs-many`` | one head of d_model against h heads of d_model / h; how alike do heads become? |
+| ``induction`` | do induction heads form, and when (2-layer attention-only model; 1 layer as control)? |
+| ``specialise`` | when do local / previous / broad heads appear while an encoder trains? |
+| ``prune-trained`` | how many heads of the ``heads`` models can be pruned? |
+
+Each writes ``OUT/NAME/result.json``, ``result.md`` and PNG plots; trained sweep models are
+cached in ``OUT/runs`` and reused by later experiments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from .common import SETTINGS, Setting
+from .tasks import TASKS
+
+__all__ = ["EXPERIMENTS", "SETTINGS", "TASKS", "Setting", "run_experiment", "setting_for"]
+
+EXPERIMENTS = ("heads", "one-vs-many", "induction", "specialise", "prune-trained")
+
+
+def setting_for(quick: bool, *, tasks: list[str] | None = None, seeds: int | None = None,
+                heads: list[int] | None = None) -> Setting:
+    """The quick or full setting, with the sweep's tasks, seeds or head counts overridden."""
+    s = SETTINGS["quick" if quick else "full"]
+    if tasks:
+        bad = [t for t in tasks if t not in TASKS]
+        if bad:
+            raise ValueError(f"unknown task {bad[0]!r}: expected one of {', '.join(TASKS)}")
+        s = replace(s, tasks=tuple(tasks))
+    if seeds is not None:
+        if seeds < 1:
+            raise ValueError(f"seeds must be at least 1; got {seeds}")
+        s = replace(s, seeds=seeds)
+    if heads:
+        bad = [h for h in heads if h < 1 or s.dim % h]
+        if bad:
+            raise ValueError(f"h={bad[0]} does not divide d_model={s.dim}: choose a divisor")
+        s = replace(s, heads=tuple(sorted(set(heads))))
+    return s
+
+
+def run_experiment(name: str, out: str | Path, *, setting: Setting | None = None, device: str = "auto") -> Path:
+    """Run one experiment; returns the folder with its result.json, result.md and plots."""
+    out = Path(out)
+    setting = setting or SETTINGS["full"]
+    if name == "heads":
+        from .heads import run_heads
+
+        return run_heads(setting, out, device)
+    if name == "one-vs-many":
+        from .heads import run_one_vs_many
+
+        return run_one_vs_many(setting, out, device)
+    if name == "induction":
+        from .induction import run_induction
+
+        return run_induction(setting, out, device)
+    if name == "specialise":
+        from .specialise import run_specialise
+
+        return run_specialise(setting, out, device)
+    if name == "prune-trained":
+        from .prune import run_prune_trained
+
+        return run_prune_trained(setting, out, device)
+    raise ValueError(f"unknown experiment {name!r}: expected one of {', '.join(EXPERIMENTS)}")
