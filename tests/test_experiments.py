@@ -30,17 +30,20 @@ def test_multi_relation_labels_are_partner_previous_and_next_payloads():
     assert not torch.equal(ids, task.train_batch(3, seed=2)["input_ids"])
 
 
-def test_repeated_text_copies_a_segment_of_its_prefix():
+def test_repeated_text_repeats_its_first_m_tokens_at_a_varying_offset():
     data = RepeatedText()
     batch = data.train_batch(0, seed=0)
-    for b in range(8):
-        row = torch.cat([batch["input_ids"][b], batch["labels"][b, -1:]])
+    offsets = set()
+    for b in range(16):
+        row = torch.cat([batch["input_ids"][b], batch["labels"][b, -1:]])  # the T + 1 tokens
         copied = batch["copy"][b].nonzero().flatten()
-        L = len(copied) + 1
-        assert 12 <= L <= 32 and copied[0] == data.prefix
-        segment = row[data.prefix:data.prefix + L]
-        prefix = row[:data.prefix]
-        assert any(torch.equal(prefix[a:a + L], segment) for a in range(data.prefix - L + 1))
+        m = int(copied[0])
+        assert data.seq_len // 4 <= m <= data.seq_len // 2 and torch.equal(copied, torch.arange(m, 2 * m - 1))
+        assert torch.equal(row[m:2 * m], row[:m])  # the first m tokens, repeated right after them
+        offsets.add(m)
+    assert len(offsets) > 3
+    held = data.held_out()[0]
+    assert torch.equal(held["input_ids"], data.held_out()[0]["input_ids"])  # fixed held-out text
 
 
 def test_masked_chars_mask_only_characters():

@@ -83,9 +83,15 @@ class AttentionOnlyLM(nn.Module):
 
 @dataclass
 class RepeatedText:
-    """Text windows of ``seq_len`` tokens: ``prefix`` natural tokens, then a copy of one of
-    their segments (12–32 long), then natural text again. ``copy`` marks target positions inside
-    the copy (after its first token, which cannot be predicted)."""
+    """Text windows of ``seq_len`` tokens with a repeat; ``copy`` marks the target positions
+    inside the repeat (after its first token, which cannot be predicted).
+
+    ``mode``: ``"repeat"`` — the window's first m tokens (m drawn from seq_len/4 .. seq_len/2),
+    repeated right after them, then the text that followed them; ``"mixed"`` (default) — the
+    same, with every other training row made of random known words instead of text;
+    ``"segment"`` — ``prefix`` tokens of text holding a random segment (12–32 tokens) that is
+    repeated at ``prefix`` (an earlier design, kept for comparison). Held-out windows are text.
+    """
 
     seq_len: int = 96
     prefix: int = 64
@@ -117,8 +123,10 @@ class RepeatedText:
                 if self.mode == "mixed" and b % 2 == 0:  # every other row: random known words, repeated
                     w = torch.randint(1, self.vocab, (T + 1,), generator=g)
                 rows[b] = torch.cat([w[:m], w[:T + 1 - m]])
-                copy[b, m:] = True
+                copy[b, m:2 * m - 1] = True  # targets rows[m+1 .. 2m-1]: the repeat after its first token
                 continue
+            if self.mode != "segment":
+                raise ValueError(f"mode must be 'mixed', 'repeat' or 'segment'; got {self.mode!r}")
             a = int(torch.randint(0, P - L, (1,), generator=g))
             segment = torch.randint(1, self.vocab, (L,), generator=g)  # known words in a random order
             rows[b] = torch.cat([w[:a], segment, w[a:P - L], segment, w[P - L:T + 1 - L - L]])
