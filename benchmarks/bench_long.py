@@ -242,8 +242,8 @@ def main(argv: list[str] | None = None) -> None:
                 results[(variant, n, mode)] = {"times": got, "seconds": min(got), **mem}
 
     print(f"## bench_long: B={B} H={H} Dk={DK}, window {WINDOW} two-sided, CPU float32\n")
-    print("ours: mh.attention(..., backend='local'); auto picks it when the window leaves <= half of the keys "
-          "(n >= 2k here), dense SDPA below that.\n")
+    print("ours: mh.attention(..., backend='local'); auto picks it when the window leaves <= 55% of the keys "
+          "and n >= 1024 (so from n = 1k here), dense SDPA otherwise.\n")
     rows = []
     for (variant, n, mode), r in results.items():
         ours = results[("ours local", n, mode)]
