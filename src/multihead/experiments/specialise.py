@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from ..analysis.patterns import label_for
 from ..models import Encoder, ModelConfig
-from .common import Setting, head_metrics, log, pick_device, write_result
+from ..train import CharData, step_generator
+from .common import Setting, fit, head_metrics, log, pick_device, write_result
 
 __all__ = ["MaskedChars", "run_specialise"]
 
@@ -34,14 +35,10 @@ class MaskedChars:
     """Masked-character batches of Hamlet, a pure function of (seed, step)."""
 
     def __init__(self, seq_len: int = 64, batch_size: int = 32) -> None:
-        from ..train import source_text
-
-        text = source_text("hamlet")
-        chars = sorted(set(text))
         self.PAD, self.CLS, self.SEP, self.MASK = 0, 1, 2, 3
-        lookup = {c: i + 4 for i, c in enumerate(chars)}
-        self.vocab = len(chars) + 4
-        self.ids = torch.tensor([lookup[c] for c in text], dtype=torch.long)
+        chars = CharData("hamlet", seq_len, seed=0)  # the text as character ids (its own batches unused)
+        self.vocab = chars.vocab + 4
+        self.ids = chars.ids + 4  # (N,) after the four special ids
         self.split = int(len(self.ids) * 0.9)
         self.seq_len, self.batch_size = seq_len, batch_size
 
@@ -52,7 +49,7 @@ class MaskedChars:
         return torch.cat([torch.full((B, 1), self.CLS), body, torch.full((B, 1), self.SEP)], 1)  # (B, T)
 
     def train_batch(self, step: int, seed: int) -> dict[str, Tensor]:
-        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        g = step_generator(seed, step)
         ids = self._windows(torch.randint(0, self.split - self.seq_len, (self.batch_size,), generator=g))
         chosen = torch.rand(ids.shape, generator=g) < 0.15
         chosen[:, 0] = chosen[:, -1] = False
@@ -96,26 +93,21 @@ def run_specialise(setting: Setting, out: Path, device: str = "auto") -> Path:
     config = ModelConfig("encoder", cfg["layers"], cfg["heads"], cfg["dim"], 4 * cfg["dim"], vocab=data.vocab,
                          max_len=data.seq_len, norm_first=True, dropout=0.0, eps=1e-5)
     model = _MaskedLM(config).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(0.9, 0.98), weight_decay=0.01)
-    checkpoints, losses = [], []
-    for step in range(cfg["steps"] + 1):
-        if step in cfg["checkpoints"]:
-            labels, metrics = _labels(model, data)
-            counts = Counter(label for row in labels for label in row)
-            checkpoints.append({"step": step, "labels": labels, "counts": dict(counts), "metrics": metrics,
-                                "train_loss": losses[-1][1] if losses else None})
-            log(f"  step {step}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-        if step == cfg["steps"]:
-            break
-        model.train()
-        batch = {k: v.to(dev) for k, v in data.train_batch(step, 0).items()}
-        loss = F.cross_entropy(model(batch["input_ids"]).transpose(1, 2), batch["labels"], ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step % 25 == 0 or step == cfg["steps"] - 1:
-            losses.append((step, round(loss.item(), 4)))
+    checkpoints = []
+
+    def checkpoint(step: int, model: nn.Module) -> None:
+        if step not in cfg["checkpoints"]:
+            return
+        labels, metrics = _labels(model, data)
+        counts = Counter(label for row in labels for label in row)
+        checkpoints.append({"step": step, "labels": labels, "counts": dict(counts), "metrics": metrics})
+        log(f"  step {step}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+
+    losses = fit(model, lambda step: data.train_batch(step, 0),
+                 lambda m, b: F.cross_entropy(m(b["input_ids"]).transpose(1, 2), b["labels"], ignore_index=-100),
+                 steps=cfg["steps"], lr=cfg["lr"], cosine=False, device=dev, every=25, on_step=checkpoint)
+    for c in checkpoints:  # the last training loss logged before the checkpoint
+        c["train_loss"] = next((loss for step, loss in reversed(losses) if step < c["step"]), None)
     md = _markdown(cfg, checkpoints, losses)
     payload = {"config": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()},
                "checkpoints": checkpoints, "train_loss": losses, "_device": dev}

