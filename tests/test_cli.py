@@ -1,27 +1,202 @@
+"""The command line never misleads: one line and exit 2 for bad input, 130 on Ctrl-C with earlier
+results untouched, progress only where a person watches, rank 0 alone writing under torchrun."""
+
+import json
+import os
+import pty
+import signal
 import subprocess
 import sys
 
-from multihead.cli import main
+import pytest
+
+from conftest import run_cli
+from multihead.analysis.report import label_codes
 
 
 def test_demo_without_model_prints_the_three_steps(capsys):
-    assert main(["demo", "--no-model"]) == 0
-    out = capsys.readouterr().out
+    code, out, _ = run_cli(["demo", "--no-model"], capsys)
+    assert code == 0
     for words in ("Step 1", "Step 2", "Step 3", "(2, 8, 12, 64)", "nn.MultiheadAttention"):
         assert words in out
 
 
-def test_demo_with_unknown_model_fails_cleanly(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "multihead.cli", "demo", "--model", str(tmp_path / "nope")],
-        capture_output=True, text=True, timeout=300,
-    )
+@pytest.mark.slow
+def test_the_console_script_fails_cleanly_on_an_unknown_model(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "multihead.cli", "demo", "--model", str(tmp_path / "nope")],
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    assert "neither a known name" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "neither a known name" in result.stderr
 
 
-def test_no_command_prints_help_and_fails(capsys):
-    assert main([]) == 2
-    assert "demo" in capsys.readouterr().out
+# Every bad input of the suite issue's table: (arguments, words the one line must contain).
+BAD_INPUT = [
+    ([], "choose a command"),
+    (["analyse"], "invalid choice: 'analyse'"),
+    (["analyze", "--batch-size", "abc", "hi"], "--batch-size: must be a positive integer; got 'abc'"),
+    (["analyze", "--batch-size", "0", "hi"], "--batch-size: must be a positive integer; got 0"),
+    (["analyze", "--sample", "-5"], "--sample: must be an integer >= 0; got -5"),
+    (["analyze", "--frobnicate", "hi"], "unrecognized arguments: --frobnicate"),
+    (["analyze", "   "], "empty"),
+    (["presets", "--length", "0"], "--length: must be a positive integer"),
+    (["experiment", "heads", "--seeds", "0"], "--seeds: must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize(("args", "words"), BAD_INPUT, ids=[" ".join(a) or "(none)" for a, _ in BAD_INPUT])
+def test_bad_input_is_one_line_and_exit_2(args, words, capsys):
+    code, out, err = run_cli(args, capsys)
+    assert code == 2 and words in err and out == "", err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and "usage:" not in err, err
+
+
+def test_files_given_on_the_command_line_are_named_in_their_errors(tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe\x00")
+    report = tmp_path / "report.json"
+    report.write_bytes(b'{"schema": "multihead.report/1", "model": "\xff"}')
+    unknown = tmp_path / "unknown-model"
+    unknown.mkdir()
+    (unknown / "config.json").write_text('{"model_type": "frobnicator"}')
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+    cases = [
+        (["analyze", "--file", str(bad)], "--file"),
+        (["analyze", "--file", str(bad)], "not UTF-8"),
+        (["analyze", "--file", str(tmp_path / "missing.txt")], "--file"),
+        (["analyze", "--file", str(tmp_path)], "is a folder"),
+        (["view", "--report", str(report), "hi", "--out", str(tmp_path / "p.html")], "--report"),
+        (["view", "--report", str(report), "hi", "--out", str(tmp_path / "p.html")], "not UTF-8"),
+        (["analyze", "--model", str(unknown), "hi", "--out", str(tmp_path / "u")], "'frobnicator'"),
+        (["analyze", "--out", str(full), "hi"], "--out"),
+        (["analyze", "--out", str(full), "hi"], "not empty"),
+    ]
+    for args, words in cases:
+        code, _, err = run_cli(args, capsys)
+        assert code == 2 and words in err, (args, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (args, err)
+    assert (full / "keep.txt").read_text() == "mine" and len(list(full.iterdir())) == 1
+    assert not (tmp_path / "u").exists() and not (tmp_path / "p.html").exists()
+
+
+@pytest.mark.slow
+def test_text_the_tokenizer_cannot_read_is_refused_or_warned_about(tmp_path, capsys):
+    code, _, err = run_cli(["analyze", "🙂🙃😀", "😎🤖", "--out", str(tmp_path / "a"), "--no-coreference"], capsys)
+    assert code == 2 and "none of the texts' 2 tokens is known" in err and "[UNK]" in err, err
+    assert not (tmp_path / "a").exists()
+    code, _, err = run_cli(["analyze", "Heads look 🙂 at 🙃 words 😀 .", "--out", str(tmp_path / "b"),
+                            "--no-coreference", "--syntax", "off"], capsys)
+    assert code == 0
+    warning = [line for line in err.splitlines() if "warning" in line]
+    assert len(warning) == 1 and "unknown to the tokenizer ([UNK])" in warning[0], err
+    section = json.loads((tmp_path / "b" / "report.json").read_text())["unknown_tokens"]
+    assert section["count"] == 3 and section["token"] == "[UNK]" and section["share"] == pytest.approx(3 / 8)
+
+
+def test_the_head_map_abbreviates_without_changing_meaning():
+    codes = label_codes(["syntactic:acomp>", "syntactic:acomp", "syntactic:nsubjpass", "syntactic:nsubjpass>",
+                         "syntactic:nsubj", "previous", "induction", "mixed"])
+    assert codes["syntactic:acomp>"] == "acomp>" and codes["syntactic:acomp"] == "acomp"  # direction kept
+    assert codes["syntactic:nsubjpass>"].endswith(">") and not codes["syntactic:nsubjpass"].endswith(">")
+    assert len(set(codes.values())) == len(codes)  # no two labels share a code
+    assert all(len(c) <= 7 for c in codes.values())
+    assert codes["previous"] == "PREV" and codes["induction"] == "IND"
+
+
+def test_the_head_map_prints_a_legend_for_what_it_abbreviates():
+    from multihead.analysis.report import HeadRecord, Report
+
+    labels = ["syntactic:nsubjpass>", "syntactic:acomp>", "previous", "mixed"]
+    report = Report("m", False, 1, 4, 1, 1, [HeadRecord(0, h, lab, [], {}) for h, lab in enumerate(labels)])
+    text = report.label_map()
+    grid, legend = text.splitlines()[1], text.splitlines()[-1]
+    assert "acomp>" in grid and "nsubjp>" in grid and "PREV" in grid
+    assert "nsubjp>=syntactic:nsubjpass>" in legend and "PREV=previous" in legend and "·=mixed" in legend
+    assert "acomp>=" not in legend  # shown whole: nothing to explain beyond the REL> rule
+    assert "REL>: the governor attends to its REL dependents" in legend
+
+
+def _interrupt_when(tmp_path, words: str) -> tuple[int, str]:
+    """Run `multihead analyze` with stderr on a terminal (so it reports its steps) and send Ctrl-C
+    when a line containing ``words`` appears; returns (exit status, what it printed on stderr)."""
+    main, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "multihead.cli", "analyze", "--sample", "40", "--out",
+                             str(tmp_path / "rep")], stdout=subprocess.DEVNULL, stderr=follower,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    os.close(follower)
+    seen = b""
+    try:
+        while words.encode() not in seen:
+            chunk = os.read(main, 4096)  # blocks until the next output: no clock involved
+            assert chunk, f"the run ended before printing {words!r}: {seen.decode(errors='replace')}"
+            seen += chunk
+        proc.send_signal(signal.SIGINT)
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # the other end closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        code = proc.wait(timeout=600)
+        os.close(main)
+    return code, seen.decode(errors="replace")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["loading minilm", "parsing"])
+def test_ctrl_c_at_any_step_exits_130_and_keeps_the_earlier_report(tmp_path, moment):
+    out = tmp_path / "rep"
+    out.mkdir()
+    earlier = '{"schema": "multihead.report/1", "note": "the earlier report"}\n'
+    (out / "report.json").write_text(earlier)
+    code, printed = _interrupt_when(tmp_path, moment)
+    assert code == 130, printed
+    assert "multihead analyze: interrupted" in printed and "Traceback" not in printed, printed
+    assert (out / "report.json").read_text() == earlier
+    assert sorted(p.name for p in out.iterdir()) == ["report.json"]  # no temporary file left behind
+
+
+@pytest.mark.slow
+def test_progress_goes_to_a_terminal_only_and_quiet_silences_it(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "multihead.cli", "analyze", "Heads look.", "--no-coreference",
+                           "--syntax", "off", "--out", str(tmp_path / "a")], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and done.stderr == "", done.stderr  # not a terminal: nothing on stderr
+    main, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "multihead.cli", "analyze", "Heads look.", "--no-coreference",
+                             "--syntax", "off", "--out", str(tmp_path / "b"), "--quiet"], stdout=subprocess.DEVNULL,
+                            stderr=follower)
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert proc.wait(timeout=600) == 0 and seen == b"", seen
+    os.close(main)
+
+
+@pytest.mark.slow
+def test_truncate_on_one_huge_line_parses_only_what_is_analysed(tmp_path, capsys):
+    """100,000 characters on one line: only the ~510 tokens MiniLM keeps are parsed and scored (the
+    whole line once went to spaCy and into a heads x words x words array of ~20,000 words)."""
+    sentence = "The old man gave the young girl a small red book because she asked politely. "
+    doc = tmp_path / "long.txt"
+    doc.write_text(sentence * (100_000 // len(sentence) + 1), encoding="utf-8")
+    assert len(doc.read_text()) > 100_000
+    code, _, err = run_cli(["analyze", "--file", str(doc), "--truncate", "--no-coreference", "--syntax", "spacy",
+                            "--out", str(tmp_path / "r")], capsys)
+    assert code == 0, err
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["sentences"] == 1 and report["tokens"] == 512
+    words_kept = 512 - 2  # [CLS] and [SEP] aside, at most one word per token
+    dependents = sum(d["count"] for rel, d in report["syntax"]["relations"].items() if not rel.endswith(">"))
+    assert 0.5 * words_kept < dependents <= words_kept  # the analysed part was parsed, and only it

@@ -86,6 +86,7 @@ def _png(path):
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_every_quick_experiment_writes_json_markdown_and_plots(tmp_path, capsys):
     out = tmp_path / "ex"
     assert main(["experiment", "all", "--quick", "--out", str(out)]) == 0
@@ -113,8 +114,13 @@ def test_every_quick_experiment_writes_json_markdown_and_plots(tmp_path, capsys)
     spec = json.loads((out / "specialise" / "result.json").read_text())
     assert [c["step"] for c in spec["checkpoints"]] == [0, 4, 8]
     assert sum(spec["checkpoints"][-1]["counts"].values()) == 8
-    # a rerun into the same folder replaces the results (they are ours) ...
+    # a rerun into the same folder replaces the results (they are ours), from the cached runs
+    (out / "heads" / "result.md").write_text("stale")
     assert main(["experiment", "heads", "--quick", "--out", str(out)]) == 0
+    again = json.loads((out / "heads" / "result.json").read_text())
+    assert again["tasks"] == heads["tasks"]  # the same trained models, so the same numbers
+    assert len(list((out / "runs").glob("*.safetensors"))) == 12  # nothing trained again
+    assert (out / "heads" / "result.md").read_text().startswith("# Experiment `heads`")
     capsys.readouterr()
 
 

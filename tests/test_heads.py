@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import multihead as mh
+from conftest import float_tolerance
 from multihead.heads import (
     count_heads,
     head_importance,
@@ -14,6 +15,7 @@ from multihead.heads import (
     spearman,
 )
 from multihead.hf.gates import HeadGates
+from multihead.hf.load import right_padding
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 
@@ -49,7 +51,7 @@ def test_gate_zero_equals_physical_removal_on_our_layer(kv, pruned):
     before = sum(p.numel() for p in model.parameters())
     prune_heads(model, pruned)
     with torch.no_grad():
-        torch.testing.assert_close(model(x), gated, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model(x), gated, atol=float_tolerance(gated, ops=512), rtol=1e-5)
     assert count_heads(model) == [6 - len(pruned.get(layer, [])) for layer in range(2)]
     if kv is None:  # plain MHA: the parameter count drops (GQA with unequal groups left repeats K/V)
         assert sum(p.numel() for p in model.parameters()) < before
@@ -141,11 +143,6 @@ def test_spearman_matches_the_definition():
 
 # --- real models -------------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def minilm():
-    return mh.hf.load("minilm")
-
-
 TEXTS = ["The animal didn't cross the street because it was too tired.", "Heads specialise.",
          "小明把蛋糕递给小红，因为她不饿了。"]
 
@@ -164,7 +161,7 @@ def test_gate_zero_equals_pruning_on_minilm_and_saves_and_loads(minilm, tmp_path
     valid = batch["attention_mask"].bool()
     with torch.no_grad():
         got = model(**batch).last_hidden_state
-    torch.testing.assert_close(got[valid], gated[valid], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got[valid], gated[valid], atol=float_tolerance(gated[valid], ops=512), rtol=1e-4)
     assert not torch.allclose(got[valid], full[valid], atol=1e-3)
     assert count_heads(model) == [9, 12, 0, 12, 12, 11]
     assert before - sum(p.numel() for p in model.parameters()) == 16 * (384 * 32 * 4 + 32 * 3)
@@ -175,13 +172,11 @@ def test_gate_zero_equals_pruning_on_minilm_and_saves_and_loads(minilm, tmp_path
 
 
 @pytest.mark.slow
-def test_gate_zero_equals_pruning_on_smollm2_with_gqa(tmp_path):
-    pytest.importorskip("gguf")
-    lm = mh.hf.load("smollm2")
+def test_gate_zero_equals_pruning_on_smollm2_with_gqa(smollm2, tmp_path):
+    lm = smollm2
     model = transformers.AutoModelForCausalLM.from_pretrained(lm.path).eval()
-    tok = lm.tokenizer
-    tok.padding_side = "right"
-    batch = tok(TEXTS, padding=True, return_tensors="pt")
+    with right_padding(lm.tokenizer) as tok:  # the shared model's tokenizer is left as it was
+        batch = tok(TEXTS, padding=True, return_tensors="pt")
     # layer 0: a whole kv group (heads 0-2); layer 1: unequal groups; layer 7: every head; layer 29: one head
     pruned = {0: [0, 1, 2], 1: [0, 4], 7: list(range(9)), 29: [8]}
     with torch.no_grad(), HeadGates(model, values=_gates_for(30, 9, pruned)):
@@ -190,7 +185,7 @@ def test_gate_zero_equals_pruning_on_smollm2_with_gqa(tmp_path):
     valid = batch["attention_mask"].bool()
     with torch.no_grad():
         got = model(**batch).logits
-    torch.testing.assert_close(got[valid], gated[valid], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got[valid], gated[valid], atol=float_tolerance(gated[valid], ops=512), rtol=1e-4)
     assert count_heads(model)[:2] == [6, 7] and count_heads(model)[7] == 0
     attn0 = model.model.layers[0].self_attn
     assert attn0.k_proj.out_features == 2 * 64 and attn0.num_key_value_groups == 3
@@ -208,6 +203,19 @@ def test_sentiment_task_importance_ablation_and_a_short_curve(minilm):
     drop, base = ablation_importance(minilm.model, task.evaluate, heads=[(0, 0), (3, 5)])
     assert base == pytest.approx(acc) and drop.shape == (6, 12)
     assert not drop[0, 0].isnan() and not drop[3, 5].isnan() and int(drop.isnan().sum()) == 70
+    # each drop is the metric with exactly that head gated off (a continuous metric, so any mix-up shows)
+    batch = next(iter(task.batches("test")))
+
+    def evaluate():
+        with torch.no_grad():
+            return -float(task.loss(minilm.model(**{k: batch[k] for k in ("input_ids", "attention_mask")}),
+                                    batch).mean())
+
+    drop, base = ablation_importance(minilm, evaluate, heads=[(0, 0), (3, 5)])
+    for layer, h in [(0, 0), (3, 5)]:
+        with HeadGates(minilm, values=_gates_for(6, 12, {layer: [h]})):
+            assert float(drop[layer, h]) == pytest.approx(base - evaluate(), abs=1e-6)
+    assert float(drop[0, 0]) != pytest.approx(float(drop[3, 5]), abs=1e-9)
     curve = pruning_curve(task, steps=2, per_step=0.25)
     assert [s.heads_pruned for s in curve.steps] == [18, 32]  # 25% of 72, then of the 54 left
     assert curve.baseline == pytest.approx(acc) and len(curve.steps[1].pruned) == 32
@@ -217,10 +225,11 @@ def test_sentiment_task_importance_ablation_and_a_short_curve(minilm):
 def test_cli_prune_rejects_bad_input_without_traceback(tmp_path, cli_rejects):
     cli_rejects("prune", [
         (["--task", "translation"], "invalid choice"),
-        (["--threshold", "1.5"], "--threshold must be in (0, 1]"),
-        (["--threshold", "0"], "--threshold must be in (0, 1]"),
-        (["--steps", "0"], "--steps must be a positive integer"),
-        (["--per-step", "2"], "--per-step must be in (0, 1]"),
+        (["--threshold", "1.5"], "--threshold: must be in (0, 1]"),
+        (["--threshold", "0"], "--threshold: must be in (0, 1]"),
+        (["--steps", "0"], "--steps: must be a positive integer"),
+        (["--per-step", "2"], "--per-step: must be in (0, 1]"),
+        (["--steps", "two"], "--steps: must be a positive integer; got 'two'"),
         (["--model", str(tmp_path / "missing")], "neither a known name"),
     ])
 
@@ -236,8 +245,14 @@ def test_cli_prune_on_minilm_writes_the_curve(tmp_path):
                            "--train-size", "64", "--test-size", "64", "--out", str(out), "--save-model"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert "Largest fraction prunable" in done.stdout or "No step kept" in done.stdout
     curve = json.loads((out / "curve.json").read_text())
+    kept = [s for s in curve["steps"] if s["metric"] >= 0.99 * curve["baseline"]]
+    if kept:  # the printed verdict is the curve's own
+        assert f"Largest fraction prunable within 99% of the unpruned accuracy: {kept[-1]['fraction_pruned']:.2f}" \
+            in done.stdout, done.stdout
+        assert (out / "model" / "model.safetensors").is_file()
+    else:
+        assert "No step kept accuracy within 99%" in done.stdout, done.stdout
     assert curve["schema"] == "multihead.pruning/1" and [s["heads_pruned"] for s in curve["steps"]] == [36, 54]
     png = (out / "curve.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000

@@ -6,7 +6,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import multihead as mh
-from conftest import mask_cases
+from conftest import float_tolerance, mask_cases
 from multihead import masks
 
 
@@ -188,9 +188,11 @@ def test_average_weights_and_cross_attention_shapes():
 
 def test_dropout_only_in_training():
     layer = mh.MultiHeadAttention(8, 2, dropout=0.5)
+    plain = mh.MultiHeadAttention(8, 2, dropout=0.0)
+    plain.load_state_dict(layer.state_dict())
     x = torch.randn(2, 4, 8)
     layer.eval()
-    torch.testing.assert_close(layer(x), layer(x))
+    torch.testing.assert_close(layer(x), plain(x))  # evaluation: no dropout at all
     layer.train()
     torch.manual_seed(0)
     a = layer(x)
@@ -222,7 +224,7 @@ def test_works_under_torch_compile(backend):
     with torch.no_grad():
         eager = layer(x, mask=mask)
         got = compiled(x, mask=mask)
-    torch.testing.assert_close(got, eager, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, eager, atol=float_tolerance(eager, ops=64), rtol=1e-5)
 
 
 @pytest.mark.parametrize(

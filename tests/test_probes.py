@@ -6,11 +6,13 @@ import pytest
 import torch
 
 import multihead as mh
+from conftest import float_tolerance
 from multihead.analysis.coreference import coreference_scores, load_examples
 from multihead.analysis.gradients import GradientMonitor, find_attention_projections
 from multihead.analysis.induction import induction_scores, repeated_sequences
 from multihead.analysis.patterns import label_for
 from multihead.analysis.syntax import Parse, SyntaxStatistics, read_conllu
+from multihead.hf.load import right_padding
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 
@@ -61,8 +63,8 @@ def test_induction_scores_equal_the_eager_attention_maps(tmp_path):
         w = w.double()
         dup = w[:, :, q, q - 12].mean(dim=(0, 2))
         ind = w[:, :, q, q - 11].mean(dim=(0, 2))
-        torch.testing.assert_close(got["duplicate_token"][layer], dup, atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(got["induction"][layer], ind, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(got["duplicate_token"][layer], dup, atol=float_tolerance(dup, ops=512), rtol=1e-4)
+        torch.testing.assert_close(got["induction"][layer], ind, atol=float_tolerance(ind, ops=512), rtol=1e-4)
 
 
 def test_induction_label_comes_first():
@@ -108,11 +110,6 @@ def test_pronoun_inside_a_longer_word_is_not_matched(tmp_path):
     assert e.text[slice(*e.pronoun)] == "he" and e.pronoun[0] == e.text.index(" he ") + 1
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    return mh.hf.load("minilm")
-
-
 @pytest.mark.slow
 def test_coreference_scores_equal_a_direct_computation(minilm):
     examples = load_examples()[:3] + load_examples(lang="zh")[:2]
@@ -135,7 +132,8 @@ def test_coreference_scores_equal_a_direct_computation(minilm):
             correct[layer] += (cand.argmax(-1) == e.antecedent).double()
             mass[layer] += cand[:, e.antecedent]
     torch.testing.assert_close(got.accuracy, correct / len(examples))
-    torch.testing.assert_close(got.mass, mass / len(examples), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got.mass, mass / len(examples),
+                               atol=float_tolerance(mass / len(examples), ops=512), rtol=1e-4)
     assert got.baseline == sum(e.nearest() == e.antecedent for e in examples) / len(examples)
 
 
@@ -299,12 +297,6 @@ def test_gradient_monitor_finds_bert_and_llama_layers(minilm, tmp_path):
 
 # --- SmolLM2: the real Llama-style decoder (30 layers x 9 query heads over 3 key/value heads) ---------------------
 
-@pytest.fixture(scope="module")
-def smollm2():
-    pytest.importorskip("gguf", reason="SmolLM2 needs gguf: pip install gguf accelerate")
-    return mh.hf.load("smollm2")
-
-
 @pytest.mark.slow
 def test_smollm2_loads_with_its_shape(smollm2):
     assert (smollm2.num_layers, smollm2.num_heads, smollm2.num_kv_heads, smollm2.is_causal) == (30, 9, 3, True)
@@ -316,10 +308,9 @@ def test_smollm2_loads_with_its_shape(smollm2):
 
 @pytest.mark.slow
 def test_smollm2_capture_equals_eager_attention_with_padding(smollm2):
-    tok = smollm2.tokenizer
-    tok.padding_side = "right"
-    batch = tok(["Heads specialise.", "The animal didn't cross the street because it was too tired."],
-                padding=True, return_tensors="pt")
+    with right_padding(smollm2.tokenizer) as tok:  # the shared model's tokenizer is left as it was
+        batch = tok(["Heads specialise.", "The animal didn't cross the street because it was too tired."],
+                    padding=True, return_tensors="pt")
     eager = transformers.AutoModelForCausalLM.from_pretrained(smollm2.path, attn_implementation="eager").eval()
     with torch.no_grad():
         ref = eager(**batch, output_attentions=True)
@@ -333,8 +324,9 @@ def test_smollm2_capture_equals_eager_attention_with_padding(smollm2):
         w, want = seen[layer], ref.attentions[layer]
         assert w.shape == want.shape == (2, 9, valid.shape[1], valid.shape[1])
         keep = (valid[:, None, :, None] & valid[:, None, None, :]).expand_as(w)
-        torch.testing.assert_close(w[keep], want[keep], atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(logits[valid], ref.logits[valid], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(w[keep], want[keep], atol=float_tolerance(want[keep], ops=512), rtol=1e-4)
+    torch.testing.assert_close(logits[valid], ref.logits[valid],
+                               atol=float_tolerance(ref.logits[valid], ops=512), rtol=1e-4)
 
 
 @pytest.mark.slow
@@ -380,7 +372,7 @@ def test_capture_of_our_own_layers_equals_the_math_reference():
     capture = mh.hf.AttentionCapture(model, lambda layer, w, out, vis: seen.__setitem__(layer, (w, out, vis)))
     with capture, torch.no_grad():
         got = model(x, memory, pad)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got, want, atol=float_tolerance(want, ops=512), rtol=1e-4)
     assert sorted(seen) == [0, 2]  # module order; the cross-attention layer (1) is skipped
     w, out, vis = seen[0]
     with torch.no_grad():

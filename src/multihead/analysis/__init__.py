@@ -3,12 +3,14 @@
 from .analyze import CorpusStatistics, analyze, collect_statistics
 from .gradients import GradientMonitor
 from .metrics import METRICS, HeadStatistics, TokenInfo
+from .output import REPORT_FILES, check_report_folder, write_report_folder
 from .patterns import flags_for, label_for
 from .redundancy import RedundancyStatistics, clusters, most_redundant
 from .report import SCHEMA, HeadRecord, Report
 
 __all__ = [
            "METRICS",
+           "REPORT_FILES",
            "SCHEMA",
            "CorpusStatistics",
            "GradientMonitor",
@@ -18,9 +20,11 @@ __all__ = [
            "Report",
            "TokenInfo",
            "analyze",
+           "check_report_folder",
            "clusters",
            "collect_statistics",
            "flags_for",
            "label_for",
            "most_redundant",
+           "write_report_folder",
 ]

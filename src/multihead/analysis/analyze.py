@@ -11,13 +11,15 @@ from __future__ import annotations
 import ctypes
 import functools
 import unicodedata
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ..hf.capture import AttentionCapture
-from ..hf.load import HFModel, right_padding
+from ..hf.load import HFModel, require_loaded, right_padding
+from ..progress import bar, step
 from .coreference import CoreferenceExample, coreference_scores
 from .induction import induction_scores
 from .metrics import HeadStatistics, TokenInfo
@@ -30,8 +32,24 @@ __all__ = ["CorpusStatistics", "analyze", "check_texts", "collect_statistics"]
 
 #: Heads whose attention rows differ by at most this JS distance (base 2) on average are clustered.
 CLUSTER_JS = 0.2
+#: Above this share of unknown tokens (the tokenizer's [UNK]) analyze warns: the heads' statistics
+#: then describe how the model treats [UNK] more than how it reads the texts.
+UNKNOWN_WARN = 0.05
 #: The induction probe of causal models: sequences, random tokens repeated once, seed.
 INDUCTION_PROBE = {"count": 32, "length": 40, "seed": 0}
+
+
+@dataclass
+class UnknownTokens:
+    """Tokens the tokenizer could not represent (its ``unk_token``), of all non-special tokens."""
+
+    count: int
+    total: int
+    token: str | None
+
+    @property
+    def share(self) -> float:
+        return self.count / self.total if self.total else 0.0
 
 
 @dataclass
@@ -39,6 +57,7 @@ class CorpusStatistics:
     heads: HeadStatistics
     redundancy: RedundancyStatistics
     syntax: SyntaxStatistics | None = None
+    unknown: UnknownTokens | None = None  # of the whole corpus (every rank counts all texts)
 
     def merge(self, other: CorpusStatistics) -> None:
         self.heads.merge(other.heads)
@@ -62,7 +81,7 @@ def _all_ranks(corpus: CorpusStatistics) -> CorpusStatistics:
 
 
 def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
-            progress: bool = False, parses: Sequence[Parse] | str | None = None,
+            progress: bool | None = None, parses: Sequence[Parse] | str | None = None,
             coreference: bool | Sequence[CoreferenceExample] = True, induction: bool = True,
             redundancy: bool = True) -> Report:
     """Metrics, a label and flags for every (layer, head) of ``model`` over ``texts``.
@@ -71,26 +90,36 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     spaCy, for the syntax scores; ``coreference``: score the shipped pronoun set (True) or these
     examples; ``induction``: for causal models, run the repeated-random-tokens probe;
     ``redundancy``: the head x head similarity (its all-pairs JS is the costliest part of a run).
-    Raises ValueError for an empty corpus, an empty text, or a text longer than the model's
-    positions (unless ``truncate``).
+    ``progress``: show progress on stderr (default: as :func:`multihead.progress.set_enabled` says).
+    Raises ValueError for an empty corpus, an empty text, a text longer than the model's
+    positions (unless ``truncate``), or texts of which the tokenizer knows no token; warns when
+    more than :data:`UNKNOWN_WARN` of the tokens are unknown (the report's ``tokens`` section
+    records the share).
     """
+    model = require_loaded(model, "analyze")
     texts = check_texts(texts)
-    if isinstance(parses, str):
-        if parses != "spacy":
-            raise ValueError(f"parses must be a list of Parse or 'spacy'; got {parses!r}")
-        parses = parse_with_spacy(texts)
     corpus = collect_statistics(model, texts, batch_size=batch_size, truncate=truncate, progress=progress,
                                 parses=parses, redundancy=redundancy)
     stats = corpus.heads
     means = dict(stats.means())
     sections: dict[str, dict] = {}
+    unknown = corpus.unknown
+    if unknown is not None and unknown.token is not None:
+        sections["unknown_tokens"] = {"count": unknown.count, "total": unknown.total,
+                                      "share": round(unknown.share, 6), "token": unknown.token}
+        if unknown.share > UNKNOWN_WARN:
+            warnings.warn(f"{unknown.share:.0%} of the {unknown.total} tokens are unknown to the tokenizer "
+                          f"({unknown.token}); above {UNKNOWN_WARN:.0%} the heads' statistics describe how the model "
+                          f"treats {unknown.token} more than how it reads the texts", stacklevel=2)
     if induction and model.is_causal:
-        means.update(induction_scores(model, count=INDUCTION_PROBE["count"], length=INDUCTION_PROBE["length"],
-                                      seed=INDUCTION_PROBE["seed"]))
+        with step("induction probe", progress=progress):
+            probe = INDUCTION_PROBE
+            means.update(induction_scores(model, count=probe["count"], length=probe["length"], seed=probe["seed"]))
         sections["induction"] = dict(INDUCTION_PROBE)
     coref_baseline = None
     if coreference is not False:
-        scores = coreference_scores(model, None if coreference is True else coreference, batch_size=batch_size)
+        with step("coreference probe", progress=progress):
+            scores = coreference_scores(model, None if coreference is True else coreference, batch_size=batch_size)
         means["coreference"], means["coreference_mass"] = scores.accuracy, scores.mass
         coref_baseline = scores.baseline
         sections["coreference"] = {"examples": scores.examples, "baseline_nearest": scores.baseline}
@@ -128,49 +157,56 @@ def _redundancy_section(red: RedundancyStatistics, H: int) -> dict:
 
 
 def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
-                       progress: bool = False, parses: Sequence[Parse] | None = None, redundancy: bool = True
-                       ) -> CorpusStatistics:
+                       progress: bool | None = None, parses: Sequence[Parse] | str | None = None,
+                       redundancy: bool = True) -> CorpusStatistics:
     """The running sums behind :func:`analyze`.
 
     Under ``torch.distributed`` (e.g. ``torchrun``) the corpus is sharded across the ranks — rank
     r takes texts r, r + world, ... — and every rank returns the merged statistics of all.
+    ``parses="spacy"`` parses each rank's own texts, and only the part of each that is analysed
+    (with ``truncate``, the tokens the model keeps).
     """
     texts = check_texts(texts)
-    if parses is not None:
-        parses = parses_for(texts, parses)
-    sharded = torch.distributed.is_available() and torch.distributed.is_initialized() and \
-        torch.distributed.get_world_size() > 1
-    if sharded:  # each rank takes every world-th text; the sums are merged at the end
-        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        mine = list(range(rank, len(texts), world))
-        texts = [texts[i] for i in mine] or []
-        parses = [parses[i] for i in mine] if parses is not None else None
-        if not texts:
-            raise ValueError(f"{world} processes need at least {world} texts (one each)")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
+    if isinstance(parses, str) and parses != "spacy":
+        raise ValueError(f"parses must be a list of Parse or 'spacy'; got {parses!r}")
+    if parses is not None and not isinstance(parses, str):
+        parses = parses_for(texts, parses)
     tok = model.tokenizer
     limit = model.max_positions
+    # verbose=False: transformers' own over-length notice would come before our one-line error.
     encoding = tok(list(texts), truncation=bool(truncate and limit), max_length=limit if truncate else None,
-                   return_offsets_mapping=parses is not None)
+                   return_offsets_mapping=parses is not None, verbose=False)
     encoded = encoding["input_ids"]
+    offsets = encoding["offset_mapping"] if parses is not None else None
     if limit and not truncate:
         for i, ids in enumerate(encoded):
             if len(ids) > limit:
                 raise ValueError(f"text {i + 1} has {len(ids)} tokens; the model takes at most {limit} "
                                  "(shorten it or use truncate=True / --truncate)")
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # length buckets: little padding
+    unknown = count_unknown_tokens(encoded, tok)
+    mine = list(range(len(texts)))
+    sharded = torch.distributed.is_available() and torch.distributed.is_initialized() and \
+        torch.distributed.get_world_size() > 1
+    if sharded:  # each rank takes every world-th text; the sums are merged at the end
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        mine = mine[rank::world]
+        if not mine:
+            raise ValueError(f"{world} processes need at least {world} texts (one each)")
+    if parses == "spacy":
+        with step(f"parsing {len(mine)} texts with spaCy", progress=progress):
+            parsed = parse_with_spacy([texts[i][:_analysed_end(offsets[i])] for i in mine])
+        parses = [None] * len(texts)
+        for i, p in zip(mine, parsed, strict=True):
+            parses[i] = p
+    order = sorted(mine, key=lambda i: len(encoded[i]))  # length buckets: little padding
     stats = HeadStatistics(model.num_layers, model.num_heads)
     similarity = RedundancyStatistics(model.num_layers, model.num_heads)
     syntax = SyntaxStatistics(model.num_layers, model.num_heads) if parses is not None else None
     special = {t for t in (tok.sep_token_id, tok.eos_token_id) if t is not None}
     punct_cache: dict[int, bool] = {}
     batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover
-        def tqdm(x, **_):  # type: ignore[no-redef]
-            return x
     info_box: list[TokenInfo] = []
 
     def on_layer(layer: int, weights: torch.Tensor, out: torch.Tensor, visible: torch.Tensor) -> None:
@@ -183,21 +219,46 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
     capture = AttentionCapture(model.model, on_layer)
     # Right padding: positions must not shift with padding (decoders count them from 0).
     with right_padding(tok), capture, torch.inference_mode():
-        for batch_ids in tqdm(batches, desc="analyze", unit="batch", disable=not progress):
+        for batch_ids in bar(batches, desc="analyze", unit="batch", progress=progress):
             ids = [encoded[i] for i in batch_ids]
             batch = tok.pad({"input_ids": ids}, return_tensors="pt")
             info = _token_info(batch["input_ids"], batch["attention_mask"].bool(), special, tok, punct_cache)
             info_box[:] = [info]
             stats.add_batch(info)
             if syntax is not None:
-                syntax.add_batch([parses[i] for i in batch_ids],
-                                 [[tuple(o) for o in encoding["offset_mapping"][i]] for i in batch_ids])
+                syntax.add_batch([parses[i] for i in batch_ids], [[tuple(o) for o in offsets[i]] for i in batch_ids])
             # The base model: attention is all we read, so a language-model head is skipped.
             model.body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
             similarity.end_batch()
             _return_freed_memory()
-    corpus = CorpusStatistics(stats, similarity, syntax)
+    corpus = CorpusStatistics(stats, similarity, syntax, unknown)
     return _all_ranks(corpus) if sharded else corpus
+
+
+def _analysed_end(offsets: Sequence[Sequence[int]]) -> int:
+    """Where the analysed part of a text ends: the last character of its last kept token."""
+    return max((int(end) for _, end in offsets), default=0)
+
+
+def count_unknown_tokens(encoded: Sequence[Sequence[int]], tok) -> UnknownTokens:
+    """How many of the texts' tokens (special tokens aside) are the tokenizer's unknown token.
+
+    Raises ValueError when no token at all is known: the report would describe ``[UNK]``, not the texts.
+    """
+    unk = getattr(tok, "unk_token_id", None)
+    specials = set(getattr(tok, "all_special_ids", ()) or ()) - {unk}
+    total = unknown = 0
+    for ids in encoded:
+        for t in ids:
+            if t in specials:
+                continue
+            total += 1
+            unknown += t == unk
+    found = UnknownTokens(unknown, total, getattr(tok, "unk_token", None))
+    if total and unknown == total:
+        raise ValueError(f"none of the texts' {total} tokens is known to the tokenizer: all are {found.token} "
+                         "(a script or symbols its vocabulary lacks); nothing to analyse")
+    return found
 
 
 @functools.cache

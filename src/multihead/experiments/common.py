@@ -22,8 +22,10 @@ from torch import Tensor, nn
 
 from ..analysis.analyze import CLUSTER_JS
 from ..analysis.redundancy import RedundancyStatistics
-from ..attention.layer import MultiHeadAttention
+from ..attn.layer import MultiHeadAttention
+from ..files import write_atomically
 from ..hf.capture import AttentionCapture
+from ..plotting import save_figure
 from ..train import warmup_cosine
 from .tasks import ExperimentTask
 
@@ -156,9 +158,7 @@ def trained_run(task: ExperimentTask, setting: Setting, heads: int, seed: int, r
                        redundancy_summary(model, task) if heads > 1 else None, extra)
     runs.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(weights_path))
-    tmp = record_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(record), indent=1) + "\n", encoding="utf-8")
-    tmp.replace(record_path)  # the record last: a run with a record is complete
+    write_atomically(record_path, json.dumps(asdict(record), indent=1))  # last: a run with a record is complete
     log(f"  {task.name} h={heads} seed {seed}: {task.metric} {metrics[task.metric]:.4f} ({seconds:.1f} s)")
     return record, model
 
@@ -222,22 +222,17 @@ def welch_t(a: list[float], b: list[float]) -> float:
 def write_result(folder: Path, name: str, setting: Setting, data: dict, markdown: str, figures: dict,
                  seconds: float) -> Path:
     """result.json, result.md and one PNG per figure in ``folder``; returns the folder."""
-    import matplotlib.pyplot as plt
-
     folder.mkdir(parents=True, exist_ok=True)
     payload = {"schema": SCHEMA, "experiment": name, "setting": asdict(setting), "seconds": round(seconds, 1),
                "device": str(data.pop("_device", "cpu")), "torch": torch.__version__, **data}
     for stem, fig in figures.items():
-        fig.savefig(folder / f"{stem}.png", dpi=120)
-        plt.close(fig)
+        save_figure(fig, folder / f"{stem}.png", dpi=120)
     header = (f"# Experiment `{name}` ({setting.name} setting)\n\n"
               f"Produced by `multihead experiment {name}{' --quick' if setting.name == 'quick' else ''}` "
               f"in {seconds / 60:.1f} min on {payload['device']} (torch {torch.__version__}).\n\n")
     for path, text in ((folder / "result.md", header + markdown.rstrip() + "\n"),
                        (folder / "result.json", json.dumps(payload, indent=1, default=float) + "\n")):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        write_atomically(path, text)
     return folder
 
 

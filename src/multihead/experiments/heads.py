@@ -100,13 +100,10 @@ def _heads_markdown(setting: Setting, runs, tasks, summary) -> str:
 
 
 def _heads_figure(setting: Setting, summary: dict):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..plotting import new_figure
 
     names = list(summary)
-    fig, axes = plt.subplots(1, len(names) + 1, figsize=(4 * (len(names) + 1), 3.4))
+    fig, axes = new_figure(1, len(names) + 1, figsize=(4 * (len(names) + 1), 3.4))
     for ax, name in zip(axes, names, strict=False):
         hs = list(setting.heads)
         means = [summary[name]["by_heads"][h]["mean"] for h in hs]
@@ -190,12 +187,9 @@ def _one_vs_many_markdown(setting: Setting, runs, comparison, redundancy, many: 
 
 
 def _redundancy_figure(redundancy: dict):
-    import matplotlib
+    from ..plotting import new_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    fig, axes = new_figure(1, 3, figsize=(12, 3.4))
     for key, ax, label in (("js_mean", axes[0], "mean JS distance, same-layer pairs"),
                            ("js_min", axes[1], "smallest JS distance, same-layer pairs"),
                            ("near_duplicate", axes[2], "share of near-duplicate heads (JS < 0.2)")):

@@ -40,9 +40,9 @@ from torch import Tensor, nn
 
 from ..analysis.induction import induction_scores
 from ..analysis.patterns import LABEL_RULES
-from ..attention.layer import MultiHeadAttention
-from ..attention.masks import causal, key_padding
+from ..attn.layer import MultiHeadAttention
 from ..hf.load import HFModel
+from ..masks import causal, key_padding
 from ..train import step_generator
 from .common import Setting, fit, head_metrics, log, mean_std, pick_device, write_result
 
@@ -102,7 +102,7 @@ class RepeatedText:
     mode: str = "mixed"
 
     def __post_init__(self) -> None:
-        from ..train import source_text
+        from ..data import source_text
         from .tasks import words
 
         tokens = words(source_text(self.source).replace("<unk>", " "))
@@ -265,12 +265,9 @@ def _markdown(cfg: dict, runs: list[dict], control: dict, data: RepeatedText) ->
 
 
 def _figure(run: dict, control: dict):
-    import matplotlib
+    from ..plotting import new_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, axes = new_figure(1, 3, figsize=(13, 3.6))
     steps = run["step"]
     H = len(run["induction"][0][-1])
     for h in range(H):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from torch import nn
 
-from ..attention.layer import MultiHeadAttention
+from ..attn.layer import MultiHeadAttention
 from ..heads.curve import PruningCurve, pruning_curve
 from ..heads.tasks import Task
 from ..hf.load import HFModel

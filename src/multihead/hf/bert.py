@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attention.layer import MultiHeadAttention
-from ..attention.masks import causal, from_tensor
+from ..attn.layer import MultiHeadAttention
+from ..masks import causal, from_tensor
+from .load import ModelLike, as_module
 
 __all__ = ["BertAttentionAdapter", "attention_from_bert", "is_bert_attention", "swap_bert_attention"]
 
@@ -129,12 +130,13 @@ class BertAttentionAdapter(nn.Module):
         return hidden, weights
 
 
-def swap_bert_attention(model: nn.Module, *, inplace: bool = False) -> nn.Module:
+def swap_bert_attention(model: ModelLike, *, inplace: bool = False) -> nn.Module:
     """Replace every BERT-style attention block of ``model`` with a :class:`BertAttentionAdapter`.
 
     Returns the modified model: a deep copy unless ``inplace`` (the caller's model is left
     untouched by default). Raises ValueError when the model has no such block.
     """
+    model = as_module(model)
     target = model if inplace else copy.deepcopy(model)
     blocks = [(name, m) for name, m in target.named_modules() if is_bert_attention(m)]
     if not blocks:

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attention import attention
-from ..attention.layer import MultiHeadAttention, scale_heads
-from ..attention.masks import Mask, as_mask, causal, from_tensor
+from ..attn import attention
+from ..attn.layer import MultiHeadAttention, scale_heads
+from ..masks import Mask, as_mask, causal, from_tensor
+from .load import ModelLike, as_module
 
 __all__ = ["IMPLEMENTATION", "AttentionCapture", "LayerCallback"]
 
@@ -39,8 +40,8 @@ _REGISTERED = False
 class AttentionCapture:
     """Context manager routing a model's attention through the capture function."""
 
-    def __init__(self, model: nn.Module, callback: LayerCallback) -> None:
-        self.model = model
+    def __init__(self, model: ModelLike, callback: LayerCallback) -> None:
+        self.model = as_module(model)
         self.callback = callback
         self._saved: list[tuple[Any, str]] = []
         self._w_o: dict[int, Tensor] = {}

@@ -15,14 +15,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attention.layer import MultiHeadAttention
+from ..attn.layer import MultiHeadAttention
 from .capture import GATE_ATTRIBUTE, IMPLEMENTATION, UNIFORM_ATTRIBUTE, _is_cross_attention, register
+from .load import ModelLike, as_module
 
 __all__ = ["HeadGates", "self_attention_modules"]
 
 
-def self_attention_modules(model: nn.Module) -> list[nn.Module]:
+def self_attention_modules(model: ModelLike) -> list[nn.Module]:
     """The model's self-attention modules (those transformers numbers with ``layer_idx``), in layer order."""
+    model = as_module(model)
     found: dict[int, nn.Module] = {}
     for module in model.modules():
         layer = getattr(module, "layer_idx", None)
@@ -38,7 +40,8 @@ class HeadGates:
     """Gates ξ (L, H) — or (L, B, H) per example — on a transformers model; use as a context
     manager or call :meth:`remove`."""
 
-    def __init__(self, model: nn.Module, values: Tensor | None = None) -> None:
+    def __init__(self, model: ModelLike, values: Tensor | None = None) -> None:
+        model = as_module(model)
         self.model = model
         #: (layer, head) pairs whose attention is replaced by uniform attention over visible keys
         self.uniform: set[tuple[int, int]] = set()

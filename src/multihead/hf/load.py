@@ -13,7 +13,7 @@ from torch import nn
 
 from .paths import KNOWN_MODELS, model_path
 
-__all__ = ["HFModel", "load", "right_padding"]
+__all__ = ["HFModel", "ModelLike", "as_module", "load", "require_loaded", "right_padding"]
 
 
 @dataclass
@@ -34,6 +34,27 @@ class HFModel:
     def body(self) -> nn.Module:
         """The base model (``model.base_model``): what reading attention needs, without an LM head."""
         return getattr(self.model, "base_model", self.model)
+
+
+#: What every function that takes a model accepts: what :func:`load` returns, or a bare module.
+ModelLike = HFModel | nn.Module
+
+
+def as_module(model: ModelLike) -> nn.Module:
+    """The ``nn.Module`` behind ``model``: an :class:`HFModel`'s ``.model``, or ``model`` itself."""
+    if isinstance(model, HFModel):
+        return model.model
+    if isinstance(model, nn.Module):
+        return model
+    raise TypeError(f"expected a model from mh.hf.load(...) or a torch.nn.Module; got {type(model).__name__}")
+
+
+def require_loaded(model: ModelLike, what: str) -> HFModel:
+    """``model`` if it is what :func:`load` returns; TypeError saying so otherwise (``what`` needs the tokenizer)."""
+    if isinstance(model, HFModel):
+        return model
+    raise TypeError(f"{what} needs the model with its tokenizer, as mh.hf.load(NAME_OR_FOLDER) returns it; "
+                    f"got {type(model).__name__}")
 
 
 @contextmanager
@@ -62,7 +83,10 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
         raise FileNotFoundError("Hugging Face models need transformers: run `pip install 'multihead[hf]'`") from err
     hf_logging.disable_progress_bar()
     path = model_path(name_or_path)
-    config = AutoConfig.from_pretrained(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (ValueError, KeyError) as err:
+        raise ValueError(_config_problem(path, err)) from err
     architectures = " ".join(getattr(config, "architectures", None) or [])
     is_causal = bool(getattr(config, "is_decoder", False)) or "CausalLM" in architectures
     loader = AutoModelForCausalLM if is_causal else AutoModel
@@ -82,3 +106,22 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
         num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
         max_positions=getattr(config, "max_position_embeddings", None),
     )
+
+
+def _config_problem(path: Path, err: Exception) -> str:
+    """One line on why transformers cannot read ``path``'s config.json."""
+    import json
+
+    import transformers
+
+    try:
+        model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return f"{path}/config.json is not a readable JSON object"
+    if model_type is None:
+        return f"{path}/config.json names no model_type (expected e.g. \"bert\" or \"llama\")"
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if "does not recognize" in first or "Unrecognized" in first or isinstance(err, KeyError):
+        return (f"{path}: model_type {model_type!r} is not an architecture transformers {transformers.__version__} "
+                "knows; multihead loads the models transformers can load")
+    return f"{path}/config.json: {first}"

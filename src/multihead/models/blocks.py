@@ -15,8 +15,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from ..attention.layer import KVCache, MultiHeadAttention
-from ..attention.masks import Mask, causal
+from ..attn.layer import KVCache, MultiHeadAttention
+from ..masks import Mask, causal
 
 __all__ = ["DecoderBlock", "EncoderBlock", "FeedForward", "sinusoidal_positions"]
 

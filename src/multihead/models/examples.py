@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention.masks import causal, from_tensor
+from ..masks import causal, from_tensor
 from .blocks import EncoderBlock
 
 __all__ = ["GraphTransformer", "VisionTransformer", "train_graph_karate", "train_recommender", "train_vit_digits"]

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..attention.layer import KVCache
-from ..attention.masks import causal, key_padding
+from ..attn.layer import KVCache
+from ..masks import causal, key_padding
 from .blocks import DecoderBlock, EncoderBlock, sinusoidal_positions
 
 __all__ = ["DecoderLM", "Encoder", "EncoderDecoder", "ModelConfig"]
@@ -77,7 +77,7 @@ def _padding(attention_mask: Tensor | None):
 
 def _use_rotary(model: nn.Module, config: ModelConfig) -> None:
     if config.positions == "rotary":
-        from ..attention.layer import MultiHeadAttention
+        from ..attn.layer import MultiHeadAttention
 
         for m in model.modules():
             if isinstance(m, MultiHeadAttention):

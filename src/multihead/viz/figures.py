@@ -8,15 +8,15 @@ package (Noto Sans CJK, installed by ``make``), and put behind the default font 
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+from ..plotting import cjk_font, new_figure, save_figure, styled
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -24,45 +24,6 @@ if TYPE_CHECKING:
     from ..analysis.report import Report
 
 __all__ = ["cjk_font", "head_heatmap", "layer_grid", "model_grid", "save", "similarity_matrix"]
-
-_CJK_FAMILIES = ("Noto Sans CJK SC", "Noto Sans CJK TC", "Noto Sans CJK JP", "Source Han Sans SC",
-                 "WenQuanYi Zen Hei", "WenQuanYi Micro Hei", "Droid Sans Fallback", "AR PL UMing CN")
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no screen here, and no window wanted
-    import matplotlib.pyplot as plt
-
-    _setup_fonts()
-    return plt
-
-
-@cache
-def cjk_font() -> str | None:
-    """The family name of a CJK-capable font made available to matplotlib, or None."""
-    from matplotlib import font_manager
-
-    installed = {f.name for f in font_manager.fontManager.ttflist}
-    for family in _CJK_FAMILIES:
-        if family in installed:
-            return family
-    spec = importlib.util.find_spec("cvttf_NotoSansCJK_Regular")
-    if spec is not None and spec.submodule_search_locations:
-        for path in Path(next(iter(spec.submodule_search_locations))).glob("*.otf"):
-            font_manager.fontManager.addfont(str(path))
-            return font_manager.FontProperties(fname=str(path)).get_name()
-    return None
-
-
-@cache
-def _setup_fonts() -> None:
-    import matplotlib
-
-    family = cjk_font()
-    if family is not None:  # a list of families is matplotlib's per-glyph fallback chain
-        matplotlib.rcParams["font.family"] = ["DejaVu Sans", family]
 
 
 def _matrix(weights: Tensor, dims: int, name: str) -> Tensor:
@@ -80,15 +41,15 @@ def _labels(tokens: Sequence[str] | None, n: int, which: str) -> list[str]:
     return [str(t) for t in tokens]
 
 
+@styled
 def head_heatmap(weights: Tensor, tokens: Sequence[str] | None = None, key_tokens: Sequence[str] | None = None,
                  *, title: str = "", ax=None) -> Figure:
     """One head's attention (T, S): rows are queries, columns keys, with token labels on both axes."""
     w = _matrix(weights, 2, "weights")
-    plt = _pyplot()
     T, S = w.shape
     if ax is None:
         size = max(3.0, min(0.28 * max(T, S) + 1.5, 30.0))
-        fig, ax = plt.subplots(figsize=(size + 1, size), dpi=100)
+        fig, ax = new_figure(figsize=(size + 1, size), dpi=100)
     else:
         fig = ax.figure
     image = ax.imshow(w.numpy(), cmap="viridis", vmin=0, vmax=max(float(w.max()), 1e-6), aspect="auto")
@@ -104,15 +65,15 @@ def head_heatmap(weights: Tensor, tokens: Sequence[str] | None = None, key_token
     return fig
 
 
+@styled
 def layer_grid(weights: Tensor, tokens: Sequence[str] | None = None, *, layer: int | None = None,
                labels: Sequence[str] | None = None, columns: int = 4) -> Figure:
     """A layer's heads (H, T, S) side by side, each titled with its label when given."""
     w = _matrix(weights, 3, "weights")
-    plt = _pyplot()
     H, T, S = w.shape
     cols = min(columns, H)
     rows = math.ceil(H / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), dpi=100, squeeze=False)
+    fig, axes = new_figure(rows, cols, figsize=(3.2 * cols, 3.2 * rows), dpi=100, squeeze=False)
     names = _labels(tokens, T, "query") if tokens is not None else None
     show = T <= 24  # token labels only while they stay legible
     for h in range(rows * cols):
@@ -135,15 +96,15 @@ def layer_grid(weights: Tensor, tokens: Sequence[str] | None = None, *, layer: i
     return fig
 
 
+@styled
 def model_grid(maps: Tensor, report: Report | None = None, *, title: str = "") -> Figure:
     """The whole model as an L x H grid of thumbnails (maps (L, H, T, S) for one sentence), each
     titled with the head's pattern label from ``report``."""
     m = _matrix(maps, 4, "maps")
-    plt = _pyplot()
     L, H = m.shape[:2]
     if report is not None and (report.num_layers, report.num_heads) != (L, H):
         raise ValueError(f"the report is for {report.num_layers} x {report.num_heads} heads; the maps are {L} x {H}")
-    fig, axes = plt.subplots(L, H, figsize=(1.3 * H, 1.35 * L), dpi=100, squeeze=False)
+    fig, axes = new_figure(L, H, figsize=(1.3 * H, 1.35 * L), dpi=100, squeeze=False)
     for layer in range(L):
         for h in range(H):
             ax = axes[layer][h]
@@ -160,15 +121,15 @@ def model_grid(maps: Tensor, report: Report | None = None, *, title: str = "") -
     return fig
 
 
+@styled
 def similarity_matrix(matrix: Tensor, num_heads: int, *, title: str = "head x head similarity",
                       distance: bool = True) -> Figure:
     """An (N, N) head x head matrix (N = L·H, head n is layer n // H), with layer boundaries drawn."""
     m = _matrix(matrix, 2, "matrix")
     if m.shape[0] != m.shape[1] or m.shape[0] % num_heads:
         raise ValueError(f"expected an (L·H, L·H) matrix with H={num_heads}; got {tuple(m.shape)}")
-    plt = _pyplot()
     N = m.shape[0]
-    fig, ax = plt.subplots(figsize=(7, 6), dpi=100)
+    fig, ax = new_figure(figsize=(7, 6), dpi=100)
     image = ax.imshow(m.numpy(), cmap="magma" if distance else "viridis", aspect="equal")
     for b in range(num_heads, N, num_heads):
         ax.axhline(b - 0.5, color="white", linewidth=0.5)
@@ -183,12 +144,5 @@ def similarity_matrix(matrix: Tensor, num_heads: int, *, title: str = "head x he
 
 
 def save(fig: Figure, path: str | Path) -> Path:
-    """Write a figure as PNG or SVG (by suffix) and close it."""
-    path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg"):
-        raise ValueError(f"figures are saved as .png or .svg; got {path.name!r}")
-    fig.savefig(path)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path
+    """Write a figure as PNG or SVG (by suffix), atomically."""
+    return save_figure(fig, path)

@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from ..files import write_atomically
+from ..jsonable import json_number
+
 if TYPE_CHECKING:
     from ..analysis.report import Report
     from ..hf.load import HFModel
@@ -84,7 +87,7 @@ def page_data(sentences: Sequence[tuple[str, Sequence[str], Tensor]], report: Re
         data["labels"] = [r.label for r in report.heads]
         data["metric_names"] = list(report.heads[0].metrics) if report.heads else []
         data["heads"] = [{"layer": r.layer, "head": r.head, "label": r.label, "flags": list(r.flags),
-                          "metrics": {k: (None if v != v else round(float(v), 4)) for k, v in r.metrics.items()}}
+                          "metrics": {k: json_number(v, 4) for k, v in r.metrics.items()}}
                          for r in report.heads]
         red = report.redundancy or {}
         if red.get("js_distance") is not None:
@@ -165,8 +168,4 @@ def view_page(model: HFModel, texts: Sequence[str], report: Report | None = None
 
 
 def write_page(page: str, path: str | Path) -> Path:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_atomically(path, page)

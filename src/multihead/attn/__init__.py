@@ -1,6 +1,5 @@
-"""Attention kernels, masks, memory estimates and the multi-head layer."""
+"""Attention kernels, memory estimates and the multi-head layer (masks: :mod:`multihead.masks`)."""
 
-from . import masks
 from .kernels import BACKENDS, BackendChoice, attention, explain_backend
 from .layer import KVCache, MultiHeadAttention
 from .memory import AttentionMemoryError, MemoryEstimate, estimate_memory
@@ -15,5 +14,4 @@ __all__ = [
     "attention",
     "estimate_memory",
     "explain_backend",
-    "masks",
 ]

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..masks import INF, Cover
 from .chunked import Chunk
-from .masks import INF, Cover
 
 __all__ = ["PlanSummary", "keys_per_query", "plan_chunks", "plan_cost"]
 

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
+from ..masks import Mask
 from .kernels import BACKENDS, attention
-from .masks import Mask
 
 __all__ = ["MultiHeadAttention"]
 

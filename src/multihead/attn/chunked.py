@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .masks import Mask, TopK
+from ..masks import Mask, TopK
 
 __all__ = ["Chunk", "chunked_attention"]
 

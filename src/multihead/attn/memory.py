@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .masks import FULL, Mask, as_mask, split_topk
+from ..masks import FULL, Mask, as_mask, split_topk
 
 __all__ = ["AttentionMemoryError", "MemoryEstimate", "available_memory", "check_memory", "estimate_memory"]
 

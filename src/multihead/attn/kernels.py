@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..masks import FULL, Causal, Mask, TopK, as_mask, split_topk
 from .chunked import chunked_attention
-from .masks import FULL, Causal, Mask, TopK, as_mask, split_topk
 from .memory import check_memory, estimate_memory
 from .plans import keys_per_query, plan_chunks
 
