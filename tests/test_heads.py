@@ -259,9 +259,9 @@ def test_cli_prune_on_minilm_writes_the_curve(tmp_path):
 
 
 def test_models_without_attention_and_bad_head_lists_fail_clearly():
-    with pytest.raises(ValueError, match="no transformers self-attention layer"):
+    with pytest.raises(ValueError, match="has no attention layer multihead can find"):
         prune_heads(torch.nn.Sequential(torch.nn.Linear(2, 2)), {0: [0]})
-    with pytest.raises(ValueError, match="no transformers self-attention layer"):
+    with pytest.raises(ValueError, match="has no attention layer multihead can find"):
         HeadGates(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match=r"heads \[6\] out of range"):
         prune_heads(_Stack(), {0: [6]})

@@ -373,7 +373,9 @@ def test_capture_of_our_own_layers_equals_the_math_reference():
     with capture, torch.no_grad():
         got = model(x, memory, pad)
     torch.testing.assert_close(got, want, atol=float_tolerance(want, ops=512), rtol=1e-4)
-    assert sorted(seen) == [0, 2]  # module order; the cross-attention layer (1) is skipped
+    assert sorted(seen) == [0, 1]  # layers of the self-attention stack; the cross-attention module is its own stack
+    assert [(site.stack, site.layer) for site in mh.hf.sites.find_sites(model)] == [
+        ("encoder", 0), ("cross", 0), ("encoder", 1)]
     w, out, vis = seen[0]
     with torch.no_grad():
         q = model.a.q_proj(x).view(2, 6, 4, 4).transpose(1, 2)
@@ -383,7 +385,7 @@ def test_capture_of_our_own_layers_equals_the_math_reference():
     torch.testing.assert_close(w, ref_w)
     torch.testing.assert_close(out, ref_out)
     assert vis.shape == (2, 1, 6, 6) and not vis[1, 0, :, 4:].any()
-    w_b, _, vis_b = seen[2]
+    w_b, _, vis_b = seen[1]
     assert w_b.shape == (2, 4, 6, 6) and (w_b.triu(1) == 0).all() and not vis_b[0, 0, 0, 1]
     torch.testing.assert_close(capture.output_projection(0), model.a.out_proj.weight)
     assert model.a._observers == [] and model.a.backend == "sdpa"  # nothing left behind

@@ -29,8 +29,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..attn.layer import MultiHeadAttention
-from ..hf.load import ModelLike, as_module
+from ..hf.load import ModelLike
 from ..jsonable import json_matrix
 
 __all__ = ["AttentionProjections", "GradientMonitor", "find_attention_projections"]
@@ -50,32 +49,15 @@ class AttentionProjections:
 
 
 def find_attention_projections(model: ModelLike) -> list[AttentionProjections]:
-    """Every self-attention layer of ``model`` in module order (cross-attention skipped)."""
-    model = as_module(model)
-    found: list[AttentionProjections] = []
-    claimed: set[int] = set()
-    for name, m in model.named_modules():
-        if id(m) in claimed or "cross" in name.lower() or "Cross" in type(m).__name__:
-            continue
-        entry = None
-        if isinstance(m, MultiHeadAttention):
-            entry = AttentionProjections(name, m.q_proj, m.k_proj, m.v_proj, m.out_proj, m.num_heads, m.num_kv_heads)
-        elif all(isinstance(getattr(m, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
-            config = getattr(m, "config", None)
-            heads = int(getattr(m, "num_heads", None) or getattr(config, "num_attention_heads", 0))
-            kv = int(getattr(m, "num_key_value_heads", None) or getattr(config, "num_key_value_heads", None) or heads)
-            if heads:
-                entry = AttentionProjections(name, m.q_proj, m.k_proj, m.v_proj, m.o_proj, heads, kv)
-        else:
-            inner, output = getattr(m, "self", None), getattr(m, "output", None)
-            if inner is not None and all(isinstance(getattr(inner, n, None), nn.Linear)
-                                         for n in ("query", "key", "value")) \
-                    and isinstance(getattr(output, "dense", None), nn.Linear):
-                heads = int(inner.num_attention_heads)
-                entry = AttentionProjections(name, inner.query, inner.key, inner.value, output.dense, heads, heads)
-        if entry is not None:
-            found.append(entry)
-            claimed.update(id(x) for x in m.modules())
+    """Every self-attention layer of ``model`` with separate Q/K/V/O projections, in module order
+    (read from :func:`multihead.hf.sites.find_sites`; cross-attention skipped)."""
+    from ..hf.sites import find_sites
+
+    found = []
+    for site in find_sites(model):
+        if site.kind == "self" and all(isinstance(p, nn.Linear) for p in (site.q, site.k, site.v, site.o)):
+            found.append(AttentionProjections(site.name, site.q, site.k, site.v, site.o, site.num_heads,
+                                              site.num_kv_heads))
     return found
 
 

@@ -62,6 +62,8 @@ def attention(
     dropout_p: float = 0.0,
     need_weights: bool = False,
     backend: str = "auto",
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Scaled dot-product attention over heads.
 
@@ -79,6 +81,11 @@ def attention(
         need_weights: also return the per-head attention weights (B, H, T, S).
         backend: one of :data:`BACKENDS`: "auto", "math", "sdpa", or the chunked kernels
             "local" (bands, global tokens), "sparse" (block layouts), "topk".
+        softcap: cap the scores smoothly at ±softcap before the mask: ``softcap·tanh(s/softcap)``
+            (Gemma 2's logit soft-capping). Math path only.
+        sinks: (H,) learned sink logits (GPT-OSS, StreamingLLM-style sinks): each row's softmax
+            gets one extra logit that takes probability mass and is then dropped, so a row's
+            weights sum to less than 1. Math path only.
 
     Returns:
         ``(out, weights)``: out (B, H, T, Dv) in q's dtype; weights (B, H, T, S) before
@@ -90,11 +97,19 @@ def attention(
     """
     mask = as_mask(mask)
     _check_inputs(q, k, v, scale, dropout_p)
-    choice = _choose(q, k, mask, need_weights, backend)
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be a positive number; got {softcap!r}")
+    if sinks is not None and (sinks.dim() != 1 or sinks.shape[0] != q.shape[1]):
+        raise ValueError(f"sinks must be one logit per query head, ({q.shape[1]},); got {tuple(sinks.shape)}")
+    extras = [name for name, value in (("softcap", softcap), ("sinks", sinks)) if value is not None]
+    choice = _choose(q, k, mask, need_weights, "math" if extras and backend == "auto" else backend)
+    if extras and choice.backend != "math":
+        raise ValueError(f"{' and '.join(extras)} need backend='math' (the fused and chunked kernels do not "
+                         f"implement them); got backend={backend!r}")
     check_memory(estimate_memory(q, k, v, mask, need_weights=need_weights, backend=choice.backend))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if choice.backend == "math":
-        out, weights = _math_attention(q, k, v, mask, scale, dropout_p)
+        out, weights = _math_attention(q, k, v, mask, scale, dropout_p, softcap=softcap, sinks=sinks)
         return out, (weights if need_weights else None)
     if choice.backend == "sdpa":
         return _sdpa_attention(q, k, v, mask, scale, dropout_p), None
@@ -193,7 +208,8 @@ def _choose(q: Tensor, k: Tensor, mask: Mask | None, need_weights: bool, backend
 
 
 def _math_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: float, dropout_p: float
+    q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: float, dropout_p: float, *,
+    softcap: float | None = None, sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     B, H, T, _ = q.shape
     Hkv, S = k.shape[1], k.shape[2]
@@ -205,6 +221,8 @@ def _math_attention(
     # The GEMM applies the scale itself (alpha): no extra pass over q or over the scores.
     scores = torch.baddbmm(q3.new_empty(B * H, T, S), q3, k3.transpose(1, 2), beta=0.0, alpha=scale)
     scores = scores.view(B, H, T, S).to(compute)  # (B, H, T, S)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)  # (B, H, T, S) within ±softcap
     visible = None
     top, mask = split_topk(mask)
     if mask is not None:
@@ -214,7 +232,10 @@ def _math_attention(
         scores = scores.masked_fill(~keep, float("-inf"))  # (B, H, T, S)
     if top is not None:  # keep each row's k largest allowed scores
         scores = scores.masked_fill(~TopK(top).select(scores), float("-inf"))  # (B, H, T, S)
-    if scores.requires_grad or scores.device.type != "cpu" or torch.compiler.is_compiling():
+    if sinks is not None:  # one extra logit per head joins each row's softmax, then leaves with its mass
+        sink = sinks.to(compute).view(1, H, 1, 1).expand(B, H, T, 1)  # (B, H, T, 1)
+        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :S]  # (B, H, T, S)
+    elif scores.requires_grad or scores.device.type != "cpu" or torch.compiler.is_compiling():
         weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
     else:
         # No autograd graph: soft-max the fresh scores in place. On the CPU this skips a

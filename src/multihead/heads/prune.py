@@ -29,8 +29,10 @@ import torch
 from torch import Tensor, nn
 
 from ..attn.layer import MultiHeadAttention
-from ..hf.gates import self_attention_modules
+from ..files import StagedFiles
+from ..hf.gates import self_attention_sites
 from ..hf.load import ModelLike, as_module
+from ..hf.sites import AttentionSite
 
 __all__ = ["PRUNED_FILE", "count_heads", "load_pruned", "prune_heads", "save_pruned"]
 
@@ -120,88 +122,97 @@ class _NoHeads(nn.Module):
         return (out + self.bias if self.bias is not None else out), None
 
 
-def _prune_bert(block: nn.Module, pruned: list[int]) -> None:
-    inner, dense = block.self, block.output.dense
-    H, Dk = int(inner.num_attention_heads), int(inner.attention_head_size)
-    kept = [h for h in range(H) if h not in pruned]
-    rows = _head_rows(kept, Dk)
-    block.output.dense = _take_columns(dense, rows)
-    if not kept:
-        block.self = _NoHeads(dense.out_features, False, None)
-        return
-    inner.query, inner.key, inner.value = (_take_rows(getattr(inner, n), rows) for n in ("query", "key", "value"))
-    inner.num_attention_heads = len(kept)
-    inner.all_head_size = len(kept) * Dk
+#: Attributes transformers attention modules keep their head counts and widths in.
+_HEAD_COUNTS = ("num_heads", "num_attention_heads", "n_heads", "n_head")
+_WIDTHS = ("all_head_size", "inner_dim", "embed_dim_heads")
 
 
-def _prune_llama(parent: nn.Module, name: str, attn: nn.Module, pruned: list[int]) -> None:
-    Dk = int(attn.head_dim)
-    H = attn.q_proj.out_features // Dk
-    Hkv = attn.k_proj.out_features // Dk
+def _prune_site(model: nn.Module, site: AttentionSite, pruned: list[int]) -> None:
+    """Shrink one transformers attention site: rows of W^Q/W^K/W^V, columns of W^O."""
+    attn, Dk = site.module, site.head_dim
+    if site.qkv is not None or not all(isinstance(p, nn.Linear) for p in (site.q, site.k, site.v, site.o)):
+        raise TypeError(f"{type(attn).__name__} keeps Q, K and V in one fused projection (or W^O is not a "
+                        "Linear); physical pruning takes separate ones — gate its heads instead (HeadGates)")
+    H, Hkv = site.num_heads, site.num_kv_heads
     kept = [h for h in range(H) if h not in pruned]
+    names = {id(m): n for n, m in model.named_modules()}
+    o_on_block = not any(site.o is c for c in attn.children())  # BERT, ViT: W^O on the block's output
+    parent_name, _, child = site.name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    if o_on_block:
+        holder_name, _, o_name = names[id(site.o)].rpartition(".")
+        setattr(model.get_submodule(holder_name), o_name, _take_columns(site.o, _head_rows(kept, Dk)))
     if not kept:
-        bias = attn.o_proj.bias
-        setattr(parent, name, _NoHeads(attn.o_proj.out_features, True, bias))
+        bias = None if o_on_block else site.o.bias
+        setattr(parent, child, _NoHeads(site.o.out_features, not o_on_block, bias))
         return
     kv = _kv_plan(kept, H, Hkv)
-    attn.q_proj = _take_rows(attn.q_proj, _head_rows(kept, Dk))
-    attn.k_proj = _take_rows(attn.k_proj, _head_rows(kv, Dk))
-    attn.v_proj = _take_rows(attn.v_proj, _head_rows(kv, Dk))
-    attn.o_proj = _take_columns(attn.o_proj, _head_rows(kept, Dk))
-    attn.num_key_value_groups = len(kept) // len(kv)
-    for attr, value in (("num_heads", len(kept)), ("num_key_value_heads", len(kv))):
-        if hasattr(attn, attr):
-            setattr(attn, attr, value)
+    for proj, heads in ((site.q, kept), (site.k, kv), (site.v, kv)):
+        attr = next(n for n, c in attn.named_children() if c is proj)
+        setattr(attn, attr, _take_rows(proj, _head_rows(heads, Dk)))
+    if not o_on_block:
+        attr = next(n for n, c in attn.named_children() if c is site.o)
+        setattr(attn, attr, _take_columns(site.o, _head_rows(kept, Dk)))
+    for attr, param in list(attn.named_parameters(recurse=False)):  # per-head vectors (GPT-OSS's sink logits)
+        if param.dim() == 1 and param.shape[0] == H:
+            setattr(attn, attr, nn.Parameter(param.detach()[kept].clone(), requires_grad=param.requires_grad))
+    for attr in _HEAD_COUNTS:
+        if isinstance(getattr(attn, attr, None), int):
+            setattr(attn, attr, len(kept))
+    for attr in _WIDTHS:
+        if isinstance(getattr(attn, attr, None), int):
+            setattr(attn, attr, len(kept) * Dk)
+    if isinstance(getattr(attn, "num_key_value_groups", None), int):
+        attn.num_key_value_groups = len(kept) // len(kv)
+    if isinstance(getattr(attn, "num_key_value_heads", None), int):
+        attn.num_key_value_heads = len(kv)
 
 
-def prune_heads(model: ModelLike, heads: Mapping[int, Iterable[int]]) -> nn.Module:
-    """Remove ``heads[layer]`` from each layer, in place; returns the module.
+def prune_heads(model: ModelLike, heads: Mapping[int, Iterable[int]], *, stack: str | None = None) -> nn.Module:
+    """Remove ``heads[layer]`` from each layer of one stack (default: the model's only
+    self-attention stack), in place; returns the module.
 
     ``model``: what :func:`multihead.hf.load` returns, or a bare module (ours or transformers').
+    Raises TypeError for attention whose projections are fused (GPT-2's ``c_attn``): gate those.
     """
     model = as_module(model)
-    ours = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    if ours:
-        for layer, hs in heads.items():
-            if not 0 <= int(layer) < len(ours):
-                raise ValueError(f"layer {layer} out of range; the model has {len(ours)} attention layers")
-            _prune_ours(ours[int(layer)], _check_heads(hs, ours[int(layer)].num_heads, f"layer {layer}"))
-        return model
-    modules = self_attention_modules(model)
-    names = {id(m): n for n, m in model.named_modules()}
+    sites = self_attention_sites(model, stack)
     for layer, hs in heads.items():
-        if not 0 <= int(layer) < len(modules):
-            raise ValueError(f"layer {layer} out of range; the model has {len(modules)} attention layers")
-        attn = modules[int(layer)]
-        parent_name, _, child = names[id(attn)].rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        if all(isinstance(getattr(attn, n, None), nn.Linear) for n in ("query", "key", "value")) and \
-                isinstance(getattr(getattr(parent, "output", None), "dense", None), nn.Linear):
-            _prune_bert(parent, _check_heads(hs, int(attn.num_attention_heads), f"layer {layer}"))
-        elif all(isinstance(getattr(attn, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
-            _prune_llama(parent, child, attn, _check_heads(hs, attn.q_proj.out_features // int(attn.head_dim),
-                                                           f"layer {layer}"))
+        if not 0 <= int(layer) < len(sites):
+            raise ValueError(f"layer {layer} out of range; the model has {len(sites)} attention layers")
+        site = sites[int(layer)]
+        if site.repeats > 1:
+            raise TypeError(f"{type(site.module).__name__} computes {site.repeats} layers with one set of weights "
+                            "(shared, as in ALBERT): pruning a head would prune it in all of them")
+        pruned = _check_heads(hs, site.num_heads, f"layer {layer}")
+        if site.ours:
+            _prune_ours(site.module, pruned)
         else:
-            raise TypeError(f"layer {layer} ({type(attn).__name__}) is neither BERT-style nor Llama-style attention")
+            _prune_site(model, site, pruned)
     return model
 
 
 def count_heads(model: ModelLike) -> list[int]:
-    """Heads left in each attention layer."""
+    """Heads left in each attention layer of the model's self-attention stack."""
     model = as_module(model)
-    ours = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    if ours:
-        return [m.num_heads for m in ours]
+    if any(isinstance(m, MultiHeadAttention) for m in model.modules()):
+        return [m.num_heads for m in model.modules() if isinstance(m, MultiHeadAttention)]
     counts = []
-    for module in model.modules():
+    names = {id(m): n for n, m in model.named_modules()}
+    live = {names[id(s.module)]: s.num_heads for s in self_attention_sites_or_empty(model)}
+    for name, module in model.named_modules():
         if isinstance(module, _NoHeads):
-            counts.append(0)
-        elif getattr(module, "layer_idx", None) is not None and hasattr(module, "config"):
-            q = getattr(module, "query", None) or getattr(module, "q_proj", None)
-            dim = getattr(module, "attention_head_size", None) or getattr(module, "head_dim", None)
-            if isinstance(q, nn.Linear) and dim:
-                counts.append(q.out_features // int(dim))
-    return counts
+            counts.append((name, 0))
+        elif name in live:
+            counts.append((name, live[name]))
+    return [n for _, n in counts]
+
+
+def self_attention_sites_or_empty(model: nn.Module) -> list[AttentionSite]:
+    try:
+        return self_attention_sites(model)
+    except ValueError:  # every layer pruned away
+        return []
 
 
 def save_pruned(model: ModelLike, folder: str | Path, heads: Mapping[int, Iterable[int]], *,
@@ -213,9 +224,11 @@ def save_pruned(model: ModelLike, folder: str | Path, heads: Mapping[int, Iterab
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(folder / "model.safetensors"))
     record = {"base": base, "pruned_heads": {str(k): sorted(int(h) for h in v) for k, v in heads.items()}}
-    (folder / PRUNED_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    with StagedFiles() as staged:  # weights and record replace an earlier pruned model together
+        save_file(state, str(staged.stage(folder / "model.safetensors")))
+        staged.stage(folder / PRUNED_FILE, json.dumps(record, indent=1))
+        staged.commit()
     return folder
 
 

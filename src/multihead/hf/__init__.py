@@ -8,6 +8,8 @@ from .capture import AttentionCapture
 from .gates import HeadGates
 from .load import HFModel, ModelLike, as_module, load
 from .paths import KNOWN_MODELS, model_path
+from .sites import AttentionSite, UnsupportedModelError, find_sites
 
-__all__ = ["KNOWN_MODELS", "AttentionCapture", "BertAttentionAdapter", "HFModel", "HeadGates", "ModelLike",
-           "as_module", "attention_from_bert", "load", "model_path", "swap_bert_attention"]
+__all__ = ["KNOWN_MODELS", "AttentionCapture", "AttentionSite", "BertAttentionAdapter", "HFModel", "HeadGates",
+           "ModelLike", "UnsupportedModelError", "as_module", "attention_from_bert", "find_sites", "load", "model_path",
+           "swap_bert_attention"]

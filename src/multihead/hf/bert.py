@@ -138,7 +138,12 @@ def swap_bert_attention(model: ModelLike, *, inplace: bool = False) -> nn.Module
     """
     model = as_module(model)
     target = model if inplace else copy.deepcopy(model)
-    blocks = [(name, m) for name, m in target.named_modules() if is_bert_attention(m)]
+    blocks = []
+    for site in _sites_or_none(target):  # the one way of finding attention; a BERT block holds its site
+        block_name = site.name.rpartition(".")[0]
+        block = target.get_submodule(block_name) if block_name else target
+        if site.name and is_bert_attention(block):
+            blocks.append((block_name, block))
     if not blocks:
         raise ValueError(f"{type(model).__name__} has no BERT-style attention blocks to swap")
     for name, block in blocks:
@@ -146,3 +151,12 @@ def swap_bert_attention(model: ModelLike, *, inplace: bool = False) -> nn.Module
         parent = target.get_submodule(parent_name) if parent_name else target
         setattr(parent, child, BertAttentionAdapter.from_bert(block))
     return target
+
+
+def _sites_or_none(model: nn.Module) -> list:
+    from .sites import UnsupportedModelError, find_sites
+
+    try:
+        return find_sites(model)
+    except UnsupportedModelError:
+        return []

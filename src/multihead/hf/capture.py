@@ -1,12 +1,15 @@
 """See every head of a Hugging Face model: a registered transformers attention function.
 
-While :class:`AttentionCapture` is active, every attention layer of the model (BERT-family
-encoders, Llama/GPT-style decoders, grouped-query included, and models built from our own
-:class:`~multihead.MultiHeadAttention`, numbered by their order among the model's
-``MultiHeadAttention`` modules; cross-attention calls are not reported) computes its attention
-with our math kernel and hands ``(layer, weights, head_outputs, visible)`` to a callback — one
-layer at a time, so nothing holds L·H·n² maps at once. This is not ``output_attentions=True``: the model
-never returns the maps; the callback reduces them and lets them go.
+While :class:`AttentionCapture` is active, every attention site (:mod:`multihead.hf.sites`) of
+one stack of the model — by default its single self-attention stack — computes its attention
+with our math kernel and hands ``(layer, weights, head_outputs, visible)`` to a callback, one
+layer at a time, so nothing holds L·H·n² maps at once. This is not ``output_attentions=True``:
+the model never returns the maps; the callback reduces them and lets them go.
+
+The model computes exactly what it computes without the capture: every argument transformers
+passes to its attention function is honoured — scaling, dropout, Gemma 2's ``softcap``,
+sliding windows, GPT-OSS's sink logits (``s_aux``), T5's relative ``position_bias``,
+``is_causal`` — and an argument the capture does not know is an error that names it.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from torch import Tensor, nn
 
 from ..attn import attention
 from ..attn.layer import MultiHeadAttention, scale_heads
-from ..masks import Mask, as_mask, causal, from_tensor
+from ..masks import Mask, as_mask, causal, from_tensor, window
 from .load import ModelLike, as_module
+from .sites import AttentionSite, find_sites, main_stack
 
 __all__ = ["IMPLEMENTATION", "AttentionCapture", "LayerCallback"]
 
@@ -38,38 +42,49 @@ _REGISTERED = False
 
 
 class AttentionCapture:
-    """Context manager routing a model's attention through the capture function."""
+    """Context manager routing a model's attention through the capture function.
 
-    def __init__(self, model: ModelLike, callback: LayerCallback) -> None:
+    ``stack``: which stack's layers report to ``callback`` (default: the model's one
+    self-attention stack; an encoder–decoder model must name one). Layers are numbered within
+    the stack (see :func:`~multihead.hf.sites.find_sites`).
+    """
+
+    def __init__(self, model: ModelLike, callback: LayerCallback, *, stack: str | None = None) -> None:
         self.model = as_module(model)
         self.callback = callback
+        self.sites = find_sites(self.model)
+        self.stack = stack if stack is not None else main_stack(self.sites)
+        watched = [s for s in self.sites if s.stack == self.stack]
+        if not watched:
+            raise ValueError(f"the model has no {self.stack!r} stack; it has "
+                             f"{sorted({s.stack for s in self.sites})}")
+        self._site_of = {id(s.module): s for s in watched}
+        self._calls: dict[int, int] = {}  # a shared module (ALBERT) computes consecutive layers, call by call
         self._saved: list[tuple[Any, str]] = []
-        self._w_o: dict[int, Tensor] = {}
-        self._ours: list[MultiHeadAttention] = []
+        self._w_o = {layer: _output_weight(s) for s in watched for layer in s.layers}
 
     def output_projection(self, layer: int) -> Tensor | None:
-        """W^O of a layer's self-attention, (D, H·Dv), or None when it cannot be found."""
+        """W^O of a layer of the watched stack, (D, H·Dv), or None when it cannot be found."""
         return self._w_o.get(layer)
 
+    def site_of(self, module: nn.Module) -> AttentionSite | None:
+        return self._site_of.get(id(module))
+
+    def layer_of_call(self, site: AttentionSite) -> int:
+        """The layer this call of ``site`` computes (its own, or the next of its shared run)."""
+        if site.repeats == 1:
+            return site.layer
+        n = self._calls.get(id(site.module), 0)
+        self._calls[id(site.module)] = n + 1
+        return site.layer * site.repeats + n % site.repeats
+
     def __enter__(self) -> AttentionCapture:
-        ours = [m for m in self.model.modules() if isinstance(m, MultiHeadAttention)]
+        ours = [s for s in self._site_of.values() if s.ours]
         if ours:  # models built from our layer (or HF models with it swapped in): observe each layer
-            self._ours = ours
-            for index, layer in enumerate(ours):
-                layer._observers.append(self._observer(index))
-            self._w_o = {i: layer.out_proj.weight * layer.head_gates.repeat_interleave(layer.head_dim)
-                         for i, layer in enumerate(ours)}
+            for site in ours:
+                site.module._observers.append(self._observer(site.layer))
             return self
-        register()
-        self._w_o = _output_projections(self.model)
-        for module in self.model.modules():
-            config = getattr(module, "config", None)
-            if config is not None and hasattr(config, "_attn_implementation") and \
-                    all(c is not config for c, _ in self._saved):
-                self._saved.append((config, config._attn_implementation))
-                config._attn_implementation = IMPLEMENTATION
-        if not self._saved:
-            raise ValueError(f"{type(self.model).__name__} has no transformers config to route attention through")
+        self._saved = route_through_capture(self.model)
         _ACTIVE.append(self)
         return self
 
@@ -86,31 +101,87 @@ class AttentionCapture:
         return observe
 
     def __exit__(self, *exc: object) -> None:
-        if self._ours:
-            for layer in self._ours:
-                layer._observers[:] = [o for o in layer._observers if getattr(o, "capture", None) is not self]
-            self._ours = []
+        ours = [s for s in self._site_of.values() if s.ours]
+        if ours:
+            for site in ours:
+                site.module._observers[:] = [o for o in site.module._observers
+                                             if getattr(o, "capture", None) is not self]
             return
         _ACTIVE.remove(self)
-        for config, impl in self._saved:
-            config._attn_implementation = impl
-        self._saved.clear()
+        restore(self._saved)
+        self._saved = []
+
+
+def route_through_capture(model: nn.Module) -> list[tuple[Any, str]]:
+    """Point every transformers config of ``model`` at the capture function; returns what to restore."""
+    register()
+    saved: list[tuple[Any, str]] = []
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation") and all(c is not config for c, _ in saved):
+            saved.append((config, config._attn_implementation))
+            config._attn_implementation = IMPLEMENTATION
+    if not saved:
+        raise ValueError(f"{type(model).__name__} has no transformers config to route attention through")
+    return saved
+
+
+def restore(saved: list[tuple[Any, str]]) -> None:
+    """Undo :func:`route_through_capture`."""
+    for config, impl in saved:
+        config._attn_implementation = impl
+
+
+#: Arguments transformers passes that change nothing in the maps: flags about what to return, and
+#: positions the eager path does not read.
+_INERT = ("output_attentions", "output_hidden_states", "position_ids", "use_cache", "cache_position",
+          "return_dict")
+#: Arguments of packed (varlen) flash attention: honoured only when absent.
+_PACKED = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
 def _capture_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                        attention_mask: Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                        **kwargs: Any) -> tuple[Tensor, Tensor | None]:
-    """The one attention function both the capture and the head gates route through."""
+    """The one attention function both the capture and the head gates route through.
+
+    query (B, H, T, Dk), key/value (B, Hkv, S, D·); returns (B, T, H, Dv) as transformers expects.
+    """
     T, S = query.shape[2], key.shape[2]
+    softcap = kwargs.pop("softcap", None)
+    sinks = kwargs.pop("s_aux", None)
+    if sinks is None:
+        sinks = kwargs.pop("sinks", None)
+    position_bias = kwargs.pop("position_bias", None)
+    is_causal = kwargs.pop("is_causal", None)
+    sliding_window = kwargs.pop("sliding_window", None)
+    for name in _INERT:
+        kwargs.pop(name, None)
+    packed = [name for name in _PACKED if kwargs.pop(name, None) is not None]
+    asked = sorted({*packed, *(k for k, v in kwargs.items() if v is not None and v is not False)})
+    if asked:  # None / False: the argument asks for nothing (e.g. encoder_hidden_states=None)
+        names = ", ".join(asked)
+        raise ValueError(f"{type(module).__name__} passes {names} to its attention function; multihead's capture "
+                         "does not implement it and will not compute a different attention than the model's own")
+    causal_here = (is_causal if is_causal is not None else getattr(module, "is_causal", False)) and T > 1
     if attention_mask is not None:
-        mask = from_tensor(attention_mask[..., :S])
-    elif getattr(module, "is_causal", False) and T > 1:
+        mask: Mask | None = from_tensor(attention_mask[..., :S])
+    elif causal_here:
         mask = causal()  # transformers leaves a plain causal mask implicit
+        if sliding_window is not None and int(sliding_window) < S:  # ... and a window the mask would carry
+            mask = mask & window(int(sliding_window) - 1, 0)
     else:
         mask = None
-    watched = bool(_ACTIVE) and not _is_cross_attention(module)
+    if position_bias is not None:  # T5's relative positions: an additive bias, before the mask
+        bias = from_tensor(position_bias[..., -T:, :S].to(torch.float32 if query.dtype != torch.float64
+                                                          else query.dtype))
+        mask = bias if mask is None else bias & mask
+    capture = next((c for c in reversed(_ACTIVE) if c.site_of(module) is not None), None)
+    watched = capture is not None
+    plain = softcap is None and sinks is None
     out, weights = attention(query, key, value, mask, scale=scaling, need_weights=watched,
-                             dropout_p=dropout if module.training else 0.0, backend="math" if watched else "auto")
+                             dropout_p=dropout if module.training else 0.0,
+                             backend="auto" if plain and not watched else "math", softcap=softcap, sinks=sinks)
     uniform = getattr(module, UNIFORM_ATTRIBUTE, None)
     heads = uniform() if uniform is not None else ()
     if heads:  # Kovaleva et al.'s ablation: these heads attend uniformly to the keys they may see
@@ -124,10 +195,8 @@ def _capture_attention(module: nn.Module, query: Tensor, key: Tensor, value: Ten
     if gate is not None:
         out = scale_heads(out, gate())
     if watched:
-        layer = getattr(module, "layer_idx", None)
-        if layer is None:
-            raise ValueError(f"{type(module).__name__} has no layer_idx; cannot tell which layer it is")
-        _ACTIVE[-1].callback(int(layer), weights, out, _visible(mask, T, S, query.device))
+        capture.callback(capture.layer_of_call(capture.site_of(module)), weights, out,
+                         _visible(mask, T, S, query.device))
     return out.transpose(1, 2).contiguous(), weights  # (B, T, H, Dv) as transformers expects
 
 
@@ -139,25 +208,14 @@ def _visible(mask: Mask | None, T: int, S: int, device: torch.device) -> Tensor:
     return visible if visible.dim() == 4 else visible.view(1, 1, T, S)
 
 
-def _is_cross_attention(module: nn.Module) -> bool:
-    return bool(getattr(module, "is_cross_attention", False)) or "Cross" in type(module).__name__
-
-
-def _output_projections(model: nn.Module) -> dict[int, Tensor]:
-    """layer -> W^O weight: the attention's own ``o_proj``/``out_proj``, or BERT's ``output.dense``
-    on the parent block."""
-    found: dict[int, Tensor] = {}
-    for name, module in model.named_modules():
-        layer = getattr(module, "layer_idx", None)
-        if layer is None or _is_cross_attention(module) or int(layer) in found:
-            continue
-        proj = getattr(module, "o_proj", None) or getattr(module, "out_proj", None)
-        if proj is None and "." in name:
-            parent = model.get_submodule(name.rpartition(".")[0])
-            proj = getattr(getattr(parent, "output", None), "dense", None)
-        if isinstance(proj, nn.Linear):
-            found[int(layer)] = proj.weight
-    return found
+def _output_weight(site: AttentionSite) -> Tensor | None:
+    """W^O as (D, H·Dv): an nn.Linear's weight, or the transpose of transformers' Conv1D (GPT-2)."""
+    o = site.o
+    if isinstance(o, nn.Linear):
+        return o.weight
+    if o is not None and type(o).__name__ == "Conv1D":
+        return o.weight.T
+    return None
 
 
 def register() -> None:

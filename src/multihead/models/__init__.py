@@ -1,5 +1,6 @@
 """Transformer blocks and models built from our layer, and the model table's presets."""
 
+from . import examples
 from .blocks import DecoderBlock, EncoderBlock, FeedForward, sinusoidal_positions
 from .convert import encoder_from_bert
 from .presets import PRESETS, Preset, attention_flops_per_token, build, count_parameters, presets_table
@@ -7,4 +8,4 @@ from .transformer import DecoderLM, Encoder, EncoderDecoder, ModelConfig
 
 __all__ = ["PRESETS", "DecoderBlock", "DecoderLM", "Encoder", "EncoderBlock", "EncoderDecoder", "FeedForward",
            "ModelConfig", "Preset", "attention_flops_per_token", "build", "count_parameters", "encoder_from_bert",
-           "presets_table", "sinusoidal_positions"]
+           "examples", "presets_table", "sinusoidal_positions"]

@@ -1,0 +1,73 @@
+"""The public API as documented: every name reachable from `import multihead as mh`, no function
+shadowing a module, and one meaning for a model argument everywhere."""
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import multihead as mh
+
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+
+
+def test_every_documented_name_is_reachable_from_the_package():
+    for name in mh.__all__:
+        assert getattr(mh, name) is not None, name
+    assert callable(mh.models.build) and callable(mh.viz.head_heatmap) and callable(mh.train.train)
+    assert mh.hf.HeadGates is mh.hf.gates.HeadGates and mh.KVCache is mh.attn.layer.KVCache
+    assert mh.models.examples.train_vit_digits and mh.analysis.write_report_folder
+    assert mh.models.build("bert-base", device="meta") is not None
+
+
+def test_modules_and_functions_do_not_shadow_each_other():
+    import multihead.masks
+
+    assert multihead.masks is mh.masks and callable(mh.masks.causal)
+    attn = importlib.import_module("multihead.attn")
+    assert attn.MultiHeadAttention is mh.MultiHeadAttention
+    assert callable(mh.attention) and not isinstance(mh.attention, type(mh))  # the function
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("multihead.attention")  # no module hides behind the function's name
+
+
+def test_importing_multihead_loads_nothing_heavy():
+    code = "import sys, multihead; print(any(m == 'torch' or m.startswith('torch.') for m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def _tiny_bert():
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=32, max_position_embeddings=32)
+    return transformers.BertModel(config).eval()
+
+
+def test_a_loaded_model_and_its_module_mean_the_same_everywhere(tmp_path):
+    module = _tiny_bert()
+    loaded = mh.hf.HFModel(module, None, "tiny", tmp_path, False, 2, 4, 4, 32)
+    ids = torch.randint(0, 50, (2, 6))
+    gates = torch.ones(2, 4)
+    gates[1, 2] = 0
+    outputs = []
+    for model in (loaded, module):
+        with torch.no_grad(), mh.hf.HeadGates(model, values=gates):
+            outputs.append(module(input_ids=ids).last_hidden_state)
+    torch.testing.assert_close(outputs[0], outputs[1])
+
+    def loss_fn(out, batch):
+        return out.last_hidden_state.pow(2).mean((1, 2))
+
+    batches = [{"input_ids": ids}]
+    a = mh.head_importance(loaded, batches, loss_fn).raw
+    b = mh.head_importance(module, batches, loss_fn).raw
+    torch.testing.assert_close(a, b)
+    assert mh.heads.count_heads(loaded) == mh.heads.count_heads(module) == [4, 4]
+    assert mh.prune_heads(loaded, {0: [1]}) is module and mh.heads.count_heads(module) == [3, 4]
+    with pytest.raises(TypeError, match=r"mh\.hf\.load\(\.\.\.\) or a torch\.nn\.Module; got str"):
+        mh.prune_heads("minilm", {0: [0]})
+    with pytest.raises(TypeError, match="analyze needs the model with its tokenizer"):
+        mh.analyze(module, ["text"])

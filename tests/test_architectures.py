@@ -1,0 +1,164 @@
+"""Any model a researcher brings: for every architecture in tests/architectures.py, either the
+captured maps are transformers' own (eager ``output_attentions``, in float64; several eager paths
+soft-max in float32 even then, hence 2e-6 rather than 1e-10 — a missed soft-cap, window or sink
+moves weights by 1e-2 or more) with the
+model's outputs unchanged under capture, gates at 0 equal physical pruning and the report has one
+finite record per head — or a one-line refusal that names the architecture."""
+
+import math
+
+import pytest
+import torch
+
+import multihead as mh
+from architectures import ARCHITECTURES, build, inputs
+from multihead.hf.sites import UnsupportedModelError
+
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+
+SUPPORTED = [n for n, (_, _, what) in ARCHITECTURES.items() if what == "supported"]
+ENCODER_DECODER = [n for n, (_, _, what) in ARCHITECTURES.items() if what == "encoder-decoder"]
+REFUSED = [n for n, (_, _, what) in ARCHITECTURES.items() if what == "refused"]
+MAPS = 2e-6  # see the module docstring
+
+
+def _close(got, want):
+    torch.testing.assert_close(got, want, atol=1e-5 * float(want.abs().max()), rtol=0)
+
+
+def _valid(batch, T):
+    mask = batch.get("attention_mask")
+    B = next(iter(batch.values())).shape[0]
+    return torch.ones(B, T, dtype=torch.bool) if mask is None else mask.bool()
+
+
+def _eager(model, batch):
+    with torch.no_grad():
+        return model(**batch, output_attentions=True)
+
+
+def _captured(model, batch, stack=None):
+    seen: dict[int, torch.Tensor] = {}
+    with mh.hf.AttentionCapture(model, lambda layer, w, out, vis: seen.__setitem__(layer, w), stack=stack), \
+            torch.no_grad():
+        out = model(**batch)
+    return seen, out
+
+
+def _assert_maps_equal(got: dict, want: tuple, valid_q, valid_k, name):
+    assert sorted(got) == list(range(len(want))), (name, sorted(got), len(want))
+    for layer, ref in enumerate(want):
+        w = got[layer]
+        assert w.shape == ref.shape, (name, layer, w.shape, ref.shape)
+        keep = (valid_q[:, None, :, None] & valid_k[:, None, None, :]).expand_as(w)
+        torch.testing.assert_close(w[keep], ref[keep], atol=MAPS, rtol=0,
+                                   msg=lambda m, n=name, i=layer: f"{n} L{i}: {m}")
+
+
+@pytest.mark.parametrize("name", SUPPORTED)
+def test_captured_maps_are_transformers_own_and_outputs_unchanged(name):
+    model = build(name)
+    batch = inputs(name, model)
+    ref = _eager(model, batch)
+    seen, out = _captured(model, batch)
+    T = ref.attentions[0].shape[-1]
+    valid = _valid(batch, T)
+    _assert_maps_equal(seen, ref.attentions, valid, valid, name)
+    hidden, ref_hidden = out.last_hidden_state, ref.last_hidden_state
+    rows = valid if hidden.shape[1] == T else torch.ones(hidden.shape[:2], dtype=torch.bool)
+    _close(hidden[rows], ref_hidden[rows])
+    assert model.config._attn_implementation == "eager"  # the capture put everything back
+
+
+@pytest.mark.parametrize("name", SUPPORTED)
+def test_gates_at_zero_equal_physical_pruning(name):
+    model = build(name)
+    batch = inputs(name, model)
+    sites = mh.hf.sites.find_sites(model)
+    L, H = sum(len(s.layers) for s in sites), sites[0].num_heads
+    pruned = {0: [1], L - 1: list(range(H))}  # one head, and a whole layer
+    gates = torch.ones(L, H, dtype=torch.float64)
+    gates[0, 1] = 0
+    gates[L - 1] = 0
+    try:
+        with torch.no_grad(), mh.hf.HeadGates(model, values=gates):
+            gated = model(**batch).last_hidden_state
+    except UnsupportedModelError as err:  # documented: shared layers (ALBERT) cannot be gated per layer
+        assert sites[0].repeats > 1 and "shared weights" in str(err)
+        return
+    with torch.no_grad():
+        full = model(**batch).last_hidden_state
+    try:
+        mh.prune_heads(model, pruned)
+    except TypeError as err:  # documented: fused Q/K/V projections are gated, not pruned
+        assert sites[0].qkv is not None and "fused" in str(err), err
+        assert not torch.allclose(gated, full)  # the gates did act
+        return
+    with torch.no_grad():
+        got = model(**batch).last_hidden_state
+    rows = _valid(batch, got.shape[1]) if got.shape[1] == gated.shape[1] and "attention_mask" in batch \
+        else torch.ones(got.shape[:2], dtype=torch.bool)
+    _close(got[rows], gated[rows])  # the gated run computes in float64, the pruned one as eager does
+    assert not torch.allclose(got[rows], full[rows])
+    assert mh.heads.count_heads(model) == [H - 1, *([H] * (L - 2)), 0]
+
+
+@pytest.mark.parametrize("name", ENCODER_DECODER)
+def test_encoder_decoder_stacks_are_captured_apart_and_analysis_refused(name):
+    model = build(name)
+    batch = inputs(name, model)
+    ref = _eager(model, batch)
+    enc_valid = _valid(batch, batch["input_ids"].shape[1])
+    dec_valid = torch.ones_like(batch["decoder_input_ids"], dtype=torch.bool)
+    for stack, want, vq, vk in (("encoder", ref.encoder_attentions, enc_valid, enc_valid),
+                                ("decoder", ref.decoder_attentions, dec_valid, dec_valid),
+                                ("cross", ref.cross_attentions, dec_valid, enc_valid)):
+        seen, out = _captured(model, batch, stack=stack)
+        _assert_maps_equal(seen, want, vq, vk, f"{name} {stack}")
+        _close(out.last_hidden_state, ref.last_hidden_state)
+    with pytest.raises(UnsupportedModelError, match=r"3 self-attention stacks|2 self-attention stacks"):
+        mh.hf.AttentionCapture(model, lambda *a: None)
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_architectures_outside_the_attention_interface_are_refused_in_one_line(name):
+    model = build(name)
+    with pytest.raises(UnsupportedModelError) as err:
+        mh.hf.find_sites(model)
+    message = str(err.value)
+    assert type(model).__name__ in message and "\n" not in message and "supported are" in message
+    with pytest.raises(UnsupportedModelError):
+        mh.hf.HeadGates(model)
+
+
+def _word_tokenizer(vocab_size: int):
+    """A whitespace tokenizer over the words w3 .. w{vocab_size-1}, with [PAD] 0, [BOS] 1, [EOS] 2."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {"[PAD]": 0, "[BOS]": 1, "[EOS]": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[PAD]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="[BOS] $A [EOS]", special_tokens=[("[BOS]", 1),
+                                                                                             ("[EOS]", 2)])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", bos_token="[BOS]",
+                                                eos_token="[EOS]")
+
+
+@pytest.mark.parametrize("name", [n for n in SUPPORTED if ARCHITECTURES[n][0] != "vit"])
+def test_the_report_has_one_finite_record_per_head(name, tmp_path):
+    model = build(name, dtype=torch.float32)
+    sites = mh.hf.sites.find_sites(model)
+    tok = _word_tokenizer(model.config.vocab_size)
+    L = sum(len(s.layers) for s in sites)
+    hf = mh.hf.HFModel(model, tok, name, tmp_path, all(s.causal for s in sites), L, sites[0].num_heads,
+                       sites[0].num_kv_heads, model.config.max_position_embeddings)
+    g = torch.Generator().manual_seed(2)
+    texts = [" ".join(f"w{int(i)}" for i in torch.randint(3, model.config.vocab_size, (n,), generator=g))
+             for n in (5, 9, 12)]
+    report = mh.analyze(hf, texts, coreference=False, batch_size=2)
+    assert len(report.heads) == L * sites[0].num_heads
+    assert [(r.layer, r.head) for r in report.heads] == [(la, h) for la in range(L) for h in range(sites[0].num_heads)]
+    for r in report.heads:
+        for key in ("entropy", "entropy_norm", "self", "local", "max_weight"):
+            assert math.isfinite(r.metrics[key]), (name, r.layer, r.head, key)
+    assert report.causal == hf.is_causal and (("induction" in report.heads[0].metrics) == hf.is_causal)
