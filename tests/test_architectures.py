@@ -118,6 +118,21 @@ def test_encoder_decoder_stacks_are_captured_apart_and_analysis_refused(name):
         _close(out.last_hidden_state, ref.last_hidden_state)
     with pytest.raises(UnsupportedModelError, match=r"3 self-attention stacks|2 self-attention stacks"):
         mh.hf.AttentionCapture(model, lambda *a: None)
+    # gates and pruning take a stack too: gates at 0 equal pruning in each (T5: gates only, documented)
+    for stack in ("encoder", "decoder", "cross"):
+        model = build(name)
+        gates = torch.ones(2, 4, dtype=torch.float64)
+        gates[0, 1] = 0
+        gates[1] = 0
+        with torch.no_grad(), mh.hf.HeadGates(model, values=gates, stack=stack):
+            gated = model(**batch).last_hidden_state
+        try:
+            mh.prune_heads(model, {0: [1], 1: [0, 1, 2, 3]}, stack=stack)
+        except TypeError as err:
+            assert ARCHITECTURES[name][0] == "t5" and "relative position bias" in str(err)
+            continue
+        with torch.no_grad():
+            _close(model(**batch).last_hidden_state, gated)
 
 
 @pytest.mark.parametrize("name", REFUSED)
@@ -162,3 +177,53 @@ def test_the_report_has_one_finite_record_per_head(name, tmp_path):
         for key in ("entropy", "entropy_norm", "self", "local", "max_weight"):
             assert math.isfinite(r.metrics[key]), (name, r.layer, r.head, key)
     assert report.causal == hf.is_causal and (("induction" in report.heads[0].metrics) == hf.is_causal)
+
+
+def test_the_docs_table_lists_every_architecture_of_the_matrix_with_its_status():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "analysis.md").read_text(encoding="utf-8")
+    table = text[text.index("| architecture | model class | status |"):].split("\n\n")[0].splitlines()[2:]
+    rows = {line.split("|")[1].strip(): line.split("|")[3].strip() for line in table}
+    assert set(rows) == set(ARCHITECTURES)
+    for name, (_, _, what) in ARCHITECTURES.items():
+        status = rows[name]
+        assert status.startswith({"supported": "supported", "refused": "refused",
+                                  "encoder-decoder": "capture per stack"}[what]), (name, status)
+
+
+def _save(name: str, folder, lm: bool = False):
+    """A tiny model of ``name`` saved as a local Hugging Face folder with a word tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = build(name, dtype=torch.float32)
+    if lm:
+        config = model.config
+        config.architectures = [f"{type(model).__name__.removesuffix('Model')}LMHeadModel"]
+        head = AutoModelForCausalLM.from_config(config)
+        head.base_model.load_state_dict(model.state_dict())
+        model = head
+    model.save_pretrained(folder)
+    _word_tokenizer(model.config.vocab_size).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_the_cli_on_local_folders_of_other_architectures(tmp_path, capsys):
+    from conftest import run_cli
+
+    gpt2 = _save("gpt2", tmp_path / "gpt2", lm=True)
+    code, out, err = run_cli(["analyze", "w5 w6 w7 w8 w9 w10", "w11 w12 w13", "--model", str(gpt2), "--out",
+                              str(tmp_path / "r"), "--no-coreference", "--syntax", "off"], capsys)
+    assert code == 0, err
+    import json
+
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["causal"] is True and "induction" in report["heads"][0]["metrics"]  # a GPT2LMHeadModel is causal
+    for name in ("deberta-v2", "t5"):
+        folder = _save(name, tmp_path / name)
+        code, _, err = run_cli(["analyze", "w5 w6", "--model", str(folder), "--out", str(tmp_path / name / "r")],
+                               capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert not (tmp_path / name / "r").exists()
+        assert ("DisentangledSelfAttention" if name == "deberta-v2" else "self-attention stacks") in err, err

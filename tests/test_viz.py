@@ -124,3 +124,12 @@ def test_the_page_data_holds_the_real_weights_of_transformers(minilm):
     assert (real >= kth - 1e-5).all()  # the stored keys are the row's k largest
     ordered = index.sort(-1).values
     assert (ordered[..., 1:] != ordered[..., :-1]).all()  # no key stored twice in a row
+
+
+@pytest.mark.slow
+def test_byte_level_tokens_are_shown_as_text(smollm2, minilm):
+    tokens, _ = viz.attention_maps(smollm2, "小明把蛋糕递给小红。 The cat sat.")
+    assert "".join(dict.fromkeys(tokens[:4])) == "小明"  # not "å°", "æĺ": each byte token shows its character
+    assert not any("Ġ" in t or "\ufffd" in t for t in tokens) and tokens[-3:] == [" cat", " sat", "."]
+    tokens, _ = viz.attention_maps(minilm, "Unbelievably, it sat.")
+    assert tokens[:3] == ["[CLS]", "un", "##bel"] and tokens[-1] == "[SEP]"  # WordPiece pieces keep their ##

@@ -496,8 +496,10 @@ def _print_probes(report) -> None:
     if "coreference" in by_metric:
         base = report.sections["coreference"]["baseline_nearest"]
         n = report.sections["coreference"]["examples"]
+        skipped = report.sections["coreference"].get("skipped_unknown_tokens", 0)
+        note = f", {skipped} skipped: pronoun or antecedent unknown to the tokenizer" if skipped else ""
         top = ", ".join(f"L{r.layer}.H{r.head} {r.metrics['coreference']:.2f}" for r in by_metric["coreference"])
-        print(f"Coreference (pronoun -> antecedent among candidates, {n} examples): {top}; "
+        print(f"Coreference (pronoun -> antecedent among candidates, {n} examples{note}): {top}; "
               f"nearest-mention baseline {base:.2f}")
     syntax = report.sections.get("syntax")
     if syntax:

@@ -122,7 +122,8 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
             scores = coreference_scores(model, None if coreference is True else coreference, batch_size=batch_size)
         means["coreference"], means["coreference_mass"] = scores.accuracy, scores.mass
         coref_baseline = scores.baseline
-        sections["coreference"] = {"examples": scores.examples, "baseline_nearest": scores.baseline}
+        sections["coreference"] = {"examples": scores.examples, "skipped_unknown_tokens": scores.skipped,
+                                   "baseline_nearest": scores.baseline}
     syntax = corpus.syntax.scores() if corpus.syntax is not None else None
     if syntax is not None:
         sections["syntax"] = {"min_count": SYNTAX_RULE[0], "relations": {

@@ -62,7 +62,8 @@ class CoreferenceScores:
     accuracy: Tensor  # (L, H) share of examples where the antecedent gets the most mass
     mass: Tensor  # (L, H) mean mass on the antecedent
     baseline: float  # nearest-mention accuracy
-    examples: int
+    examples: int  # scored
+    skipped: int = 0  # examples whose pronoun or antecedent the tokenizer turns into its unknown token
 
 
 def _find(text: str, mention: str, start: int = 0) -> Span | None:
@@ -122,6 +123,11 @@ def coreference_scores(model: HFModel, examples: Sequence[CoreferenceExample] | 
     tok = model.tokenizer
     if not getattr(tok, "is_fast", False):
         raise ValueError("coreference scores need a fast tokenizer (character offsets of tokens)")
+    total = len(examples)
+    examples = [e for e in examples if _representable(tok, e)]
+    if not examples:
+        raise ValueError(f"the tokenizer represents none of the {total} coreference examples' pronouns and "
+                         "antecedents (all become its unknown token)")
     L, H = model.num_layers, model.num_heads
     correct = torch.zeros(L, H, dtype=torch.float64)
     mass = torch.zeros(L, H, dtype=torch.float64)
@@ -159,4 +165,19 @@ def coreference_scores(model: HFModel, examples: Sequence[CoreferenceExample] | 
             model.body(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
     n = len(examples)
     baseline = sum(e.nearest() == e.antecedent for e in examples) / n
-    return CoreferenceScores(correct / n, mass / n, baseline, n)
+    return CoreferenceScores(correct / n, mass / n, baseline, n, total - n)
+
+
+def _representable(tok, e: CoreferenceExample) -> bool:
+    """Whether the pronoun and the antecedent each reach the model as real tokens, not [UNK]: a model
+    cannot point from an unknown token to another, so such an example says nothing about its heads."""
+    unk = getattr(tok, "unk_token_id", None)
+    if unk is None:  # byte-level vocabularies represent everything
+        return True
+    enc = tok(e.text, return_offsets_mapping=True, verbose=False)
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    for mask in _token_masks(offsets, [e.pronoun, e.candidates[e.antecedent]]):
+        ids = [i for i, hit in zip(enc["input_ids"], mask, strict=True) if hit]
+        if not ids or any(i == unk for i in ids):
+            return False
+    return True

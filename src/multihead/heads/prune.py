@@ -133,6 +133,9 @@ def _prune_site(model: nn.Module, site: AttentionSite, pruned: list[int]) -> Non
     if site.qkv is not None or not all(isinstance(p, nn.Linear) for p in (site.q, site.k, site.v, site.o)):
         raise TypeError(f"{type(attn).__name__} keeps Q, K and V in one fused projection (or W^O is not a "
                         "Linear); physical pruning takes separate ones — gate its heads instead (HeadGates)")
+    if hasattr(attn, "has_relative_attention_bias"):
+        raise TypeError(f"{type(attn).__name__} (T5) shares one relative position bias of all heads across its "
+                        "layers, so one layer's heads cannot be removed alone; gate them instead (HeadGates)")
     H, Hkv = site.num_heads, site.num_kv_heads
     kept = [h for h in range(H) if h not in pruned]
     names = {id(m): n for n, m in model.named_modules()}

@@ -8,7 +8,7 @@ from torch import Tensor
 from ..hf.capture import AttentionCapture
 from ..hf.load import HFModel
 
-__all__ = ["attention_maps"]
+__all__ = ["attention_maps", "readable_tokens"]
 
 
 def attention_maps(model: HFModel, text: str, *, max_tokens: int | None = None) -> tuple[list[str], Tensor]:
@@ -17,8 +17,10 @@ def attention_maps(model: HFModel, text: str, *, max_tokens: int | None = None) 
         raise ValueError("attention_maps needs a non-empty text")
     tok = model.tokenizer
     limit = max_tokens or model.max_positions
-    enc = tok(text, return_tensors="pt", truncation=limit is not None, max_length=limit)
-    tokens = tok.convert_ids_to_tokens(enc["input_ids"][0].tolist())
+    fast = bool(getattr(tok, "is_fast", False))
+    enc = tok(text, return_tensors="pt", truncation=limit is not None, max_length=limit, return_offsets_mapping=fast)
+    offsets = enc.pop("offset_mapping")[0].tolist() if fast else None
+    tokens = readable_tokens(tok, enc["input_ids"][0].tolist(), text, offsets)
     maps: dict[int, Tensor] = {}
 
     def keep(layer: int, weights: Tensor, out: Tensor, visible: Tensor) -> None:
@@ -26,4 +28,22 @@ def attention_maps(model: HFModel, text: str, *, max_tokens: int | None = None) 
 
     with AttentionCapture(model.model, keep), torch.inference_mode():
         model.body(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
-    return [t.replace("Ġ", " ").replace("▁", " ") for t in tokens], torch.stack([maps[k] for k in sorted(maps)])
+    return tokens, torch.stack([maps[k] for k in sorted(maps)])
+
+
+def readable_tokens(tok, ids: list[int], text: str, offsets: list | None = None) -> list[str]:
+    """Tokens as people read them: byte-level BPE pieces decoded ("å°" -> "小"; a character split
+    over several byte tokens is shown on each of them), WordPiece's "##" kept, specials as named.
+    ``offsets``: the tokens' character spans in ``text`` (fast tokenizers)."""
+    raw = tok.convert_ids_to_tokens(ids)
+    special = set(getattr(tok, "all_special_ids", ()) or ())
+    out = []
+    for n, (i, t) in enumerate(zip(ids, raw, strict=True)):
+        if i in special or t.startswith("##"):
+            out.append(t)
+            continue
+        decoded = tok.convert_tokens_to_string([t])
+        if "\ufffd" in decoded and offsets is not None and offsets[n][1] > offsets[n][0]:
+            decoded = text[offsets[n][0]:offsets[n][1]]  # part of a multi-byte character: show the character
+        out.append(decoded if decoded.strip() else t.replace("Ġ", " ").replace("▁", " "))
+    return out
