@@ -194,7 +194,7 @@ def test_the_docs_table_lists_every_architecture_of_the_matrix_with_its_status()
 
 def _save(name: str, folder, lm: bool = False):
     """A tiny model of ``name`` saved as a local Hugging Face folder with a word tokenizer."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     model = build(name, dtype=torch.float32)
     if lm:
