@@ -160,10 +160,10 @@ def test_head_toggles_draw_exactly_the_chosen_heads(browser, page):
     for box in boxes:  # every head off: no line is drawn between the two token columns
         box.click()
     assert browser.execute_script(_LINES, canvas, [0, 0, 0])[0] == 0
-    for h, colour in ((6, [127, 127, 127]), (1, [255, 127, 14])):  # one head alone: lines in its colour only
+    for h, colour in ((6, [227, 119, 194]), (1, [255, 127, 14])):  # one head alone: lines in its colour only
         boxes[h].click()
         drawn, solid, off = browser.execute_script(_LINES, canvas, colour)
-        assert solid > 50 and off <= 3, (h, drawn, solid, off)
+        assert solid > 50 and off <= 16, (h, drawn, solid, off)  # every other palette colour is > 60 away
         boxes[h].click()
 
 
