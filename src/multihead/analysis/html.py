@@ -47,8 +47,9 @@ def _colour(label: str) -> str:
 
 def report_body(report: Report) -> str:
     """The report as an HTML fragment (a ``<div class="mh-report">``), safe to embed anywhere."""
+    stack = f" — {_e(report.stack)} stack" if report.stacks else ""
     parts = [f'<div class="mh-report"><style>{_STYLE}</style>',
-             f"<h2>{_e(report.model)}: {report.num_layers} layers × {report.num_heads} heads"
+             f"<h2>{_e(report.model)}{stack}: {report.num_layers} layers × {report.num_heads} heads"
              f"{' (causal)' if report.causal else ''}</h2>",
              f"<p>{report.sentences} sentences, {report.tokens} tokens.</p>",
              "<h3>Head map</h3><table><tr><th>layer</th>"]
@@ -95,6 +96,7 @@ def report_body(report: Report) -> str:
         parts.append(f"<p>Coreference: {coref['examples']} pronoun examples; nearest-mention baseline "
                      f"{_num(coref['baseline_nearest'])}.</p>")
     parts.append("</div>")
+    parts += [report_body(sub) for sub in report.stacks.values()]  # an encoder-decoder's other stacks
     return "".join(parts)
 
 

@@ -34,10 +34,11 @@ def write_report_folder(report: Report, out: str | Path, *, model: HFModel | Non
     """Write the report's JSON, CSV and page into ``out``; all three replace earlier ones together.
 
     With ``model``, the page is the interactive one for a few of ``texts`` (the articles' example
-    sentences first); without, the static page of the label map, tables and probes.
+    sentences first); without (or for an encoder-decoder model), the static page of the label
+    map, tables and probes of every stack.
     """
     folder = check_report_folder(out, force=force)
-    if model is not None:
+    if model is not None and not model.is_encoder_decoder:  # the interactive page reads one stack
         from ..data import ARTICLE_SENTENCES
         from ..viz.page import view_page
 

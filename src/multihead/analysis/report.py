@@ -40,7 +40,7 @@ __all__ = ["SCHEMA", "HeadRecord", "Report", "label_codes"]
 
 _SHORT = {"induction": "IND", "coreference": "COREF",
           "self": "SELF", "previous": "PREV", "next": "NEXT", "special-token": "SPEC", "local": "LOCL",
-          "broad": "BRD", "mixed": "·"}
+          "broad": "BRD", "mixed": "·", "aligned": "ALGN", "source-special": "SSPEC"}
 
 
 @dataclass
@@ -68,6 +68,10 @@ class Report:
     #: (examples, baseline_nearest), "syntax" (min_count, relations: count, baseline,
     #: baseline_offset, best head, (L, H) accuracy)
     sections: dict[str, Any] = field(default_factory=dict)
+    #: which stack these heads form: "encoder", "decoder", "cross" or "vision"
+    stack: str = ""
+    #: the model's other stacks (an encoder-decoder model: "decoder" and "cross"), each a Report
+    stacks: dict[str, Report] = field(default_factory=dict)
 
     def head(self, layer: int, head: int) -> HeadRecord:
         return self.heads[layer * self.num_heads + head]
@@ -77,8 +81,10 @@ class Report:
         data = {
             "schema": SCHEMA, "model": self.model, "causal": self.causal, "num_layers": self.num_layers,
             "num_heads": self.num_heads, "sentences": self.sentences, "tokens": self.tokens, "metrics": names,
-            "heads": [{"layer": r.layer, "head": r.head, "label": r.label, "flags": list(r.flags),
-                       "metrics": {k: json_number(v) for k, v in r.metrics.items()}} for r in self.heads],
+            "stack": self.stack,
+            "heads": [{"stack": self.stack, "layer": r.layer, "head": r.head, "label": r.label,
+                       "flags": list(r.flags), "metrics": {k: json_number(v) for k, v in r.metrics.items()}}
+                      for r in self.heads],
         }
         if self.redundancy is not None:
             red = self.redundancy
@@ -93,6 +99,9 @@ class Report:
             }
         for name, section in self.sections.items():
             data[name] = json_value(section)
+        if self.stacks:
+            data["stacks"] = {name: {k: v for k, v in sub.to_dict().items() if k != "schema"}
+                              for name, sub in self.stacks.items()}
         return data
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -112,6 +121,11 @@ class Report:
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             data = data if isinstance(data, dict) else {}
             raise ValueError(f"{path} is not a multihead report (schema {data.get('schema')!r}, expected {SCHEMA!r})")
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        """The report of a dict as :meth:`to_dict` writes it."""
         heads = [HeadRecord(h["layer"], h["head"], h["label"], h["flags"],
                             {k: (math.nan if v is None else v) for k, v in h["metrics"].items()})
                  for h in data["heads"]]
@@ -121,20 +135,30 @@ class Report:
                 red[key] = [(tuple(p["a"]), tuple(p["b"]), p["value"]) for p in red[key]]
             red["clusters_js"] = [[tuple(x) for x in group] for group in red["clusters_js"]]
         sections = {name: data[name] for name in SECTIONS if name in data}
+        stacks = {name: cls.from_dict(sub) for name, sub in (data.get("stacks") or {}).items()}
         return cls(data["model"], data["causal"], data["num_layers"], data["num_heads"], data["sentences"],
-                   data["tokens"], heads, red, sections)
+                   data["tokens"], heads, red, sections, data.get("stack", ""), stacks)
 
     def to_csv(self, path: str | Path) -> None:
-        names = list(self.heads[0].metrics) if self.heads else []
+        names = list(dict.fromkeys(n for report in (self, *self.stacks.values()) for r in report.heads[:1]
+                                   for n in r.metrics))
         with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
-            writer.writerow(["layer", "head", "label", "flags", *names])
-            for r in self.heads:
-                writer.writerow([r.layer, r.head, r.label, ";".join(r.flags),
-                                 *(f"{r.metrics[n]:.6g}" for n in names)])
+            writer.writerow(["stack", "layer", "head", "label", "flags", *names])
+            for report in (self, *self.stacks.values()):
+                for r in report.heads:
+                    writer.writerow([report.stack, r.layer, r.head, r.label, ";".join(r.flags),
+                                     *(f"{r.metrics[n]:.6g}" if n in r.metrics else "" for n in names)])
 
     def label_map(self) -> str:
-        """The layer x head grid of labels, for a terminal, with a legend of every abbreviation used."""
+        """The layer x head grid of labels, for a terminal, with a legend of every abbreviation used
+        (one grid per stack when the model has several)."""
+        if not self.stacks:
+            return self._grid()
+        parts = [f"{report.stack} stack:\n{report._grid()}" for report in (self, *self.stacks.values())]
+        return "\n\n".join(parts)
+
+    def _grid(self) -> str:
         codes = label_codes(r.label for r in self.heads)
         width = max([4, *(len(c) for c in codes.values())])
         lines = ["layer | " + " ".join(f"h{h:<{width - 1}d}" for h in range(self.num_heads))]

@@ -35,6 +35,11 @@ class HFModel:
         """The base model (``model.base_model``): what reading attention needs, without an LM head."""
         return getattr(self.model, "base_model", self.model)
 
+    @property
+    def is_encoder_decoder(self) -> bool:
+        """An encoder–decoder model (T5, BART, ...): three stacks, encoder, decoder and cross."""
+        return bool(getattr(getattr(self.model, "config", None), "is_encoder_decoder", False))
+
 
 #: What every function that takes a model accepts: what :func:`load` returns, or a bare module.
 ModelLike = HFModel | nn.Module
@@ -96,7 +101,8 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
     from .sites import find_sites, main_stack
 
     sites = find_sites(model)  # one line naming the architecture when its attention cannot be seen exactly
-    stack = main_stack(sites)  # encoder-decoder models: refused until their three stacks are analysed
+    # the shape fields describe the encoder of an encoder-decoder model; its other stacks come from its sites
+    stack = "encoder" if getattr(config, "is_encoder_decoder", False) else main_stack(sites)
     layers = [s for s in sites if s.stack == stack]
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:  # decoders often ship without one; padding is masked anyway
