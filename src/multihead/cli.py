@@ -160,6 +160,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="dependency-syntax scores from spaCy parses: auto (when spaCy and en_core_web_sm are "
                          "installed), spacy (required), off")
     an.add_argument("--conllu", help="a CoNLL-U file: its sentences are the corpus and its trees the syntax gold")
+    an.add_argument("--images", metavar="FOLDER",
+                    help="vision models (ViT, DeiT, ...): a folder of images, or 'digits' for scikit-learn's "
+                         "handwritten digits (--sample of them, default 300)")
     an.add_argument("--target", metavar="FILE",
                     help="encoder-decoder models: UTF-8 file of target texts, one per line and per text, read by the "
                          "decoder teacher-forced (default: each text itself)")
@@ -262,6 +265,8 @@ def _run_analyze(args: argparse.Namespace) -> int:
     from .analysis.syntax import read_conllu, spacy_available
     from .data import sample_sentences
 
+    if args.images:
+        return _analyze_images(args)
     texts = list(args.texts)
     parses: list | str | None = None
     if args.conllu:
@@ -321,6 +326,42 @@ def _run_analyze(args: argparse.Namespace) -> int:
     _print_probes(report)
     print(f"\nwrote {out / 'report.json'}, {out / 'report.csv'} and {out / 'report.html'}")
     return 0
+
+
+def _analyze_images(args: argparse.Namespace) -> int:
+    from .analysis import analyze, check_report_folder, write_report_folder
+    from .analysis.vision import digit_images, load_images
+
+    if args.texts or args.file or args.conllu or args.target:
+        raise UsageError("--images gives the corpus itself: do not add TEXT, --file, --conllu or --target")
+    if args.images == "digits":
+        images = digit_images(args.sample)
+    else:
+        images = load_images(_readable_folder(args.images, "--images"))
+    out = _out_folder(lambda: check_report_folder(args.out, force=args.force))
+    model = _load(args.model)
+    if model.processor is None:
+        raise UsageError(f"--images needs a vision model (an image processor in its folder); {model.name} reads text")
+    report = analyze(model, images, batch_size=args.batch_size)
+    from .progress import step
+
+    with step("writing the report"):
+        write_report_folder(report, out, model=model)
+    if args.json:
+        print(report.to_json())
+        return 0
+    print(f"{model.name}: {model.num_layers} layers x {model.num_heads} heads; {len(images)} images, "
+          f"{report.tokens} patch rows\n")
+    print(report.label_map())
+    print(f"\nwrote {out / 'report.json'}, {out / 'report.csv'} and {out / 'report.html'}")
+    return 0
+
+
+def _readable_folder(path: str, flag: str) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise UsageError(f"{flag} {p}: no such folder (or give 'digits' for the built-in sample)")
+    return p
 
 
 def _print_flags_and_redundancy(report) -> None:

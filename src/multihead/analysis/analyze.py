@@ -85,7 +85,9 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
             progress: bool | None = None, parses: Sequence[Parse] | str | None = None,
             coreference: bool | Sequence[CoreferenceExample] = True, induction: bool = True,
             redundancy: bool = True, targets: Sequence[str] | None = None) -> Report:
-    """Metrics, a label and flags for every (layer, head) of ``model`` over ``texts``.
+    """Metrics, a label and flags for every (layer, head) of ``model`` over ``texts`` (a vision
+    model's images: :func:`multihead.analysis.vision.analyze_images`; an encoder-decoder model's
+    three stacks: :func:`multihead.analysis.encdec.analyze_encoder_decoder`, with ``targets``).
 
     ``parses``: dependency parses of ``texts`` (one each), or ``"spacy"`` to parse them with
     spaCy, for the syntax scores; ``coreference``: score the shipped pronoun set (True) or these
@@ -98,6 +100,10 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     records the share).
     """
     model = require_loaded(model, "analyze")
+    if model.processor is not None:  # a vision model: ``texts`` are its images
+        from .vision import analyze_images
+
+        return analyze_images(model, texts, batch_size=batch_size, progress=progress)
     texts = check_texts(texts)
     if model.is_encoder_decoder:  # three stacks; the probes and redundancy read single-stack models
         from .encdec import analyze_encoder_decoder

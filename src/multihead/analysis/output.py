@@ -38,7 +38,7 @@ def write_report_folder(report: Report, out: str | Path, *, model: HFModel | Non
     map, tables and probes of every stack.
     """
     folder = check_report_folder(out, force=force)
-    if model is not None and not model.is_encoder_decoder:  # the interactive page reads one stack
+    if model is not None and not model.is_encoder_decoder and model.processor is None:  # one stack of text
         from ..data import ARTICLE_SENTENCES
         from ..viz.page import view_page
 

@@ -34,13 +34,13 @@ from ..jsonable import json_matrix, json_number, json_value
 
 SCHEMA = "multihead.report/1"
 #: The probe sections a report may carry beside the per-head metrics.
-SECTIONS = ("unknown_tokens", "induction", "coreference", "syntax")
+SECTIONS = ("unknown_tokens", "images", "induction", "coreference", "syntax")
 
 __all__ = ["SCHEMA", "HeadRecord", "Report", "label_codes"]
 
 _SHORT = {"induction": "IND", "coreference": "COREF",
           "self": "SELF", "previous": "PREV", "next": "NEXT", "special-token": "SPEC", "local": "LOCL",
-          "broad": "BRD", "mixed": "·", "aligned": "ALGN", "source-special": "SSPEC"}
+          "broad": "BRD", "mixed": "·", "aligned": "ALGN", "source-special": "SSPEC", "cls": "CLS"}
 
 
 @dataclass

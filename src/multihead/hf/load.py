@@ -29,6 +29,8 @@ class HFModel:
     num_heads: int
     num_kv_heads: int
     max_positions: int | None
+    #: a vision model's image processor (its ``tokenizer`` is then None)
+    processor: Any = None
 
     @property
     def body(self) -> nn.Module:
@@ -104,9 +106,15 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
     # the shape fields describe the encoder of an encoder-decoder model; its other stacks come from its sites
     stack = "encoder" if getattr(config, "is_encoder_decoder", False) else main_stack(sites)
     layers = [s for s in sites if s.stack == stack]
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token is None:  # decoders often ship without one; padding is masked anyway
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer, processor = None, None
+    if stack == "vision":  # images in, through the folder's image processor
+        from transformers import AutoImageProcessor
+
+        processor = AutoImageProcessor.from_pretrained(path)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if tokenizer.pad_token is None:  # decoders often ship without one; padding is masked anyway
+            tokenizer.pad_token = tokenizer.eos_token
     return HFModel(
         model=model,
         tokenizer=tokenizer,
@@ -118,6 +126,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
         num_heads=max(s.num_heads for s in layers),
         num_kv_heads=max(s.num_kv_heads for s in layers),
         max_positions=_max_positions(config),
+        processor=processor,
     )
 
 

@@ -1,0 +1,105 @@
+"""Vision transformers on images: patch metrics on hand-built maps, and a tiny ViT end to end
+through `mh.hf.load`, `mh.analyze` and `multihead analyze --images`."""
+
+import json
+
+import pytest
+import torch
+
+import multihead as mh
+from conftest import run_cli
+from multihead.analysis.vision import PatchStatistics, digit_images, patch_label
+
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+
+
+def _maps(rows):
+    """(1, H, 17, 17) maps over [CLS] + a 4 x 4 grid, one head per row-function."""
+    T = 17
+    maps = torch.zeros(1, len(rows), T, T)
+    for h, target in enumerate(rows):
+        for i in range(T):
+            maps[0, h, i, target(i)] = 1.0
+    return maps
+
+
+def test_patch_metrics_on_hand_built_heads():
+    def right_neighbour(i):  # patch (r, c) -> (r, c+1), the last column -> (r, c-1); [CLS] -> itself
+        if i == 0:
+            return 0
+        r, c = divmod(i - 1, 4)
+        return 1 + r * 4 + (c + 1 if c < 3 else c - 1)
+
+    maps = _maps([lambda i: 0, right_neighbour, lambda i: i])
+    uniform = torch.full((1, 1, 17, 17), 1 / 17)
+    stats = PatchStatistics(1, 4)
+    stats.update(0, torch.cat([maps, uniform], 1))
+    m = {k: v[0] for k, v in stats.means().items()}
+    assert m["cls"].tolist() == pytest.approx([1, 0, 0, 1 / 17])
+    assert m["grid_distance"][:3].tolist() == pytest.approx([0, 1, 0])
+    assert m["local_3x3"][:3].tolist() == pytest.approx([0, 1, 1])
+    assert m["self"][:3].tolist() == pytest.approx([0, 0, 1])
+    assert float(m["entropy_norm"][3]) == pytest.approx(1.0)
+    labels = [patch_label({k: float(v[h]) for k, v in m.items()}) for h in range(4)]
+    assert labels == ["cls", "local", "self", "broad"]
+
+
+def _tiny_vit(folder):
+    config = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=64)
+    torch.manual_seed(0)
+    model = transformers.ViTModel(config, add_pooling_layer=False)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.3)
+    model.save_pretrained(folder)
+    transformers.ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_a_vit_folder_is_analysed_on_images(tmp_path, capsys):
+    folder = _tiny_vit(tmp_path / "vit")
+    model = mh.hf.load(folder)
+    assert model.processor is not None and model.tokenizer is None and (model.num_layers, model.num_heads) == (2, 4)
+    images = digit_images(12)
+    report = mh.analyze(model, images, batch_size=5)
+    assert report.stack == "vision" and report.sentences == 12 and report.tokens == 12 * 16
+    assert len(report.heads) == 8 and all(r.label in ("cls", "self", "local", "broad", "mixed") for r in report.heads)
+    # the same numbers from transformers' own maps
+    pixels = model.processor(images=images, return_tensors="pt")["pixel_values"]
+    eager = transformers.ViTModel.from_pretrained(folder, attn_implementation="eager", add_pooling_layer=False)
+    with torch.no_grad():
+        maps = eager(pixel_values=pixels, output_attentions=True).attentions
+    stats = PatchStatistics(2, 4)
+    for layer, w in enumerate(maps):
+        stats.update(layer, w)
+    for key, value in stats.means().items():
+        got = torch.tensor([[report.head(la, h).metrics[key] for h in range(4)] for la in range(2)])
+        torch.testing.assert_close(got, value, atol=1e-5, rtol=1e-5, check_dtype=False)
+    code, out, err = run_cli(["analyze", "--model", str(folder), "--images", "digits", "--sample", "10", "--out",
+                              str(tmp_path / "r")], capsys)
+    assert code == 0, err
+    data = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert data["stack"] == "vision" and data["images"]["count"] == 10 and "layer |" in out
+    assert (tmp_path / "r" / "report.html").read_text().count("<table>") >= 2
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    for n, image in enumerate(images[:3]):
+        image.save(pictures / f"{n}.png")
+    code, _, err = run_cli(["analyze", "--model", str(folder), "--images", str(pictures), "--out",
+                            str(tmp_path / "r2")], capsys)
+    assert code == 0 and json.loads((tmp_path / "r2" / "report.json").read_text())["images"]["count"] == 3, err
+
+
+def test_images_with_the_wrong_model_or_folder_fail_in_one_line(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [(["--images", str(tmp_path / "none")], "no such folder"),
+             (["--images", str(empty)], "holds no image"),
+             (["--images", "digits", "some text"], "do not add TEXT")]
+    for args, words in cases:
+        code, _, err = run_cli(["analyze", *args, "--out", str(tmp_path / "o")], capsys)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (args, err)
+    assert not (tmp_path / "o").exists()
