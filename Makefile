@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-fast bench lint install clean browser
+.PHONY: demo test test-fast bench lint install clean browser speech
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,8 +39,15 @@ browser:
 	  { if [ "$$CI" = true ]; then echo "error: could not install chromium + chromium-driver" >&2; exit 1; fi; \
 	    echo "warning: could not install chromium + chromium-driver; the browser tests will be skipped" >&2; }
 
+# espeak-ng (a Debian package) speaks the keyword-spotting example's words offline; CI must have it.
+speech:
+	@command -v espeak-ng >/dev/null || \
+	  { apt-get update -qq && apt-get install -y -qq espeak-ng >/dev/null; } || \
+	  { if [ "$$CI" = true ]; then echo "error: could not install espeak-ng" >&2; exit 1; fi; \
+	    echo "warning: could not install espeak-ng; the speech example's test will be skipped" >&2; }
+
 # The whole suite: what CI runs.
-test: $(STAMP) browser
+test: $(STAMP) browser speech
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(PY) -m pytest -q
 

@@ -174,3 +174,27 @@ def test_rotary_scores_depend_only_on_relative_position_and_cache_agrees():
     assert torch.equal(lm.generate(prompt, 8), lm.generate(prompt, 8, use_cache=False))
     with pytest.raises(ValueError, match="positions must be"):
         DecoderLM(ModelConfig("decoder", 1, 2, 8, 16, vocab=5, positions="alibi"))
+
+
+@pytest.mark.slow
+def test_keyword_spotter_hears_a_voice_it_never_heard():
+    import os
+    import shutil
+
+    from multihead.models import speech
+
+    if shutil.which("espeak-ng") is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("CI=true but espeak-ng is missing: make speech installs it")
+        pytest.skip("espeak-ng not installed (make speech)")
+    wave, rate = speech.synthesize("stop", "en", 160)
+    assert rate > 8000 and len(wave) > rate // 10 and abs(wave).max() > 0.05
+    features = speech.log_mel(wave, rate)
+    assert features.shape[1] == speech.N_MELS and 10 < features.shape[0] < 200 and torch.isfinite(features).all()
+    data = speech.spoken_keywords(speeds=(130, 190), pitches=(50,))
+    assert len(data.features) == 7 * len(speech.KEYWORDS) * 2
+    result = speech.train_keyword_spotter(data=data, epochs=12)
+    assert result["test_accuracy"] > 4 * result["chance"]  # a held-out voice, 10 words
+    report = speech.speech_report(result)
+    assert (report.num_layers, report.num_heads) == (2, 4) and report.sentences == len(speech.KEYWORDS) * 2
+    assert all(0 <= r.metrics["cls"] <= 1 and r.metrics["entropy_norm"] <= 1 + 1e-6 for r in report.heads)
