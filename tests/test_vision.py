@@ -83,7 +83,9 @@ def test_a_vit_folder_is_analysed_on_images(tmp_path, capsys):
     assert code == 0, err
     data = json.loads((tmp_path / "r" / "report.json").read_text())
     assert data["stack"] == "vision" and data["images"]["count"] == 10 and "layer |" in out
-    assert (tmp_path / "r" / "report.html").read_text().count("<table>") >= 2
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert page.count("<table>") >= 2 and 'src="data:image/png;base64,' in page  # heads over the first image
+    assert "img-src data:" in page and "http" not in page.replace("http-equiv", "")
     pictures = tmp_path / "pictures"
     pictures.mkdir()
     for n, image in enumerate(images[:3]):

@@ -346,7 +346,7 @@ def _analyze_images(args: argparse.Namespace) -> int:
     from .progress import step
 
     with step("writing the report"):
-        write_report_folder(report, out, model=model)
+        write_report_folder(report, out, model=model, texts=images[:1])
     if args.json:
         print(report.to_json())
         return 0

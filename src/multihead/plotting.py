@@ -21,7 +21,7 @@ from .files import atomic_path
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["cjk_font", "new_figure", "save_figure", "style", "styled"]
+__all__ = ["cjk_font", "figure_png", "new_figure", "save_figure", "style", "styled"]
 
 _CJK_FAMILIES = ("Noto Sans CJK SC", "Noto Sans CJK TC", "Noto Sans CJK JP", "Source Han Sans SC",
                  "WenQuanYi Zen Hei", "WenQuanYi Micro Hei", "Droid Sans Fallback", "AR PL UMing CN")
@@ -90,3 +90,13 @@ def save_figure(fig: Figure, path: str | Path, **savefig: Any) -> Path:
     with style(), atomic_path(path) as tmp:
         fig.savefig(tmp, format=suffix[1:], **savefig)
     return path
+
+
+def figure_png(fig: Figure, **savefig: Any) -> bytes:
+    """``fig`` as PNG bytes (to embed in a page)."""
+    import io
+
+    buffer = io.BytesIO()
+    with style():
+        fig.savefig(buffer, format="png", **savefig)
+    return buffer.getvalue()

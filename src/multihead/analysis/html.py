@@ -100,8 +100,16 @@ def report_body(report: Report) -> str:
     return "".join(parts)
 
 
-def report_page(report: Report) -> str:
-    """A whole HTML document that loads nothing from the network."""
+def report_page(report: Report, figures: list[tuple[str, bytes]] = ()) -> str:
+    """A whole HTML document that loads nothing from the network; ``figures``: (caption, PNG bytes)
+    shown after the tables, embedded as ``data:`` images (the page's own CSP allows only those)."""
+    import base64
+
+    shown = "".join(f'<figure><img alt="{_e(caption)}" src="data:image/png;base64,'
+                    f'{base64.b64encode(png).decode()}"><figcaption>{_e(caption)}</figcaption></figure>'
+                    for caption, png in figures)
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
-            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">"
-            f"<title>multihead report: {_e(report.model)}</title></head><body>{report_body(report)}</body></html>\n")
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+            "img-src data:\">"
+            f"<title>multihead report: {_e(report.model)}</title></head><body>{report_body(report)}{shown}"
+            "</body></html>\n")

@@ -30,12 +30,13 @@ def check_report_folder(out: str | Path, *, force: bool = False) -> Path:
 
 
 def write_report_folder(report: Report, out: str | Path, *, model: HFModel | None = None,
-                        texts: Sequence[str] = (), force: bool = False) -> list[Path]:
+                        texts: Sequence = (), force: bool = False) -> list[Path]:
     """Write the report's JSON, CSV and page into ``out``; all three replace earlier ones together.
 
     With ``model``, the page is the interactive one for a few of ``texts`` (the articles' example
     sentences first); without (or for an encoder-decoder model), the static page of the label
-    map, tables and probes of every stack.
+    map, tables and probes of every stack. A vision model's ``texts`` are images: the static page
+    then also shows every head's attention over the first of them.
     """
     folder = check_report_folder(out, force=force)
     if model is not None and not model.is_encoder_decoder and model.processor is None:  # one stack of text
@@ -44,6 +45,8 @@ def write_report_folder(report: Report, out: str | Path, *, model: HFModel | Non
 
         shown = [t for t in texts if t in ARTICLE_SENTENCES][:PAGE_TEXTS] or list(texts)[:PAGE_TEXTS - 1]
         page = view_page(model, shown, report)
+    elif model is not None and model.processor is not None and len(texts):
+        page = _vision_page(report, model, texts[0])
     else:
         page = report.to_html()
     folder.mkdir(parents=True, exist_ok=True)
@@ -52,3 +55,13 @@ def write_report_folder(report: Report, out: str | Path, *, model: HFModel | Non
         report.to_csv(staged.stage(folder / "report.csv"))
         staged.stage(folder / "report.html", page.rstrip("\n"))
         return staged.commit()
+
+
+def _vision_page(report: Report, model: HFModel, image) -> str:
+    from ..plotting import figure_png
+    from ..viz.figures import image_attention_grid
+    from .html import report_page
+    from .vision import image_maps
+
+    figure = image_attention_grid(image, image_maps(model, image), report)
+    return report_page(report, [("where [CLS] looks in each head, over the first image", figure_png(figure, dpi=100))])

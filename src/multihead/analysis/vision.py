@@ -32,8 +32,8 @@ from ..hf.load import HFModel
 from ..progress import bar
 from .report import HeadRecord, Report
 
-__all__ = ["IMAGE_SUFFIXES", "PATCH_METRICS", "PatchStatistics", "analyze_images", "digit_images", "load_images",
-           "patch_label"]
+__all__ = ["IMAGE_SUFFIXES", "PATCH_METRICS", "PatchStatistics", "analyze_images", "digit_images", "image_maps",
+           "load_images", "patch_label"]
 
 PATCH_METRICS = ("entropy", "entropy_norm", "max_weight", "cls", "self", "grid_distance", "local_3x3")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -128,6 +128,20 @@ def digit_images(n: int = 300, size: int = 32) -> list[Any]:
     pixels = load_digits().images[:n]  # (n, 8, 8) values 0..16
     return [Image.fromarray((255 - p * 255 / 16).astype("uint8")).convert("RGB").resize((size, size), Image.NEAREST)
             for p in pixels]
+
+
+def image_maps(model: HFModel, image: Any) -> Tensor:
+    """Every head's attention over one image: (L, H, T, T) float32, captured layer by layer."""
+    maps: dict[int, Tensor] = {}
+
+    def keep(layer: int, weights: Tensor, out: Tensor, visible: Tensor) -> None:
+        maps[layer] = weights[0].detach().float().cpu()  # (H, T, T)
+
+    dtype = next(model.model.parameters()).dtype
+    pixels = model.processor(images=[image], return_tensors="pt")["pixel_values"].to(dtype)
+    with AttentionCapture(model.model, keep, stack="vision"), torch.inference_mode():
+        model.body(pixel_values=pixels)
+    return torch.stack([maps[k] for k in sorted(maps)])
 
 
 def analyze_images(model: HFModel, images: Sequence[Any], *, batch_size: int = 32,

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
     from ..analysis.report import Report
 
-__all__ = ["cjk_font", "head_heatmap", "layer_grid", "model_grid", "save", "similarity_matrix"]
+__all__ = ["cjk_font", "head_heatmap", "image_attention_grid", "layer_grid", "model_grid", "save",
+           "similarity_matrix"]
 
 
 def _matrix(weights: Tensor, dims: int, name: str) -> Tensor:
@@ -140,6 +141,36 @@ def similarity_matrix(matrix: Tensor, num_heads: int, *, title: str = "head x he
     ax.set_title(title)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="JS distance" if distance else "cosine")
     fig.tight_layout()
+    return fig
+
+
+@styled
+def image_attention_grid(image, maps: Tensor, report: Report | None = None, *, title: str = "") -> Figure:
+    """A vision model's heads over one image: for every (layer, head) of ``maps`` (L, H, T, T) —
+    [CLS] (and any prefix token) then a g x g grid of patches — the [CLS] row's attention over the
+    patches, upsampled and laid over the image in grey; titled with the head's label from ``report``."""
+    import numpy as np
+
+    from ..analysis.vision import _grid_size
+
+    m = _matrix(maps, 4, "maps")
+    L, H, T, _ = m.shape
+    g, prefix = _grid_size(T)
+    picture = np.asarray(image.convert("L"), dtype=np.float32) / 255.0
+    fig, axes = new_figure(L, H, figsize=(1.6 * H, 1.7 * L + 0.4), dpi=100, squeeze=False)
+    for layer in range(L):
+        for h in range(H):
+            ax = axes[layer][h]
+            heat = m[layer, h, 0, prefix:].reshape(g, g).numpy()  # (g, g) where [CLS] looks
+            ax.imshow(picture, cmap="gray", extent=(0, 1, 1, 0))
+            ax.imshow(heat / max(float(heat.max()), 1e-12), cmap="inferno", alpha=0.55, extent=(0, 1, 1, 0),
+                      interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            label = report.head(layer, h).label if report is not None else ""
+            ax.set_title(f"L{layer}.H{h} {label}".strip(), fontsize=7, pad=2)
+    fig.suptitle(title or "where [CLS] looks, per head", fontsize=9)
+    fig.tight_layout(pad=0.4)
     return fig
 
 
