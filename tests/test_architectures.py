@@ -178,6 +178,8 @@ def test_the_report_has_one_finite_record_per_head(name, tmp_path):
         for key in ("entropy", "entropy_norm", "self", "local", "max_weight"):
             assert math.isfinite(r.metrics[key]), (name, r.layer, r.head, key)
     assert report.causal == hf.is_causal and (("induction" in report.heads[0].metrics) == hf.is_causal)
+    assert report.stack == ("decoder" if hf.is_causal else "encoder") == sites[0].stack
+    assert all(h["stack"] == report.stack for h in json.loads(report.to_json())["heads"])
 
 
 def test_the_docs_table_lists_every_architecture_of_the_matrix_with_its_status():
