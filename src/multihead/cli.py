@@ -501,6 +501,9 @@ def _run_prune(args: argparse.Namespace) -> int:
 
     out = _out_folder(lambda: check_output_folder(args.out, schema=SCHEMA, marker="curve.json", force=args.force))
     model = _load(args.model)
+    if model.is_encoder_decoder or model.processor is not None:
+        raise UsageError(f"prune's tasks (sentiment, lm) read text models with one stack; {model.name} is "
+                         f"{'an encoder-decoder' if model.is_encoder_decoder else 'a vision'} model")
     task_name = args.task or ("lm" if model.is_causal else "sentiment")
     sizes = {k: v for k, v in (("train_size", args.train_size), ("test_size", args.test_size)) if v is not None}
     if task_name == "sentiment":
@@ -509,12 +512,6 @@ def _run_prune(args: argparse.Namespace) -> int:
         task = SentimentTask(model, **sizes)
     else:
         task = LanguageModelTask(model, **sizes)
-    try:
-        from .hf.gates import self_attention_modules
-
-        self_attention_modules(model)
-    except ValueError as err:
-        raise UsageError(f"{model.name} has no attention layer to prune") from err
     curve = pruning_curve(task, steps=args.steps, per_step=args.per_step, reestimate=not args.once,
                           stop_below=args.stop_below)
     out.mkdir(parents=True, exist_ok=True)
