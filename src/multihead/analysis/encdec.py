@@ -35,7 +35,7 @@ from ..hf.sites import find_sites
 from ..progress import bar
 from .metrics import HeadStatistics, TokenInfo
 from .patterns import flags_for, label_for
-from .report import HeadRecord, Report
+from .report import Report, head_records
 
 __all__ = ["CROSS_METRICS", "CrossStatistics", "analyze_encoder_decoder", "cross_label"]
 
@@ -160,26 +160,12 @@ def analyze_encoder_decoder(model: HFModel, texts: Sequence[str], targets: Seque
     if unknown.token is not None:
         sections["unknown_tokens"] = {"count": unknown.count, "total": unknown.total,
                                       "share": round(unknown.share, 6), "token": unknown.token}
-    reports = {}
-    for stack in ("encoder", "decoder"):
-        means = stats[stack].means()
-        L, H = shape[stack]
-        heads = []
-        for layer in range(L):
-            for head in range(H):
-                metrics = {name: float(value[layer, head]) for name, value in means.items()}
-                heads.append(HeadRecord(layer, head, label_for(metrics), flags_for(metrics), metrics))
-        reports[stack] = Report(model.name, stack == "decoder", L, H, stats[stack].sentences, stats[stack].tokens,
-                                heads, None, {}, stack)
-    L, H = shape["cross"]
-    means = cross.means()
-    heads = []
-    for layer in range(L):
-        for head in range(H):
-            metrics = {name: float(value[layer, head]) for name, value in means.items()}
-            heads.append(HeadRecord(layer, head, cross_label(metrics), [], metrics))
-    reports["cross"] = Report(model.name, False, L, H, stats["decoder"].sentences, stats["decoder"].tokens, heads,
-                              None, {}, "cross")
+    reports = {stack: Report(model.name, stack == "decoder", *shape[stack], stats[stack].sentences,
+                             stats[stack].tokens, head_records(stats[stack].means(), label_for, flags_for), None, {},
+                             stack)
+               for stack in ("encoder", "decoder")}
+    reports["cross"] = Report(model.name, False, *shape["cross"], stats["decoder"].sentences, stats["decoder"].tokens,
+                              head_records(cross.means(), cross_label), None, {}, "cross")
     main = reports["encoder"]
     main.sections = sections
     main.stacks = {"decoder": reports["decoder"], "cross": reports["cross"]}

@@ -24,7 +24,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ SCHEMA = "multihead.report/1"
 #: The probe sections a report may carry beside the per-head metrics.
 SECTIONS = ("unknown_tokens", "images", "induction", "coreference", "syntax")
 
-__all__ = ["SCHEMA", "HeadRecord", "Report", "label_codes"]
+__all__ = ["SCHEMA", "HeadRecord", "Report", "head_records", "label_codes"]
 
 _SHORT = {"induction": "IND", "coreference": "COREF",
           "self": "SELF", "previous": "PREV", "next": "NEXT", "special-token": "SPEC", "local": "LOCL",
@@ -201,6 +201,20 @@ class Report:
 
     def __str__(self) -> str:
         return self.label_map()
+
+
+def head_records(means: dict[str, Any], label: Callable[[dict[str, float]], str],
+                 flags: Callable[[dict[str, float]], list[str]] | None = None) -> list[HeadRecord]:
+    """One record per (layer, head) of (L, H) metric tensors, labelled (and flagged) from its metrics
+    (a metric that could not be measured for a head stays NaN: ``null`` in JSON)."""
+    first = next(iter(means.values()))
+    L, H = first.shape
+    records = []
+    for layer in range(L):
+        for head in range(H):
+            metrics = {name: float(v[layer, head]) for name, v in means.items()}
+            records.append(HeadRecord(layer, head, label(metrics), flags(metrics) if flags else [], metrics))
+    return records
 
 
 def label_codes(labels: Iterable[str], width: int = 7) -> dict[str, str]:

@@ -30,7 +30,7 @@ from torch import Tensor
 from ..hf.capture import AttentionCapture
 from ..hf.load import HFModel
 from ..progress import bar
-from .report import HeadRecord, Report
+from .report import Report, head_records
 
 __all__ = ["IMAGE_SUFFIXES", "PATCH_METRICS", "PatchStatistics", "analyze_images", "digit_images", "image_maps",
            "load_images", "patch_label"]
@@ -166,11 +166,6 @@ def analyze_images(model: HFModel, images: Sequence[Any], *, batch_size: int = 3
             pixels = model.processor(images=batch, return_tensors="pt")["pixel_values"].to(dtype)
             model.body(pixel_values=pixels)
     tokens = stats.rows
-    means = stats.means()
-    heads = []
-    for layer in range(model.num_layers):
-        for head in range(model.num_heads):
-            metrics = {name: float(value[layer, head]) for name, value in means.items()}
-            heads.append(HeadRecord(layer, head, patch_label(metrics), [], metrics))
+    heads = head_records(stats.means(), patch_label)
     return Report(model.name, False, model.num_layers, model.num_heads, len(images), tokens, heads, None,
                   {"images": {"count": len(images), "patch_rows": tokens}}, "vision")

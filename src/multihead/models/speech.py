@@ -10,7 +10,6 @@ frames like any other model's (entropy, distance in frames, local, [CLS] mass, l
 
 from __future__ import annotations
 
-import math
 import shutil
 import subprocess
 import tempfile
@@ -176,7 +175,7 @@ def speech_report(result: dict, *, name: str = "keyword-spotter"):
     """Every head of the trained spotter over the test voice's words, as a :class:`~multihead.Report`."""
     from ..analysis.metrics import HeadStatistics, TokenInfo
     from ..analysis.patterns import flags_for, label_for
-    from ..analysis.report import HeadRecord, Report
+    from ..analysis.report import Report, head_records
     from ..hf.capture import AttentionCapture
 
     model, data = result["model"], result["data"]
@@ -193,10 +192,5 @@ def speech_report(result: dict, *, name: str = "keyword-spotter"):
     stats.add_batch(info)
     with AttentionCapture(model, lambda layer, w, out, vis: stats.update(layer, w, vis, info)), torch.no_grad():
         model(frames, valid)
-    means = stats.means()
-    heads = []
-    for layer in range(L):
-        for h in range(H):
-            metrics = {k: float(v[layer, h]) for k, v in means.items() if not math.isnan(float(v[layer, h]))}
-            heads.append(HeadRecord(layer, h, label_for(metrics), flags_for(metrics), metrics))
+    heads = head_records(stats.means(), label_for, flags_for)
     return Report(name, False, L, H, stats.sentences, stats.tokens, heads, None, {}, "encoder")
