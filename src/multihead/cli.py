@@ -19,6 +19,10 @@ from typing import NoReturn
 __all__ = ["main"]
 
 
+#: Query rows per streamed chunk with --document: 9 heads x 256 rows x 8,192 keys is 75 MB of float32.
+DOCUMENT_CHUNK = 256
+
+
 class UsageError(Exception):
     """A problem with the user's input: printed as one line, exit status 2."""
 
@@ -147,6 +151,10 @@ def _parser() -> argparse.ArgumentParser:
                           help="per-head diagnostics of a real model over a corpus (the main job)")
     an.add_argument("texts", nargs="*", metavar="TEXT", help="texts to analyze (default: a built-in real sample)")
     an.add_argument("--file", help="UTF-8 text file, one text per line")
+    an.add_argument("--document", action="store_true",
+                    help="with --file: the whole file is one text (a long document), streamed through the model in "
+                         f"chunks of {DOCUMENT_CHUNK} query rows so memory grows with its length, not its square; "
+                         "per-head metrics only (no syntax, no redundancy)")
     an.add_argument("--model", default="minilm",
                     help="'minilm' (default), 'smollm2' or a local Hugging Face model folder")
     an.add_argument("--out", default="multihead-report", help="output folder (default: ./multihead-report)")
@@ -274,7 +282,11 @@ def _run_analyze(args: argparse.Namespace) -> int:
             raise UsageError("--conllu gives the corpus itself: do not add TEXT or --file")
         parses = read_conllu(_readable(args.conllu, "--conllu"))
         texts = [p.text for p in parses]
-    if args.file:
+    if args.document:
+        if not args.file or texts or args.conllu:
+            raise UsageError("--document reads one --file as a single text: give --file and no TEXT or --conllu")
+        texts = [_read_text(args.file, "--file").strip()]
+    elif args.file:
         texts += _read_lines(args.file)
     if not texts:
         if args.texts or args.file:
@@ -284,7 +296,10 @@ def _run_analyze(args: argparse.Namespace) -> int:
     coreference: bool | list = not args.no_coreference
     if args.coreference:
         coreference = load_examples(_readable(args.coreference, "--coreference"))
-    if parses is None and args.syntax != "off":
+    if args.document:
+        if args.syntax == "spacy":
+            raise UsageError("--document streams the maps; syntax scores read whole maps: use --syntax off")
+    elif parses is None and args.syntax != "off":
         if spacy_available():
             parses = "spacy"  # parsed inside analyze: each rank its own texts, only what is analysed
         elif args.syntax == "spacy":
@@ -307,13 +322,16 @@ def _run_analyze(args: argparse.Namespace) -> int:
         elif targets is not None:
             raise UsageError(f"--target is for encoder-decoder models; {model.name} has one stack")
         report = analyze(model, texts, batch_size=args.batch_size, truncate=args.truncate, parses=parses,
-                         coreference=coreference, targets=targets)
+                         coreference=coreference, targets=targets, redundancy=not args.document,
+                         chunk=DOCUMENT_CHUNK if args.document else None)
         if rank != 0:  # every rank holds the merged report; one writes and prints it
             return 0
         from .progress import step
 
         with step("writing the report and its page"):
-            write_report_folder(report, out, model=model, texts=texts, force=args.force)
+            # a long document gets the static page: the interactive one holds whole maps (the long-input page
+            # is still to come)
+            write_report_folder(report, out, model=model, texts=() if args.document else texts, force=args.force)
     if args.json:
         print(report.to_json())
         return 0
@@ -576,21 +594,25 @@ def _readable(path: str, flag: str) -> Path:
     return p
 
 
-def _read_lines(path: str, flag: str = "--file") -> list[str]:
-    """The non-empty lines of a UTF-8 text file given as ``flag``."""
+def _read_text(path: str, flag: str) -> str:
+    """The whole of a UTF-8 text file given as ``flag``."""
     p = _readable(path, flag)
     try:
         raw = p.read_bytes()
     except OSError as err:
         raise UsageError(f"cannot read {flag} {p}: {err.strerror or err}") from err
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise UsageError(f"{flag} {p} is not UTF-8 text (byte {err.start})") from err
-    lines = [line.strip() for line in text.splitlines()]
+
+
+def _read_lines(path: str, flag: str = "--file") -> list[str]:
+    """The non-empty lines of a UTF-8 text file given as ``flag``."""
+    lines = [line.strip() for line in _read_text(path, flag).splitlines()]
     lines = [line for line in lines if line]
     if not lines:
-        raise UsageError(f"{flag} {p} has no non-empty line")
+        raise UsageError(f"{flag} {path} has no non-empty line")
     return lines
 
 

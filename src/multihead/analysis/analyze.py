@@ -84,7 +84,7 @@ def _all_ranks(corpus: CorpusStatistics) -> CorpusStatistics:
 def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
             progress: bool | None = None, parses: Sequence[Parse] | str | None = None,
             coreference: bool | Sequence[CoreferenceExample] = True, induction: bool = True,
-            redundancy: bool = True, targets: Sequence[str] | None = None) -> Report:
+            redundancy: bool = True, targets: Sequence[str] | None = None, chunk: int | None = None) -> Report:
     """Metrics, a label and flags for every (layer, head) of ``model`` over ``texts`` (a vision
     model's images: :func:`multihead.analysis.vision.analyze_images`; an encoder-decoder model's
     three stacks: :func:`multihead.analysis.encdec.analyze_encoder_decoder`, with ``targets``).
@@ -93,13 +93,18 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     spaCy, for the syntax scores; ``coreference``: score the shipped pronoun set (True) or these
     examples; ``induction``: for causal models, run the repeated-random-tokens probe;
     ``redundancy``: the head x head similarity (its all-pairs JS is the costliest part of a run).
-    ``progress``: show progress on stderr (default: as :func:`multihead.progress.set_enabled` says).
+    ``chunk``: stream each layer's maps in chunks of this many query rows, so a document of
+    thousands of tokens needs memory O(H·chunk·T) per layer, not O(H·T²); the per-head metrics are
+    the same, the redundancy matrix (it reads whole maps) is then left out, and ``parses`` must be
+    None. ``progress``: show progress on stderr (default: as :func:`multihead.progress.set_enabled` says).
     Raises ValueError for an empty corpus, an empty text, a text longer than the model's
     positions (unless ``truncate``), or texts of which the tokenizer knows no token; warns when
     more than :data:`UNKNOWN_WARN` of the tokens are unknown (the report's ``tokens`` section
     records the share).
     """
     model = require_loaded(model, "analyze")
+    if chunk is not None and (model.processor is not None or model.is_encoder_decoder):
+        raise ValueError("chunked (streamed) analysis reads text models with one stack")
     if model.processor is not None:  # a vision model: ``texts`` are its images
         from .vision import analyze_images
 
@@ -115,7 +120,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     if targets is not None:
         raise ValueError("targets are read by encoder-decoder models only; this model has one stack")
     corpus = collect_statistics(model, texts, batch_size=batch_size, truncate=truncate, progress=progress,
-                                parses=parses, redundancy=redundancy)
+                                parses=parses, redundancy=redundancy and chunk is None, chunk=chunk)
     stats = corpus.heads
     means = dict(stats.means())
     sections: dict[str, dict] = {}
@@ -180,8 +185,13 @@ def _redundancy_section(red: RedundancyStatistics, H: int) -> dict:
 
 def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
                        progress: bool | None = None, parses: Sequence[Parse] | str | None = None,
-                       redundancy: bool = True) -> CorpusStatistics:
+                       redundancy: bool = True, chunk: int | None = None) -> CorpusStatistics:
     """The running sums behind :func:`analyze`.
+
+    ``chunk``: stream each layer's maps in chunks of this many query rows (see
+    :class:`~multihead.hf.AttentionCapture`), so no (T, T) map is held — for long documents. The
+    per-head metrics are the same as unchunked; the redundancy and syntax statistics read whole
+    maps and are refused with it.
 
     Under ``torch.distributed`` (e.g. ``torchrun``) the corpus is sharded across the ranks — rank
     r takes texts r, r + world, ... — and every rank returns the merged statistics of all.
@@ -191,6 +201,9 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
     texts = check_texts(texts)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
+    if chunk is not None and (redundancy or parses is not None):
+        raise ValueError("chunked (streamed) capture computes the per-head metrics only: pass redundancy=False "
+                         "and no parses with chunk")
     if isinstance(parses, str) and parses != "spacy":
         raise ValueError(f"parses must be a list of Parse or 'spacy'; got {parses!r}")
     if parses is not None and not isinstance(parses, str):
@@ -231,14 +244,14 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
     batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
     info_box: list[TokenInfo] = []
 
-    def on_layer(layer: int, weights: torch.Tensor, out: torch.Tensor, visible: torch.Tensor) -> None:
-        stats.update(layer, weights, visible, info_box[0])
+    def on_layer(layer: int, weights: torch.Tensor, out: torch.Tensor, visible: torch.Tensor, start: int = 0) -> None:
+        stats.update(layer, weights, visible, info_box[0], start)
         if redundancy:
             similarity.add_layer(layer, weights, out, capture.output_projection(layer), info_box[0].valid)
         if syntax is not None:
             syntax.update(layer, weights)
 
-    capture = AttentionCapture(model.model, on_layer)
+    capture = AttentionCapture(model.model, on_layer, chunk=chunk)
     # Right padding: positions must not shift with padding (decoders count them from 0).
     with right_padding(tok), capture, torch.inference_mode():
         for batch_ids in bar(batches, desc="analyze", unit="batch", progress=progress):

@@ -57,47 +57,53 @@ class HeadStatistics:
         self.counts = torch.zeros(len(METRICS), num_layers, num_heads, dtype=torch.float64)
         self.sentences = 0
         self.tokens = 0
+        self._columns: dict[int, Tensor] = {}  # a streamed layer's column sums until its last chunk
 
     def add_batch(self, tokens: TokenInfo) -> None:
         """Count a batch's sentences and real tokens (once per batch, not per layer)."""
         self.sentences += int(tokens.valid.shape[0])
         self.tokens += int(tokens.valid.sum())
 
-    def update(self, layer: int, weights: Tensor, visible: Tensor, tokens: TokenInfo) -> None:
-        """Add one layer's attention for a batch: weights (B, H, T, S) with S == T (self-attention),
-        visible (B|1, 1|H, T, S) bool — which keys each query may see."""
-        B, H, T, S = weights.shape
-        if S != T:
-            raise ValueError(f"head statistics need self-attention maps (T == S); got T={T}, S={S}")
+    def update(self, layer: int, weights: Tensor, visible: Tensor, tokens: TokenInfo, start: int = 0) -> None:
+        """Add one layer's attention for a batch: weights (B, H, C, S) — query rows ``start`` to
+        ``start + C`` of a self-attention over S == T tokens (all of them, or one chunk of a
+        streamed capture: chunks of a layer come in order) — and visible (B|1, 1|H, C, S) bool,
+        which keys each of those queries may see."""
+        B, H, C, S = weights.shape
+        if start < 0 or start + C > S or tokens.valid.shape[-1] != S:
+            raise ValueError(f"head statistics need self-attention rows {start}..{start + C} of a (T, T) map "
+                             f"with T = {tokens.valid.shape[-1]} tokens; got {C} rows over S={S} keys")
         dev = weights.device
         # Per-row values in float32 (one pass each over the maps), sums over rows in float64.
-        p = weights.detach().float()  # (B, H, T, S)
-        valid = tokens.valid.to(dev)
-        q_valid = valid  # (B, T)
-        vis = visible.to(dev) & valid[:, None, None, :]  # (B, 1|H, T, S)
-        n_vis = vis.sum(-1).expand(B, H, T).float()  # (B, H, T)
-        rows = q_valid[:, None, :].expand(B, H, T)  # (B, H, T) rows that count
+        p = weights.detach().float()  # (B, H, C, S)
+        valid = tokens.valid.to(dev)  # (B, S)
+        q_valid = valid[:, start:start + C]  # (B, C)
+        vis = visible.to(dev) & valid[:, None, None, :]  # (B, 1|H, C, S)
+        n_vis = vis.sum(-1).expand(B, H, C).float()  # (B, H, C)
+        rows = q_valid[:, None, :].expand(B, H, C)  # (B, H, C) rows that count
 
-        pos = valid.long().cumsum(-1) - 1  # (B, T) index among real tokens
-        prefix = bool((pos[valid] == torch.arange(T, device=dev).expand(B, T)[valid]).all())
-        entropy = -p.add(1e-30).log_().mul_(p).sum(-1)  # (B, H, T)
+        pos = valid.long().cumsum(-1) - 1  # (B, S) index among real tokens
+        prefix = bool((pos[valid] == torch.arange(S, device=dev).expand(B, S)[valid]).all())
+        entropy = -p.add(1e-30).log_().mul_(p).sum(-1)  # (B, H, C)
         log_n = n_vis.clamp_min(1).log()
         informative = rows & (n_vis > 1)
         keys = torch.stack([tokens.first, tokens.separator, tokens.punctuation], -1).to(dev).float()  # (B, S, 3)
-        key_mass = p @ keys[:, None]  # (B, H, T, 3)
+        key_mass = p @ keys[:, None]  # (B, H, C, 3)
+        i_abs = torch.arange(start, start + C, device=dev)  # (C,) the rows' positions
         if prefix:  # real tokens are 0..n-1 (right padding): offsets are diagonals
-            def band(k: int) -> Tensor:  # p[i, i+k] as (B, H, T), 0 where j is outside
-                d = p.diagonal(offset=k, dim1=-2, dim2=-1)
-                pad = torch.zeros(B, H, abs(k), device=dev)
-                return torch.cat([d, pad], -1) if k > 0 else torch.cat([pad, d], -1)
+            def band(k: int) -> Tensor:  # p[i, i+k] as (B, H, C), 0 where i+k is outside
+                col = i_abs + k
+                inside = ((col >= 0) & (col < S)).float()  # (C,)
+                picked = p.gather(-1, col.clamp(0, S - 1).view(1, 1, C, 1).expand(B, H, C, 1))[..., 0]
+                return picked * inside
 
             diag = {k: band(k) for k in range(-2, 3)}
-            idx = torch.arange(T, device=dev, dtype=torch.float32)
-            distance = (p * (idx[None, :] - idx[:, None]).abs()).sum(-1)  # (B, H, T)
+            idx = torch.arange(S, device=dev, dtype=torch.float32)
+            distance = (p * (idx[None, :] - i_abs[:, None].float()).abs()).sum(-1)  # (B, H, C)
         else:  # general valid masks: measure offsets between real tokens
-            i = pos[:, None, :, None].float()  # (B, 1, T, 1)
+            i = pos[:, None, start:start + C, None].float()  # (B, 1, C, 1)
             j = pos[:, None, None, :].float()  # (B, 1, 1, S)
-            offset = (j - i) * vis  # (B, 1|H, T, S)
+            offset = (j - i) * vis  # (B, 1|H, C, S)
             diag = {k: (p * (offset == k)).sum(-1) for k in range(-2, 3)}
             distance = (p * offset.abs()).sum(-1)
         values = {
@@ -119,13 +125,19 @@ class HeadStatistics:
             w = where.to(torch.float64)
             self.sums[m, layer] += (value.to(torch.float64) * w).sum(dim=(0, 2)).cpu()
             self.counts[m, layer] += w.sum(dim=(0, 2)).cpu()
-        # vertical concentration, per sentence: the column that receives most of its attention
-        q_count = q_valid.sum(-1).to(torch.float64).clamp_min(1)  # (B,)
-        column = (p * q_valid[:, None, :, None]).sum(2).to(torch.float64) / q_count[:, None, None]  # (B, H, S)
-        vertical = column.amax(-1)  # (B, H)
+        # vertical concentration, per sentence: the column that receives most of its attention,
+        # summed over the layer's chunks and taken once its last rows are in
+        column = (p * q_valid[:, None, :, None]).sum(2).to(torch.float64)  # (B, H, S)
+        if start > 0:
+            column += self._columns.pop(layer)
+        if start + C < S:
+            self._columns[layer] = column
+            return
+        q_count = valid.sum(-1).to(torch.float64)  # (B,)
+        vertical = (column / q_count.clamp_min(1)[:, None, None]).amax(-1)  # (B, H)
         m = METRICS.index("vertical")
-        self.sums[m, layer] += (vertical * q_valid.sum(-1)[:, None]).sum(0).cpu()
-        self.counts[m, layer] += q_valid.sum().to(torch.float64).cpu()
+        self.sums[m, layer] += (vertical * q_count[:, None]).sum(0).cpu()
+        self.counts[m, layer] += q_count.sum().cpu()
 
     def merge(self, other: HeadStatistics) -> None:
         """Add another accumulator's sums (e.g. from another process's shard)."""

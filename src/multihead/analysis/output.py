@@ -39,7 +39,7 @@ def write_report_folder(report: Report, out: str | Path, *, model: HFModel | Non
     then also shows every head's attention over the first of them.
     """
     folder = check_report_folder(out, force=force)
-    if model is not None and not model.is_encoder_decoder and model.processor is None:  # one stack of text
+    if model is not None and texts and not model.is_encoder_decoder and model.processor is None:  # one text stack
         from ..data import ARTICLE_SENTENCES
         from ..viz.page import view_page
 

@@ -47,11 +47,22 @@ class AttentionCapture:
     ``stack``: which stack's layers report to ``callback`` (default: the model's one
     self-attention stack; an encoder–decoder model must name one). Layers are numbered within
     the stack (see :func:`~multihead.hf.sites.find_sites`).
+
+    ``chunk``: stream each layer's maps in chunks of at most this many query rows — the callback
+    is then called once per chunk as ``callback(layer, weights (B, H, c, S), head_outputs
+    (B, H, c, Dv), visible (B|1, 1|H, c, S), start)`` with the chunk's first query row ``start``
+    (chunks come in order; the last one ends at row T). No (T, S) map of a layer is ever held:
+    peak memory per layer is O(B·H·c·S). The model's own outputs are the same.
+    Transformers models only (our own layers report whole maps).
     """
 
-    def __init__(self, model: ModelLike, callback: LayerCallback, *, stack: str | None = None) -> None:
+    def __init__(self, model: ModelLike, callback: LayerCallback, *, stack: str | None = None,
+                 chunk: int | None = None) -> None:
+        if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
+            raise ValueError(f"chunk must be a positive number of query rows; got {chunk!r}")
         self.model = as_module(model)
         self.callback = callback
+        self.chunk = chunk
         self.sites = find_sites(self.model)
         self.stack = stack if stack is not None else main_stack(self.sites)
         watched = [s for s in self.sites if s.stack == self.stack]
@@ -80,6 +91,9 @@ class AttentionCapture:
 
     def __enter__(self) -> AttentionCapture:
         ours = [s for s in self._site_of.values() if s.ours]
+        if ours and self.chunk is not None:
+            raise ValueError("chunked capture reads transformers models; our own layers report whole maps "
+                             "(their long-sequence kernels never hold them anyway)")
         if ours:  # models built from our layer (or HF models with it swapped in): observe each layer
             for site in ours:
                 site.module._observers.append(self._observer(site.layer))
@@ -178,12 +192,17 @@ def _capture_attention(module: nn.Module, query: Tensor, key: Tensor, value: Ten
         mask = bias if mask is None else bias & mask
     capture = next((c for c in reversed(_ACTIVE) if c.site_of(module) is not None), None)
     watched = capture is not None
+    uniform = getattr(module, UNIFORM_ATTRIBUTE, None)
+    heads = uniform() if uniform is not None else ()
+    gate = getattr(module, GATE_ATTRIBUTE, None)
+    if watched and capture.chunk is not None and not heads:  # stream the maps, chunk by chunk
+        out = _chunked(capture, module, query, key, value, mask, scaling, softcap, sinks,
+                       gate() if gate is not None else None)
+        return out.transpose(1, 2).contiguous(), None  # (B, T, H, Dv)
     plain = softcap is None and sinks is None
     out, weights = attention(query, key, value, mask, scale=scaling, need_weights=watched,
                              dropout_p=dropout if module.training else 0.0,
                              backend="auto" if plain and not watched else "math", softcap=softcap, sinks=sinks)
-    uniform = getattr(module, UNIFORM_ATTRIBUTE, None)
-    heads = uniform() if uniform is not None else ()
     if heads:  # Kovaleva et al.'s ablation: these heads attend uniformly to the keys they may see
         visible = _visible(mask, T, S, query.device).to(value.dtype)
         flat = visible / visible.sum(-1, keepdim=True).clamp_min(1)  # (B|1, 1, T, S)
@@ -191,13 +210,49 @@ def _capture_attention(module: nn.Module, query: Tensor, key: Tensor, value: Ten
         out = out.clone()
         for h in heads:
             out[:, h] = flat[:, 0] @ value[:, h // group]  # (B, T, Dv)
-    gate = getattr(module, GATE_ATTRIBUTE, None)
     if gate is not None:
         out = scale_heads(out, gate())
     if watched:
         capture.callback(capture.layer_of_call(capture.site_of(module)), weights, out,
                          _visible(mask, T, S, query.device))
     return out.transpose(1, 2).contiguous(), weights  # (B, T, H, Dv) as transformers expects
+
+
+def _chunked(capture: AttentionCapture, module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+             mask: Mask | None, scaling: float | None, softcap: float | None, sinks: Tensor | None,
+             gates: Tensor | None) -> Tensor:
+    """The attention of ``query`` rows in chunks, each chunk's maps handed to the capture's callback;
+    returns the head outputs (B, H, T, Dv), equal to the unchunked ones row for row."""
+    T, S = query.shape[2], key.shape[2]
+    layer = capture.layer_of_call(capture.site_of(module))
+    outs = []
+    for start in range(0, T, capture.chunk):
+        stop = min(T, start + capture.chunk)
+        bias_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+        rows = _mask_rows(mask, start, stop, T, S, query.device, bias_dtype)  # (…, c, S): this chunk's rows
+        out, weights = attention(query[:, :, start:stop], key, value, rows, scale=scaling, need_weights=True,
+                                 backend="math", softcap=softcap, sinks=sinks)  # (B, H, c, Dv), (B, H, c, S)
+        if gates is not None:
+            out = scale_heads(out, gates)
+        visible = _visible(rows, stop - start, S, query.device)
+        capture.callback(layer, weights, out, visible, start)
+        outs.append(out)
+    return torch.cat(outs, dim=2)  # (B, H, T, Dv)
+
+
+def _mask_rows(mask: Mask | None, start: int, stop: int, T: int, S: int, device: torch.device,
+               dtype: torch.dtype = torch.float32) -> Mask | None:
+    """Rows ``start:stop`` of ``mask`` over (T, S), as a mask of their own (c, S): predicates are
+    evaluated on those rows only (a causal mask keeps its alignment to the full T)."""
+    if mask is None:
+        return None
+    i = torch.arange(start, stop, device=device)[:, None]  # (c, 1)
+    j = torch.arange(S, device=device)[None, :]  # (1, S)
+    keep = mask.mask_mod(i, j, T, S)  # (…, c, S)
+    bias = mask.bias_mod(i, j, T, S, dtype) if mask.has_bias else None
+    if bias is None:
+        return from_tensor(keep)
+    return from_tensor(torch.where(keep, bias, torch.tensor(float("-inf"), dtype=bias.dtype, device=device)))
 
 
 def _visible(mask: Mask | None, T: int, S: int, device: torch.device) -> Tensor:
