@@ -99,8 +99,47 @@ def test_cli_document_streams_one_long_text(tmp_path, capsys):
 
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["sentences"] == 1 and report["tokens"] == 512 and "redundancy" not in report
+    assert report["long_context"]["chunk"] == 256
+    head = report["heads"][0]["metrics"]
+    assert 0 <= head["sink_first"] <= head["sink_first4"] <= 1 and head["window_1024"] == pytest.approx(1.0)
+    assert head["long_1024"] == 0 and head["distance_median"] <= head["distance_p90"] <= 512
     assert "<script" not in (tmp_path / "r" / "report.html").read_text()  # the static page: no whole maps held
     for args, words in ((["--document", "x"], "--document reads one --file"),
                         (["--file", str(doc), "--document", "--syntax", "spacy"], "use --syntax off")):
         code, _, err = run_cli(["analyze", *args, "--out", str(tmp_path / "bad")], capsys)
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def _long_maps(T: int) -> torch.Tensor:
+    """(1, 3, T, T): a sink-only head, a head at a fixed offset of 300 (itself before that), a local ±1 head."""
+    maps = torch.zeros(1, 3, T, T)
+    rows = torch.arange(T)
+    maps[0, 0, :, 0] = 1.0
+    maps[0, 1, rows, torch.where(rows >= 300, rows - 300, rows)] = 1.0
+    maps[0, 2] = (((rows[:, None] - rows[None, :]).abs() <= 1) & (rows[None, :] <= rows[:, None])).float()
+    return maps / maps.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("chunk", [100, 1200])
+def test_long_context_metrics_on_heads_with_known_answers(chunk):
+    from multihead.analysis.longcontext import LongContextStatistics
+
+    T = 1200
+    maps = _long_maps(T)
+    tokens = _tokens(torch.ones(1, T, dtype=torch.bool))
+    stats = LongContextStatistics(1, 3)
+    for start in range(0, T, chunk):
+        stats.update(0, maps[:, :, start:start + chunk], tokens, start)
+    m = {k: v[0].tolist() for k, v in stats.means().items()}
+    far = (T - 300) / T  # rows that reach back 300 tokens
+    # rows 0 and 300 of the offset head land on token 0; the local head's row 0 wholly, row 1 half
+    assert m["sink_first"] == pytest.approx([1.0, 2 / T, 1.5 / T], abs=1e-9)
+    assert m["sink_first4"][0] == pytest.approx(1.0)
+    assert m["long_256"] == pytest.approx([(T - 257) / T, far, 0.0], abs=1e-6)  # the sink head: rows past 256
+    assert m["long_1024"] == pytest.approx([(T - 1025) / T, 0.0, 0.0], abs=1e-6)
+    assert m["window_256"] == pytest.approx([257 / T, 1 - far, 1.0], abs=1e-6)
+    assert m["window_1024"] == pytest.approx([1025 / T, 1.0, 1.0], abs=1e-6)
+    assert m["distance_median"][1] == 512 and m["distance_p90"][1] == 512  # 300 lies in [256, 512)
+    # the local head: 600.5 of 1,200 rows' mass on the token itself (d = 0), the rest at d = 1
+    assert m["distance_median"][2] == 0 and m["distance_p90"][2] == 2
+    assert m["distance_median"][0] == 1024 and m["distance_p90"][0] == 2048  # the sink: d = i, up to 1,199

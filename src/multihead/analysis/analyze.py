@@ -23,6 +23,7 @@ from ..hf.sites import find_sites, main_stack
 from ..progress import bar, step
 from .coreference import CoreferenceExample, coreference_scores
 from .induction import induction_scores
+from .longcontext import LongContextStatistics
 from .metrics import HeadStatistics, TokenInfo
 from .patterns import SYNTAX_RULE, flags_for, label_for
 from .redundancy import RedundancyStatistics, clusters, most_redundant
@@ -59,12 +60,15 @@ class CorpusStatistics:
     redundancy: RedundancyStatistics
     syntax: SyntaxStatistics | None = None
     unknown: UnknownTokens | None = None  # of the whole corpus (every rank counts all texts)
+    long: LongContextStatistics | None = None  # streamed (chunked) analyses of long inputs
 
     def merge(self, other: CorpusStatistics) -> None:
         self.heads.merge(other.heads)
         self.redundancy.merge(other.redundancy)
         if self.syntax is not None and other.syntax is not None:
             self.syntax.merge(other.syntax)
+        if self.long is not None and other.long is not None:
+            self.long.merge(other.long)
 
 
 def _all_ranks(corpus: CorpusStatistics) -> CorpusStatistics:
@@ -124,6 +128,9 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     stats = corpus.heads
     means = dict(stats.means())
     sections: dict[str, dict] = {}
+    if corpus.long is not None:  # long inputs: how far each head looks (multihead.analysis.longcontext)
+        means.update(corpus.long.means())
+        sections["long_context"] = {"chunk": chunk, "longest": max(len(t) for t in texts)}
     unknown = corpus.unknown
     if unknown is not None and unknown.token is not None:
         sections["unknown_tokens"] = {"count": unknown.count, "total": unknown.total,
@@ -239,6 +246,7 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
     stats = HeadStatistics(model.num_layers, model.num_heads)
     similarity = RedundancyStatistics(model.num_layers, model.num_heads)
     syntax = SyntaxStatistics(model.num_layers, model.num_heads) if parses is not None else None
+    long = LongContextStatistics(model.num_layers, model.num_heads) if chunk is not None else None
     special = {t for t in (tok.sep_token_id, tok.eos_token_id) if t is not None}
     punct_cache: dict[int, bool] = {}
     batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
@@ -246,6 +254,8 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
 
     def on_layer(layer: int, weights: torch.Tensor, out: torch.Tensor, visible: torch.Tensor, start: int = 0) -> None:
         stats.update(layer, weights, visible, info_box[0], start)
+        if long is not None:
+            long.update(layer, weights, info_box[0], start)
         if redundancy:
             similarity.add_layer(layer, weights, out, capture.output_projection(layer), info_box[0].valid)
         if syntax is not None:
@@ -266,7 +276,7 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
             model.body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
             similarity.end_batch()
             _return_freed_memory()
-    corpus = CorpusStatistics(stats, similarity, syntax, unknown)
+    corpus = CorpusStatistics(stats, similarity, syntax, unknown, long)
     return _all_ranks(corpus) if sharded else corpus
 
 
