@@ -221,6 +221,12 @@ def test_the_cli_on_local_folders_of_other_architectures(tmp_path, capsys):
     assert code == 0, err
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["causal"] is True and "induction" in report["heads"][0]["metrics"]  # a GPT2LMHeadModel is causal
+    code, out, err = run_cli(["analyze", "w5 w6 w7 w8 w9 w10 w11 w12", "--model", str(gpt2), "--out",
+                              str(tmp_path / "w"), "--no-coreference", "--syntax", "off", "--what-if",
+                              "window=2,sinks=1"], capsys)
+    assert code == 0 and "What if the model attended with window 2 + 1 sinks?" in out, err
+    change = json.loads((tmp_path / "w" / "report.json").read_text())["what_if"]
+    assert len(change["delta_per_layer"]) == 2 and change["delta_all_layers"] != 0
     folder = _save("deberta-v2", tmp_path / "deberta")
     code, _, err = run_cli(["analyze", "w5 w6", "--model", str(folder), "--out", str(tmp_path / "deberta" / "r")],
                            capsys)

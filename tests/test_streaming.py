@@ -143,3 +143,71 @@ def test_long_context_metrics_on_heads_with_known_answers(chunk):
     # the local head: 600.5 of 1,200 rows' mass on the token itself (d = 0), the rest at d = 1
     assert m["distance_median"][2] == 0 and m["distance_p90"][2] == 2
     assert m["distance_median"][0] == 1024 and m["distance_p90"][0] == 2048  # the sink: d = i, up to 1,199
+
+
+# --- what a window would do: replace_attention and what-if ---------------------------------------
+
+
+def _tiny_lm(name="llama (GQA)"):
+    from transformers import AutoModelForCausalLM
+
+    model = build(name)
+    lm = AutoModelForCausalLM.from_config(model.config).to(torch.float64).eval()
+    lm.base_model.load_state_dict(model.state_dict())
+    return lm
+
+
+@pytest.mark.parametrize("name", ["llama (GQA)", "gemma2 (window 4, softcap 1)"])
+def test_a_window_wider_than_the_text_changes_nothing_and_a_narrow_one_is_obeyed(name):
+    lm = _tiny_lm(name)
+    batch = inputs(name, lm)
+    with torch.no_grad():
+        eager = lm(**batch).logits
+        with mh.hf.HeadGates(lm):  # the same route through our attention, with nothing changed
+            want = lm(**batch).logits
+        with mh.hf.replace_attention(lm, mh.masks.window(64) | mh.masks.global_tokens([0])):
+            wide = lm(**batch).logits
+        seen = {}
+        with mh.hf.replace_attention(lm, mh.masks.window(1, 0), layers=[1]), \
+                mh.hf.AttentionCapture(lm, lambda layer, w, out, vis: seen.__setitem__(layer, w)):
+            narrow = lm(**batch).logits
+    torch.testing.assert_close(wide, want, atol=1e-12, rtol=0)
+    torch.testing.assert_close(wide, eager, atol=1e-5 * float(eager.abs().max()), rtol=0)  # eager soft-maxes in fp32
+    assert not torch.allclose(narrow, want)
+    T = want.shape[1]
+    far = torch.ones(T, T, dtype=torch.bool).tril(-2)  # keys more than one token back
+    assert seen[1][..., far].abs().max() == 0 and seen[0][..., far].abs().max() > 0  # only layer 1 replaced
+    assert lm.config._attn_implementation == "eager"
+
+
+def test_what_if_reports_the_loss_change_overall_and_per_layer(tmp_path):
+    from architectures import ARCHITECTURES  # noqa: F401 - the same tiny models
+    from test_architectures import _word_tokenizer
+
+    lm = _tiny_lm()
+    tok = _word_tokenizer(lm.config.vocab_size)
+    hf = mh.hf.HFModel(lm, tok, "tiny-llama", tmp_path, True, 2, 4, 2, 128)
+    text = " ".join(f"w{3 + (i * 7) % 100}" for i in range(40))
+    same = mh.hf.what_if(hf, [text], "window=64,sinks=4")
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = lm(input_ids=ids).logits[0, :-1]
+    want = float(torch.nn.functional.cross_entropy(logits, ids[0, 1:]))
+    assert same.loss == pytest.approx(want, rel=1e-9) and same.tokens == ids.shape[1] - 1
+    # the eager intact run soft-maxes in float32, the replaced runs are float64 throughout
+    assert same.replaced == pytest.approx(same.loss, rel=1e-6) and all(x == pytest.approx(same.loss, rel=1e-6)
+                                                                        for x in same.per_layer)
+    narrow = mh.hf.what_if(hf, [text], "window=2")
+    assert narrow.replaced != pytest.approx(narrow.loss) and len(narrow.per_layer) == 2
+    assert "every layer" in narrow.table() and narrow.to_dict()["delta_all_layers"] == narrow.replaced - narrow.loss
+    for bad in ("window=abc", "sinks=4", "window=256,frobs=2"):
+        with pytest.raises(ValueError, match="window"):
+            mh.hf.what_if(hf, [text], bad)
+
+
+def test_cli_what_if_is_checked_before_anything_runs(tmp_path, capsys):
+    from conftest import run_cli
+
+    code, _, err = run_cli(["analyze", "hi", "--what-if", "window=big", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "--what-if" in err and "window=256,sinks=4" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()

@@ -61,6 +61,17 @@ def _share(text: str) -> float:
     return value
 
 
+def _what_if_spec(text: str) -> str:
+    """An argparse type: a what-if spec such as 'window=256,sinks=4'."""
+    from .hf.replace import parse_what_if
+
+    try:
+        parse_what_if(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     # transformers' own notices ("Token indices sequence length is longer than ...") are not for
     # our users: we check lengths ourselves and say so in one line.
@@ -168,6 +179,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="dependency-syntax scores from spaCy parses: auto (when spaCy and en_core_web_sm are "
                          "installed), spacy (required), off")
     an.add_argument("--conllu", help="a CoNLL-U file: its sentences are the corpus and its trees the syntax gold")
+    an.add_argument("--what-if", metavar="SPEC", type=_what_if_spec,
+                    help="causal language models: the change in the model's loss on the texts if its layers attended "
+                         "only within a window, e.g. 'window=256,sinks=4' (every layer, and each layer alone)")
     an.add_argument("--images", metavar="FOLDER",
                     help="vision models (ViT, DeiT, ...): a folder of images, or 'digits' for scikit-learn's "
                          "handwritten digits (--sample of them, default 300)")
@@ -321,9 +335,19 @@ def _run_analyze(args: argparse.Namespace) -> int:
             parses, coreference = None, False
         elif targets is not None:
             raise UsageError(f"--target is for encoder-decoder models; {model.name} has one stack")
+        if args.what_if and not model.is_causal:
+            raise UsageError(f"--what-if measures a causal language model's loss; {model.name} is not one")
         report = analyze(model, texts, batch_size=args.batch_size, truncate=args.truncate, parses=parses,
                          coreference=coreference, targets=targets, redundancy=not args.document,
                          chunk=DOCUMENT_CHUNK if args.document else None)
+        change = None
+        if args.what_if:
+            from .hf import what_if
+            from .progress import step
+
+            with step(f"what if: {args.what_if}, every layer and each alone"):
+                change = what_if(model, texts, args.what_if)
+            report.sections["what_if"] = change.to_dict()
         if rank != 0:  # every rank holds the merged report; one writes and prints it
             return 0
         from .progress import step
@@ -340,6 +364,8 @@ def _run_analyze(args: argparse.Namespace) -> int:
         shape = "; ".join(f"{r.stack} {r.num_layers} x {r.num_heads}" for r in (report, *report.stacks.values()))
     print(f"{model.name}: {shape}; {report.sentences} sentences, {report.tokens} tokens\n")
     print(report.label_map())
+    if change is not None:
+        print("\n" + change.table())
     _print_flags_and_redundancy(report)
     _print_probes(report)
     print(f"\nwrote {out / 'report.json'}, {out / 'report.csv'} and {out / 'report.html'}")

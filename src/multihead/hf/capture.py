@@ -33,6 +33,8 @@ IMPLEMENTATION = "multihead_capture"
 GATE_ATTRIBUTE = "_multihead_gate"
 #: attribute holding a callable that returns the heads to replace by uniform attention
 UNIFORM_ATTRIBUTE = "_multihead_uniform"
+#: attribute holding a Mask every call of the module intersects with its own (see .replace)
+EXTRA_MASK_ATTRIBUTE = "_multihead_extra_mask"
 
 #: callback(layer, weights (B, H, T, S), head_outputs (B, H, T, Dv) before W^O, visible (B|1, 1, T, S) bool)
 LayerCallback = Callable[[int, Tensor, Tensor, Tensor], None]
@@ -190,6 +192,9 @@ def _capture_attention(module: nn.Module, query: Tensor, key: Tensor, value: Ten
         bias = from_tensor(position_bias[..., -T:, :S].to(torch.float32 if query.dtype != torch.float64
                                                           else query.dtype))
         mask = bias if mask is None else bias & mask
+    extra = getattr(module, EXTRA_MASK_ATTRIBUTE, None)
+    if extra is not None:  # replace_attention: the model's own mask and ours (e.g. a window and sinks)
+        mask = extra if mask is None else mask & extra
     capture = next((c for c in reversed(_ACTIVE) if c.site_of(module) is not None), None)
     watched = capture is not None
     uniform = getattr(module, UNIFORM_ATTRIBUTE, None)
