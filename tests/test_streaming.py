@@ -211,3 +211,25 @@ def test_cli_what_if_is_checked_before_anything_runs(tmp_path, capsys):
     code, _, err = run_cli(["analyze", "hi", "--what-if", "window=big", "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and "--what-if" in err and "window=256,sinks=4" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_retrieval_counts_only_copy_steps_that_point_at_the_source():
+    from multihead.analysis.retrieval import retrieval_from_argmax
+
+    source = torch.tensor([10, 11, 12, 13])
+    copied = torch.tensor([True, True, False, True])
+    top = torch.tensor([[[10, 11, 12, 13],  # a perfect retrieval head: 3 of the 3 copy steps
+                         [10, 0, 12, 0]],  # right twice, once on a step the model did not copy
+                        [[9, 10, 11, 12],  # one token off (an induction-style head): never the source
+                         [10, 11, 12, 99]]])  # (L=2, H=2, N=4)
+    assert retrieval_from_argmax(top, source, copied).tolist() == [[3, 1], [0, 2]]
+
+
+@pytest.mark.slow
+def test_smollm2_has_retrieval_heads(smollm2):
+    from multihead.analysis.retrieval import retrieval_scores
+
+    found = retrieval_scores(smollm2, trials=2, haystack=300)
+    assert found.steps == 2 * 15 and found.copy_steps >= 10  # SmolLM2 copies a random needle
+    assert found.score.shape == (30, 9) and float(found.score.max()) > 0.5
+    assert float(found.score[:8].max()) < 0.5  # the early layers do not fetch from far back

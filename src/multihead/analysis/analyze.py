@@ -131,6 +131,13 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     if corpus.long is not None:  # long inputs: how far each head looks (multihead.analysis.longcontext)
         means.update(corpus.long.means())
         sections["long_context"] = {"chunk": chunk, "longest": max(len(t) for t in texts)}
+        if model.is_causal and getattr(model.model, "get_output_embeddings", lambda: None)() is not None:
+            from .retrieval import PROBE, retrieval_scores
+
+            with step("retrieval probe (a needle copied from far back)", progress=progress):
+                found = retrieval_scores(model, chunk=chunk)
+            means["retrieval"] = found.score
+            sections["retrieval"] = {**PROBE, "copy_steps": found.copy_steps, "steps": found.steps}
     unknown = corpus.unknown
     if unknown is not None and unknown.token is not None:
         sections["unknown_tokens"] = {"count": unknown.count, "total": unknown.total,
