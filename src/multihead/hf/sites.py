@@ -163,7 +163,8 @@ def main_stack(sites: list[AttentionSite]) -> str:
 @functools.cache
 def _computes_through_interface(cls: type) -> bool:
     """Whether ``cls.forward`` calls transformers' attention interface (ALL_ATTENTION_FUNCTIONS)."""
-    if not issubclass(cls, nn.Module) or cls.__module__.split(".")[0] != "transformers":
+    # transformers' own classes and remote-code ones (``transformers_modules.*``)
+    if not issubclass(cls, nn.Module) or not cls.__module__.startswith("transformers"):
         return False
     try:
         source = inspect.getsource(cls.forward)
