@@ -228,3 +228,34 @@ def test_export_buttons_produce_png_and_svg(browser, page):
     (png_name, png), (svg_name, svg) = browser.execute_script("return window.__downloads;")
     assert png_name == "multihead-model.png" and png.startswith("data:image/png;base64,") and len(png) > 1000
     assert svg_name == "multihead-matrix.svg" and svg.startswith("data:image/svg+xml") and "rect" in svg
+
+
+def test_what_a_row_did_not_store_is_said_not_shown_as_zero(browser, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    torch.manual_seed(1)
+    T, k = 40, 8
+    maps = torch.softmax(torch.randn(1, 1, T, T) * 2, -1)
+    path = write_page(page_html(page_data([("long", [f"t{i}" for i in range(T)], maps)], top_k=k)),
+                      tmp_path / "sparse.html")
+    root = _open(browser, path)
+    root.find_element("css selector", '.mh-tab[data-view="matrix"]').click()
+    assert f"each row stores its {k} largest weights" in root.find_element("css selector", ".mh-matrix-title").text
+    matrix = root.find_element("css selector", "canvas.mh-matrix")
+    size = matrix.size
+    i = 5
+    order = maps[0, 0, i].argsort(descending=True)
+    kept = float(maps[0, 0, i, order[:k]].sum())
+
+    def hover(j):
+        x, y = (j + 0.5) * size["width"] / T, (i + 0.5) * size["height"] / T
+        ActionChains(browser).move_to_element_with_offset(matrix, x - size["width"] / 2,
+                                                          y - size["height"] / 2).perform()
+        return root.find_element("css selector", ".mh-info").text
+
+    stored, dropped = hover(int(order[0])), hover(int(order[-1]))
+    assert stored.startswith(f"t{i} → t{int(order[0])}: ") and "not stored" not in stored
+    assert abs(float(stored.split(": ")[1].split(" ")[0]) - float(maps[0, 0, i, order[0]])) <= 1 / 255 + 5e-4
+    assert dropped.startswith(f"t{i} → t{int(order[-1])}: not stored"), dropped
+    share = float(dropped.split("weights: ")[1].split("%")[0]) / 100
+    assert abs(share - kept) <= k / 255 + 1e-3  # the row's stored mass, quantised

@@ -36,10 +36,15 @@
     const d = sparse(s), base = ((l * H + h) * d.T + i) * d.k;
     for (let e = 0; e < d.k; e++) { const v = d.val[base + e]; if (v > 0) fn(d.idx[base + e], v / 255); }
   }
-  function weight(s, l, h, i, j) {
-    let w = 0;
-    eachEntry(s, l, h, i, (jj, v) => { if (jj === j) w = v; });
-    return w;
+  function weight(s, l, h, i, j) {  // the stored weight of key j in row i, or null when the row did not keep it
+    const d = sparse(s), base = ((l * H + h) * d.T + i) * d.k;
+    for (let e = 0; e < d.k; e++) if (d.idx[base + e] === j) return d.val[base + e] / 255;
+    return null;
+  }
+  function kept(s, l, h, i) {  // the share of row i's attention its stored weights carry
+    let sum = 0;
+    eachEntry(s, l, h, i, (j, v) => { sum += v; });
+    return Math.min(1, sum);
   }
   function label(l, h) { return data.labels ? data.labels[l * H + h] : ""; }
 
@@ -149,7 +154,9 @@
       const c = 255 - Math.round(255 * Math.min(1, w));
       ctx.fillStyle = "rgb(" + c + "," + c + ",255)"; ctx.fillRect(j * cell, i * cell, cell, cell);
     });
-    q(".mh-matrix-title").textContent = "layer " + state.layer + ", head " + state.head + ": " + label(state.layer, state.head);
+    const k = sparse(state.sentence).k;
+    q(".mh-matrix-title").textContent = "layer " + state.layer + ", head " + state.head + ": " + label(state.layer, state.head) +
+      (k < T ? " — each row stores its " + k + " largest weights; the rest are not stored" : "");
   }
   function matrixSVG() {
     const toks = data.sentences[state.sentence].tokens, T = toks.length, cell = 10;
@@ -220,7 +227,10 @@
     const toks = data.sentences[state.sentence].tokens, T = toks.length;
     const j = Math.floor((ev.clientX - r.left) / r.width * T), i = Math.floor((ev.clientY - r.top) / r.height * T);
     if (i < 0 || j < 0 || i >= T || j >= T) return;
-    info.textContent = toks[i] + " → " + toks[j] + ": " + weight(state.sentence, state.layer, state.head, i, j).toFixed(3);
+    const w = weight(state.sentence, state.layer, state.head, i, j), k = sparse(state.sentence).k;
+    const share = kept(state.sentence, state.layer, state.head, i);
+    const note = k < T ? " (this row stores its " + k + " largest weights: " + (100 * share).toFixed(1) + "% of its attention)" : "";
+    info.textContent = toks[i] + " → " + toks[j] + ": " + (w === null ? "not stored" : w.toFixed(3)) + note;
   });
   q("canvas.mh-similarity").addEventListener("mousemove", (ev) => {
     const canvas = q("canvas.mh-similarity"), r = canvas.getBoundingClientRect(), N = L * H;
