@@ -43,6 +43,26 @@ def paired_ratio(times: dict[str, list[float]], name: str, peer: str) -> float:
     return statistics.median(a / b for a, b in zip(times[name], times[peer], strict=True))
 
 
+def rss(field: str) -> int:
+    """A memory figure of this process from /proc/self/status, in bytes ("VmRSS", or "VmHWM": the peak)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not found in /proc/self/status")
+
+
+def reset_peak() -> None:
+    """Reset this process's peak RSS (VmHWM) to its current RSS."""
+    # Give freed heap pages back to the system first, so memory the warm-up freed and malloc
+    # kept cannot be reused unseen; then reset VmHWM to the current RSS.
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
 def matmul_peak_gflops(n: int = 2048, repeat: int = 5) -> float:
     """fp32 ``torch.mm`` throughput (GFLOP/s) on n x n matrices, measured now (best of ``repeat``)."""
     a, b = torch.randn(n, n), torch.randn(n, n)

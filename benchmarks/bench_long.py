@@ -24,26 +24,10 @@ import sys
 import time
 from pathlib import Path
 
+from _common import reset_peak, rss
+
 WINDOW = 256
 B, H, DK = 1, 8, 64
-
-
-def _rss(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not found in /proc/self/status")
-
-
-def _reset_peak() -> None:
-    # Give freed heap pages back to the system first, so memory the warm-up freed and malloc
-    # kept cannot be reused unseen; then reset VmHWM (peak RSS) to the current RSS.
-    import ctypes
-
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 def checkpoint_worker(backend: str, checkpoint: bool, n: int) -> dict[str, float]:
@@ -65,12 +49,12 @@ def checkpoint_worker(backend: str, checkpoint: bool, n: int) -> dict[str, float
     step()
     layers.zero_grad(set_to_none=True)
     x.grad = None
-    _reset_peak()
-    base = _rss("VmRSS")
+    reset_peak()
+    base = rss("VmRSS")
     start = time.perf_counter()
     step()
     seconds = time.perf_counter() - start
-    peak = max(_rss("VmHWM") - base, 0)
+    peak = max(rss("VmHWM") - base, 0)
     return {"seconds": seconds, "peak_bytes": peak, "working_bytes": peak}
 
 
@@ -133,10 +117,10 @@ def memory_worker(variant: str, n: int, mode: str) -> dict[str, float]:
     step()  # warm-up (compiles flex)
     for t in (q, k, v):
         t.grad = None  # the baseline holds no gradients: each step allocates its own
-    _reset_peak()
-    base = _rss("VmRSS")
+    reset_peak()
+    base = rss("VmRSS")
     step()
-    peak = max(_rss("VmHWM") - base, 0)
+    peak = max(rss("VmHWM") - base, 0)
     # What every method must hold whatever its kernel: the output, and in training the three
     # input gradients. The rest is the kernel's working memory.
     io = q.numel() * 4 * (4 if mode == "fwd+bwd" else 1)  # (.sum().backward()'s gradient is a broadcast scalar)

@@ -24,28 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import table
+from _common import reset_peak, rss, table
 
 LENGTHS = (1024, 2048, 4096, 8192)
 QUICK = (512, 1024, 2048)
 METHODS = ("plain SDPA forward", "ours (streamed analysis)", "eager output_attentions")
 CHUNK = 256
-
-
-def _rss(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not found in /proc/self/status")
-
-
-def _reset_peak() -> None:
-    import ctypes
-
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM to the current RSS
 
 
 def _available() -> int:
@@ -80,8 +64,8 @@ def worker(method: str, n: int) -> dict:
         if need > _available() // 2:
             return {"skipped": f"its maps alone need {need / 2**30:.0f} GiB (L·H·n² float32)"}
         model.body.config._attn_implementation = "eager"
-    _reset_peak()
-    base = _rss("VmRSS")
+    reset_peak()
+    base = rss("VmRSS")
     start = time.perf_counter()
     with torch.inference_mode():
         if method.startswith("plain"):
@@ -93,7 +77,7 @@ def worker(method: str, n: int) -> dict:
             text = model.tokenizer.decode(ids[1:])
             collect_statistics(model, [text], redundancy=False, chunk=CHUNK)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "peak": max(_rss("VmHWM") - base, 0)}
+    return {"seconds": seconds, "peak": max(rss("VmHWM") - base, 0)}
 
 
 def main(flags: list[str] | None = None) -> None:
