@@ -7,6 +7,7 @@ import torch
 import multihead as mh
 from architectures import build, inputs
 from multihead.analysis.analyze import collect_statistics
+from multihead.analysis.longcontext import LongContextStatistics
 from multihead.analysis.metrics import HeadStatistics, TokenInfo
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
@@ -35,14 +36,30 @@ def test_chunks_of_rows_give_the_whole_maps_statistics(side, chunk):
     maps = torch.softmax(scores.masked_fill(~visible, float("-inf")), -1).nan_to_num(0.0)
     tokens = _tokens(valid)
     whole, parts = HeadStatistics(2, H), HeadStatistics(2, H)
+    long_whole, long_parts = LongContextStatistics(2, H), LongContextStatistics(2, H)
     for layer in range(2):
         whole.update(layer, maps, visible, tokens)
+        long_whole.update(layer, maps, tokens)
         for start in range(0, T, chunk):
             stop = min(T, start + chunk)
-            parts.update(layer, maps[:, :, start:stop], visible[:, :, start:stop], tokens, start)
-    for name, value in whole.means().items():
-        torch.testing.assert_close(parts.means()[name], value, atol=1e-6, rtol=1e-6, equal_nan=True, msg=name)
+            # as the streamed capture hands them over: a causal chunk's keys end at its last row
+            parts.update(layer, maps[:, :, start:stop, :stop], visible[:, :, start:stop, :stop], tokens, start)
+            long_parts.update(layer, maps[:, :, start:stop, :stop], tokens, start)
+    for got, want in ((parts, whole), (long_parts, long_whole)):
+        for name, value in want.means().items():
+            torch.testing.assert_close(got.means()[name], value, atol=1e-6, rtol=1e-6, equal_nan=True, msg=name)
     assert parts._columns == {}  # nothing held once a layer's last rows are in
+
+
+def test_long_context_prefix_sums_equal_key_by_key_offsets():
+    from multihead.analysis.longcontext import _by_offsets, _by_prefix_sums
+
+    T, g = 2100, torch.Generator().manual_seed(1)
+    maps = torch.softmax(torch.randn(1, 3, 50, T, generator=g) * 4, -1)  # rows 1,000..1,049 over every key
+    valid = torch.ones(1, T, dtype=torch.bool)
+    pos = valid.long().cumsum(-1) - 1
+    for got, want in zip(_by_prefix_sums(maps, valid, pos, 1000), _by_offsets(maps, valid, pos, 1000), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
 
 def test_rows_past_the_end_are_refused():
@@ -70,7 +87,13 @@ def test_a_streamed_capture_equals_the_whole_maps_and_leaves_outputs_alone(name)
     for layer, maps in dense.items():
         starts = [start for start, _ in rows[layer]]
         assert starts == list(range(0, maps.shape[2], 3))  # in order, every row once
-        torch.testing.assert_close(torch.cat([w for _, w in rows[layer]], 2), maps, atol=1e-12, rtol=0)
+        S = maps.shape[-1]
+        for start, w in rows[layer]:  # keys past the chunk's last visible one are left out: zero in the whole map
+            K = w.shape[-1]
+            torch.testing.assert_close(w, maps[:, :, start:start + w.shape[2], :K], atol=1e-12, rtol=0)
+            assert not maps[:, :, start:start + w.shape[2], K:].any()
+            if name.startswith("llama"):  # causal: a chunk ending at row r reads keys 0..r only
+                assert K == min(S, start + 3)
 
 
 @pytest.mark.slow
@@ -122,8 +145,6 @@ def _long_maps(T: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("chunk", [100, 1200])
 def test_long_context_metrics_on_heads_with_known_answers(chunk):
-    from multihead.analysis.longcontext import LongContextStatistics
-
     T = 1200
     maps = _long_maps(T)
     tokens = _tokens(torch.ones(1, T, dtype=torch.bool))

@@ -213,13 +213,13 @@ def _math_attention(
 ) -> tuple[Tensor, Tensor]:
     B, H, T, _ = q.shape
     Hkv, S = k.shape[1], k.shape[2]
-    if Hkv != H:  # grouped-query: each kv head serves H/Hkv consecutive query heads
-        k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, Dk)
-        v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, S, Dv)
+    G = H // Hkv  # grouped-query: query heads kv·G .. kv·G + G - 1 share key/value head kv
     compute = torch.float32 if q.dtype in _HALF else q.dtype
-    q3, k3 = q.reshape(B * H, T, -1), k.reshape(B * H, S, -1)  # views when contiguous
+    # The G query heads of a group are stacked as G·T rows against their one key head, so keys
+    # and values are never copied G times.
+    q3, k3 = q.reshape(B * Hkv, G * T, -1), k.reshape(B * Hkv, S, -1)  # views when contiguous
     # The GEMM applies the scale itself (alpha): no extra pass over q or over the scores.
-    scores = torch.baddbmm(q3.new_empty(B * H, T, S), q3, k3.transpose(1, 2), beta=0.0, alpha=scale)
+    scores = torch.baddbmm(q3.new_empty(B * Hkv, G * T, S), q3, k3.transpose(1, 2), beta=0.0, alpha=scale)
     scores = scores.view(B, H, T, S).to(compute)  # (B, H, T, S)
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)  # (B, H, T, S) within ±softcap
@@ -227,9 +227,15 @@ def _math_attention(
     top, mask = split_topk(mask)
     if mask is not None:
         keep, visible, bias = _dense_mask(mask, B, H, T, S, q.device, compute)
+        inplace = not scores.requires_grad and not torch.compiler.is_compiling()
         if bias is not None:
-            scores = scores + bias  # (B, H, T, S)
-        scores = scores.masked_fill(~keep, float("-inf"))  # (B, H, T, S)
+            scores = scores.add_(bias) if inplace and scores.shape == torch.broadcast_shapes(scores.shape, bias.shape) \
+                else scores + bias  # (B, H, T, S)
+        if inplace:  # the scores are fresh: fill them where they stand, and only past the keys every row sees
+            seen = _seen_by_every_row(keep) if scores.device.type == "cpu" else 0  # a GPU fills faster than it syncs
+            scores[..., seen:].masked_fill_(~keep[..., seen:], float("-inf"))
+        else:
+            scores = scores.masked_fill(~keep, float("-inf"))
     if top is not None:  # keep each row's k largest allowed scores
         scores = scores.masked_fill(~TopK(top).select(scores), float("-inf"))  # (B, H, T, S)
     if sinks is not None:  # one extra logit per head joins each row's softmax, then leaves with its mass
@@ -241,11 +247,20 @@ def _math_attention(
         # No autograd graph: soft-max the fresh scores in place. On the CPU this skips a
         # (B, H, T, S) allocation and its page faults, about 3x faster for long inputs.
         weights = torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # (B, H, T, S)
-    if visible is not None:
+    # Rows that may see no key: zeros, not uniform (the check spares the CPU a pass; a GPU fills faster than it syncs).
+    if visible is not None and (weights.device.type != "cpu" or not bool(visible.all())):
         weights = weights.masked_fill(~visible, 0.0)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    out = torch.matmul(dropped.to(v.dtype), v)  # (B, H, T, Dv)
+    grouped = dropped.to(v.dtype).reshape(B * Hkv, G * T, S)  # (B·Hkv, G·T, S)
+    out = torch.bmm(grouped, v.reshape(B * Hkv, S, -1)).view(B, H, T, -1)  # (B, H, T, Dv)
     return out, weights.to(q.dtype)
+
+
+def _seen_by_every_row(keep: Tensor) -> int:
+    """How many leading key columns of ``keep`` (..., T, S) no row masks: a causal chunk's
+    past, which a fill need not touch."""
+    blocked = ~keep.reshape(-1, keep.shape[-1]).all(0)  # (S,)
+    return int(blocked.float().argmax()) if bool(blocked.any()) else keep.shape[-1]
 
 
 def _sdpa_attention(

@@ -36,6 +36,11 @@ UNIFORM_ATTRIBUTE = "_multihead_uniform"
 #: attribute holding a Mask every call of the module intersects with its own (see .replace)
 EXTRA_MASK_ATTRIBUTE = "_multihead_extra_mask"
 
+#: The most bytes of one streamed chunk's map (float32): glibc serves blocks below 32 MiB from its
+#: heap once it has seen them freed, larger ones are mapped afresh and page-faulted on every call —
+#: measured 4-5x slower per pass over a 37 MB map than over two of 19 MB.
+CHUNK_BYTES = 24 << 20
+
 #: callback(layer, weights (B, H, T, S), head_outputs (B, H, T, Dv) before W^O, visible (B|1, 1, T, S) bool)
 LayerCallback = Callable[[int, Tensor, Tensor, Tensor], None]
 
@@ -50,11 +55,13 @@ class AttentionCapture:
     self-attention stack; an encoder–decoder model must name one). Layers are numbered within
     the stack (see :func:`~multihead.hf.sites.find_sites`).
 
-    ``chunk``: stream each layer's maps in chunks of at most this many query rows — the callback
-    is then called once per chunk as ``callback(layer, weights (B, H, c, S), head_outputs
-    (B, H, c, Dv), visible (B|1, 1|H, c, S), start)`` with the chunk's first query row ``start``
-    (chunks come in order; the last one ends at row T). No (T, S) map of a layer is ever held:
-    peak memory per layer is O(B·H·c·S). The model's own outputs are the same.
+    ``chunk``: stream each layer's maps in chunks of at most this many query rows (fewer where a
+    chunk's map would pass :data:`CHUNK_BYTES`) — the callback is then called once per chunk as
+    ``callback(layer, weights (B, H, c, K), head_outputs (B, H, c, Dv), visible (B|1, 1|H, c, K),
+    start)`` with the chunk's first query row ``start`` (chunks come in order; the last one ends
+    at row T) and its keys cut after the last one any of its rows may see (K <= S; the keys after
+    it have weight 0: a causal chunk ending at row r has K = r + 1). No (T, S) map of a layer is
+    ever held: peak memory per layer is O(B·H·c·S). The model's own outputs are the same.
     Transformers models only (our own layers report whole maps).
     """
 
@@ -227,28 +234,47 @@ def _chunked(capture: AttentionCapture, module: nn.Module, query: Tensor, key: T
              mask: Mask | None, scaling: float | None, softcap: float | None, sinks: Tensor | None,
              gates: Tensor | None) -> Tensor:
     """The attention of ``query`` rows in chunks, each chunk's maps handed to the capture's callback;
-    returns the head outputs (B, H, T, Dv), equal to the unchunked ones row for row."""
+    returns the head outputs (B, H, T, Dv), equal to the unchunked ones row for row.
+
+    A chunk attends only to the keys up to the last one any of its rows may see (a causal chunk
+    ending at row r reads r + 1 keys, not S): the keys after it would get exactly zero weight, so
+    its map is handed over as (B, H, c, K) with K <= S and those columns implied zero. That halves
+    a causal model's attention and statistics work.
+    """
     T, S = query.shape[2], key.shape[2]
     layer = capture.layer_of_call(capture.site_of(module))
+    bias_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+    B, H = query.shape[:2]
     outs = []
-    for start in range(0, T, capture.chunk):
+    start = 0
+    while start < T:
         stop = min(T, start + capture.chunk)
-        bias_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
-        rows = _mask_rows(mask, start, stop, T, S, query.device, bias_dtype)  # (…, c, S): this chunk's rows
-        out, weights = attention(query[:, :, start:stop], key, value, rows, scale=scaling, need_weights=True,
-                                 backend="math", softcap=softcap, sinks=sinks)  # (B, H, c, Dv), (B, H, c, S)
+        while True:  # as many rows as fit CHUNK_BYTES of map (at least one)
+            rows = _mask_rows(mask, start, stop, T, S, query.device, bias_dtype)  # (…, c, S): this chunk's rows
+            K = S if rows is None else _last_visible_key(rows) + 1
+            fit = max(1, CHUNK_BYTES // (B * H * K * 4))
+            if stop - start <= fit:
+                break
+            stop = start + fit
+        if rows is not None and K < S:
+            rows = rows[..., :K]
+        out, weights = attention(query[:, :, start:stop], key[:, :, :K], value[:, :, :K],
+                                 None if rows is None else from_tensor(rows), scale=scaling, need_weights=True,
+                                 backend="math", softcap=softcap, sinks=sinks)  # (B, H, c, Dv), (B, H, c, K)
         if gates is not None:
             out = scale_heads(out, gates)
-        visible = _visible(rows, stop - start, S, query.device)
+        visible = _visible(None if rows is None else from_tensor(rows), stop - start, K, query.device)
         capture.callback(layer, weights, out, visible, start)
         outs.append(out)
+        start = stop
     return torch.cat(outs, dim=2)  # (B, H, T, Dv)
 
 
 def _mask_rows(mask: Mask | None, start: int, stop: int, T: int, S: int, device: torch.device,
-               dtype: torch.dtype = torch.float32) -> Mask | None:
-    """Rows ``start:stop`` of ``mask`` over (T, S), as a mask of their own (c, S): predicates are
-    evaluated on those rows only (a causal mask keeps its alignment to the full T)."""
+               dtype: torch.dtype = torch.float32) -> Tensor | None:
+    """Rows ``start:stop`` of ``mask`` over (T, S) as a tensor (…, c, S) — bool (True: may attend)
+    or, for a mask with a bias, float with -inf where it may not. Predicates are evaluated on
+    those rows only (a causal mask keeps its alignment to the full T)."""
     if mask is None:
         return None
     i = torch.arange(start, stop, device=device)[:, None]  # (c, 1)
@@ -256,8 +282,16 @@ def _mask_rows(mask: Mask | None, start: int, stop: int, T: int, S: int, device:
     keep = mask.mask_mod(i, j, T, S)  # (…, c, S)
     bias = mask.bias_mod(i, j, T, S, dtype) if mask.has_bias else None
     if bias is None:
-        return from_tensor(keep)
-    return from_tensor(torch.where(keep, bias, torch.tensor(float("-inf"), dtype=bias.dtype, device=device)))
+        return keep
+    return torch.where(keep, bias, torch.tensor(float("-inf"), dtype=bias.dtype, device=device))
+
+
+def _last_visible_key(rows: Tensor) -> int:
+    """The last key column any row of ``rows`` (…, c, S) may see (S - 1 when none may see any:
+    such rows are the kernel's to zero, over every key as unchunked)."""
+    seen = rows if rows.dtype == torch.bool else rows > float("-inf")
+    columns = seen.reshape(-1, seen.shape[-1]).any(0).nonzero()  # (n, 1)
+    return int(columns[-1]) if len(columns) else seen.shape[-1] - 1
 
 
 def _visible(mask: Mask | None, T: int, S: int, device: torch.device) -> Tensor:
