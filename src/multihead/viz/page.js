@@ -7,7 +7,8 @@
   const L = data.num_layers, H = data.num_heads;
   const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                   "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"];
-  const state = { sentence: 0, layer: 0, head: 0, heads: new Set([...Array(H).keys()]), view: "model",
+  const LONG = data.long_text || 512;  // texts longer than this are stored pooled
+  const state = { poolMode: "mass", zoom: null, sentence: 0, layer: 0, head: 0, heads: new Set([...Array(H).keys()]), view: "model",
                   sortKey: null, sortDesc: false };
 
   function el(tag, attrs, text) {
@@ -18,12 +19,28 @@
   }
   const q = (sel) => root.querySelector(sel);
 
-  // --- data: per row, the k largest weights: uint16 key indices + uint8 values (0..255 = 0..1), base64 ---
+  // --- data: per row, the k largest weights: uint16 key indices + uint8 values (0..255 = 0..1), base64;
+  // long texts also carry block-pooled maps, and their arrays are gzip-compressed (inflated at start) ---
   const decoded = new Map();
   function b64(text) {
     const bin = atob(text), arr = new Uint8Array(bin.length);
     for (let i = 0; i < bin.length; i++) arr[i] = bin.charCodeAt(i);
     return arr;
+  }
+  async function inflate(text) {  // the browser's own gzip: nothing is loaded
+    const stream = new Blob([b64(text)]).stream().pipeThrough(new DecompressionStream("gzip"));
+    return new Uint8Array(await new Response(stream).arrayBuffer());
+  }
+  async function prepare(s) {
+    const d = data.sentences[s];
+    if (!d.gzip) return;
+    const [idx, val] = await Promise.all([inflate(d.index), inflate(d.values)]);
+    const entry = { idx: new Uint16Array(idx.buffer), val: val, k: d.k, T: d.tokens.length };
+    if (d.pooled) {
+      const [mass, max] = await Promise.all([inflate(d.pooled.mass), inflate(d.pooled.max)]);
+      entry.pooled = { block: d.pooled.block, cells: d.pooled.cells, mass: mass, max: max, scale: d.pooled.mass_scale };
+    }
+    decoded.set(s, entry);
   }
   function sparse(s) {
     if (!decoded.has(s)) {
@@ -32,6 +49,7 @@
     }
     return decoded.get(s);
   }
+  function pooled(s) { return sparse(s).pooled || null; }
   function eachEntry(s, l, h, i, fn) {  // fn(j, weight) for the row's kept entries
     const d = sparse(s), base = ((l * H + h) * d.T + i) * d.k;
     for (let e = 0; e < d.k; e++) { const v = d.val[base + e]; if (v > 0) fn(d.idx[base + e], v / 255); }
@@ -68,7 +86,7 @@
     headBoxes.appendChild(box);
   }
   controls.appendChild(headBoxes);
-  sentenceSelect.addEventListener("change", () => { state.sentence = +sentenceSelect.value; draw(); });
+  sentenceSelect.addEventListener("change", () => { state.sentence = +sentenceSelect.value; state.zoom = null; draw(); });
   layerSelect.addEventListener("change", () => { state.layer = +layerSelect.value; draw(); });
   root.querySelectorAll(".mh-tab").forEach((tab) => tab.addEventListener("click", () => {
     state.view = tab.getAttribute("data-view");
@@ -82,6 +100,13 @@
   function drawHeadView() {
     const canvas = q("canvas.mh-headview");
     const toks = data.sentences[state.sentence].tokens, T = toks.length;
+    if (pooled(state.sentence)) {  // thousands of lines say nothing: the matrix view zooms instead
+      canvas.width = 520; canvas.height = 40;
+      const c = canvas.getContext("2d");
+      c.clearRect(0, 0, canvas.width, canvas.height); c.fillStyle = "#222"; c.font = "12px sans-serif";
+      c.fillText("This text has " + T + " tokens: the head view draws texts up to " + LONG + "; the matrix view zooms.", 4, 20);
+      return;
+    }
     const row = T > 200 ? 4 : 16, width = 520;
     canvas.width = width; canvas.height = Math.max(60, T * row + 20);
     const ctx = canvas.getContext("2d");
@@ -118,11 +143,20 @@
     for (let l = 0; l < L; l++) for (let h = 0; h < H; h++) {
       const x0 = 40 + h * (THUMB + 6), y0 = l * (THUMB + GAP) + GAP;
       const img = ctx.createImageData(THUMB, THUMB), cells = new Float32Array(THUMB * THUMB);
-      const n = Math.min(T, THUMB);
-      for (let i = 0; i < T; i++) eachEntry(state.sentence, l, h, i, (j, w) => {
-        const c = Math.floor(i * n / T) * THUMB + Math.floor(j * n / T);
-        if (w > cells[c]) cells[c] = w;
-      });
+      const pool = pooled(state.sentence);
+      const n = Math.min(pool ? pool.cells : T, THUMB);
+      if (pool) {  // the block maxima, pooled once more to the thumbnail
+        const C = pool.cells, base = (l * H + h) * C * C;
+        for (let a = 0; a < C; a++) for (let b = 0; b < C; b++) {
+          const w = Math.pow(pool.max[base + a * C + b] / 255, 2), c = Math.floor(a * n / C) * THUMB + Math.floor(b * n / C);
+          if (w > cells[c]) cells[c] = w;
+        }
+      } else {
+        for (let i = 0; i < T; i++) eachEntry(state.sentence, l, h, i, (j, w) => {
+          const c = Math.floor(i * n / T) * THUMB + Math.floor(j * n / T);
+          if (w > cells[c]) cells[c] = w;
+        });
+      }
       const scale = THUMB / n;
       for (let y = 0; y < THUMB; y++) for (let x = 0; x < THUMB; x++) {
         const w = cells[Math.floor(y / scale) * THUMB + Math.floor(x / scale)];
@@ -142,24 +176,67 @@
     return (h >= 0 && h < H && l >= 0 && l < L) ? [l, h] : null;
   }
 
-  // --- matrix view: one head's heatmap, value under the pointer ---
+  // --- matrix view: one head's heatmap, value under the pointer; long texts: pooled, with zoom ---
+  const ZOOM_FULL = 128;  // a region this many tokens wide or less is drawn cell by cell
+  function region() {  // the shown square: rows i0.., keys j0.., n tokens a side
+    const T = data.sentences[state.sentence].tokens.length;
+    if (!state.zoom || state.zoom.T !== T) state.zoom = { i0: 0, j0: 0, n: T, T: T };
+    return state.zoom;
+  }
   function drawMatrixView() {
     const canvas = q("canvas.mh-matrix");
-    const toks = data.sentences[state.sentence].tokens, T = toks.length;
-    const cell = Math.max(2, Math.min(24, Math.floor(560 / T)));
-    canvas.width = T * cell; canvas.height = T * cell;
-    const ctx = canvas.getContext("2d");
-    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
-    for (let i = 0; i < T; i++) eachEntry(state.sentence, state.layer, state.head, i, (j, w) => {
-      const c = 255 - Math.round(255 * Math.min(1, w));
-      ctx.fillStyle = "rgb(" + c + "," + c + ",255)"; ctx.fillRect(j * cell, i * cell, cell, cell);
-    });
+    const toks = data.sentences[state.sentence].tokens, T = toks.length, pool = pooled(state.sentence);
     const k = sparse(state.sentence).k;
-    q(".mh-matrix-title").textContent = "layer " + state.layer + ", head " + state.head + ": " + label(state.layer, state.head) +
-      (k < T ? " — each row stores its " + k + " largest weights; the rest are not stored" : "");
+    q(".mh-zoom").style.display = pool ? "" : "none";
+    const title = "layer " + state.layer + ", head " + state.head + ": " + label(state.layer, state.head);
+    const stored = k < T ? " — each row stores its " + k + " largest weights; the rest are not stored" : "";
+    const ctx = canvas.getContext("2d");
+    if (pool && region().n === T) {  // the whole map, block by block
+      const C = pool.cells, cell = Math.max(2, Math.floor(512 / C)), base = (state.layer * H + state.head) * C * C;
+      const arr = state.poolMode === "max" ? pool.max : pool.mass;
+      canvas.width = C * cell; canvas.height = C * cell;
+      for (let a = 0; a < C; a++) for (let b = 0; b < C; b++) {
+        const c = 255 - arr[base + a * C + b];
+        ctx.fillStyle = "rgb(" + c + "," + c + ",255)"; ctx.fillRect(b * cell, a * cell, cell, cell);
+      }
+      q(".mh-matrix-title").textContent = title + " — blocks of " + pool.block + " x " + pool.block + " tokens, " +
+        (state.poolMode === "max" ? "the largest weight in each block" : "each block's mass (its rows' mean weight on its keys)") +
+        " (colour ∝ √value); click to zoom" + stored;
+      return;
+    }
+    const z = region(), G = Math.min(z.n, 256), cell = Math.max(2, Math.min(24, Math.floor(560 / G)));
+    canvas.width = G * cell; canvas.height = G * cell;
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
+    const cells = new Float32Array(G * G);
+    for (let i = z.i0; i < Math.min(T, z.i0 + z.n); i++) eachEntry(state.sentence, state.layer, state.head, i, (j, w) => {
+      if (j < z.j0 || j >= z.j0 + z.n) return;
+      const c = Math.floor((i - z.i0) * G / z.n) * G + Math.floor((j - z.j0) * G / z.n);
+      if (w > cells[c]) cells[c] = w;
+    });
+    for (let c = 0; c < G * G; c++) if (cells[c] > 0) {
+      const v = 255 - Math.round(255 * Math.min(1, cells[c]));
+      ctx.fillStyle = "rgb(" + v + "," + v + ",255)"; ctx.fillRect((c % G) * cell, Math.floor(c / G) * cell, cell, cell);
+    }
+    const where = z.n < T ? " — rows " + z.i0 + "–" + (Math.min(T, z.i0 + z.n) - 1) + ", keys " + z.j0 + "–" + (Math.min(T, z.j0 + z.n) - 1) +
+      (z.n > ZOOM_FULL ? " (each cell the largest stored weight in it; click to zoom)" : " at full resolution") : "";
+    q(".mh-matrix-title").textContent = title + where + stored;
+  }
+  function zoomAt(i, j, factor) {
+    const T = data.sentences[state.sentence].tokens.length, z = region();
+    const n = Math.max(Math.min(ZOOM_FULL, T), Math.min(T, Math.round(z.n / factor)));
+    const clamp = (x) => Math.max(0, Math.min(T - n, Math.round(x - n / 2)));
+    state.zoom = { i0: clamp(i), j0: clamp(j), n: n, T: T };
+    draw();
+  }
+  function matrixCell(ev) {  // the (row, key) token under the pointer, in the shown region
+    const canvas = q("canvas.mh-matrix"), r = canvas.getBoundingClientRect(), z = region();
+    const T = data.sentences[state.sentence].tokens.length;
+    const j = z.j0 + Math.floor((ev.clientX - r.left) / r.width * z.n), i = z.i0 + Math.floor((ev.clientY - r.top) / r.height * z.n);
+    return (i < 0 || j < 0 || i >= T || j >= T) ? null : [i, j];
   }
   function matrixSVG() {
     const toks = data.sentences[state.sentence].tokens, T = toks.length, cell = 10;
+    if (pooled(state.sentence)) return null;  // thousands of tokens: the PNG export is the one to use
     const parts = ['<svg xmlns="http://www.w3.org/2000/svg" width="' + T * cell + '" height="' + T * cell + '">'];
     for (let i = 0; i < T; i++) eachEntry(state.sentence, state.layer, state.head, i, (j, w) => {
       const c = 255 - Math.round(255 * Math.min(1, w));
@@ -223,15 +300,28 @@
     root.querySelector('.mh-tab[data-view="matrix"]').click();
   });
   q("canvas.mh-matrix").addEventListener("mousemove", (ev) => {
-    const canvas = q("canvas.mh-matrix"), r = canvas.getBoundingClientRect();
-    const toks = data.sentences[state.sentence].tokens, T = toks.length;
-    const j = Math.floor((ev.clientX - r.left) / r.width * T), i = Math.floor((ev.clientY - r.top) / r.height * T);
-    if (i < 0 || j < 0 || i >= T || j >= T) return;
+    const cellAt = matrixCell(ev), toks = data.sentences[state.sentence].tokens, T = toks.length;
+    if (!cellAt) return;
+    const [i, j] = cellAt, pool = pooled(state.sentence);
+    if (pool && region().n === T) {  // a block of the pooled map
+      const C = pool.cells, a = Math.floor(i / pool.block), b = Math.floor(j / pool.block), at = ((state.layer * H + state.head) * C + a) * C + b;
+      const mass = Math.pow(pool.mass[at] / 255, 2) * pool.scale[state.layer * H + state.head], max = Math.pow(pool.max[at] / 255, 2);
+      const span = (x) => (x * pool.block) + "–" + (Math.min(T, (x + 1) * pool.block) - 1);
+      info.textContent = "rows " + span(a) + " → keys " + span(b) + ": mass " + mass.toFixed(4) + ", largest weight " + max.toFixed(3);
+      return;
+    }
     const w = weight(state.sentence, state.layer, state.head, i, j), k = sparse(state.sentence).k;
     const share = kept(state.sentence, state.layer, state.head, i);
     const note = k < T ? " (this row stores its " + k + " largest weights: " + (100 * share).toFixed(1) + "% of its attention)" : "";
     info.textContent = toks[i] + " → " + toks[j] + ": " + (w === null ? "not stored" : w.toFixed(3)) + note;
   });
+  q("canvas.mh-matrix").addEventListener("click", (ev) => {
+    const cellAt = matrixCell(ev);
+    if (cellAt && pooled(state.sentence)) zoomAt(cellAt[0], cellAt[1], 4);
+  });
+  q(".mh-zoom-out").addEventListener("click", () => { const z = region(); zoomAt(z.i0 + z.n / 2, z.j0 + z.n / 2, 0.25); });
+  q(".mh-zoom-all").addEventListener("click", () => { state.zoom = null; draw(); });
+  q(".mh-pool-mode").addEventListener("change", (ev) => { state.poolMode = ev.target.value; draw(); });
   q("canvas.mh-similarity").addEventListener("mousemove", (ev) => {
     const canvas = q("canvas.mh-similarity"), r = canvas.getBoundingClientRect(), N = L * H;
     const b = Math.floor((ev.clientX - r.left) / r.width * N), a = Math.floor((ev.clientY - r.top) / r.height * N);
@@ -245,12 +335,16 @@
     if (canvas) download("multihead-" + state.view + ".png", canvas.toDataURL("image/png"));
   });
   q(".mh-export-svg").addEventListener("click", () => {
-    download("multihead-matrix.svg", "data:image/svg+xml;charset=utf-8," + encodeURIComponent(matrixSVG()));
+    const svg = matrixSVG();
+    if (svg === null) { info.textContent = "SVG export draws texts up to " + LONG + " tokens; use export PNG"; return; }
+    download("multihead-matrix.svg", "data:image/svg+xml;charset=utf-8," + encodeURIComponent(svg));
   });
 
   const clusters = q(".mh-clusters");
   (data.clusters || []).forEach((g) => clusters.appendChild(el("li", {}, g.map((x) => "L" + x[0] + ".H" + x[1]).join(" "))));
   buildTable();
-  draw();
-  root.setAttribute("data-ready", "1");
+  Promise.all(data.sentences.map((_, s) => prepare(s))).then(() => {
+    draw();
+    root.setAttribute("data-ready", "1");
+  }, (err) => { info.textContent = "could not read the page's data: " + err; });
 })();

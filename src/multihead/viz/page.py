@@ -27,6 +27,7 @@ from torch import Tensor
 
 from ..files import write_atomically
 from ..jsonable import json_number
+from .pooled import LONG_TEXT, streamed_page_text
 
 if TYPE_CHECKING:
     from ..analysis.report import Report
@@ -65,23 +66,36 @@ def _json_for_script(value: object) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def page_data(sentences: Sequence[tuple[str, Sequence[str], Tensor]], report: Report | None = None,
+def page_data(sentences: Sequence[tuple[str, Sequence[str], Tensor] | dict], report: Report | None = None,
               num_layers: int | None = None, num_heads: int | None = None, *, top_k: int | None = None) -> dict:
-    """The page's data: sentences as (text, tokens, maps (L, H, T, T)) and an optional report."""
+    """The page's data: sentences as (text, tokens, maps (L, H, T, T)) — or, for long texts, the
+    streamed entries of :func:`multihead.viz.pooled.streamed_page_text` — and an optional report."""
     if not sentences:
         raise ValueError("a page needs at least one sentence")
-    L, H = sentences[0][2].shape[:2]
+    if isinstance(sentences[0], dict):
+        if num_layers is None or num_heads is None:
+            if report is None:
+                raise ValueError("streamed page entries need num_layers and num_heads (or a report)")
+            num_layers, num_heads = report.num_layers, report.num_heads
+        L, H = num_layers, num_heads
+    else:
+        L, H = sentences[0][2].shape[:2]
     if report is not None and (report.num_layers, report.num_heads) != (L, H):
         raise ValueError(f"the report is for {report.num_layers} x {report.num_heads} heads; the maps are {L} x {H}")
     rows = []
-    for text, tokens, maps in sentences:
+    for sentence in sentences:
+        if isinstance(sentence, dict):  # already streamed and packed
+            rows.append(sentence)
+            continue
+        text, tokens, maps = sentence
         if maps.dim() != 4 or maps.shape[:2] != (L, H) or maps.shape[2] != maps.shape[3] != len(tokens):
             raise ValueError(f"maps must be (L, H, T, T) with T = {len(tokens)} tokens; got {tuple(maps.shape)}")
         T = len(tokens)
         k = top_k or (16 if L * H * T > 20_000 else 32)
         idx, val, k = _sparse_rows(maps, k)
         rows.append({"text": text, "tokens": list(tokens), "k": k, "index": idx, "values": val})
-    data: dict = {"num_layers": L, "num_heads": H, "sentences": rows, "metric_names": [], "heads": []}
+    data: dict = {"num_layers": L, "num_heads": H, "sentences": rows, "metric_names": [], "heads": [],
+                  "long_text": LONG_TEXT}
     if report is not None:
         data["model"] = report.model
         data["labels"] = [r.label for r in report.heads]
@@ -119,6 +133,9 @@ def page_body(data: dict) -> str:
             '<div class="mh-view" data-view="model"><canvas class="mh-modelview"></canvas></div>'
             '<div class="mh-view" data-view="head" style="display:none"><canvas class="mh-headview"></canvas></div>'
             '<div class="mh-view" data-view="matrix" style="display:none"><div class="mh-matrix-title"></div>'
+            '<div class="mh-zoom" style="display:none"><select class="mh-pool-mode" aria-label="pooled value">'
+            '<option value="mass">block mass</option><option value="max">block max</option></select>'
+            ' <button class="mh-zoom-out">zoom out</button> <button class="mh-zoom-all">whole map</button></div>'
             '<canvas class="mh-matrix"></canvas></div>'
             '<div class="mh-view" data-view="table" style="display:none"><table class="mh-table"></table></div>'
             '<div class="mh-view" data-view="similarity" style="display:none">'
@@ -156,8 +173,13 @@ def attention_page(model: HFModel, texts: Sequence[str], report: Report | None =
     """The page object for a few texts of a real model (display it in Jupyter, or ``.save(path)``)."""
     from .maps import attention_maps
 
-    sentences = [(text, *attention_maps(model, text)) for text in texts]
-    data = page_data(sentences, report)
+    sentences: list = []
+    for text in texts:
+        if len(model.tokenizer(text, verbose=False)["input_ids"]) > LONG_TEXT:  # stream it, store it pooled
+            sentences.append(streamed_page_text(model, text))
+        else:
+            sentences.append((text, *attention_maps(model, text)))
+    data = page_data(sentences, report, model.num_layers, model.num_heads)
     data.setdefault("model", model.name)
     return AttentionPage(data)
 
