@@ -118,11 +118,12 @@ def test_cli_document_streams_one_long_text(tmp_path, capsys):
     code, out, err = run_cli(["analyze", "--file", str(doc), "--document", "--truncate", "--syntax", "off",
                               "--no-coreference", "--out", str(tmp_path / "r")], capsys)
     assert code == 0 and "layer |" in out, err
+    assert "Long context (512 tokens, streamed in chunks of 256):" in out and "attention sinks" in out
     import json
 
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["sentences"] == 1 and report["tokens"] == 512 and "redundancy" not in report
-    assert report["long_context"]["chunk"] == 256
+    assert report["long_context"] == {"chunk": 256, "longest_tokens": 512}
     head = report["heads"][0]["metrics"]
     assert 0 <= head["sink_first"] <= head["sink_first4"] <= 1 and head["window_1024"] == pytest.approx(1.0)
     assert head["long_1024"] == 0 and head["distance_median"] <= head["distance_p90"] <= 512
@@ -159,6 +160,7 @@ def test_long_context_metrics_on_heads_with_known_answers(chunk):
     assert m["sink_first4"][0] == pytest.approx(1.0)
     assert m["long_256"] == pytest.approx([(T - 257) / T, far, 0.0], abs=1e-6)  # the sink head: rows past 256
     assert m["long_1024"] == pytest.approx([(T - 1025) / T, 0.0, 0.0], abs=1e-6)
+    assert m["long_1024_past_sinks"] == pytest.approx([0.0, 0.0, 0.0], abs=1e-6)  # the far mass is the sink's
     assert m["window_256"] == pytest.approx([257 / T, 1 - far, 1.0], abs=1e-6)
     assert m["window_1024"] == pytest.approx([1025 / T, 1.0, 1.0], abs=1e-6)
     assert m["distance_median"][1] == 512 and m["distance_p90"][1] == 512  # 300 lies in [256, 512)

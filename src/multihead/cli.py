@@ -367,6 +367,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
         print("\n" + change.table())
     _print_flags_and_redundancy(report)
     _print_probes(report)
+    _print_long_context(report)
     print(f"\nwrote {out / 'report.json'}, {out / 'report.csv'} and {out / 'report.html'}")
     return 0
 
@@ -607,6 +608,33 @@ def _print_probes(report) -> None:
             b = d["best"]
             print(f"  {rel:10s} n={d['count']:<5d} L{b['layer']}.H{b['head']} {b['accuracy']:.2f}  "
                   f"baseline {d['baseline']:.2f} (offset {d['baseline_offset']:+d})")
+
+
+#: A head is an attention sink when at least this share of its attention is on the first token.
+SINK_HEAD = 0.5
+
+
+def _print_long_context(report) -> None:
+    """The long-context heads of a streamed analysis: sinks, retrieval, long-range, windowable."""
+    section = report.sections.get("long_context")
+    if not section or not report.heads:
+        return
+
+    def top(metric: str, n: int = 6, floor: float = 0.0) -> str:
+        heads = sorted((r for r in report.heads if (r.metrics.get(metric) or 0) > floor),
+                       key=lambda r: -(r.metrics[metric] or 0))[:n]
+        return ", ".join(f"L{r.layer}.H{r.head} {r.metrics[metric]:.2f}" for r in heads) or "none"
+
+    sinks = [r for r in report.heads if (r.metrics.get("sink_first") or 0) >= SINK_HEAD]
+    kept = [r for r in report.heads if (r.metrics.get("window_256") or 0) + (r.metrics.get("sink_first4") or 0) >= 0.95]
+    print(f"\nLong context ({section.get('longest_tokens', '?')} tokens, streamed in chunks of {section['chunk']}):")
+    print(f"  attention sinks (>= {SINK_HEAD:.0%} on the first token): {len(sinks)} of {len(report.heads)} heads; "
+          f"most: {top('sink_first')}")
+    if "retrieval" in report.heads[0].metrics:
+        print(f"  retrieval heads (copy a needle from far back): {top('retrieval', floor=0.5)}")
+    far = top("long_1024_past_sinks", floor=0.05)
+    print(f"  long-range heads (mass beyond 1,024 tokens, the first 4 aside): {far}")
+    print(f"  heads a window of ±256 with 4 sinks would keep >= 95% of: {len(kept)} of {len(report.heads)}")
 
 
 def _readable(path: str, flag: str) -> Path:

@@ -9,6 +9,7 @@ analyze --document``), chunk by chunk; ``i`` and ``j`` are positions among the r
 | ``sink_first`` | ``p_i,0``: mass on the first token (the attention sink of StreamingLLM) |
 | ``sink_first4`` | mass on the first 4 tokens (the sinks StreamingLLM keeps) |
 | ``long_256`` / ``long_1024`` | mass on keys farther than 256 / 1,024 tokens (``d > 256``) |
+| ``long_1024_past_sinks`` | mass farther than 1,024 tokens on keys other than the first 4 (reading, not a sink) |
 | ``window_64`` / ``_256`` / ``_1024`` | mass inside ±w (``d ≤ w``): what a window of w would keep |
 
 and, from each head's distance distribution (its mass summed over rows in log-spaced bins
@@ -31,7 +32,9 @@ from .metrics import TokenInfo
 __all__ = ["BINS", "LONG_METRICS", "LongContextStatistics"]
 
 LONG_METRICS = ("sink_first", "sink_first4", "long_256", "long_1024", "window_64", "window_256", "window_1024",
-                "distance_median", "distance_p90")
+                "long_1024_past_sinks", "distance_median", "distance_p90")
+#: the metrics that are row means (the rest come from the distance histogram)
+_ROW_METRICS = LONG_METRICS[:8]
 #: Distance bins: d = 0, then [2^k, 2^(k+1)) for k = 0 .. 16 (up to 131,071 tokens).
 BINS = 18
 
@@ -41,7 +44,7 @@ class LongContextStatistics:
 
     def __init__(self, num_layers: int, num_heads: int) -> None:
         self.shape = (num_layers, num_heads)
-        self.sums = torch.zeros(7, num_layers, num_heads, dtype=torch.float64)  # the row metrics
+        self.sums = torch.zeros(len(_ROW_METRICS), num_layers, num_heads, dtype=torch.float64)  # the row metrics
         self.rows = torch.zeros(num_layers, dtype=torch.float64)
         self.histogram = torch.zeros(num_layers, num_heads, BINS, dtype=torch.float64)
 
@@ -56,7 +59,7 @@ class LongContextStatistics:
         rows = valid[:, start:start + C].to(torch.float32)  # (B, C) real query rows
         prefix = bool((pos[valid] == torch.arange(T, device=p.device).expand(B, T)[valid]).all())
         values, hist = (_by_prefix_sums if prefix else _by_offsets)(p, valid, pos, start)
-        weighted = (values * rows[:, None, :, None]).sum(dim=(0, 2))  # (H, 7)
+        weighted = (values * rows[:, None, :, None]).sum(dim=(0, 2))  # (H, 8)
         self.sums[:, layer] += weighted.T.to(torch.float64).cpu()
         self.rows[layer] += float(rows.sum())
         self.histogram[layer] += (hist * rows[:, None, :, None]).sum(dim=(0, 2)).to(torch.float64).cpu()
@@ -69,7 +72,7 @@ class LongContextStatistics:
     def means(self) -> dict[str, Tensor]:
         """Each metric as an (L, H) float64 tensor (NaN where nothing was counted)."""
         rows = self.rows.where(self.rows > 0, torch.full_like(self.rows, math.nan))[:, None]  # (L, 1)
-        out = {name: self.sums[k] / rows for k, name in enumerate(LONG_METRICS[:7])}
+        out = {name: self.sums[k] / rows for k, name in enumerate(_ROW_METRICS)}
         total = self.histogram.sum(-1, keepdim=True)  # (L, H, 1)
         cumulative = self.histogram.cumsum(-1) / total.where(total > 0, torch.full_like(total, math.nan))
         edges = torch.tensor([0.0] + [2.0 ** k for k in range(BINS - 1)], dtype=torch.float64)  # lower edges
@@ -83,7 +86,7 @@ class LongContextStatistics:
 
 
 def _by_prefix_sums(p: Tensor, valid: Tensor, pos: Tensor, start: int) -> tuple[Tensor, Tensor]:
-    """The row metrics (B, H, C, 7) and distance histograms (B, H, C, BINS) when the real tokens
+    """The row metrics (B, H, C, 8) and distance histograms (B, H, C, BINS) when the real tokens
     are 0..n-1 (right padding): every mass inside ±r of row i is a difference of two prefix sums
     of the row, so one cumulative pass serves all windows and bins."""
     B, H, C, K = p.shape
@@ -100,8 +103,12 @@ def _by_prefix_sums(p: Tensor, valid: Tensor, pos: Tensor, start: int) -> tuple[
     within = picked[..., :len(radii)] - picked[..., len(radii):]  # (B, H, C, R)
     total = cs[..., -1]  # (B, H, C)
     inside, windows = within[..., :BINS].clone(), within[..., BINS:]  # (B, H, C, BINS), (B, H, C, 3)
+    # the first 4 keys' mass beyond 1,024 tokens: keys j <= min(3, i - 1025)
+    sink_far = cs.gather(-1, (i - 1025).clamp(0, min(3, K - 1)).view(1, 1, C, 1).expand(B, H, C, 1))[..., 0] \
+        * (i >= 1025)  # (B, H, C)
     values = torch.stack([p[..., 0], cs[..., min(4, K) - 1], total - windows[..., 1], total - windows[..., 2],
-                          windows[..., 0], windows[..., 1], windows[..., 2]], -1)  # (B, H, C, 7)
+                          windows[..., 0], windows[..., 1], windows[..., 2],
+                          total - windows[..., 2] - sink_far], -1)  # (B, H, C, 8)
     # bins: d = 0, then [2^(k-1), 2^k) for k = 1 .. BINS - 1; the mass with d < 2^k is within 2^k - 1
     inside[..., -1] = total  # the last bin takes every farther key too
     hist = torch.cat([inside[..., :1], inside.diff(dim=-1)], -1).clamp_min(0)  # (B, H, C, BINS)
@@ -122,7 +129,8 @@ def _by_offsets(p: Tensor, valid: Tensor, pos: Tensor, start: int) -> tuple[Tens
         masses.append((p * (d > far)[:, None]).sum(-1, keepdim=True))
     for w in (64, 256, 1024):
         masses.append((p * ((d >= 0) & (d <= w))[:, None]).sum(-1, keepdim=True))
-    values = torch.cat(masses, -1)  # (B, H, C, 7)
+    masses.append((p * ((d > 1024) & (pos_k >= 4)[:, None, :])[:, None]).sum(-1, keepdim=True))
+    values = torch.cat(masses, -1)  # (B, H, C, 8)
     bins = torch.where(d > 0, torch.floor(torch.log2(d.clamp_min(1).float())).long() + 1, torch.zeros_like(d))
     bins = bins.clamp_max(BINS - 1)  # (B, C, K)
     mass = (p * (d >= 0)[:, None]).reshape(B, H, C, K)  # padding keys carry no weight
