@@ -151,7 +151,18 @@ def timing_worker(variants: list[str], n: int, mode: str) -> dict[str, list[floa
             spent += times[variant][-1]
         rounds += 1
     out.update(times)
+    if mode == "forward":  # the machine's matmul peak, measured now, in this process
+        sys.path.insert(0, str(Path(__file__).parent))
+        from _common import matmul_peak_gflops
+
+        out["mm peak"] = matmul_peak_gflops()
     return out
+
+
+def useful_flops(n: int) -> float:
+    """FLOPs of a window-attention forward that count: q·k and p·v over the keys each row may see."""
+    keys = sum(min(i + WINDOW, n - 1) - max(i - WINDOW, 0) + 1 for i in range(n))
+    return B * H * keys * DK * 4.0
 
 
 def _run(args: list[str], timeout: float, extra_env: dict[str, str]) -> dict | str:
@@ -214,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
                 else:
                     run.append(variant)
             timed = measure_times(run, n, mode)
+            if isinstance(timed, dict) and "mm peak" in timed:
+                results[("mm peak", n, mode)] = timed.pop("mm peak")
             for variant in run:
                 got = timed if isinstance(timed, str) else timed.get(variant, "failed: no result")
                 if isinstance(got, str):
@@ -230,6 +243,8 @@ def main(argv: list[str] | None = None) -> None:
           "and n >= 1024 (so from n = 1k here), dense SDPA otherwise.\n")
     rows = []
     for (variant, n, mode), r in results.items():
+        if variant == "mm peak":
+            continue
         ours = results[("ours local", n, mode)]
         if isinstance(r, str):
             rows.append([n, mode, variant, r, "", "", "", "", ""])
@@ -247,6 +262,21 @@ def main(argv: list[str] | None = None) -> None:
           "one process)")
     print("\npeak: rise of the worker's peak RSS during the call; working: peak minus the output and, with "
           "backward, the incoming and the three input gradients, which every method holds")
+
+    share_rows, shares = [], {}
+    for n in sizes:
+        peak = results.get(("mm peak", n, "forward"))
+        for variant in ("ours local", "ours auto", "flex", "dense SDPA"):
+            r = results.get((variant, n, "forward"))
+            if isinstance(r, dict) and isinstance(peak, float):
+                gflops = useful_flops(n) / r["seconds"] / 1e9
+                shares[(variant, n)] = gflops / peak
+                share_rows.append([n, variant, f"{r['seconds'] * 1e3:.0f}", f"{gflops:.1f}", f"{peak:.1f}",
+                                   f"{gflops / peak:.0%}"])
+    if share_rows:
+        print("\nForward, useful FLOPs only (q·k and p·v over the keys each row may see), against torch.mm's peak "
+              "measured in the same worker\n")
+        print(table(["n", "kernel", "ms (best)", "useful GFLOP/s", "mm peak GFLOP/s", "share of peak"], share_rows))
 
     growth = []
     for mode in ("forward", "fwd+bwd"):
@@ -297,6 +327,11 @@ def main(argv: list[str] | None = None) -> None:
             worst = min(r for _, r in flex_ratios)
             shown = ", ".join(f"n={n}: {r:.2f}x" for n, r in flex_ratios)
             print(f"- forward >= 1.0x FlexAttention's speed ({ours_name}): {shown} -> {verdict(worst >= 1.0)}")
+    target_n = 16384 if not args.quick else sizes[-1]
+    if ("ours local", target_n) in shares:
+        share = shares[("ours local", target_n)]
+        print(f"- local kernel forward at n={target_n} >= 60% of the torch.mm peak (useful FLOPs): {share:.0%} -> "
+              f"{verdict(share >= 0.6)}")
     worst_growth = max((float(g[2][:-1]) for g in growth), default=0.0)
     print(f"- time grows <= 2.3x per doubling of n: worst {worst_growth:.2f}x -> {verdict(worst_growth <= 2.3)}")
     last = results[("ours local", sizes[-1], "fwd+bwd")]

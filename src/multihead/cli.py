@@ -21,6 +21,8 @@ __all__ = ["main"]
 
 #: Query rows per streamed chunk with --document: 9 heads x 256 rows x 8,192 keys is 75 MB of float32.
 DOCUMENT_CHUNK = 256
+#: Texts the ablation effects are measured on by default (each head removed alone, two ways).
+ABLATION_TEXTS = 16
 
 
 class UsageError(Exception):
@@ -191,6 +193,9 @@ def _parser() -> argparse.ArgumentParser:
     an.add_argument("--coreference", metavar="JSONL",
                     help="pronoun/antecedent examples (default: the shipped English + Chinese set)")
     an.add_argument("--no-coreference", action="store_true", help="skip the coreference scores")
+    an.add_argument("--ablation", type=_count(0), default=ABLATION_TEXTS, metavar="N",
+                    help="measure each head's zero- and mean-ablation effect on the model's own objective over the "
+                         f"first N texts (default {ABLATION_TEXTS}; 0: off; not with --document)")
     an.set_defaults(run=_run_analyze)
 
     vw = sub.add_parser("view", parents=[common],
@@ -337,9 +342,10 @@ def _run_analyze(args: argparse.Namespace) -> int:
             raise UsageError(f"--target is for encoder-decoder models; {model.name} has one stack")
         if args.what_if and not model.is_causal:
             raise UsageError(f"--what-if measures a causal language model's loss; {model.name} is not one")
+        ablation = 0 if args.document or model.is_encoder_decoder or model.processor is not None else args.ablation
         report = analyze(model, texts, batch_size=args.batch_size, truncate=args.truncate, parses=parses,
                          coreference=coreference, targets=targets, redundancy=not args.document,
-                         chunk=DOCUMENT_CHUNK if args.document else None)
+                         chunk=DOCUMENT_CHUNK if args.document else None, ablation=ablation)
         change = None
         if args.what_if:
             from .hf import what_if
@@ -367,6 +373,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
         print("\n" + change.table())
     _print_flags_and_redundancy(report)
     _print_probes(report)
+    _print_ablation(report)
     _print_long_context(report)
     print(f"\nwrote {out / 'report.json'}, {out / 'report.csv'} and {out / 'report.html'}")
     return 0
@@ -608,6 +615,18 @@ def _print_probes(report) -> None:
             b = d["best"]
             print(f"  {rel:10s} n={d['count']:<5d} L{b['layer']}.H{b['head']} {b['accuracy']:.2f}  "
                   f"baseline {d['baseline']:.2f} (offset {d['baseline_offset']:+d})")
+
+
+def _print_ablation(report) -> None:
+    """The heads whose removal changes the model's own objective most."""
+    section = report.sections.get("ablation")
+    if not section or not report.heads:
+        return
+    print(f"\nAblation ({section['objective']}, {section['texts']} texts; intact {section['intact']:.4f}), "
+          "the heads whose removal changes it most:")
+    for key in section["modes"]:
+        heads = sorted(report.heads, key=lambda r, k=key: -abs(r.metrics.get(k) or 0))[:6]
+        print(f"  {key}: " + ", ".join(f"L{r.layer}.H{r.head} {r.metrics[key]:+.4f}" for r in heads))
 
 
 #: A head is an attention sink when at least this share of its attention is on the first token.

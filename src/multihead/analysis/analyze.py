@@ -88,7 +88,8 @@ def _all_ranks(corpus: CorpusStatistics) -> CorpusStatistics:
 def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
             progress: bool | None = None, parses: Sequence[Parse] | str | None = None,
             coreference: bool | Sequence[CoreferenceExample] = True, induction: bool = True,
-            redundancy: bool = True, targets: Sequence[str] | None = None, chunk: int | None = None) -> Report:
+            redundancy: bool = True, targets: Sequence[str] | None = None, chunk: int | None = None,
+            ablation: int = 0) -> Report:
     """Metrics, a label and flags for every (layer, head) of ``model`` over ``texts`` (a vision
     model's images: :func:`multihead.analysis.vision.analyze_images`; an encoder-decoder model's
     three stacks: :func:`multihead.analysis.encdec.analyze_encoder_decoder`, with ``targets``).
@@ -97,6 +98,8 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     spaCy, for the syntax scores; ``coreference``: score the shipped pronoun set (True) or these
     examples; ``induction``: for causal models, run the repeated-random-tokens probe;
     ``redundancy``: the head x head similarity (its all-pairs JS is the costliest part of a run).
+    ``ablation``: also measure, on the first this many texts, every head's ``zero_ablation`` and
+    ``mean_ablation`` effect on the model's own objective (:mod:`multihead.analysis.ablation`).
     ``chunk``: stream each layer's maps in chunks of this many query rows, so a document of
     thousands of tokens needs memory O(H·chunk·T) per layer, not O(H·T²); the per-head metrics are
     the same, the redundancy matrix (it reads whole maps) is then left out, and ``parses`` must be
@@ -123,6 +126,8 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
         return report
     if targets is not None:
         raise ValueError("targets are read by encoder-decoder models only; this model has one stack")
+    if not isinstance(ablation, int) or isinstance(ablation, bool) or ablation < 0:
+        raise ValueError(f"ablation is a number of texts (0: off); got {ablation!r}")
     corpus = collect_statistics(model, texts, batch_size=batch_size, truncate=truncate, progress=progress,
                                 parses=parses, redundancy=redundancy and chunk is None, chunk=chunk)
     stats = corpus.heads
@@ -141,6 +146,12 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
                 found = retrieval_scores(model, chunk=chunk)
             means["retrieval"] = found.score
             sections["retrieval"] = {**PROBE, "copy_steps": found.copy_steps, "steps": found.steps}
+    if ablation:
+        from .ablation import ablation_effects
+
+        effects = ablation_effects(model, texts[:ablation], batch_size=batch_size, progress=progress)
+        means.update(effects.metrics())
+        sections["ablation"] = effects.section()
     unknown = corpus.unknown
     if unknown is not None and unknown.token is not None:
         sections["unknown_tokens"] = {"count": unknown.count, "total": unknown.total,

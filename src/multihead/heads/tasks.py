@@ -174,7 +174,9 @@ class LanguageModelTask(Task):
         logits = outputs.logits[:, :-1]  # (B, T-1, V)
         target = batch["input_ids"][:, 1:]  # (B, T-1)
         keep = batch["attention_mask"][:, 1:].bool()
-        ce = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")  # (B, T-1)
+        # (N, V) rows: over a strided vocabulary axis ((B, V, T) layout) it is ~1e-4 off on the CPU
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                             reduction="none").view(target.shape)  # (B, T-1)
         return ce * keep, keep
 
     def loss(self, outputs, batch: dict[str, Tensor]) -> Tensor:

@@ -33,6 +33,9 @@ IMPLEMENTATION = "multihead_capture"
 GATE_ATTRIBUTE = "_multihead_gate"
 #: attribute holding a callable that returns the heads to replace by uniform attention
 UNIFORM_ATTRIBUTE = "_multihead_uniform"
+#: attribute holding a callable that returns (H, Dv) outputs that gated-off heads are replaced by
+#: (mean ablation: out = ξ·out + (1 − ξ)·mean; see .gates)
+REPLACEMENT_ATTRIBUTE = "_multihead_replacement"
 #: attribute holding a Mask every call of the module intersects with its own (see .replace)
 EXTRA_MASK_ATTRIBUTE = "_multihead_extra_mask"
 
@@ -223,11 +226,24 @@ def _capture_attention(module: nn.Module, query: Tensor, key: Tensor, value: Ten
         for h in heads:
             out[:, h] = flat[:, 0] @ value[:, h // group]  # (B, T, Dv)
     if gate is not None:
-        out = scale_heads(out, gate())
+        out = _gated(module, out, gate())
     if watched:
         capture.callback(capture.layer_of_call(capture.site_of(module)), weights, out,
                          _visible(mask, T, S, query.device))
     return out.transpose(1, 2).contiguous(), weights  # (B, T, H, Dv) as transformers expects
+
+
+def _gated(module: nn.Module, out: Tensor, gates: Tensor) -> Tensor:
+    """Head outputs (B, H, T, Dv) times their gates (H,) or (B, H) — plus, where the module holds
+    replacement outputs (mean ablation), (1 − ξ) times those."""
+    gated = scale_heads(out, gates)
+    replacement = getattr(module, REPLACEMENT_ATTRIBUTE, None)
+    if replacement is None:
+        return gated
+    fill = replacement().to(out.dtype)  # (H, Dv)
+    rest = (1 - gates).to(out.dtype)  # (H,) or (B, H)
+    rest = rest[:, None, None] if rest.dim() == 1 else rest[:, :, None, None]  # (H|B, …, 1, 1)
+    return gated + rest * fill[:, None, :]  # (B, H, T, Dv)
 
 
 def _chunked(capture: AttentionCapture, module: nn.Module, query: Tensor, key: Tensor, value: Tensor,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .capture import GATE_ATTRIBUTE, UNIFORM_ATTRIBUTE, restore, route_through_capture
+from .capture import GATE_ATTRIBUTE, REPLACEMENT_ATTRIBUTE, UNIFORM_ATTRIBUTE, restore, route_through_capture
 from .load import ModelLike, as_module
 from .sites import AttentionSite, UnsupportedModelError, find_sites, main_stack
 
@@ -34,7 +34,10 @@ class HeadGates:
     manager or call :meth:`remove`. ``stack``: which stack's heads (default: the model's only
     self-attention stack)."""
 
-    def __init__(self, model: ModelLike, values: Tensor | None = None, *, stack: str | None = None) -> None:
+    def __init__(self, model: ModelLike, values: Tensor | None = None, *, stack: str | None = None,
+                 replacement: Tensor | None = None) -> None:
+        """``replacement``: (L, H, Dv) outputs a gated-off head is replaced by — ``out = ξ·out +
+        (1 − ξ)·replacement`` — e.g. each head's mean output (mean ablation); default zeros."""
         model = as_module(model)
         self.model = model
         #: (layer, head) pairs whose attention is replaced by uniform attention over visible keys
@@ -50,12 +53,20 @@ class HeadGates:
         self.num_layers, self.num_heads = len(self.sites), max(s.num_heads for s in self.sites)
         self.values = values if values is not None else torch.ones(self.num_layers, self.num_heads)
         if all(s.ours for s in self.sites):  # our own layers take the gates directly
+            if replacement is not None:
+                raise ValueError("replacement outputs (mean ablation) are for transformers models; "
+                                 "our own layers take gates only")
             for index, layer in enumerate(self.modules):
                 layer._gate_override = self._gate_of(index)
             return
+        if replacement is not None and replacement.shape[:2] != (self.num_layers, self.num_heads):
+            raise ValueError(f"replacement must be (L, H, Dv) with L, H = {self.num_layers}, {self.num_heads}; "
+                             f"got {tuple(replacement.shape)}")
         for index, module in enumerate(self.modules):
             setattr(module, GATE_ATTRIBUTE, self._gate_of(index))
             setattr(module, UNIFORM_ATTRIBUTE, self._uniform_of(index))
+            if replacement is not None:
+                setattr(module, REPLACEMENT_ATTRIBUTE, lambda r=replacement[index]: r)
         self._saved = route_through_capture(model)
 
     def _gate_of(self, index: int):
@@ -77,7 +88,7 @@ class HeadGates:
             if site.ours:
                 site.module._gate_override = None
                 continue
-            for name in (GATE_ATTRIBUTE, UNIFORM_ATTRIBUTE):
+            for name in (GATE_ATTRIBUTE, UNIFORM_ATTRIBUTE, REPLACEMENT_ATTRIBUTE):
                 if hasattr(site.module, name):
                     delattr(site.module, name)
         restore(self._saved)

@@ -1,0 +1,337 @@
+"""Does a head matter? The change in the model's own objective when that head alone is removed.
+
+Two ablations, each of one head at a time, every other head intact:
+
+* ``zero_ablation``: the head's output is multiplied by 0 before W^O;
+* ``mean_ablation``: the head's output is replaced by its mean over all real token positions of
+  the analysed texts (so the layer still receives the head's average contribution, only not
+  the part that depends on the input).
+
+The objective is the model's own:
+
+* a causal language model: the mean next-token cross-entropy over the texts' real tokens (nats
+  per token); the effect is ablated minus intact, so a head the model needs has a positive effect;
+* an encoder with a masked-LM head: the masked-LM loss on a fixed 15 % of the real, non-special
+  tokens (chosen with a seeded generator, the same in every run), likewise;
+* an encoder without one (sentence-embedding models such as MiniLM): the mean over texts of
+  ``1 − cos(pooled, pooled_intact)``, the pooled vector being the mean of the last hidden states
+  over real tokens.
+
+Many heads per forward pass: each batch of texts is repeated R times and replica r has its head
+removed by per-example gates (L, R·B, H) (:class:`~multihead.hf.HeadGates`), so all L·H heads
+take ⌈L·H / R⌉ passes over each batch instead of L·H.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..hf.capture import AttentionCapture
+from ..hf.gates import HeadGates, self_attention_sites
+from ..hf.load import HFModel, require_loaded, right_padding
+from ..progress import bar
+
+__all__ = ["ABLATION_TOKENS", "AblationEffects", "ablation_effects", "attribution_effects", "objective_name"]
+
+#: Tokens per forward pass (R replicas x B texts x T positions) the batched ablation aims for.
+ABLATION_TOKENS = 8192
+#: Share of real, non-special tokens masked for the masked-LM objective, and its seed.
+MLM_SHARE, MLM_SEED = 0.15, 0
+
+
+@dataclass
+class AblationEffects:
+    """Per head (L, H): the objective's change when that head alone is removed (NaN: not measured)."""
+
+    zero: Tensor
+    mean: Tensor | None
+    objective: str
+    intact: float
+    texts: int
+    tokens: int
+
+    def metrics(self) -> dict[str, Tensor]:
+        out = {"zero_ablation": self.zero}
+        if self.mean is not None:
+            out["mean_ablation"] = self.mean
+        return out
+
+    def section(self) -> dict:
+        return {"objective": self.objective, "intact": round(self.intact, 6), "texts": self.texts,
+                "tokens": self.tokens, "modes": sorted(self.metrics())}
+
+
+def objective_name(model: HFModel) -> str:
+    if model.is_causal:
+        return "next-token cross-entropy (nats per token)"
+    if _has_mlm_head(model):
+        return f"masked-LM cross-entropy on {MLM_SHARE:.0%} of the tokens (nats per masked token)"
+    return "1 - cosine of the mean-pooled last hidden state to the intact one (mean over texts)"
+
+
+def ablation_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence[str] = ("zero", "mean"),
+                     heads: Sequence[tuple[int, int]] | None = None, batch_size: int = 16,
+                     heads_per_pass: int | None = None, progress: bool | None = None) -> AblationEffects:
+    """Zero- and mean-ablation effects of every head (or of ``heads``) of a text model on ``texts``.
+
+    ``heads_per_pass``: how many heads one forward pass removes (each in its own copy of the
+    batch); default: as many as keep a pass near :data:`ABLATION_TOKENS` tokens. The numbers do
+    not depend on it (tested). Texts longer than the model's positions are truncated.
+    """
+    model = require_loaded(model, "ablation_effects")
+    if model.processor is not None or model.is_encoder_decoder:
+        raise ValueError("ablation effects read text models with one self-attention stack")
+    unknown = set(modes) - {"zero", "mean"}
+    if unknown or not modes:
+        raise ValueError(f"modes must be some of 'zero', 'mean'; got {list(modes)!r}")
+    texts = list(texts)
+    if not texts:
+        raise ValueError("ablation effects need at least one text")
+    L, H = model.num_layers, model.num_heads
+    cells = list(heads) if heads is not None else [(layer, h) for layer in range(L) for h in range(H)]
+    for layer, h in cells:
+        if not (0 <= layer < L and 0 <= h < H):
+            raise ValueError(f"head ({layer}, {h}) is outside the model's {L} x {H} heads")
+    batches = _batches(model, texts, batch_size)
+    with torch.inference_mode():
+        intact, means, tokens = _intact(model, batches, need_means="mean" in modes)
+        found: dict[str, Tensor] = {}
+        for mode in modes:
+            effect = torch.full((L, H), float("nan"), dtype=torch.float64)
+            total = torch.zeros(len(cells), dtype=torch.float64)
+            for b, batch in enumerate(bar(batches, desc=f"{mode} ablation", unit="batch", progress=progress)):
+                B, T = batch["input_ids"].shape
+                R = heads_per_pass or max(1, ABLATION_TOKENS // (B * T))
+                for start in range(0, len(cells), R):
+                    group = cells[start:start + R]
+                    total[start:start + len(group)] += _ablated(model, batch, group, intact[b],
+                                                                means if mode == "mean" else None)
+            denominator = len(texts) if _objective(model) == "cosine" else tokens
+            for n, (layer, h) in enumerate(cells):
+                effect[layer, h] = total[n] / denominator
+            found[mode] = effect
+    base = sum(float(i["sum"]) for i in intact) / (len(texts) if _objective(model) == "cosine" else tokens)
+    return AblationEffects(found.get("zero", torch.full((L, H), float("nan"), dtype=torch.float64)),
+                           found.get("mean"), objective_name(model), base, len(texts), tokens)
+
+
+def attribution_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence[str] = ("zero", "mean"),
+                        batch_size: int = 16) -> dict[str, Tensor]:
+    """First-order estimates of :func:`ablation_effects` for every head at once (attribution
+    patching): with gates ξ on every head, a head's ablation moves its ξ from 1 to 0, so the
+    objective changes by about ``-∂objective/∂ξ`` — one forward and one backward pass per batch
+    (and mode) for all heads. Mean ablation takes the gradient with the heads' mean outputs as the
+    replacement (``out = ξ·out + (1 − ξ)·mean``).
+
+    Loss objectives only: for an encoder without a language-model head the objective
+    ``1 − cos`` is at its minimum in the intact model, its gradient is 0 and says nothing.
+    Returns {"zero_ablation": (L, H), "mean_ablation": (L, H)} in the objective's units.
+    """
+    model = require_loaded(model, "attribution_effects")
+    if _objective(model) == "cosine":
+        raise ValueError("attribution patching needs a loss objective; 1 - cosine is at its minimum in the intact "
+                         "model (gradient 0): measure this model with ablation_effects")
+    texts = list(texts)
+    batches = _batches(model, texts, batch_size)
+    with torch.inference_mode():
+        _, means, tokens = _intact(model, batches, need_means="mean" in modes)
+    L, H = model.num_layers, model.num_heads
+    found = {}
+    params = [p for p in model.model.parameters() if p.requires_grad]
+    try:
+        for p in params:  # only the gates' gradient is wanted: the weights' would double the backward
+            p.requires_grad_(False)
+        for mode in modes:
+            gates = torch.ones(L, H, requires_grad=True)
+            with HeadGates(model.model, gates, replacement=means.float() if mode == "mean" else None):
+                for batch in batches:
+                    (_run(model, batch).sum() / tokens).backward()
+            found[f"{mode}_ablation"] = -gates.grad.double()
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+    return found
+
+
+def _objective(model: HFModel) -> str:
+    if model.is_causal:
+        return "next-token"
+    return "masked-lm" if _has_mlm_head(model) else "cosine"
+
+
+def _has_mlm_head(model: HFModel) -> bool:
+    head = getattr(model.model, "get_output_embeddings", lambda: None)()
+    return head is not None and getattr(model.tokenizer, "mask_token_id", None) is not None
+
+
+def _batches(model: HFModel, texts: list[str], batch_size: int) -> list[dict[str, Tensor]]:
+    tok = model.tokenizer
+    limit = model.max_positions
+    encoded = tok(texts, truncation=bool(limit), max_length=limit, verbose=False)["input_ids"]
+    order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))  # length buckets: little padding
+    out = []
+    with right_padding(tok):
+        for s in range(0, len(order), batch_size):
+            batch = dict(tok.pad({"input_ids": [encoded[i] for i in order[s:s + batch_size]]}, return_tensors="pt"))
+            if _objective(model) == "masked-lm":
+                batch["labels"], batch["input_ids"] = _mlm_inputs(model, batch, s)
+            out.append(batch)
+    return out
+
+
+def _mlm_inputs(model: HFModel, batch: dict[str, Tensor], seed: int) -> tuple[Tensor, Tensor]:
+    """Labels (-100 where not masked) and inputs with MLM_SHARE of the real, non-special tokens masked."""
+    ids = batch["input_ids"]
+    special = torch.tensor([t in set(model.tokenizer.all_special_ids) for t in ids.flatten().tolist()]).view_as(ids)
+    candidates = batch["attention_mask"].bool() & ~special
+    g = torch.Generator().manual_seed(MLM_SEED + seed)
+    chosen = candidates & (torch.rand(ids.shape, generator=g) < MLM_SHARE)
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+    return labels, torch.where(chosen, torch.full_like(ids, model.tokenizer.mask_token_id), ids)
+
+
+def _run(model: HFModel, batch: dict[str, Tensor]) -> Tensor:
+    """The model's per-example objective terms for ``batch``: (B,) summed losses, or (B, D) pooled states."""
+    ids, attention = batch["input_ids"], batch["attention_mask"]
+    kind = _objective(model)
+    if kind == "cosine":
+        hidden = model.body(input_ids=ids, attention_mask=attention).last_hidden_state  # (B, T, D)
+        keep = attention[..., None].to(hidden.dtype)
+        return (hidden * keep).sum(1) / keep.sum(1).clamp_min(1)  # (B, D)
+    extra = {"use_cache": False} if kind == "next-token" else {}  # no cache: blocks may be replayed (_replayed)
+    logits = model.model(input_ids=ids, attention_mask=attention, **extra).logits.float()  # (B, T, V)
+    if kind == "next-token":
+        targets = torch.where(attention[:, 1:].bool(), ids[:, 1:], torch.full_like(ids[:, 1:], -100))
+        logits = logits[:, :-1]
+    else:
+        targets = batch["labels"]
+    # (B·T', V) rows: the (B, V, T') layout reduces over a strided axis and was measured 1e-4 off
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
+                           reduction="none").view(targets.shape)  # (B, T')
+    return loss.double().sum(-1)  # (B,)
+
+
+def _count(model: HFModel, batch: dict[str, Tensor]) -> int:
+    """Terms the objective averages over in this batch: predicted tokens, masked tokens, or texts."""
+    kind = _objective(model)
+    if kind == "next-token":
+        return int(batch["attention_mask"][:, 1:].sum())
+    if kind == "masked-lm":
+        return int((batch["labels"] != -100).sum())
+    return int(batch["input_ids"].shape[0])
+
+
+def _intact(model: HFModel, batches: list[dict[str, Tensor]], *, need_means: bool
+            ) -> tuple[list[dict[str, Tensor]], Tensor | None, int]:
+    """Each batch's intact objective terms, every head's mean output over real tokens (L, H, Dv)
+    when asked, and the number of terms."""
+    L, H = model.num_layers, model.num_heads
+    sums: dict[int, Tensor] = {}
+    counted = [0.0]
+    valid_box: list[Tensor] = []
+
+    def add(layer: int, weights: Tensor, out: Tensor, visible: Tensor) -> None:
+        keep = valid_box[0].to(out.dtype)[:, None, :, None]  # (B, 1, T, 1) real tokens
+        total = (out * keep).sum(dim=(0, 2)).double()  # (H, Dv)
+        sums[layer] = total if layer not in sums else sums[layer] + total
+
+    blocks = _blocks(model)
+    results, tokens = [], 0
+    for batch in batches:
+        valid_box[:] = [batch["attention_mask"].bool()]
+        with _recorded(blocks) as outputs:
+            if need_means:
+                with AttentionCapture(model.model, add):
+                    terms = _run(model, batch)
+                counted[0] += float(batch["attention_mask"].sum())
+            else:
+                terms = _run(model, batch)
+        tokens += _count(model, batch)
+        results.append({"terms": terms, "sum": terms.sum() if terms.dim() == 1 else torch.tensor(0.0),
+                        "blocks": blocks, "outputs": outputs})
+    means = None
+    if need_means:
+        means = torch.stack([sums[layer] for layer in range(L)]) / counted[0]  # (L, H, Dv)
+        assert means.shape[:2] == (L, H)
+    return results, means, tokens
+
+
+def _ablated(model: HFModel, batch: dict[str, Tensor], group: list[tuple[int, int]], intact: dict[str, Tensor],
+             means: Tensor | None) -> Tensor:
+    """The objective change, summed over the batch, for each head of ``group`` removed alone: (len(group),).
+
+    The blocks below the group's lowest layer compute what they computed in the intact run, for
+    every replica: they are not run again — each returns its intact output, repeated R times.
+    """
+    R, B = len(group), batch["input_ids"].shape[0]
+    L, H = model.num_layers, model.num_heads
+    gates = torch.ones(L, R * B, H)
+    for r, (layer, h) in enumerate(group):
+        gates[layer, r * B:(r + 1) * B, h] = 0
+    repeated = {k: v.repeat(R, *([1] * (v.dim() - 1))) for k, v in batch.items()}
+    lowest = min(layer for layer, _ in group)
+    blocks, outputs = intact.get("blocks"), intact.get("outputs")
+    with HeadGates(model.model, gates, replacement=None if means is None else means.float()), \
+            _replayed(blocks[:lowest] if blocks else [], outputs or [], R):
+        terms = _run(model, repeated)  # (R·B,) or (R·B, D)
+    if terms.dim() == 2:  # pooled states: 1 - cosine to the intact ones
+        change = 1 - F.cosine_similarity(terms.double(), intact["terms"].double().repeat(R, 1), dim=-1)
+    else:
+        change = terms - intact["terms"].repeat(R)
+    return change.view(R, B).sum(-1)
+
+
+def _blocks(model: HFModel) -> list[nn.Module] | None:
+    """The model's transformer blocks in layer order (block i holds attention site i), or None
+    when they cannot be told apart (then every ablation pass runs every block)."""
+    sites = self_attention_sites(model.model)
+    for module in model.body.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == len(sites) == model.num_layers and all(
+                any(m is site.module for m in block.modules()) for block, site in zip(module, sites, strict=True)):
+            return list(module)
+    return None
+
+
+@contextlib.contextmanager
+def _recorded(blocks: list[nn.Module] | None):
+    """Record what each block returns (detached), in order, while the context is open."""
+    outputs: list = []
+    if not blocks:
+        yield outputs
+        return
+    handles = [b.register_forward_hook(lambda _m, _a, out: outputs.append(out)) for b in blocks]
+    try:
+        yield outputs
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def _replayed(blocks: list[nn.Module], outputs: list, repeats: int):
+    """Blocks that return their recorded output, each tensor repeated ``repeats`` times along the
+    batch, instead of computing it (their input would be the same for every replica)."""
+
+    def repeat(value):
+        if isinstance(value, Tensor):
+            return value.repeat(repeats, *([1] * (value.dim() - 1)))
+        if isinstance(value, tuple):
+            return tuple(repeat(v) for v in value)
+        return value
+
+    def returning(value):
+        return lambda *_args, **_kwargs: value
+
+    try:
+        for block, out in zip(blocks, outputs, strict=False):
+            block.forward = returning(repeat(out))  # an instance attribute: nn.Module.__call__ takes it
+        yield
+    finally:
+        for block in blocks:
+            block.__dict__.pop("forward", None)

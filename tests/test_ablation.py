@@ -1,0 +1,109 @@
+"""Ablation effects: the change in a model's own objective when one head is removed, batched through
+per-example gates, against physical pruning, one head per pass, and heads that write nothing."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import multihead as mh
+from multihead.analysis.ablation import ablation_effects
+from multihead.hf.sites import find_sites
+
+pytestmark = pytest.mark.slow
+
+TEXTS = ["The animal didn't cross the street because it was too tired.", "Heads look.",
+         "A longer sentence about how every head of a model looks at the words around it, near and far.",
+         "Stocks fell sharply on Monday."]
+HEADS = [(0, 1), (3, 5), (5, 11), (2, 0)]
+
+
+def _pooled(model, texts):
+    enc = model.tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model.body(**enc).last_hidden_state
+    keep = enc["attention_mask"][..., None].float()
+    return (hidden * keep).sum(1) / keep.sum(1)
+
+
+def test_batched_effects_equal_one_head_per_pass_and_physical_pruning(minilm):
+    batched = ablation_effects(minilm, TEXTS, heads=HEADS, batch_size=3)
+    single = ablation_effects(minilm, TEXTS, heads=HEADS, batch_size=3, heads_per_pass=1)
+    for a, b in ((batched.zero, single.zero), (batched.mean, single.mean)):
+        got, want = a[tuple(zip(*HEADS, strict=True))], b[tuple(zip(*HEADS, strict=True))]
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-4)
+    assert batched.objective.startswith("1 - cosine") and batched.texts == 4
+    intact = _pooled(minilm, TEXTS)
+    for layer, h in HEADS[:2]:  # the head physically removed: the same change of the sentence vectors
+        pruned = dataclasses.replace(minilm, model=copy.deepcopy(minilm.model))
+        mh.heads.prune_heads(pruned.model, {layer: [h]})
+        want = float((1 - F.cosine_similarity(_pooled(pruned, TEXTS), intact, dim=-1)).mean())
+        assert batched.zero[layer, h].item() == pytest.approx(want, abs=1e-6)
+        assert want > 0
+    assert torch.isnan(batched.zero[1, 1])  # not asked for
+
+
+def test_a_head_whose_output_projection_is_zero_has_no_effect(minilm):
+    model = dataclasses.replace(minilm, model=copy.deepcopy(minilm.model))
+    layer, h = 3, 5
+    site = find_sites(model.model)[layer]
+    with torch.no_grad():
+        site.o.weight[:, h * site.head_dim:(h + 1) * site.head_dim] = 0
+    found = ablation_effects(model, TEXTS[:2], heads=[(layer, h), (3, 6)])
+    assert abs(found.zero[layer, h].item()) < 1e-9 and abs(found.mean[layer, h].item()) < 1e-9
+    assert found.zero[3, 6].item() > 1e-6  # its neighbour still writes
+
+
+def test_a_causal_models_objective_is_its_own_next_token_loss(smollm2):
+    text = "The capital of France is Paris, and the capital of Italy is Rome."
+    found = ablation_effects(smollm2, [text], heads=[(18, 6), (0, 0)], modes=("zero",))
+    ids = smollm2.tokenizer(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        want = float(smollm2.model(input_ids=ids, labels=ids).loss)
+    assert found.intact == pytest.approx(want, rel=1e-5)
+    assert found.tokens == ids.shape[1] - 1 and found.mean is None
+    assert torch.isfinite(found.zero[18, 6]) and torch.isfinite(found.zero[0, 0])
+
+
+def test_bad_requests_are_refused(minilm):
+    with pytest.raises(ValueError, match="outside the model's 6 x 12 heads"):
+        ablation_effects(minilm, TEXTS, heads=[(6, 0)])
+    with pytest.raises(ValueError, match="modes must be some of"):
+        ablation_effects(minilm, TEXTS, modes=("random",))
+
+
+def test_replaying_the_blocks_below_a_head_changes_no_number(smollm2, monkeypatch):
+    from multihead.analysis import ablation
+
+    texts = ["The capital of France is Paris.", "When Mary and John went to the store, John gave a drink to"]
+    heads = [(18, 6), (25, 3), (2, 1)]
+    assert ablation._blocks(smollm2) is not None  # SmolLM2's blocks are found and replayed
+    replayed = ablation_effects(smollm2, texts, heads=heads)
+    monkeypatch.setattr(ablation, "_blocks", lambda model: None)
+    every_block = ablation_effects(smollm2, texts, heads=heads)
+    for a, b in ((replayed.zero, every_block.zero), (replayed.mean, every_block.mean)):
+        index = tuple(zip(*heads, strict=True))
+        torch.testing.assert_close(a[index], b[index], atol=2e-5, rtol=1e-4)
+
+
+def test_attribution_equals_exact_ablation_for_a_model_linear_in_the_head(smollm2, minilm):
+    # The last layer's heads write into the residual stream that only the final norm and the
+    # unembedding read: the objective is smooth in ξ, and near ξ = 1 the first-order estimate
+    # must track the exact change; for a head whose W^O is scaled down 1000x the model is linear
+    # in it to within 1e-6 and the two agree.
+    from multihead.analysis.ablation import attribution_effects
+
+    model = dataclasses.replace(smollm2, model=copy.deepcopy(smollm2.model))
+    site = find_sites(model.model)[29]
+    h = 4
+    with torch.no_grad():
+        site.o.weight[:, h * site.head_dim:(h + 1) * site.head_dim] *= 1e-3
+    texts = ["The capital of France is Paris.", "Stocks fell sharply on Monday as traders sold."]
+    exact = ablation_effects(model, texts, heads=[(29, h)])
+    estimate = attribution_effects(model, texts)
+    for key, want in (("zero_ablation", exact.zero), ("mean_ablation", exact.mean)):
+        assert estimate[key][29, h].item() == pytest.approx(want[29, h].item(), abs=1e-6, rel=1e-2), key
+    with pytest.raises(ValueError, match="loss objective"):  # 1 - cosine: gradient 0 at the intact model
+        attribution_effects(minilm, texts)
