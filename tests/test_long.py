@@ -274,28 +274,3 @@ def test_random_blocks_are_deterministic_for_a_seed():
     c = masks.random_blocks(2, 4, seed=8).materialize(32, 32)
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert (a.view(8, 4, 8, 4)[:, 0, :, 0].sum(-1) == 2).all()  # two key blocks per query block
-
-
-@pytest.mark.parametrize("mask_name", ["window", "causal window + padding"])
-def test_runs_of_band_chunks_are_one_fused_call_and_equal_the_math_reference(monkeypatch, mask_name):
-    from multihead.attn import chunked
-
-    calls = []
-    fused = chunked.F.scaled_dot_product_attention
-
-    def counting(*args, **kwargs):
-        calls.append(tuple(args[0].shape))
-        return fused(*args, **kwargs)
-
-    monkeypatch.setattr(chunked.F, "scaled_dot_product_attention", counting)
-    mask = masks.window(16) if mask_name == "window" else masks.window(24, 0) & masks.padding([600, 600])
-    q, k, v = rand_qkv(2, 4, 2, 600, 600, 8, 6, torch.float64, seed=5, requires_grad=True)  # grouped-query heads
-    grad = torch.randn(2, 4, 600, 6, dtype=torch.float64)
-    want = run("math", q, k, v, mask, grad)
-    calls.clear()
-    got = run("local", q, k, v, mask, grad)
-    chunks = len(plan_chunks(mask.cover(600, 600), 600, 600, B=2, H=4))
-    assert any(len(shape) == 5 and shape[1] > 1 for shape in calls)  # a run of chunks in one call
-    assert len(calls) <= chunks // 4, (len(calls), chunks)
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)

@@ -36,7 +36,6 @@ from ..masks import Mask, TopK
 __all__ = ["Chunk", "chunked_attention"]
 
 _HALF = (torch.float16, torch.bfloat16)
-_SDPA_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 
 
 @dataclass(frozen=True)
@@ -94,18 +93,8 @@ class _ChunkedAttention(torch.autograd.Function):
             out = q.new_zeros(B, H, T, Dv)
             work = _Workspace()
             fused = topk is None and dropout_p == 0 and not (mask is not None and mask.has_bias)
-            grouped = _band_groups(plan, mask, q, k) if fused else {}
-            skip = 0
             for n, chunk in enumerate(plan):
-                if skip:  # computed with an earlier chunk's group
-                    skip -= 1
-                    continue
                 if chunk.n_keys == 0:  # rows that may attend to nothing stay zero
-                    continue
-                if n in grouped:
-                    size, keep = grouped[n]
-                    _fused_band_group(q, k, v, plan[n:n + size], keep, scale, out)
-                    skip = size - 1
                     continue
                 if fused and _fused_chunk(q, k, v, chunk, mask, scale, out):
                     continue
@@ -190,88 +179,6 @@ def _scatter_keys(acc: Tensor, grad: Tensor, chunk: Chunk) -> None:
     acc[:, :, chunk.key_lo:chunk.key_hi] += grad[:, :, :n]
     if chunk.extra is not None:
         acc.index_add_(2, chunk.extra.to(acc.device), grad[:, :, n:].to(acc.dtype))
-
-
-#: Most query rows one batched band call takes (its key windows are copied if the kernel wants them contiguous).
-GROUP_ROWS = 4096
-
-
-def _band_groups(plan: list[Chunk], mask: Mask | None, q: Tensor, k: Tensor) -> dict[int, tuple[int, Tensor | None]]:
-    """Runs of consecutive band chunks that are the same problem shifted along the diagonal:
-    equal rows and key-window width, keys at the same offset from the rows, and the same mask
-    inside (checked chunk by chunk, so only truly translation-invariant stretches group).
-    Returns {first chunk: (chunks in the run, their shared mask (…, c, W) or None)}; runs of one
-    are left to :func:`_fused_chunk`.
-
-    One fused call for a whole run instead of one per chunk: the per-call overhead of a
-    128-row chunk is a large share of its arithmetic on the CPU.
-    """
-    T, S = q.shape[2], k.shape[2]
-    groups: dict[int, tuple[int, Tensor | None]] = {}
-
-    def shape_of(chunk: Chunk) -> tuple[int, int, int] | None:
-        if not isinstance(chunk.rows, slice) or chunk.extra is not None or chunk.n_keys == 0:
-            return None
-        return chunk.rows.stop - chunk.rows.start, chunk.key_hi - chunk.key_lo, chunk.key_lo - chunk.rows.start
-
-    def keep_of(chunk: Chunk) -> Tensor | None:
-        if mask is None:
-            return None
-        rows = torch.arange(chunk.rows.start, chunk.rows.stop, device=q.device)
-        return mask.mask_mod(rows.view(-1, 1), chunk.key_index(q.device).view(1, -1), T, S)  # (..., c, W)
-
-    n = 0
-    while n < len(plan):
-        first = shape_of(plan[n])
-        if first is None:
-            n += 1
-            continue
-        keep = keep_of(plan[n])
-        if keep is not None and not bool(keep.any(-1).all()):  # a row with no key: the unfused path
-            n += 1
-            continue
-        size = 1
-        while (n + size < len(plan) and (size + 1) * first[0] <= GROUP_ROWS and shape_of(plan[n + size]) == first
-               and plan[n + size].rows.start == plan[n + size - 1].rows.stop):
-            other = keep_of(plan[n + size])
-            if (keep is None) != (other is None) or (keep is not None and not torch.equal(keep, other)):
-                break
-            size += 1
-        if size > 1:
-            groups[n] = (size, keep)
-        n += size
-    return groups
-
-
-def _fused_band_group(q: Tensor, k: Tensor, v: Tensor, run: list[Chunk], keep: Tensor | None, scale: float,
-                      out: Tensor) -> None:
-    """A run of :func:`_band_groups` as one call of PyTorch's fused attention: the g chunks'
-    rows side by side as a batch dimension, each against its own key window — overlapping
-    strided views of k and v, never gathered — with the one shared mask."""
-    B, H, _, Dk = q.shape
-    Hkv = k.shape[1]
-    g = len(run)
-    r0, c = run[0].rows.start, run[0].rows.stop - run[0].rows.start
-    W, lo = run[0].key_hi - run[0].key_lo, run[0].key_lo
-
-    def windows(t: Tensor) -> Tensor:  # (B, g, Hkv, W, D): window m starts at key lo + m·c
-        sB, sH, sS, sD = t.stride()
-        return t.as_strided((B, g, Hkv, W, t.shape[3]), (sB, c * sS, sH, sS, sD), t.storage_offset() + lo * sS)
-
-    if keep is not None and keep.dim() == 4:  # (B|1, H|1, c, W): broadcast over the chunks too
-        keep = keep.unsqueeze(1)
-    qs = q[:, :, r0:r0 + g * c].reshape(B, H, g, c, Dk).transpose(1, 2)  # (B, g, H, c, Dk)
-    ks, vs = windows(k), windows(v)  # (B, g, Hkv, W, Dk), (B, g, Hkv, W, Dv)
-    if Hkv != H:  # query heads that share a key/value head are side by side
-        if _SDPA_HAS_GQA:
-            oc = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=keep, scale=scale, enable_gqa=True)
-        else:
-            G = H // Hkv
-            ks, vs = ks.repeat_interleave(G, dim=2), vs.repeat_interleave(G, dim=2)
-            oc = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=keep, scale=scale)
-    else:
-        oc = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=keep, scale=scale)  # (B, g, H, c, Dv)
-    out[:, :, r0:r0 + g * c] = oc.transpose(1, 2).reshape(B, H, g * c, -1)
 
 
 def _fused_chunk(q: Tensor, k: Tensor, v: Tensor, chunk: Chunk, mask: Mask | None, scale: float,
