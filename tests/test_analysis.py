@@ -195,6 +195,9 @@ def test_cli_analyze_writes_a_report_and_rejects_too_long_text(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "layer |" in done.stdout and (out / "report.json").is_file() and (out / "report.csv").is_file()
+    assert "Ablation (1 - cosine of the mean-pooled last hidden state" in done.stdout  # on by default
+    report = json.loads((out / "report.json").read_text())
+    assert report["ablation"]["texts"] == 3 and {"zero_ablation", "mean_ablation"} <= set(report["heads"][0]["metrics"])
     again = subprocess.run([sys.executable, "-m", "multihead.cli", "analyze", "Again.", "--out", str(out)],
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr  # an earlier report may be replaced

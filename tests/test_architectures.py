@@ -221,6 +221,7 @@ def test_the_cli_on_local_folders_of_other_architectures(tmp_path, capsys):
     assert code == 0, err
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["causal"] is True and "induction" in report["heads"][0]["metrics"]  # a GPT2LMHeadModel is causal
+    assert report["ablation"]["objective"].startswith("next-token") and "zero_ablation" in report["heads"][0]["metrics"]
     code, out, err = run_cli(["analyze", "w5 w6 w7 w8 w9 w10 w11 w12", "--model", str(gpt2), "--out",
                               str(tmp_path / "w"), "--no-coreference", "--syntax", "off", "--what-if",
                               "window=2,sinks=1"], capsys)
