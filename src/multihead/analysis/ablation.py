@@ -108,10 +108,10 @@ def ablation_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence[st
             for b, batch in enumerate(bar(batches, desc=f"{mode} ablation", unit="batch", progress=progress)):
                 B, T = batch["input_ids"].shape
                 R = heads_per_pass or max(1, ABLATION_TOKENS // (B * T))
-                for start in range(0, len(cells), R):
-                    group = cells[start:start + R]
-                    total[start:start + len(group)] += _ablated(model, batch, group, intact[b],
-                                                                means if mode == "mean" else None)
+                for group in _passes(cells, R):  # [(index into cells, (layer, head)), ...]
+                    change = _ablated(model, batch, [cell for _, cell in group], intact[b],
+                                      means if mode == "mean" else None)
+                    total[[n for n, _ in group]] += change
             denominator = len(texts) if _objective(model) == "cosine" else tokens
             for n, (layer, h) in enumerate(cells):
                 effect[layer, h] = total[n] / denominator
@@ -157,6 +157,15 @@ def attribution_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence
         for p in params:
             p.requires_grad_(True)
     return found
+
+
+def _passes(cells: list[tuple[int, int]], R: int) -> list[list[tuple[int, tuple[int, int]]]]:
+    """The heads in passes of at most R, each pass within one layer: a pass replays every block
+    below its lowest layer, so mixing layers would recompute blocks a pass of its own skips."""
+    by_layer: dict[int, list[tuple[int, tuple[int, int]]]] = {}
+    for n, cell in enumerate(cells):
+        by_layer.setdefault(cell[0], []).append((n, cell))
+    return [heads[s:s + R] for _, heads in sorted(by_layer.items()) for s in range(0, len(heads), R)]
 
 
 def _objective(model: HFModel) -> str:
