@@ -622,7 +622,8 @@ def _print_ablation(report) -> None:
     section = report.sections.get("ablation")
     if not section or not report.heads:
         return
-    print(f"\nAblation ({section['objective']}, {section['texts']} texts; intact {section['intact']:.4f}), "
+    intact = "" if section["objective"].startswith("1 - cosine") else f"; intact {section['intact']:.4f}"
+    print(f"\nAblation ({section['objective']}, {section['texts']} texts{intact}), "
           "the heads whose removal changes it most:")
     for key in section["modes"]:
         heads = sorted(report.heads, key=lambda r, k=key: -abs(r.metrics.get(k) or 0))[:6]
