@@ -105,13 +105,17 @@ def ablation_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence[st
         for mode in modes:
             effect = torch.full((L, H), float("nan"), dtype=torch.float64)
             total = torch.zeros(len(cells), dtype=torch.float64)
+            blocks = _blocks(model)
             for b, batch in enumerate(bar(batches, desc=f"{mode} ablation", unit="batch", progress=progress)):
                 B, T = batch["input_ids"].shape
                 R = heads_per_pass or max(1, ABLATION_TOKENS // (B * T))
+                with _recorded(blocks) as outputs:  # this batch's block outputs, replayed below each pass
+                    _run(model, batch)
                 for group in _passes(cells, R):  # [(index into cells, (layer, head)), ...]
-                    change = _ablated(model, batch, [cell for _, cell in group], intact[b],
+                    change = _ablated(model, batch, [cell for _, cell in group], intact[b], blocks, outputs,
                                       means if mode == "mean" else None)
                     total[[n for n, _ in group]] += change
+                del outputs
             denominator = len(texts) if _objective(model) == "cosine" else tokens
             for n, (layer, h) in enumerate(cells):
                 effect[layer, h] = total[n] / denominator
@@ -250,20 +254,17 @@ def _intact(model: HFModel, batches: list[dict[str, Tensor]], *, need_means: boo
         total = (out * keep).sum(dim=(0, 2)).double()  # (H, Dv)
         sums[layer] = total if layer not in sums else sums[layer] + total
 
-    blocks = _blocks(model)
     results, tokens = [], 0
     for batch in batches:
         valid_box[:] = [batch["attention_mask"].bool()]
-        with _recorded(blocks) as outputs:
-            if need_means:
-                with AttentionCapture(model.model, add):
-                    terms = _run(model, batch)
-                counted[0] += float(batch["attention_mask"].sum())
-            else:
+        if need_means:
+            with AttentionCapture(model.model, add):
                 terms = _run(model, batch)
+            counted[0] += float(batch["attention_mask"].sum())
+        else:
+            terms = _run(model, batch)
         tokens += _count(model, batch)
-        results.append({"terms": terms, "sum": terms.sum() if terms.dim() == 1 else torch.tensor(0.0),
-                        "blocks": blocks, "outputs": outputs})
+        results.append({"terms": terms, "sum": terms.sum() if terms.dim() == 1 else torch.tensor(0.0)})
     means = None
     if need_means:
         means = torch.stack([sums[layer] for layer in range(L)]) / counted[0]  # (L, H, Dv)
@@ -272,7 +273,7 @@ def _intact(model: HFModel, batches: list[dict[str, Tensor]], *, need_means: boo
 
 
 def _ablated(model: HFModel, batch: dict[str, Tensor], group: list[tuple[int, int]], intact: dict[str, Tensor],
-             means: Tensor | None) -> Tensor:
+             blocks: list[nn.Module] | None, outputs: list, means: Tensor | None) -> Tensor:
     """The objective change, summed over the batch, for each head of ``group`` removed alone: (len(group),).
 
     The blocks below the group's lowest layer compute what they computed in the intact run, for
@@ -285,7 +286,6 @@ def _ablated(model: HFModel, batch: dict[str, Tensor], group: list[tuple[int, in
         gates[layer, r * B:(r + 1) * B, h] = 0
     repeated = {k: v.repeat(R, *([1] * (v.dim() - 1))) for k, v in batch.items()}
     lowest = min(layer for layer, _ in group)
-    blocks, outputs = intact.get("blocks"), intact.get("outputs")
     with HeadGates(model.model, gates, replacement=None if means is None else means.float()), \
             _replayed(blocks[:lowest] if blocks else [], outputs or [], R):
         terms = _run(model, repeated)  # (R·B,) or (R·B, D)
