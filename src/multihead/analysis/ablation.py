@@ -99,30 +99,34 @@ def ablation_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence[st
         if not (0 <= layer < L and 0 <= h < H):
             raise ValueError(f"head ({layer}, {h}) is outside the model's {L} x {H} heads")
     batches = _batches(model, texts, batch_size)
+    tokens = sum(_count(model, batch) for batch in batches)
+    blocks = _blocks(model)
+    totals = {mode: torch.zeros(len(cells), dtype=torch.float64) for mode in modes}
+    intact_sum = 0.0
     with torch.inference_mode():
-        intact, means, tokens = _intact(model, batches, need_means="mean" in modes)
-        found: dict[str, Tensor] = {}
-        for mode in modes:
-            effect = torch.full((L, H), float("nan"), dtype=torch.float64)
-            total = torch.zeros(len(cells), dtype=torch.float64)
-            blocks = _blocks(model)
-            for b, batch in enumerate(bar(batches, desc=f"{mode} ablation", unit="batch", progress=progress)):
-                B, T = batch["input_ids"].shape
-                R = heads_per_pass or max(1, ABLATION_TOKENS // (B * T))
-                with _recorded(blocks) as outputs:  # this batch's block outputs, replayed below each pass
-                    _run(model, batch)
+        means = _head_means(model, batches) if "mean" in modes else None
+        for batch in bar(batches, desc="ablation", unit="batch", progress=progress):
+            B, T = batch["input_ids"].shape
+            R = heads_per_pass or max(1, ABLATION_TOKENS // (B * T))
+            with _recorded(blocks) as outputs:  # the intact run; its block outputs are replayed below each pass
+                intact = _run(model, batch)  # (B,) summed losses or (B, D) pooled states
+            if intact.dim() == 1:
+                intact_sum += float(intact.sum())
+            for mode in modes:
                 for group in _passes(cells, R):  # [(index into cells, (layer, head)), ...]
-                    change = _ablated(model, batch, [cell for _, cell in group], intact[b], blocks, outputs,
+                    change = _ablated(model, batch, [cell for _, cell in group], intact, blocks, outputs,
                                       means if mode == "mean" else None)
-                    total[[n for n, _ in group]] += change
-                del outputs
-            denominator = len(texts) if _objective(model) == "cosine" else tokens
-            for n, (layer, h) in enumerate(cells):
-                effect[layer, h] = total[n] / denominator
-            found[mode] = effect
-    base = sum(float(i["sum"]) for i in intact) / (len(texts) if _objective(model) == "cosine" else tokens)
+                    totals[mode][[n for n, _ in group]] += change
+            del outputs
+    denominator = len(texts) if _objective(model) == "cosine" else tokens
+    found: dict[str, Tensor] = {}
+    for mode, total in totals.items():
+        effect = torch.full((L, H), float("nan"), dtype=torch.float64)
+        for n, (layer, h) in enumerate(cells):
+            effect[layer, h] = total[n] / denominator
+        found[mode] = effect
     return AblationEffects(found.get("zero", torch.full((L, H), float("nan"), dtype=torch.float64)),
-                           found.get("mean"), objective_name(model), base, len(texts), tokens)
+                           found.get("mean"), objective_name(model), intact_sum / denominator, len(texts), tokens)
 
 
 def attribution_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence[str] = ("zero", "mean"),
@@ -143,8 +147,9 @@ def attribution_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence
                          "model (gradient 0): measure this model with ablation_effects")
     texts = list(texts)
     batches = _batches(model, texts, batch_size)
+    tokens = sum(_count(model, batch) for batch in batches)
     with torch.inference_mode():
-        _, means, tokens = _intact(model, batches, need_means="mean" in modes)
+        means = _head_means(model, batches) if "mean" in modes else None
     L, H = model.num_layers, model.num_heads
     found = {}
     params = [p for p in model.model.parameters() if p.requires_grad]
@@ -240,13 +245,9 @@ def _count(model: HFModel, batch: dict[str, Tensor]) -> int:
     return int(batch["input_ids"].shape[0])
 
 
-def _intact(model: HFModel, batches: list[dict[str, Tensor]], *, need_means: bool
-            ) -> tuple[list[dict[str, Tensor]], Tensor | None, int]:
-    """Each batch's intact objective terms, every head's mean output over real tokens (L, H, Dv)
-    when asked, and the number of terms."""
-    L, H = model.num_layers, model.num_heads
+def _head_means(model: HFModel, batches: list[dict[str, Tensor]]) -> Tensor:
+    """Every head's mean output (before W^O) over the real tokens of all batches: (L, H, Dv)."""
     sums: dict[int, Tensor] = {}
-    counted = [0.0]
     valid_box: list[Tensor] = []
 
     def add(layer: int, weights: Tensor, out: Tensor, visible: Tensor) -> None:
@@ -254,25 +255,15 @@ def _intact(model: HFModel, batches: list[dict[str, Tensor]], *, need_means: boo
         total = (out * keep).sum(dim=(0, 2)).double()  # (H, Dv)
         sums[layer] = total if layer not in sums else sums[layer] + total
 
-    results, tokens = [], 0
-    for batch in batches:
-        valid_box[:] = [batch["attention_mask"].bool()]
-        if need_means:
-            with AttentionCapture(model.model, add):
-                terms = _run(model, batch)
-            counted[0] += float(batch["attention_mask"].sum())
-        else:
-            terms = _run(model, batch)
-        tokens += _count(model, batch)
-        results.append({"terms": terms, "sum": terms.sum() if terms.dim() == 1 else torch.tensor(0.0)})
-    means = None
-    if need_means:
-        means = torch.stack([sums[layer] for layer in range(L)]) / counted[0]  # (L, H, Dv)
-        assert means.shape[:2] == (L, H)
-    return results, means, tokens
+    with AttentionCapture(model.model, add):
+        for batch in batches:
+            valid_box[:] = [batch["attention_mask"].bool()]
+            _run(model, batch)
+    counted = sum(float(batch["attention_mask"].sum()) for batch in batches)
+    return torch.stack([sums[layer] for layer in range(model.num_layers)]) / counted  # (L, H, Dv)
 
 
-def _ablated(model: HFModel, batch: dict[str, Tensor], group: list[tuple[int, int]], intact: dict[str, Tensor],
+def _ablated(model: HFModel, batch: dict[str, Tensor], group: list[tuple[int, int]], intact: Tensor,
              blocks: list[nn.Module] | None, outputs: list, means: Tensor | None) -> Tensor:
     """The objective change, summed over the batch, for each head of ``group`` removed alone: (len(group),).
 
@@ -290,9 +281,9 @@ def _ablated(model: HFModel, batch: dict[str, Tensor], group: list[tuple[int, in
             _replayed(blocks[:lowest] if blocks else [], outputs or [], R):
         terms = _run(model, repeated)  # (R·B,) or (R·B, D)
     if terms.dim() == 2:  # pooled states: 1 - cosine to the intact ones
-        change = 1 - F.cosine_similarity(terms.double(), intact["terms"].double().repeat(R, 1), dim=-1)
+        change = 1 - F.cosine_similarity(terms.double(), intact.double().repeat(R, 1), dim=-1)
     else:
-        change = terms - intact["terms"].repeat(R)
+        change = terms - intact.repeat(R)
     return change.view(R, B).sum(-1)
 
 

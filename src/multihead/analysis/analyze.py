@@ -135,10 +135,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     sections: dict[str, dict] = {}
     if corpus.long is not None:  # long inputs: how far each head looks (multihead.analysis.longcontext)
         means.update(corpus.long.means())
-        limit = model.max_positions if truncate else None
-        encoded = model.tokenizer(list(texts), truncation=bool(limit), max_length=limit, verbose=False)
-        longest = max(len(ids) for ids in encoded["input_ids"])
-        sections["long_context"] = {"chunk": chunk, "longest_tokens": longest}
+        sections["long_context"] = {"chunk": chunk, "longest_tokens": corpus.long.longest}
         if model.is_causal and getattr(model.model, "get_output_embeddings", lambda: None)() is not None:
             from .retrieval import PROBE, retrieval_scores
 

@@ -27,7 +27,7 @@ import math
 import torch
 from torch import Tensor
 
-from .metrics import TokenInfo
+from .metrics import TokenInfo, real_positions
 
 __all__ = ["BINS", "LONG_METRICS", "LongContextStatistics"]
 
@@ -47,17 +47,18 @@ class LongContextStatistics:
         self.sums = torch.zeros(len(_ROW_METRICS), num_layers, num_heads, dtype=torch.float64)  # the row metrics
         self.rows = torch.zeros(num_layers, dtype=torch.float64)
         self.histogram = torch.zeros(num_layers, num_heads, BINS, dtype=torch.float64)
+        self.longest = 0  # real tokens of the longest text seen
 
     def update(self, layer: int, weights: Tensor, tokens: TokenInfo, start: int = 0) -> None:
         """weights (B, H, C, K): query rows ``start`` .. ``start + C`` of a self-attention over T
         tokens, over its first K <= T keys (keys K.. get no weight)."""
-        B, _, C, _ = weights.shape
+        C = weights.shape[2]
         p = weights.detach().float()  # (B, H, C, K)
         valid = tokens.valid.to(p.device)  # (B, T)
-        T = valid.shape[-1]
-        pos = valid.long().cumsum(-1) - 1  # (B, T) position among real tokens
+        pos, prefix = real_positions(valid)  # (B, T) position among real tokens
         rows = valid[:, start:start + C].to(torch.float32)  # (B, C) real query rows
-        prefix = bool((pos[valid] == torch.arange(T, device=p.device).expand(B, T)[valid]).all())
+        if start == 0:  # once per layer and batch
+            self.longest = max(self.longest, int(valid.sum(-1).max()))
         values, hist = (_by_prefix_sums if prefix else _by_offsets)(p, valid, pos, start)
         weighted = (values * rows[:, None, :, None]).sum(dim=(0, 2))  # (H, 8)
         self.sums[:, layer] += weighted.T.to(torch.float64).cpu()
@@ -65,6 +66,7 @@ class LongContextStatistics:
         self.histogram[layer] += (hist * rows[:, None, :, None]).sum(dim=(0, 2)).to(torch.float64).cpu()
 
     def merge(self, other: LongContextStatistics) -> None:
+        self.longest = max(self.longest, other.longest)
         self.sums += other.sums
         self.rows += other.rows
         self.histogram += other.histogram

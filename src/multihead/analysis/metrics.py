@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["METRICS", "HeadStatistics", "TokenInfo"]
+__all__ = ["METRICS", "HeadStatistics", "TokenInfo", "real_positions"]
 
 METRICS = ("entropy", "entropy_norm", "distance", "self", "previous_token", "next_token", "local", "cls", "sep",
            "punctuation", "max_weight", "kl_uniform", "vertical")
@@ -46,6 +46,15 @@ class TokenInfo:
     first: Tensor  # the first real token of its sequence ([CLS] / BOS position)
     separator: Tensor  # [SEP] / EOS
     punctuation: Tensor
+
+
+def real_positions(valid: Tensor) -> tuple[Tensor, bool]:
+    """Each token's index among the real tokens of its row, (B, T), and whether the real tokens
+    are the first ones of every row (right padding or none), so offsets are plain diagonals."""
+    pos = valid.long().cumsum(-1) - 1  # (B, T)
+    T = valid.shape[-1]
+    prefix = bool((pos[valid] == torch.arange(T, device=valid.device).expand_as(pos)[valid]).all())
+    return pos, prefix
 
 
 class HeadStatistics:
@@ -83,8 +92,7 @@ class HeadStatistics:
         n_vis = vis.sum(-1).expand(B, H, C).float()  # (B, H, C)
         rows = q_valid[:, None, :].expand(B, H, C)  # (B, H, C) rows that count
 
-        pos = valid.long().cumsum(-1) - 1  # (B, T) index among real tokens
-        prefix = bool((pos[valid] == torch.arange(T, device=dev).expand(B, T)[valid]).all())
+        pos, prefix = real_positions(valid)
         # -Σ p ln p, with 0·ln 0 = 0 (ln 0 = -inf is clamped to a finite number that 0 multiplies
         # away); one log pass, the cost that remains (torch.special.entr is ~1.5x slower on the CPU)
         logp = p.log().clamp_min_(-1e30)  # (B, H, C, K)

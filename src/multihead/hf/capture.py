@@ -278,7 +278,7 @@ def _chunked(capture: AttentionCapture, module: nn.Module, query: Tensor, key: T
                                  None if rows is None else from_tensor(rows), scale=scaling, need_weights=True,
                                  backend="math", softcap=softcap, sinks=sinks)  # (B, H, c, Dv), (B, H, c, K)
         if gates is not None:
-            out = scale_heads(out, gates)
+            out = _gated(module, out, gates)
         visible = _visible(None if rows is None else from_tensor(rows), stop - start, K, query.device)
         capture.callback(layer, weights, out, visible, start)
         outs.append(out)

@@ -8,19 +8,14 @@ from torch import Tensor
 from ..hf.capture import AttentionCapture
 from ..hf.load import HFModel
 
-__all__ = ["attention_maps", "readable_tokens"]
+__all__ = ["attention_maps", "encode_text", "readable_tokens"]
 
 
 def attention_maps(model: HFModel, text: str, *, max_tokens: int | None = None) -> tuple[list[str], Tensor]:
     """The tokens of ``text`` and every head's attention: (L, H, T, T) float32, captured layer by layer."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError("attention_maps needs a non-empty text")
-    tok = model.tokenizer
-    limit = max_tokens or model.max_positions
-    fast = bool(getattr(tok, "is_fast", False))
-    enc = tok(text, return_tensors="pt", truncation=limit is not None, max_length=limit, return_offsets_mapping=fast)
-    offsets = enc.pop("offset_mapping")[0].tolist() if fast else None
-    tokens = readable_tokens(tok, enc["input_ids"][0].tolist(), text, offsets)
+    enc, tokens = encode_text(model, text, max_tokens=max_tokens)
     maps: dict[int, Tensor] = {}
 
     def keep(layer: int, weights: Tensor, out: Tensor, visible: Tensor) -> None:
@@ -29,6 +24,17 @@ def attention_maps(model: HFModel, text: str, *, max_tokens: int | None = None) 
     with AttentionCapture(model.model, keep), torch.inference_mode():
         model.body(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
     return tokens, torch.stack([maps[k] for k in sorted(maps)])
+
+
+def encode_text(model: HFModel, text: str, *, max_tokens: int | None = None) -> tuple[dict, list[str]]:
+    """``text`` encoded for the model (a batch of one, cut at ``max_tokens`` or the model's
+    positions) and its tokens as people read them."""
+    tok = model.tokenizer
+    limit = max_tokens or model.max_positions
+    fast = bool(getattr(tok, "is_fast", False))
+    enc = tok(text, return_tensors="pt", truncation=limit is not None, max_length=limit, return_offsets_mapping=fast)
+    offsets = enc.pop("offset_mapping")[0].tolist() if fast else None
+    return enc, readable_tokens(tok, enc["input_ids"][0].tolist(), text, offsets)
 
 
 def readable_tokens(tok, ids: list[int], text: str, offsets: list | None = None) -> list[str]:

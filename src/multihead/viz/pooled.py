@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ..hf.capture import AttentionCapture
 from ..hf.load import HFModel
-from .maps import readable_tokens
+from .maps import encode_text
 
 __all__ = ["LONG_TEXT", "POOLED_CELLS", "pooled_maps", "streamed_page_text", "top_k_for"]
 
@@ -80,13 +80,8 @@ def streamed_page_text(model: HFModel, text: str, *, chunk: int = 256, top_k: in
     of ``chunk`` query rows: peak memory O(H·chunk·T) per layer plus L·H·T·k stored bytes."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError("the page needs a non-empty text")
-    tok = model.tokenizer
-    limit = model.max_positions
-    fast = bool(getattr(tok, "is_fast", False))
-    enc = tok(text, return_tensors="pt", truncation=limit is not None, max_length=limit, return_offsets_mapping=fast)
-    offsets = enc.pop("offset_mapping")[0].tolist() if fast else None
+    enc, tokens = encode_text(model, text)
     ids = enc["input_ids"]
-    tokens = readable_tokens(tok, ids[0].tolist(), text, offsets)
     L, H, T = model.num_layers, model.num_heads, ids.shape[1]
     k = min(T, top_k or top_k_for(L * H, T))
     block = max(1, math.ceil(T / POOLED_CELLS))
@@ -95,6 +90,7 @@ def streamed_page_text(model: HFModel, text: str, *, chunk: int = 256, top_k: in
     values = torch.zeros(L, H, T, k, dtype=torch.uint8)
     mass = torch.zeros(L, H, cells, cells)
     largest = torch.zeros(L, H, cells, cells)
+    rows = torch.zeros(cells)  # query rows per row block (counted on layer 0)
 
     def keep(layer: int, weights: Tensor, out: Tensor, visible: Tensor, start: int = 0) -> None:
         w = weights[0].detach().float()  # (H, c, K)
@@ -102,15 +98,15 @@ def streamed_page_text(model: HFModel, text: str, *, chunk: int = 256, top_k: in
         top, where = w.topk(min(k, w.shape[-1]), dim=-1)  # (H, c, k')
         index[layer, :, start:start + c, :top.shape[-1]] = where.to(torch.int32).cpu()
         values[layer, :, start:start + c, :top.shape[-1]] = (top.clamp(0, 1) * 255).round().to(torch.uint8).cpu()
-        total, big, _ = pooled_maps(w, start, block, cells)
+        total, big, counted = pooled_maps(w, start, block, cells)
         mass[layer] += total.cpu()
+        if layer == 0:
+            rows.add_(counted.cpu())
         torch.maximum(largest[layer], big.cpu(), out=largest[layer])
 
     with AttentionCapture(model.model, keep, chunk=min(chunk, T)), torch.inference_mode():
         model.body(input_ids=ids, attention_mask=enc["attention_mask"])
-    rows_per_block = torch.full((cells,), float(block))
-    rows_per_block[-1] = T - block * (cells - 1)
-    mass /= rows_per_block.view(1, 1, cells, 1)  # mean row mass per block, in [0, 1]
+    mass /= rows.view(1, 1, cells, 1)  # mean row mass per block, in [0, 1]
     scale = mass.flatten(2).amax(-1).clamp_min(1e-12)  # (L, H) each head's largest block mass
     mass_q = (mass / scale[..., None, None]).sqrt().mul(255).round().to(torch.uint8)
     largest_q = largest.clamp(0, 1).sqrt().mul(255).round().to(torch.uint8)
