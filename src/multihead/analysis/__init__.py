@@ -1,9 +1,11 @@
 """Per-head diagnostics of real models: capture, metrics, patterns, reports."""
 
 from .analyze import CorpusStatistics, analyze, collect_statistics
+from .direct import direct_logit_attribution
 from .gradients import GradientMonitor
 from .metrics import METRICS, HeadStatistics, TokenInfo
 from .output import REPORT_FILES, check_report_folder, write_report_folder
+from .patching import Patching, patch, patch_heads
 from .patterns import flags_for, label_for
 from .redundancy import RedundancyStatistics, clusters, most_redundant
 from .report import SCHEMA, HeadRecord, Report
@@ -16,6 +18,7 @@ __all__ = [
            "GradientMonitor",
            "HeadRecord",
            "HeadStatistics",
+           "Patching",
            "RedundancyStatistics",
            "Report",
            "TokenInfo",
@@ -23,8 +26,11 @@ __all__ = [
            "check_report_folder",
            "clusters",
            "collect_statistics",
+           "direct_logit_attribution",
            "flags_for",
            "label_for",
            "most_redundant",
+           "patch",
+           "patch_heads",
            "write_report_folder",
 ]

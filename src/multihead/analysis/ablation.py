@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..hf.capture import AttentionCapture
-from ..hf.gates import HeadGates, self_attention_sites
+from ..hf.gates import HeadGates, gate_gradients_only, self_attention_sites
 from ..hf.load import HFModel, require_loaded, right_padding
 from ..progress import bar
 
@@ -152,19 +152,13 @@ def attribution_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence
         means = _head_means(model, batches) if "mean" in modes else None
     L, H = model.num_layers, model.num_heads
     found = {}
-    params = [p for p in model.model.parameters() if p.requires_grad]
-    try:
-        for p in params:  # only the gates' gradient is wanted: the weights' would double the backward
-            p.requires_grad_(False)
+    with gate_gradients_only(model.model):
         for mode in modes:
             gates = torch.ones(L, H, requires_grad=True)
             with HeadGates(model.model, gates, replacement=means.float() if mode == "mean" else None):
                 for batch in batches:
                     (_run(model, batch).sum() / tokens).backward()
             found[f"{mode}_ablation"] = -gates.grad.double()
-    finally:
-        for p in params:
-            p.requires_grad_(True)
     return found
 
 

@@ -33,8 +33,8 @@ IMPLEMENTATION = "multihead_capture"
 GATE_ATTRIBUTE = "_multihead_gate"
 #: attribute holding a callable that returns the heads to replace by uniform attention
 UNIFORM_ATTRIBUTE = "_multihead_uniform"
-#: attribute holding a callable that returns (H, Dv) outputs that gated-off heads are replaced by
-#: (mean ablation: out = ξ·out + (1 − ξ)·mean; see .gates)
+#: attribute holding a callable that returns the outputs gated-off heads are replaced by: (H, Dv)
+#: (mean ablation: out = ξ·out + (1 − ξ)·mean) or (B, H, T, Dv) (activation patching); see .gates
 REPLACEMENT_ATTRIBUTE = "_multihead_replacement"
 #: attribute holding a Mask every call of the module intersects with its own (see .replace)
 EXTRA_MASK_ATTRIBUTE = "_multihead_extra_mask"
@@ -235,15 +235,20 @@ def _capture_attention(module: nn.Module, query: Tensor, key: Tensor, value: Ten
 
 def _gated(module: nn.Module, out: Tensor, gates: Tensor) -> Tensor:
     """Head outputs (B, H, T, Dv) times their gates (H,) or (B, H) — plus, where the module holds
-    replacement outputs (mean ablation), (1 − ξ) times those."""
+    replacement outputs, (1 − ξ) times those: (H, Dv) the same at every position (mean ablation)
+    or (B, H, T, Dv) per example and position (activation patching: another run's outputs)."""
     gated = scale_heads(out, gates)
     replacement = getattr(module, REPLACEMENT_ATTRIBUTE, None)
     if replacement is None:
         return gated
-    fill = replacement().to(out.dtype)  # (H, Dv)
+    fill = replacement().to(out.dtype)  # (H, Dv) or (B, H, T, Dv)
+    if fill.dim() == 2:
+        fill = fill[:, None, :]  # (H, 1, Dv)
+    elif fill.shape[-2] != out.shape[-2]:  # a streamed chunk of rows: the same rows of the replacement
+        raise ValueError("per-position replacement outputs need the whole sequence in one call (no chunked capture)")
     rest = (1 - gates).to(out.dtype)  # (H,) or (B, H)
     rest = rest[:, None, None] if rest.dim() == 1 else rest[:, :, None, None]  # (H|B, …, 1, 1)
-    return gated + rest * fill[:, None, :]  # (B, H, T, Dv)
+    return gated + rest * fill  # (B, H, T, Dv)
 
 
 def _chunked(capture: AttentionCapture, module: nn.Module, query: Tensor, key: Tensor, value: Tensor,

@@ -10,6 +10,8 @@ gate. ``values`` may also hold one gate per example, (L, B, H), which is how
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -19,7 +21,7 @@ from .capture import GATE_ATTRIBUTE, REPLACEMENT_ATTRIBUTE, UNIFORM_ATTRIBUTE, r
 from .load import ModelLike, as_module
 from .sites import AttentionSite, UnsupportedModelError, find_sites, main_stack
 
-__all__ = ["HeadGates", "self_attention_sites"]
+__all__ = ["HeadGates", "gate_gradients_only", "self_attention_sites"]
 
 
 def self_attention_sites(model: ModelLike, stack: str | None = None) -> list[AttentionSite]:
@@ -29,6 +31,20 @@ def self_attention_sites(model: ModelLike, stack: str | None = None) -> list[Att
     return [s for s in sites if s.stack == stack]
 
 
+@contextlib.contextmanager
+def gate_gradients_only(model: ModelLike) -> Iterator[None]:
+    """While inside, the model's weights take no gradient: a backward pass then computes only what
+    the gates (or other inputs) need, not the weights' gradients too (half the backward)."""
+    params = [p for p in as_module(model).parameters() if p.requires_grad]
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
 class HeadGates:
     """Gates ξ (L, H) — or (L, B, H) per example — on a transformers model; use as a context
     manager or call :meth:`remove`. ``stack``: which stack's heads (default: the model's only
@@ -36,8 +52,10 @@ class HeadGates:
 
     def __init__(self, model: ModelLike, values: Tensor | None = None, *, stack: str | None = None,
                  replacement: Tensor | None = None) -> None:
-        """``replacement``: (L, H, Dv) outputs a gated-off head is replaced by — ``out = ξ·out +
-        (1 − ξ)·replacement`` — e.g. each head's mean output (mean ablation); default zeros."""
+        """``replacement``: the outputs a gated-off head is replaced by — ``out = ξ·out +
+        (1 − ξ)·replacement`` — (L, H, Dv), e.g. each head's mean output (mean ablation), or
+        (L, B, H, T, Dv) per example and position, e.g. another run's outputs (activation
+        patching); default zeros."""
         model = as_module(model)
         self.model = model
         #: (layer, head) pairs whose attention is replaced by uniform attention over visible keys
@@ -59,9 +77,12 @@ class HeadGates:
             for index, layer in enumerate(self.modules):
                 layer._gate_override = self._gate_of(index)
             return
-        if replacement is not None and replacement.shape[:2] != (self.num_layers, self.num_heads):
-            raise ValueError(f"replacement must be (L, H, Dv) with L, H = {self.num_layers}, {self.num_heads}; "
-                             f"got {tuple(replacement.shape)}")
+        if replacement is not None and not (
+                (replacement.dim() == 3 and replacement.shape[:2] == (self.num_layers, self.num_heads))
+                or (replacement.dim() == 5 and replacement.shape[0] == self.num_layers
+                    and replacement.shape[2] == self.num_heads)):
+            raise ValueError(f"replacement must be (L, H, Dv) or (L, B, H, T, Dv) with L, H = {self.num_layers}, "
+                             f"{self.num_heads}; got {tuple(replacement.shape)}")
         for index, module in enumerate(self.modules):
             setattr(module, GATE_ATTRIBUTE, self._gate_of(index))
             setattr(module, UNIFORM_ATTRIBUTE, self._uniform_of(index))

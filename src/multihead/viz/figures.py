@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from ..analysis.report import Report
 
-__all__ = ["cjk_font", "head_heatmap", "image_attention_grid", "layer_grid", "model_grid", "save",
+__all__ = ["cjk_font", "head_heatmap", "image_attention_grid", "layer_grid", "model_grid", "rollout_grid", "save",
            "similarity_matrix"]
 
 
@@ -62,6 +62,43 @@ def head_heatmap(weights: Tensor, tokens: Sequence[str] | None = None, key_token
     if title:
         ax.set_title(title)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    return fig
+
+
+@styled
+def rollout_grid(tokens: Sequence[str], rollout: Tensor, flow: Tensor | None = None, *,
+                 layers: Sequence[int] | None = None, title: str = "") -> Figure:
+    """Attention rollout (and flow) of one text, (L, T, T) each, at a few layers (default: the
+    first, the middle and the last): rows are positions, columns the input tokens they draw on
+    (:mod:`multihead.analysis.rollout`; residual convention Â = ½·I + ½·mean_h A)."""
+    rolled = _matrix(rollout, 3, "rollout")
+    L, T, _ = rolled.shape
+    shown = list(layers) if layers is not None else sorted({0, L // 2, L - 1})
+    if any(not 0 <= layer < L for layer in shown):
+        raise ValueError(f"layers must be in 0..{L - 1}; got {shown}")
+    kinds = [("rollout", rolled)] + ([("flow", _matrix(flow, 3, "flow"))] if flow is not None else [])
+    names = _labels(tokens, T, "input")
+    fig, axes = new_figure(len(kinds), len(shown), figsize=(3.4 * len(shown), 3.4 * len(kinds)), dpi=100,
+                           squeeze=False)
+    for row, (kind, values) in enumerate(kinds):
+        for col, layer in enumerate(shown):
+            ax = axes[row][col]
+            if bool(values[layer].isnan().all()):  # flow is solved only at the layers asked for
+                ax.text(0.5, 0.5, f"{kind} not solved\nafter layer {layer}", ha="center", va="center", fontsize=9)
+                ax.axis("off")
+                continue
+            m = values[layer].nan_to_num(0.0)  # (T, T)
+            ax.imshow(m.numpy(), cmap="viridis", vmin=0, vmax=max(float(m.max()), 1e-6), aspect="auto")
+            ax.set_title(f"{kind} after layer {layer}", fontsize=9)
+            if T <= 32:  # token labels only while they stay legible
+                ax.set_xticks(range(T), names, rotation=90, fontsize=6)
+                ax.set_yticks(range(T), names, fontsize=6)
+            else:
+                ax.set_xticks([])
+                ax.set_yticks([])
+    fig.suptitle(title or "attention rollout" + (" and flow" if flow is not None else "") +
+                 " (residual ½·I + ½·mean over heads)", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -2,7 +2,8 @@
 
 Views: model (L x H thumbnails titled with labels; a click opens the head), head (lines from each
 token to what it attends to, heads toggled by colour), matrix (one head's heatmap, the value
-under the pointer, PNG/SVG export), the sortable head table with every metric of a
+under the pointer, PNG/SVG export), rollout (attention rollout and flow of the text through the
+layers, :mod:`multihead.analysis.rollout`), the sortable head table with every metric of a
 :class:`~multihead.Report`, and the head x head similarity with its clusters. Several sentences
 in one page, chosen from a list.
 
@@ -32,6 +33,12 @@ from .pooled import LONG_TEXT, streamed_page_text
 if TYPE_CHECKING:
     from ..analysis.report import Report
     from ..hf.load import HFModel
+
+#: Rollout is stored for texts up to this many tokens (L·T² bytes each).
+ROLLOUT_TOKENS = 64
+#: Attention flow (after the last layer) is solved for a text when L·T⁴ stays within this: the cost
+#: of its T² maximum flows on a graph of L·T² edges (about 3 s at the budget on one core).
+FLOW_BUDGET = 2_000_000
 
 __all__ = ["AttentionPage", "attention_page", "page_data", "page_html", "view_page", "write_page"]
 
@@ -93,7 +100,9 @@ def page_data(sentences: Sequence[tuple[str, Sequence[str], Tensor] | dict], rep
         T = len(tokens)
         k = top_k or (16 if L * H * T > 20_000 else 32)
         idx, val, k = _sparse_rows(maps, k)
-        rows.append({"text": text, "tokens": list(tokens), "k": k, "index": idx, "values": val})
+        row = {"text": text, "tokens": list(tokens), "k": k, "index": idx, "values": val}
+        row.update(_rollout_entry(maps))
+        rows.append(row)
     data: dict = {"num_layers": L, "num_heads": H, "sentences": rows, "metric_names": [], "heads": [],
                   "long_text": LONG_TEXT}
     if report is not None:
@@ -111,6 +120,24 @@ def page_data(sentences: Sequence[tuple[str, Sequence[str], Tensor] | dict], rep
     return data
 
 
+def _rollout_entry(maps: Tensor) -> dict:
+    """The text's rollout at every layer and its flow after the last one, as bytes (0..255 = 0..1)
+    — or nothing where the text is too long for them (see ROLLOUT_TOKENS, FLOW_BUDGET)."""
+    from ..analysis.rollout import attention_flow, attention_rollout
+
+    L, T = maps.shape[0], maps.shape[-1]
+    if T > ROLLOUT_TOKENS:
+        return {}
+
+    def packed(values: Tensor) -> str:
+        return base64.b64encode((values.clamp(0, 1) * 255).round().to(torch.uint8).numpy().tobytes()).decode()
+
+    entry = {"rollout": packed(attention_rollout(maps))}  # (L, T, T)
+    if L * T ** 4 <= FLOW_BUDGET:
+        entry["flow"] = packed(attention_flow(maps, layers=[L - 1])[L - 1])  # (T, T)
+    return entry
+
+
 def page_body(data: dict) -> str:
     """The page as a fragment: a container with its own id, its data and its script."""
     from importlib.resources import files
@@ -125,6 +152,7 @@ def page_body(data: dict) -> str:
             '<button class="mh-tab active" data-view="model">model</button>'
             '<button class="mh-tab" data-view="head">head</button>'
             '<button class="mh-tab" data-view="matrix">matrix</button>'
+            '<button class="mh-tab" data-view="rollout">rollout</button>'
             '<button class="mh-tab" data-view="table">table</button>'
             '<button class="mh-tab" data-view="similarity">similarity</button>'
             ' <button class="mh-export-png">export PNG</button>'
@@ -137,6 +165,10 @@ def page_body(data: dict) -> str:
             '<option value="mass">block mass</option><option value="max">block max</option></select>'
             ' <button class="mh-zoom-out">zoom out</button> <button class="mh-zoom-all">whole map</button></div>'
             '<canvas class="mh-matrix"></canvas></div>'
+            '<div class="mh-view" data-view="rollout" style="display:none"><div class="mh-rollout-title"></div>'
+            '<select class="mh-rollout-mode" aria-label="rollout or flow"><option value="rollout">attention rollout'
+            '</option><option value="flow">attention flow</option></select><br>'
+            '<canvas class="mh-rollout"></canvas></div>'
             '<div class="mh-view" data-view="table" style="display:none"><table class="mh-table"></table></div>'
             '<div class="mh-view" data-view="similarity" style="display:none">'
             '<canvas class="mh-similarity"></canvas><ul class="mh-clusters"></ul></div>'

@@ -1,0 +1,104 @@
+"""Direct logit attribution: how much each head writes, straight into the answer's logit.
+
+In a decoder the last position's residual stream is a sum: the embedding, every head's output
+through W^O, every MLP's output. Its logits are ``W_U · norm(x)``. With the final norm's scale
+frozen at its value in the run (as is standard: the norm is then linear), each head's share of
+the logit difference is
+
+    DLA(l, h) = (W_U[answer] − W_U[wrong]) · (g ⊙ P(W^O_h · o_{l,h})) / s
+
+where ``o_{l,h}`` is the head's output at the last position (before W^O), ``W^O_h`` its columns
+of the output projection, ``g`` the norm's gain, ``P`` centring (LayerNorm; identity for
+RMSNorm) and ``s`` the norm's scale on the actual residual stream. The norm's bias, the LM head's
+bias and a final logit soft-cap (Gemma 2) belong to no head and are left out: DLA is in logits
+before any soft-cap. It measures only the direct path — a head that works through later layers
+(as most do) can matter without a large DLA; activation patching measures both.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..hf.capture import AttentionCapture
+from ..hf.load import HFModel, require_loaded
+from ..hf.sites import UnsupportedModelError
+
+__all__ = ["direct_logit_attribution", "final_norm"]
+
+
+def direct_logit_attribution(model: HFModel, text: str, answer: str, wrong: str) -> Tensor:
+    """(L, H) float64: each head's direct contribution to logit(answer) − logit(wrong) after ``text``."""
+    from .patching import _ids, single_token
+
+    model = require_loaded(model, "direct_logit_attribution")
+    if not model.is_causal:
+        raise ValueError("direct logit attribution reads decoders (the answer follows the last token)")
+    ids = _ids(model, text)
+    a, b = single_token(model.tokenizer, answer, "answer"), single_token(model.tokenizer, wrong, "wrong")
+    unembed = getattr(model.model, "get_output_embeddings", lambda: None)()
+    if unembed is None:
+        raise UnsupportedModelError(f"{type(model.model).__name__} has no output embedding (LM head) to attribute to")
+    norm = final_norm(model)
+    position = ids.shape[1] - 1
+    heads: dict[int, Tensor] = {}
+    residual: list[Tensor] = []
+    with torch.inference_mode():
+        with AttentionCapture(model.model, lambda layer, w, out, vis: heads.__setitem__(layer, out[0, :, position])) \
+                as capture:
+            hook = norm.register_forward_pre_hook(lambda _m, args: residual.append(args[0][0, position]))
+            try:
+                model.model(input_ids=ids, use_cache=False)
+            finally:
+                hook.remove()
+            w_o = {layer: capture.output_projection(layer) for layer in range(model.num_layers)}
+        gain, centred, scale = _frozen(norm, residual[-1].float())
+        direction = (unembed.weight[a] - unembed.weight[b]).double() * gain.double()  # (D,)
+        found = torch.zeros(model.num_layers, model.num_heads, dtype=torch.float64)
+        for layer in range(model.num_layers):
+            if w_o[layer] is None:
+                raise UnsupportedModelError(f"layer {layer} has no output projection W^O to follow")
+            out = heads[layer].double()  # (H, Dv)
+            H, Dv = out.shape
+            written = torch.einsum("dhv,hv->hd", w_o[layer].double().view(-1, H, Dv), out)  # (H, D)
+            if centred:
+                written = written - written.mean(-1, keepdim=True)
+            found[layer, :H] = written @ direction / scale  # (H,)
+    return found
+
+
+def final_norm(model: HFModel) -> nn.Module:
+    """The norm between the last block and the LM head (``norm``, ``ln_f``, ``final_layer_norm``...):
+    the last direct child of the base model that is a norm by class or by name."""
+    norms = [m for name, m in model.body.named_children()
+             if "norm" in type(m).__name__.lower() or "norm" in name or name == "ln_f"]
+    if not norms:
+        raise UnsupportedModelError(f"{type(model.body).__name__} has no final norm module (norm, ln_f, "
+                                    "final_layer_norm...) before its LM head")
+    return norms[-1]
+
+
+def _frozen(norm: nn.Module, x: Tensor) -> tuple[Tensor, bool, float]:
+    """The final norm as a linear map at ``x`` (D,): (gain (D,), centred, scale) such that
+    norm(v) ≈ gain ⊙ P(v) / scale + bias for the actual residual stream — checked against the
+    module's own output, so a norm of another form is refused rather than misread."""
+    with torch.no_grad():
+        want = norm(x[None].to(next(norm.parameters(), x).dtype)).float()[0]  # (D,)
+    D = x.shape[0]
+    weight = getattr(norm, "weight", None)
+    bias = getattr(norm, "bias", None)
+    eps = next((float(getattr(norm, n)) for n in ("eps", "variance_epsilon", "epsilon") if hasattr(norm, n)), 1e-6)
+    ones = torch.ones(D)
+    gains = [ones] if weight is None else [weight.detach().float(), 1 + weight.detach().float()]  # Gemma: 1 + w
+    shift = bias.detach().float() if isinstance(bias, Tensor) else torch.zeros(D)
+    tolerance = 1e-4 * (1 + float(want.abs().max()))
+    for centred in (False, True):
+        v = x - x.mean() if centred else x
+        scale = float(torch.sqrt((v * v).mean() + eps))
+        for gain in gains:
+            if float((gain * v / scale + shift - want).abs().max()) <= tolerance:
+                return gain, centred, scale
+    if isinstance(norm, nn.Identity) or float((x - want).abs().max()) <= tolerance:
+        return ones, False, 1.0
+    raise UnsupportedModelError(f"the final norm {type(norm).__name__} is neither a LayerNorm nor an RMSNorm as "
+                                "multihead knows them; its direct logit attribution cannot be read exactly")

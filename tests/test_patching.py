@@ -1,0 +1,171 @@
+"""Activation patching and direct logit attribution: identical runs restore nothing, every head
+restores everything, attribution patching is exact where the model is linear in the patched head,
+DLA decomposes the logit difference, and the shipped examples point the expected way on SmolLM2."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import run_cli
+from multihead.analysis.direct import _frozen, direct_logit_attribution, final_norm
+from multihead.analysis.patching import EXAMPLES, patch, patch_heads
+from multihead.hf.load import HFModel
+
+pytestmark = pytest.mark.slow
+
+CLEAN, CORRUPT, ANSWER, WRONG = EXAMPLES["capital"]
+
+
+def _tiny_llama(tokenizer, layers: int, *, linear: bool) -> HFModel:
+    """A small random Llama over SmolLM2's tokenizer. ``linear``: MLPs write nothing and the final
+    norm is the identity, so the logits are linear in the last layer's head outputs."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for block in model.model.layers:
+            block.mlp.down_proj.weight.zero_()  # MLPs write nothing into the residual stream
+        model.model.norm.weight.uniform_(0.5, 1.5)
+    if linear:
+        model.model.norm = nn.Identity()
+    return HFModel(model, tokenizer, "tiny-llama", Path("."), True, layers, 4, 2, 64)
+
+
+def test_patching_an_identical_run_restores_nothing(smollm2):
+    same = patch(smollm2, CLEAN, CLEAN, ANSWER, WRONG)
+    assert same.change.abs().max() < 1e-4
+    with pytest.raises(ValueError, match="nothing to restore"):
+        same.restored  # noqa: B018
+
+
+def test_patching_every_head_restores_the_clean_run(smollm2):
+    L, H = smollm2.num_layers, smollm2.num_heads
+    result = patch(smollm2, CLEAN, CORRUPT, ANSWER, WRONG, heads_per_pass=135)
+    assert result.clean_diff > 0 > result.corrupt_diff  # the capital example's answer flips
+    every = patch_heads(smollm2, CLEAN, CORRUPT, ANSWER, WRONG, [(layer, h) for layer in range(L) for h in range(H)])
+    assert every == pytest.approx(result.clean_diff, abs=2e-3)
+    assert patch_heads(smollm2, CLEAN, CORRUPT, ANSWER, WRONG, []) == pytest.approx(result.corrupt_diff, abs=2e-3)
+    # each head alone, batched, equals that head patched in a pass of its own
+    (layer, h), share = result.top(1)[0]
+    alone = patch_heads(smollm2, CLEAN, CORRUPT, ANSWER, WRONG, [(layer, h)])
+    assert (alone - result.corrupt_diff) / result.gap == pytest.approx(share, abs=2e-3)
+    assert share > 0.3  # one head carries much of the country → capital recall
+
+
+def test_attribution_patching_is_exact_where_the_model_is_linear_in_the_head(smollm2):
+    tiny = _tiny_llama(smollm2.tokenizer, 2, linear=True)
+    exact = patch(tiny, CLEAN, CORRUPT, ANSWER, WRONG)
+    estimate = patch(tiny, CLEAN, CORRUPT, ANSWER, WRONG, method="attribution")
+    # the last layer's heads write straight into linear logits: first order is exact
+    torch.testing.assert_close(estimate.change[1], exact.change[1], atol=1e-4, rtol=1e-4)
+    # the first layer's heads also feed the second layer's softmax: there it is only an estimate
+    assert (estimate.change[0] - exact.change[0]).abs().max() > 1e-6
+
+
+def _logit_diff(model: HFModel, text: str) -> float:
+    tok = model.tokenizer
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    a, b = tok(ANSWER, add_special_tokens=False)["input_ids"][0], tok(WRONG, add_special_tokens=False)["input_ids"][0]
+    with torch.no_grad():
+        logits = model.model(input_ids=ids).logits[0, -1]
+    return float(logits[a] - logits[b])
+
+
+def test_direct_logit_attribution_is_the_heads_share_of_a_linear_readout(smollm2):
+    from multihead.hf import HeadGates
+
+    tiny = _tiny_llama(smollm2.tokenizer, 2, linear=True)
+    direct = direct_logit_attribution(tiny, CLEAN, ANSWER, WRONG)
+    intact = _logit_diff(tiny, CLEAN)
+    for h in range(4):  # removing a last-layer head removes exactly its direct contribution
+        gates = torch.ones(2, 4)
+        gates[1, h] = 0
+        with HeadGates(tiny.model, gates):
+            removed = _logit_diff(tiny, CLEAN)
+        assert direct[1, h].item() == pytest.approx(intact - removed, abs=1e-4)
+    assert direct[1].abs().max() > 1e-3
+
+
+def test_direct_logit_attribution_decomposes_the_logit_difference_through_a_real_norm(smollm2):
+    tiny = _tiny_llama(smollm2.tokenizer, 2, linear=False)
+    direct = direct_logit_attribution(tiny, CLEAN, ANSWER, WRONG)
+    tok = smollm2.tokenizer
+    ids = tok(CLEAN, return_tensors="pt")["input_ids"]
+    a, b = tok(ANSWER, add_special_tokens=False)["input_ids"][0], tok(WRONG, add_special_tokens=False)["input_ids"][0]
+    seen = []
+    hook = tiny.model.model.norm.register_forward_pre_hook(lambda _m, args: seen.append(args[0][0, -1]))
+    with torch.no_grad():
+        logits = tiny.model(input_ids=ids).logits[0, -1]
+    hook.remove()
+    x = seen[0]
+    scale = torch.sqrt((x * x).mean() + tiny.model.model.norm.variance_epsilon)
+    d = tiny.model.lm_head.weight[a] - tiny.model.lm_head.weight[b]
+    embedding = tiny.model.model.embed_tokens.weight[ids[0, -1]]  # the rest of the residual stream
+    rest = float(d @ (tiny.model.model.norm.weight * embedding / scale).detach())
+    assert float(direct.sum()) + rest == pytest.approx(float(logits[a] - logits[b]), abs=1e-3)
+
+
+@pytest.mark.parametrize("norm", [nn.LayerNorm(16), nn.Identity()])
+def test_frozen_final_norm_reproduces_the_norm(norm):
+    torch.manual_seed(1)
+    if isinstance(norm, nn.LayerNorm):
+        with torch.no_grad():
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-1, 1)
+    x = torch.randn(16) * 3 + 1
+    gain, centred, scale = _frozen(norm, x)
+    v = x - x.mean() if centred else x
+    bias = norm.bias.detach() if isinstance(norm, nn.LayerNorm) else 0
+    torch.testing.assert_close(gain * v / scale + bias, norm(x[None])[0].detach(), atol=1e-5, rtol=1e-5)
+    assert centred == isinstance(norm, nn.LayerNorm)
+
+
+def test_final_norm_of_smollm2_is_its_rmsnorm(smollm2):
+    assert final_norm(smollm2) is smollm2.model.model.norm
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_shipped_examples_point_the_expected_way_on_smollm2(smollm2, name):
+    clean, corrupt, answer, wrong = EXAMPLES[name]
+    clean_diff = patch_heads(smollm2, clean, corrupt, answer, wrong, [(0, 0)])  # one early head: near the corrupt run
+    assert patch_heads(smollm2, clean, clean, answer, wrong, []) > 0  # the clean answer wins the clean run
+    corrupt_diff = patch_heads(smollm2, clean, corrupt, answer, wrong, [])
+    whole = patch_heads(smollm2, clean, corrupt, answer, wrong,
+                        [(layer, h) for layer in range(smollm2.num_layers) for h in range(smollm2.num_heads)])
+    assert whole > corrupt_diff  # the clean run prefers the answer more than the corrupt one
+    assert abs(clean_diff - corrupt_diff) < abs(whole - corrupt_diff)
+
+
+def test_patching_refuses_what_it_cannot_patch(smollm2, minilm):
+    with pytest.raises(ValueError, match="same number of tokens"):
+        patch(smollm2, "The capital of France is", "The capital of the United Kingdom is", ANSWER, WRONG)
+    with pytest.raises(ValueError, match="2 tokens"):
+        patch(smollm2, CLEAN, CORRUPT, " suitcase", WRONG)
+    with pytest.raises(ValueError, match="same token"):
+        patch(smollm2, CLEAN, CORRUPT, ANSWER, ANSWER)
+    with pytest.raises(ValueError, match="no language-model head"):
+        patch(minilm, "The cat sat.", "The dog sat.", " cat", " dog")
+
+
+def test_cli_patch_writes_the_map_and_its_page(tmp_path, capsys):
+    out = tmp_path / "patch"
+    code, stdout, stderr = run_cli(["patch", "--example", "capital", "--method", "attribution", "--out", str(out)],
+                                   capsys)
+    assert code == 0, stderr
+    assert "share of the clean-vs-corrupt logit difference restored" in stdout and "top: L" in stdout
+    assert "direct logit attribution" in stdout
+    saved = json.loads((out / "patching.json").read_text())
+    assert saved["model"] == "smollm2" and len(saved["restored"]) == 30 and len(saved["restored"][0]) == 9
+    page = (out / "patching.html").read_text()
+    assert "Content-Security-Policy" in page and "France" in page and "<script" not in page
+    code, _, stderr = run_cli(["patch", "--clean", "<b>x</b> is", "--corrupt", "y is", "--answer", " a",
+                               "--wrong", " b", "--out", str(tmp_path / "bad")], capsys)
+    assert code == 2 and "same number of tokens" in stderr and "Traceback" not in stderr
+    code, _, stderr = run_cli(["patch", "--clean", "The cat is", "--out", str(tmp_path / "bad")], capsys)
+    assert code == 2 and "--corrupt" in stderr
