@@ -430,6 +430,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
     _print_flags_and_redundancy(report)
     _print_probes(report)
     _print_ablation(report)
+    _print_evidence(report)
     _print_long_context(report)
     print(f"\nwrote {out / 'report.json'}, {out / 'report.csv'} and {out / 'report.html'}")
     return 0
@@ -684,6 +685,25 @@ def _print_ablation(report) -> None:
     for key in section["modes"]:
         heads = sorted(report.heads, key=lambda r, k=key: -abs(r.metrics.get(k) or 0))[:6]
         print(f"  {key}: " + ", ".join(f"L{r.layer}.H{r.head} {r.metrics[key]:+.4f}" for r in heads))
+
+
+def _print_evidence(report) -> None:
+    """The labels tested by ablation, confirmed or attention-only, with the measured values."""
+    section = report.sections.get("evidence")
+    if not section or not section["heads"]:
+        return
+    print("\nLabels tested by ablation (✓ confirmed: the behaviour needs the head; ~ attention-only):")
+    for label in sorted({e["label"] for e in section["heads"]}):
+        rows = [e for e in section["heads"] if e["label"] == label]
+        syntactic = label.startswith("syntactic:")
+
+        def cell(e: dict, syntactic: bool = syntactic) -> str:
+            sign = "✓" if e["mark"] == "confirmed" else "~"
+            return f"L{e['layer']}.H{e['head']} {sign} {e['value']:+.4f}" + (
+                f" (layer's average head {e['threshold']:+.4f})" if syntactic else "")
+
+        head = "" if syntactic else f" (threshold {rows[0]['threshold']:.3g})"
+        print(f"  {label}{head}: " + ", ".join(cell(e) for e in rows))
 
 
 #: A head is an attention sink when at least this share of its attention is on the first token.

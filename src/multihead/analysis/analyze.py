@@ -99,7 +99,9 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     examples; ``induction``: for causal models, run the repeated-random-tokens probe;
     ``redundancy``: the head x head similarity (its all-pairs JS is the costliest part of a run).
     ``ablation``: also measure, on the first this many texts, every head's ``zero_ablation`` and
-    ``mean_ablation`` effect on the model's own objective (:mod:`multihead.analysis.ablation`).
+    ``mean_ablation`` effect on the model's own objective (:mod:`multihead.analysis.ablation`),
+    and test the labels that have a test on them (section ``evidence``: each ``confirmed`` or
+    ``attention-only``, :mod:`multihead.analysis.evidence`).
     ``chunk``: stream each layer's maps in chunks of this many query rows, so a document of
     thousands of tokens needs memory O(H·chunk·T) per layer, not O(H·T²); the per-head metrics are
     the same, the redundancy matrix (it reads whole maps) is then left out, and ``parses`` must be
@@ -183,6 +185,17 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
                 for rel, acc in syntax.accuracy.items()}
             label = label_for(metrics, syntax=per_relation, coreference_baseline=coref_baseline)
             heads.append(HeadRecord(layer, head, label, flags_for(metrics), metrics))
+    if ablation and chunk is None:  # labels with evidence: each label's behaviour, with its head removed
+        from .evidence import PROBE, SYNTAX_TEXTS, TESTS, label_evidence
+
+        n = max(ablation, SYNTAX_TEXTS)  # relations need more tokens than the ablation's texts hold
+        with step("testing the labels by ablation", progress=progress):
+            found = label_evidence(model, {(r.layer, r.head): r.label for r in heads}, texts[:n],
+                                   parses=parses if isinstance(parses, str) else
+                                   (list(parses)[:n] if parses is not None else None),
+                                   batch_size=batch_size)
+        sections["evidence"] = {"tests": TESTS, "syntax_texts": min(n, len(texts)), "probe": dict(PROBE),
+                                "heads": [e.to_dict() for e in found]}
     return Report(model.name, model.is_causal, model.num_layers, model.num_heads, stats.sentences, stats.tokens,
                   heads, _redundancy_section(corpus.redundancy, model.num_heads) if redundancy else None, sections,
                   main_stack(find_sites(model.model)))

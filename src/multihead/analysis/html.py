@@ -55,15 +55,21 @@ def report_body(report: Report) -> str:
              "<h3>Head map</h3><table><tr><th>layer</th>"]
     parts += [f"<th>h{h}</th>" for h in range(report.num_heads)]
     parts.append("</tr>")
+    marks = report.marks()
     for layer in range(report.num_layers):
         parts.append(f"<tr><th>{layer}</th>")
         for h in range(report.num_heads):
             r = report.head(layer, h)
             flags = f' <span class="flag">{_e(", ".join(r.flags))}</span>' if r.flags else ""
+            sign = {"confirmed": " ✓", "attention-only": " ~"}.get(marks.get((layer, h), ""), "")
             parts.append(f'<td class="label" style="background:{_colour(r.label)}" '
-                         f'title="L{layer}.H{h}">{_e(r.label)}{flags}</td>')
+                         f'title="L{layer}.H{h}">{_e(r.label)}{sign}{flags}</td>')
         parts.append("</tr>")
     parts.append("</table>")
+    evidence = report.sections.get("evidence")
+    if evidence:
+        parts.append("<p>✓ confirmed, ~ attention-only: the label's behaviour tested with the head removed — "
+                     + "; ".join(f"{_e(k)}: {_e(v)}" for k, v in evidence["tests"].items()) + ".</p>")
     names = list(report.heads[0].metrics) if report.heads else []
     parts.append("<h3>Every head</h3><table><tr><th>layer</th><th>head</th><th>label</th><th>flags</th>")
     parts += [f"<th>{_e(n)}</th>" for n in names]

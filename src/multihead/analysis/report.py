@@ -38,6 +38,9 @@ SECTIONS = ("unknown_tokens", "images", "long_context", "retrieval", "what_if", 
 
 __all__ = ["SCHEMA", "HeadRecord", "Report", "head_records", "label_codes"]
 
+#: How the terminal map marks a tested label (after its code).
+MARK_CONFIRMED, MARK_ATTENTION_ONLY = "✓", "~"
+
 _SHORT = {"induction": "IND", "coreference": "COREF",
           "self": "SELF", "previous": "PREV", "next": "NEXT", "special-token": "SPEC", "local": "LOCL",
           "broad": "BRD", "mixed": "·", "aligned": "ALGN", "source-special": "SSPEC", "cls": "CLS"}
@@ -144,10 +147,12 @@ class Report:
                                    for n in r.metrics))
         with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
-            writer.writerow(["stack", "layer", "head", "label", "flags", *names])
+            writer.writerow(["stack", "layer", "head", "label", "evidence", "flags", *names])
             for report in (self, *self.stacks.values()):
+                marks = report.marks()
                 for r in report.heads:
-                    writer.writerow([report.stack, r.layer, r.head, r.label, ";".join(r.flags),
+                    writer.writerow([report.stack, r.layer, r.head, r.label, marks.get((r.layer, r.head), ""),
+                                     ";".join(r.flags),
                                      *(f"{r.metrics[n]:.6g}" if n in r.metrics else "" for n in names)])
 
     def label_map(self) -> str:
@@ -158,18 +163,31 @@ class Report:
         parts = [f"{report.stack} stack:\n{report._grid()}" for report in (self, *self.stacks.values())]
         return "\n\n".join(parts)
 
+    def marks(self) -> dict[tuple[int, int], str]:
+        """{(layer, head): "confirmed" | "attention-only"} for the heads whose label was tested
+        (the ``evidence`` section; empty when the analysis ran no ablation)."""
+        section = self.sections.get("evidence") or {}
+        return {(e["layer"], e["head"]): e["mark"] for e in section.get("heads", [])}
+
     def _grid(self) -> str:
         codes = label_codes(r.label for r in self.heads)
-        width = max([4, *(len(c) for c in codes.values())])
+        marks = self.marks()
+        signs = {"confirmed": MARK_CONFIRMED, "attention-only": MARK_ATTENTION_ONLY}
+        width = max([4, *(len(c) + (1 if marks else 0) for c in codes.values())])
         lines = ["layer | " + " ".join(f"h{h:<{width - 1}d}" for h in range(self.num_heads))]
         for layer in range(self.num_layers):
-            cells = [codes[self.head(layer, h).label] for h in range(self.num_heads)]
+            cells = [codes[self.head(layer, h).label] + signs.get(marks.get((layer, h), ""), "")
+                     for h in range(self.num_heads)]
             lines.append(f"{layer:5d} | " + " ".join(f"{c:<{width}s}" for c in cells))
         legend = [f"{code}={label}" for label, code in sorted(codes.items(), key=lambda kv: kv[1])
                   if code != label and code != label.removeprefix("syntactic:").lower()]
         if any(label.startswith("syntactic:") for label in codes):
             legend.append("lower case: syntactic:REL, the dependent attends to its governor; REL>: the governor "
                           "attends to its REL dependents")
+        if marks:
+            legend.append(f"{MARK_CONFIRMED} confirmed: removing the head weakens what its label names; "
+                          f"{MARK_ATTENTION_ONLY} attention-only: it looks that way, but the behaviour does not "
+                          "need it")
         return "\n".join([*lines, *(["(" + "; ".join(legend) + ")"] if legend else [])])
 
     def to_html(self, path: str | Path | None = None, *, model: Any = None, texts: Any = None) -> str:

@@ -65,6 +65,9 @@
     return Math.min(1, sum);
   }
   function label(l, h) { return data.labels ? data.labels[l * H + h] : ""; }
+  // a label tested by ablation: ✓ confirmed (the behaviour needs the head), ~ attention-only
+  function evidence(l, h) { return data.evidence ? data.evidence[l * H + h] : null; }
+  function mark(l, h) { const e = evidence(l, h); return e === "confirmed" ? " ✓" : e === "attention-only" ? " ~" : ""; }
 
   // --- controls ---
   const controls = q(".mh-controls");
@@ -165,7 +168,7 @@
       }
       ctx.putImageData(img, x0, y0);
       ctx.fillStyle = "#222"; ctx.font = "10px sans-serif"; ctx.textAlign = "left"; ctx.textBaseline = "bottom";
-      ctx.fillText(label(l, h).replace("syntactic:", "syn:").slice(0, 11), x0, y0 - 2);
+      ctx.fillText(label(l, h).replace("syntactic:", "syn:").slice(0, 11) + mark(l, h), x0, y0 - 2);
     }
     for (let l = 0; l < L; l++) { ctx.fillText("L" + l, 4, l * (THUMB + GAP) + GAP + THUMB / 2); }
   }
@@ -188,7 +191,9 @@
     const toks = data.sentences[state.sentence].tokens, T = toks.length, pool = pooled(state.sentence);
     const k = sparse(state.sentence).k;
     q(".mh-zoom").style.display = pool ? "" : "none";
-    const title = "layer " + state.layer + ", head " + state.head + ": " + label(state.layer, state.head);
+    const tested = evidence(state.layer, state.head);
+    const title = "layer " + state.layer + ", head " + state.head + ": " + label(state.layer, state.head) +
+      (tested ? " (" + tested + " by ablation)" : "");
     const stored = k < T ? " — each row stores its " + k + " largest weights; the rest are not stored" : "";
     const ctx = canvas.getContext("2d");
     if (pool && region().n === T) {  // the whole map, block by block
@@ -316,7 +321,7 @@
     const table = q("table.mh-table");
     table.textContent = "";
     const head = el("tr");
-    const cols = ["layer", "head", "label", "flags", ...data.metric_names];
+    const cols = ["layer", "head", "label", ...(data.evidence ? ["evidence"] : []), "flags", ...data.metric_names];
     cols.forEach((c) => {
       const th = el("th", { "data-key": c }, c + (state.sortKey === c ? (state.sortDesc ? " ▼" : " ▲") : ""));
       th.addEventListener("click", () => { state.sortDesc = state.sortKey === c ? !state.sortDesc : false; state.sortKey = c; buildTable(); });
@@ -326,13 +331,16 @@
     const rows = data.heads.slice();
     if (state.sortKey) {
       const k = state.sortKey, sign = state.sortDesc ? -1 : 1;
-      const val = (r) => (k in r ? r[k] : (r.metrics[k] === null ? -Infinity : r.metrics[k]));
+      const val = (r) => (k === "evidence" ? String(evidence(r.layer, r.head) || "") :
+                          k in r ? r[k] : (r.metrics[k] === null ? -Infinity : r.metrics[k]));
       rows.sort((a, b) => { const x = val(a), y = val(b); return x < y ? -sign : x > y ? sign : 0; });
     }
     rows.forEach((r) => {
       const tr = el("tr");
       tr.appendChild(el("td", {}, r.layer)); tr.appendChild(el("td", {}, r.head));
-      tr.appendChild(el("td", {}, r.label)); tr.appendChild(el("td", {}, r.flags.join(", ")));
+      tr.appendChild(el("td", {}, r.label));
+      if (data.evidence) tr.appendChild(el("td", { "class": "mh-evidence" }, evidence(r.layer, r.head) || ""));
+      tr.appendChild(el("td", {}, r.flags.join(", ")));
       data.metric_names.forEach((m) => tr.appendChild(el("td", {}, r.metrics[m] === null ? "–" : r.metrics[m].toFixed(3))));
       table.appendChild(tr);
     });

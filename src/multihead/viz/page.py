@@ -108,6 +108,9 @@ def page_data(sentences: Sequence[tuple[str, Sequence[str], Tensor] | dict], rep
     if report is not None:
         data["model"] = report.model
         data["labels"] = [r.label for r in report.heads]
+        marks = report.marks()
+        if marks:  # labels tested by ablation (multihead.analysis.evidence)
+            data["evidence"] = [marks.get((r.layer, r.head)) for r in report.heads]
         data["metric_names"] = list(report.heads[0].metrics) if report.heads else []
         data["heads"] = [{"layer": r.layer, "head": r.head, "label": r.label, "flags": list(r.flags),
                           "metrics": {k: json_number(v, 4) for k, v in r.metrics.items()}}

@@ -1,0 +1,99 @@
+"""Labels with evidence: each tested label is confirmed when removing its head weakens the behaviour
+it names, attention-only when not — a head that writes nothing is never confirmed, a real
+induction head and the previous-token head feeding it are, and the per-token changes the tests read
+add up to the ablation effects measured elsewhere."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+import multihead as mh
+from multihead.analysis import evidence
+from multihead.analysis.ablation import ablation_effects
+from multihead.analysis.syntax import parse_with_spacy, spacy_available
+from multihead.data import sample_sentences
+from multihead.hf.sites import find_sites
+
+pytestmark = pytest.mark.slow
+
+
+def _silenced(model, cells):
+    """A copy of ``model`` whose heads ``cells`` write nothing (their W^O columns are 0)."""
+    quiet = dataclasses.replace(model, model=copy.deepcopy(model.model))
+    sites = find_sites(quiet.model)
+    with torch.no_grad():
+        for layer, h in cells:
+            site = sites[layer]
+            site.o.weight[:, h * site.head_dim:(h + 1) * site.head_dim] = 0
+    return quiet
+
+
+@pytest.fixture(scope="module")
+def smollm2_labels(smollm2):
+    report = mh.analyze(smollm2, sample_sentences(4), coreference=False, redundancy=False)
+    return {(r.layer, r.head): r.label for r in report.heads}
+
+
+def test_smollm2_has_confirmed_induction_and_previous_token_heads(smollm2, smollm2_labels):
+    found = evidence.label_evidence(smollm2, smollm2_labels, [])
+    tested = {(e.layer, e.head) for e in found}
+    assert tested == {cell for cell, label in smollm2_labels.items() if label == "induction"} | {
+        (e.layer, e.head) for e in found if e.label == "previous"}
+    confirmed = {e.label for e in found if e.mark == "confirmed"}
+    assert confirmed == {"induction", "previous"}  # K-composition: a previous-token head feeds the induction heads
+    for e in found:
+        assert e.mark == ("confirmed" if e.value >= e.threshold else "attention-only")
+    # a confirmed head made to write nothing loses its confirmation, with nothing measured at all
+    chosen = [next((e.layer, e.head) for e in found if e.label == label and e.mark == "confirmed")
+              for label in ("induction", "previous")]
+    silent = _silenced(smollm2, chosen)
+    again = {(e.layer, e.head): e for e in evidence.label_evidence(silent, smollm2_labels, [])}
+    for cell in chosen:
+        assert again[cell].value == pytest.approx(0.0, abs=1e-6) and again[cell].mark == "attention-only"
+
+
+def test_per_token_changes_add_up_to_the_ablation_effect(smollm2):
+    texts = ["The capital of France is Paris, and the capital of Italy is Rome.", "Stocks fell sharply on Monday."]
+    cells = [(17, 3), (3, 1)]
+    effects = ablation_effects(smollm2, texts, heads=cells, modes=("zero",))
+    enc = smollm2.tokenizer(texts, padding=True, return_tensors="pt")
+    changes = evidence._token_changes(smollm2, [(enc["input_ids"], enc["attention_mask"])], cells)
+    for cell in cells:
+        per_token = changes[cell][0]  # (B, T), NaN where nothing is predicted
+        mean = float(per_token[~per_token.isnan()].double().mean())
+        assert mean == pytest.approx(float(effects.zero[cell]), abs=2e-5)
+
+
+@pytest.mark.skipif(not spacy_available(), reason="syntax tests need spaCy and en_core_web_sm")
+def test_syntax_labels_against_the_other_heads_of_their_layer(minilm):
+    texts = sample_sentences(40)
+    parses = parse_with_spacy(texts)
+    silent = _silenced(minilm, [(2, 5)])
+    labels = {(2, 5): "syntactic:det", (2, 6): "syntactic:det"}
+    found = {(e.layer, e.head): e for e in evidence.label_evidence(silent, labels, texts, parses=parses)}
+    assert found[(2, 5)].value == pytest.approx(0.0, abs=1e-7) and found[(2, 5)].mark == "attention-only"
+    assert found[(2, 6)].threshold > 0  # the mean of the layer's other heads, the silent one included
+    # a relation with too few tokens in the texts is not tested
+    assert evidence.label_evidence(minilm, {(2, 6): "syntactic:no-such-relation"}, texts, parses=parses) == []
+
+
+def test_marks_reach_the_terminal_map_the_csv_and_the_page(minilm, tmp_path):
+    from multihead.viz.page import page_data
+
+    report = mh.analyze(minilm, sample_sentences(20), coreference=False, ablation=4, parses="spacy"
+                        if spacy_available() else None)
+    section = report.sections["evidence"]
+    assert set(section["tests"]) == {"induction", "previous", "syntactic"}
+    marks = report.marks()
+    if not marks:  # no syntax parses on this machine: nothing an encoder can test
+        pytest.skip("no tested labels without spaCy")
+    grid = report.label_map()
+    assert ("✓" in grid or "~" in grid) and "attention-only" in grid
+    report.to_csv(tmp_path / "r.csv")
+    rows = (tmp_path / "r.csv").read_text().splitlines()
+    assert rows[0].startswith("stack,layer,head,label,evidence,flags")
+    assert any(",confirmed," in r or ",attention-only," in r for r in rows[1:])
+    data = page_data([("t", ["a", "b"], torch.full((6, 12, 2, 2), 0.5))], report)
+    assert sum(m is not None for m in data["evidence"]) == len(marks)
