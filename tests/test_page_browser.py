@@ -185,6 +185,40 @@ def test_rollout_view_shows_the_texts_rollout_and_flow(browser, page, page_model
     assert "flow after the last layer" in root.find_element("css selector", ".mh-rollout-title").text
 
 
+_INK = """
+const [font, chars] = arguments, out = [];
+for (const ch of chars) {
+  const c = document.createElement("canvas"); c.width = 60; c.height = 60;
+  const ctx = c.getContext("2d"); ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, 60, 60);
+  ctx.fillStyle = "#000"; ctx.font = "48px " + font; ctx.textBaseline = "top"; ctx.fillText(ch, 4, 4);
+  const d = ctx.getImageData(0, 0, 60, 60).data; let bits = "";
+  for (let k = 0; k < d.length; k += 4) bits += d[k] < 128 ? "1" : "0";
+  out.push(bits);
+}
+return out;
+"""
+
+
+def test_chinese_tokens_are_drawn_with_the_pages_own_glyphs(browser, page_model, tmp_path):
+    text = "小明把蛋糕递给小红，因为她不饿了。"
+    path = tmp_path / "zh.html"
+    write_page(view_page(page_model, [text]), path)
+    page_text = path.read_text()
+    assert "font-src data:" in page_text and "@font-face" in page_text
+    _open(browser, path)
+    browser.execute_script("return document.fonts.ready")
+    glyphs = browser.execute_script(_INK, "'mh-glyphs'", ["小", "明", "蛋", "\u9f98"])  # the last: not on the page
+    system = browser.execute_script(_INK, "sans-serif", ["小", "明"])
+    inked = [g.count("1") for g in glyphs]
+    assert min(inked[:3]) > 40, inked  # every character of the page has ink
+    assert len(set(glyphs[:3])) == 3  # ... and its own shape
+    assert glyphs[3] not in glyphs[:3]  # a character the page does not use is not among them (box or fallback)
+    if system[0] == system[1]:  # no CJK system font here: without the page's font both are the same box
+        assert glyphs[0] != system[0]
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == []
+
+
 def test_head_toggles_draw_exactly_the_chosen_heads(browser, page):
     root = _open(browser, page)
     root.find_element("css selector", '.mh-tab[data-view="head"]').click()

@@ -34,6 +34,7 @@ _NAMES = {
     "explain_backend": "attn",
     "Report": "analysis",
     "analyze": "analysis",
+    "compare": "analysis",
     "patch": "analysis",
     "head_importance": "heads",
     "prune_heads": "heads",
@@ -54,6 +55,7 @@ __all__ = [
     "analyze",
     "attention",
     "attn",
+    "compare",
     "data",
     "estimate_memory",
     "experiments",
@@ -71,7 +73,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names come from __getattr__
     from . import analysis, attn, data, experiments, heads, hf, masks, models, train, viz
-    from .analysis import Report, analyze, patch
+    from .analysis import Report, analyze, compare, patch
     from .attn import (
         BACKENDS,
         AttentionMemoryError,

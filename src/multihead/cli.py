@@ -258,6 +258,18 @@ def _parser() -> argparse.ArgumentParser:
     pa.add_argument("--force", action="store_true", help="write into a non-empty folder that is not a patching run")
     pa.set_defaults(run=_run_patch)
 
+    cp = sub.add_parser("compare", parents=[common],
+                        help="two reports side by side: labels gained and lost, metric changes, heads that died")
+    cp.add_argument("a", metavar="A", help="report.json (or its folder) of the first model")
+    cp.add_argument("b", metavar="B", help="report.json (or its folder) of the second model")
+    cp.add_argument("--out", default="multihead-compare", help="output folder for compare.json and compare.html")
+    cp.add_argument("--force", action="store_true", help="write into a non-empty folder that is not a comparison")
+    cp.add_argument("--matching", choices=("auto", "index", "profile"), default="auto",
+                    help="auto: by index for the same shape, else by attention profile (Hungarian)")
+    cp.add_argument("--different-corpora", action="store_true",
+                    help="compare reports of different texts anyway (with a warning)")
+    cp.set_defaults(run=_run_compare)
+
     from .experiments import EXPERIMENTS, TASKS
 
     ex = sub.add_parser("experiment", parents=[common],
@@ -305,6 +317,20 @@ def _run_patch(args: argparse.Namespace) -> int:
         print("direct logit attribution (clean run), largest: " + ", ".join(f"L{layer}.H{h} {v:+.3f}"
                                                                           for v, layer, h in top))
     print(f"\nwrote {out / 'patching.json'} and {out / 'patching.html'}")
+    return 0
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from .analysis.compare import SCHEMA, compare, write_compare_folder
+    from .files import check_output_folder
+
+    for path, name in ((args.a, "A"), (args.b, "B")):
+        _readable(str(Path(path) / "report.json") if Path(path).is_dir() else path, name)
+    out = _out_folder(lambda: check_output_folder(args.out, schema=SCHEMA, marker="compare.json", force=args.force))
+    comparison = compare(args.a, args.b, different_corpora=args.different_corpora, matching=args.matching)
+    write_compare_folder(comparison, out, force=args.force)
+    print(comparison.summary())
+    print(f"\nwrote {out / 'compare.json'} and {out / 'compare.html'}")
     return 0
 
 

@@ -1,6 +1,7 @@
 """Per-head diagnostics of real models: capture, metrics, patterns, reports."""
 
 from .analyze import CorpusStatistics, analyze, collect_statistics
+from .compare import Comparison, compare
 from .direct import direct_logit_attribution
 from .gradients import GradientMonitor
 from .metrics import METRICS, HeadStatistics, TokenInfo
@@ -14,6 +15,7 @@ __all__ = [
            "METRICS",
            "REPORT_FILES",
            "SCHEMA",
+           "Comparison",
            "CorpusStatistics",
            "GradientMonitor",
            "HeadRecord",
@@ -26,6 +28,7 @@ __all__ = [
            "check_report_folder",
            "clusters",
            "collect_statistics",
+           "compare",
            "direct_logit_attribution",
            "flags_for",
            "label_for",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
+import json
 import unicodedata
 import warnings
 from collections.abc import Sequence
@@ -134,7 +136,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
                                 parses=parses, redundancy=redundancy and chunk is None, chunk=chunk)
     stats = corpus.heads
     means = dict(stats.means())
-    sections: dict[str, dict] = {}
+    sections: dict[str, dict] = {"corpus": corpus_fingerprint(texts)}
     if corpus.long is not None:  # long inputs: how far each head looks (multihead.analysis.longcontext)
         means.update(corpus.long.means())
         sections["long_context"] = {"chunk": chunk, "longest_tokens": corpus.long.longest}
@@ -199,6 +201,13 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     return Report(model.name, model.is_causal, model.num_layers, model.num_heads, stats.sentences, stats.tokens,
                   heads, _redundancy_section(corpus.redundancy, model.num_heads) if redundancy else None, sections,
                   main_stack(find_sites(model.model)))
+
+
+def corpus_fingerprint(texts: Sequence[str]) -> dict:
+    """What identifies the analysed corpus (``multihead compare`` refuses reports of different ones):
+    the number of texts and the SHA-256 of the texts as a JSON list."""
+    digest = hashlib.sha256(json.dumps(list(texts), ensure_ascii=False).encode("utf-8")).hexdigest()
+    return {"texts": len(texts), "sha256": digest}
 
 
 def _warn_unknown(section: dict | None) -> None:

@@ -7,6 +7,8 @@
   const L = data.num_layers, H = data.num_heads;
   const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                   "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"];
+  // the page's own glyphs (a subset of Noto Sans CJK, a data: font) after the system's: no tofu offline
+  const FONTS = "sans-serif, 'mh-glyphs'";
   const LONG = data.long_text || 512;  // texts longer than this are stored pooled
   const state = { poolMode: "mass", zoom: null, sentence: 0, layer: 0, head: 0, heads: new Set([...Array(H).keys()]), view: "model",
                   sortKey: null, sortDesc: false };
@@ -106,7 +108,7 @@
     if (pooled(state.sentence)) {  // thousands of lines say nothing: the matrix view zooms instead
       canvas.width = 520; canvas.height = 40;
       const c = canvas.getContext("2d");
-      c.clearRect(0, 0, canvas.width, canvas.height); c.fillStyle = "#222"; c.font = "12px sans-serif";
+      c.clearRect(0, 0, canvas.width, canvas.height); c.fillStyle = "#222"; c.font = "12px " + FONTS;
       c.fillText("This text has " + T + " tokens: the head view draws texts up to " + LONG + "; the matrix view zooms.", 4, 20);
       return;
     }
@@ -114,7 +116,7 @@
     canvas.width = width; canvas.height = Math.max(60, T * row + 20);
     const ctx = canvas.getContext("2d");
     ctx.clearRect(0, 0, canvas.width, canvas.height);
-    ctx.font = (row >= 12 ? 12 : row) + "px sans-serif";
+    ctx.font = (row >= 12 ? 12 : row) + "px " + FONTS;
     ctx.textBaseline = "middle";
     if (row >= 10) {
       toks.forEach((t, i) => {
@@ -167,7 +169,7 @@
         img.data[k] = c; img.data[k + 1] = c; img.data[k + 2] = 255; img.data[k + 3] = 255;
       }
       ctx.putImageData(img, x0, y0);
-      ctx.fillStyle = "#222"; ctx.font = "10px sans-serif"; ctx.textAlign = "left"; ctx.textBaseline = "bottom";
+      ctx.fillStyle = "#222"; ctx.font = "10px " + FONTS; ctx.textAlign = "left"; ctx.textBaseline = "bottom";
       ctx.fillText(label(l, h).replace("syntactic:", "syn:").slice(0, 11) + mark(l, h), x0, y0 - 2);
     }
     for (let l = 0; l < L; l++) { ctx.fillText("L" + l, 4, l * (THUMB + GAP) + GAP + THUMB / 2); }
@@ -280,7 +282,7 @@
       const v = 255 - Math.round(255 * values[i * T + j] / top);
       ctx.fillStyle = "rgb(" + v + "," + v + ",255)"; ctx.fillRect(LABEL_W + j * cell, LABEL_W + i * cell, cell, cell);
     }
-    ctx.fillStyle = "#222"; ctx.font = Math.min(12, cell) + "px sans-serif"; ctx.textBaseline = "middle";
+    ctx.fillStyle = "#222"; ctx.font = Math.min(12, cell) + "px " + FONTS; ctx.textBaseline = "middle";
     toks.forEach((t, i) => {
       ctx.textAlign = "right"; ctx.fillText(t.slice(0, 12), LABEL_W - 4, LABEL_W + i * cell + cell / 2);
       ctx.save(); ctx.translate(LABEL_W + i * cell + cell / 2, LABEL_W - 4); ctx.rotate(-Math.PI / 2);
@@ -404,7 +406,9 @@
   const clusters = q(".mh-clusters");
   (data.clusters || []).forEach((g) => clusters.appendChild(el("li", {}, g.map((x) => "L" + x[0] + ".H" + x[1]).join(" "))));
   buildTable();
-  Promise.all(data.sentences.map((_, s) => prepare(s))).then(() => {
+  const glyphs = document.fonts ? document.fonts.load("12px 'mh-glyphs'", data.sentences.map((s) => s.tokens.join("")).join(""))
+                                 .catch(() => null) : Promise.resolve();
+  Promise.all([...data.sentences.map((_, s) => prepare(s)), glyphs]).then(() => {
     draw();
     root.setAttribute("data-ready", "1");
   }, (err) => { info.textContent = "could not read the page's data: " + err; });

@@ -43,7 +43,7 @@ FLOW_BUDGET = 2_000_000
 __all__ = ["AttentionPage", "attention_page", "page_data", "page_html", "view_page", "write_page"]
 
 _CSS = """
-.mh-page { font: 13px/1.4 system-ui, sans-serif; color: #222; }
+.mh-page { font: 13px/1.4 system-ui, sans-serif, 'mh-glyphs'; color: #222; }
 .mh-page .mh-tabs button { margin-right: 4px; }
 .mh-page .mh-tab.active { font-weight: 700; }
 .mh-page .mh-headbox { display: inline-block; min-width: 18px; text-align: center; color: #fff; margin: 1px;
@@ -148,7 +148,10 @@ def page_body(data: dict) -> str:
     root = f"mh-{uuid.uuid4().hex[:12]}"
     script = files("multihead.viz").joinpath("page.js").read_text(encoding="utf-8").replace("__ROOT_ID__", root)
     title = html.escape(str(data.get("model", "attention")))
-    return (f'<div class="mh-page" id="{root}"><style>{_CSS}</style>'
+    from .glyphs import embedded_font_css
+
+    glyphs = embedded_font_css(t for s in data["sentences"] for t in (s["text"], *s["tokens"]))
+    return (f'<div class="mh-page" id="{root}"><style>{glyphs}{_CSS}</style>'
             f"<h2>{title}: {data['num_layers']} layers × {data['num_heads']} heads</h2>"
             '<div class="mh-controls"></div>'
             '<div class="mh-tabs">'
@@ -181,7 +184,7 @@ def page_body(data: dict) -> str:
 
 def page_html(data: dict) -> str:
     """A whole HTML document: everything inline, and a policy that forbids any network load."""
-    csp = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
+    csp = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; font-src data:"
     title = html.escape(str(data.get("model", "attention")))
     return (f'<!DOCTYPE html><html><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{csp}">'

@@ -1,0 +1,322 @@
+"""Two reports side by side: base vs fine-tuned, dense vs pruned, checkpoint vs checkpoint.
+
+``mh.compare(a, b)`` pairs every head of report A with one of report B and says what changed:
+
+* **matching** — models of the same shape (layers x heads) are matched by index; otherwise by
+  the similarity of their attention on the same corpus: each head is described by its profile of
+  attention metrics (every metric both reports measured, except the ablation effects, each
+  standardised over the heads of both models), and heads are paired to minimise the total
+  Euclidean distance between profiles (the Hungarian algorithm, :func:`assignment`). Heads of the
+  larger model left without a partner are listed as unmatched.
+* **labels gained and lost** — pairs whose label differs (``previous`` → ``mixed``), and flags
+  that appeared or went;
+* **metric deltas** — B minus A for every metric of every pair, sorted by size in units of that
+  metric's spread over A's heads (so an entropy change and a share change rank together);
+* **heads that died or appeared** — with ablation effects in both reports: a head is *dead* when
+  its ``zero_ablation`` effect is at most :data:`DEAD_SHARE` of the largest effect of its report
+  (removing it changes nearly nothing); died = alive in A, dead in B; appeared = the reverse.
+
+Reports of different corpora describe different things: they are refused (each report records
+its corpus: the number of texts and a SHA-256 of them) unless ``different_corpora=True``, and then
+the comparison carries a warning that the CLI and the page show.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .report import Report
+
+__all__ = ["DEAD_SHARE", "SCHEMA", "Comparison", "assignment", "compare", "write_compare_folder"]
+
+SCHEMA = "multihead.compare/1"
+#: A head whose zero-ablation effect is at most this share of its report's largest is dead.
+DEAD_SHARE = 0.01
+#: Metrics that are not attention statistics (they measure the model's objective) stay out of profiles.
+_NOT_ATTENTION = ("zero_ablation", "mean_ablation")
+
+Cell = tuple[int, int]
+
+
+@dataclass
+class Comparison:
+    """The heads of ``a`` paired with those of ``b`` and what changed between them."""
+
+    a: Report
+    b: Report
+    a_name: str
+    b_name: str
+    #: "index" or "attention profile (Hungarian)"
+    matching: str
+    #: (head of A, head of B, profile distance — None when matched by index)
+    pairs: list[tuple[Cell, Cell, float | None]]
+    unmatched_a: list[Cell] = field(default_factory=list)
+    unmatched_b: list[Cell] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def label_changes(self) -> list[tuple[Cell, Cell, str, str]]:
+        """(head of A, head of B, label in A, label in B) for every pair whose label differs."""
+        out = []
+        for ca, cb, _ in self.pairs:
+            la, lb = self.a.head(*ca).label, self.b.head(*cb).label
+            if la != lb:
+                out.append((ca, cb, la, lb))
+        return out
+
+    def flag_changes(self) -> list[tuple[Cell, Cell, list[str], list[str]]]:
+        """(head of A, head of B, flags gained, flags lost) where the flags differ."""
+        out = []
+        for ca, cb, _ in self.pairs:
+            fa, fb = set(self.a.head(*ca).flags), set(self.b.head(*cb).flags)
+            if fa != fb:
+                out.append((ca, cb, sorted(fb - fa), sorted(fa - fb)))
+        return out
+
+    def metric_deltas(self, limit: int | None = None) -> list[dict]:
+        """Every (pair, metric) change, B − A, largest first in units of the metric's spread over A's
+        heads: [{"a": cell, "b": cell, "metric", "before", "after", "delta", "spread_units"}]."""
+        names = _common_metrics(self.a, self.b)
+        spread = {n: _spread([r.metrics.get(n, math.nan) for r in self.a.heads]) for n in names}
+        out = []
+        for ca, cb, _ in self.pairs:
+            ma, mb = self.a.head(*ca).metrics, self.b.head(*cb).metrics
+            for n in names:
+                before, after = ma.get(n, math.nan), mb.get(n, math.nan)
+                if math.isnan(before) or math.isnan(after):
+                    continue
+                delta = after - before
+                out.append({"a": ca, "b": cb, "metric": n, "before": before, "after": after, "delta": delta,
+                            "spread_units": delta / spread[n] if spread[n] > 0 else (0.0 if delta == 0 else math.inf)})
+        out.sort(key=lambda d: -abs(d["spread_units"]))
+        return out[:limit] if limit is not None else out
+
+    def died(self) -> list[tuple[Cell, Cell]]:
+        """Pairs alive in A and dead in B (by zero-ablation effect; empty without it in both)."""
+        dead_a, dead_b = _dead(self.a), _dead(self.b)
+        if dead_a is None or dead_b is None:
+            return []
+        return [(ca, cb) for ca, cb, _ in self.pairs if cb in dead_b and ca not in dead_a]
+
+    def appeared(self) -> list[tuple[Cell, Cell]]:
+        """Pairs dead in A and alive in B."""
+        dead_a, dead_b = _dead(self.a), _dead(self.b)
+        if dead_a is None or dead_b is None:
+            return []
+        return [(ca, cb) for ca, cb, _ in self.pairs if ca in dead_a and cb not in dead_b]
+
+    def summary(self, deltas: int = 10) -> str:
+        """The comparison for a terminal."""
+        lines = [f"A: {self.a_name} ({self.a.model}, {self.a.num_layers} x {self.a.num_heads})",
+                 f"B: {self.b_name} ({self.b.model}, {self.b.num_layers} x {self.b.num_heads})",
+                 f"heads matched by {self.matching}: {len(self.pairs)} pairs"
+                 + (f"; unmatched: {len(self.unmatched_a)} of A, {len(self.unmatched_b)} of B"
+                    if self.unmatched_a or self.unmatched_b else "")]
+        lines += [f"warning: {w}" for w in self.warnings]
+        changes = self.label_changes()
+        lines.append(f"\nlabels changed: {len(changes)} of {len(self.pairs)} heads")
+        for ca, cb, la, lb in changes[:30]:
+            lines.append(f"  {_name(ca)}{'' if ca == cb else ' ~ ' + _name(cb)}: {la} -> {lb}")
+        if len(changes) > 30:
+            lines.append(f"  ... and {len(changes) - 30} more (compare.json)")
+        died, appeared = self.died(), self.appeared()
+        if _dead(self.a) is None or _dead(self.b) is None:
+            lines.append("\nheads died / appeared: needs ablation effects in both reports (analyze --ablation N)")
+        else:
+            lines.append(f"\nheads died (alive in A, removing them changes nothing in B): "
+                         f"{', '.join(_name(cb) for _, cb in died) or 'none'}")
+            shown = ", ".join(_name(cb) for _, cb in appeared) or "none"
+            lines.append(f"heads appeared (dead in A, alive in B): {shown}")
+        lines.append("\nlargest metric changes (B - A; in units of the metric's spread over A's heads):")
+        for d in self.metric_deltas(deltas):
+            lines.append(f"  {_name(d['a'])}{'' if d['a'] == d['b'] else ' ~ ' + _name(d['b'])} {d['metric']}: "
+                         f"{d['before']:.4g} -> {d['after']:.4g} ({d['delta']:+.4g}, {d['spread_units']:+.2f})")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, "a": {"name": self.a_name, "model": self.a.model, "shape": self._shape(self.a)},
+                "b": {"name": self.b_name, "model": self.b.model, "shape": self._shape(self.b)},
+                "matching": self.matching, "warnings": self.warnings,
+                "pairs": [{"a": list(ca), "b": list(cb), "distance": None if d is None else round(d, 6)}
+                          for ca, cb, d in self.pairs],
+                "unmatched_a": [list(c) for c in self.unmatched_a], "unmatched_b": [list(c) for c in self.unmatched_b],
+                "label_changes": [{"a": list(ca), "b": list(cb), "before": la, "after": lb}
+                                  for ca, cb, la, lb in self.label_changes()],
+                "flag_changes": [{"a": list(ca), "b": list(cb), "gained": g, "lost": lost}
+                                 for ca, cb, g, lost in self.flag_changes()],
+                "died": [{"a": list(ca), "b": list(cb)} for ca, cb in self.died()],
+                "appeared": [{"a": list(ca), "b": list(cb)} for ca, cb in self.appeared()],
+                "metric_deltas": [{**d, "a": list(d["a"]), "b": list(d["b"]),
+                                   **{k: _finite(d[k]) for k in ("before", "after", "delta", "spread_units")}}
+                                  for d in self.metric_deltas(200)]}
+
+    @staticmethod
+    def _shape(report: Report) -> list[int]:
+        return [report.num_layers, report.num_heads]
+
+
+def compare(a: Report | str | Path, b: Report | str | Path, *, different_corpora: bool = False,
+            matching: str = "auto") -> Comparison:
+    """Compare two reports (or report.json paths / report folders); see the module.
+
+    ``matching``: "auto" (by index when the shapes agree, else by attention profile), "index" or
+    "profile". Raises ValueError when the reports describe different corpora (unless
+    ``different_corpora``) or cannot be matched as asked."""
+    (ra, na), (rb, nb) = _report(a, "A"), _report(b, "B")
+    warnings = []
+    problem = _corpus_problem(ra, rb)
+    if problem:
+        if not different_corpora:
+            raise ValueError(f"the reports describe different corpora ({problem}); their heads cannot be compared "
+                             "on the same texts — analyze both on the same texts, or compare anyway "
+                             "(--different-corpora / different_corpora=True)")
+        warnings.append(f"different corpora ({problem}): differences mix the models and the texts")
+    same_shape = (ra.num_layers, ra.num_heads) == (rb.num_layers, rb.num_heads)
+    if matching not in ("auto", "index", "profile"):
+        raise ValueError(f"matching must be 'auto', 'index' or 'profile'; got {matching!r}")
+    if matching == "index" and not same_shape:
+        raise ValueError(f"matching by index needs the same shape; A is {ra.num_layers} x {ra.num_heads}, "
+                         f"B is {rb.num_layers} x {rb.num_heads}")
+    cells_a = [(r.layer, r.head) for r in ra.heads]
+    cells_b = [(r.layer, r.head) for r in rb.heads]
+    if matching == "index" or (matching == "auto" and same_shape):
+        return Comparison(ra, rb, na, nb, "index", [(c, c, None) for c in cells_a], warnings=warnings)
+    names = [n for n in _common_metrics(ra, rb) if n not in _NOT_ATTENTION]
+    if not names:
+        raise ValueError("the reports share no attention metric to match heads by")
+    pa, pb = _profiles(ra, names), _profiles(rb, names)  # (Na, M), (Nb, M)
+    both = np.concatenate([pa, pb])
+    centre, scale = np.nanmean(both, 0), np.nanstd(both, 0)
+    scale[~(scale > 0)] = 1.0
+    za, zb = np.nan_to_num((pa - centre) / scale), np.nan_to_num((pb - centre) / scale)
+    cost = np.sqrt(((za[:, None, :] - zb[None, :, :]) ** 2).sum(-1))  # (Na, Nb)
+    cols = assignment(cost)
+    pairs = [(cells_a[i], cells_b[j], float(cost[i, j])) for i, j in enumerate(cols) if j >= 0]
+    matched_b = {cb for _, cb, _ in pairs}
+    matched_a = {ca for ca, _, _ in pairs}
+    warnings.append(f"different shapes: heads matched by the similarity of their attention profiles over "
+                    f"{len(names)} metrics (Hungarian algorithm), not by position")
+    return Comparison(ra, rb, na, nb, "attention profile (Hungarian)", pairs,
+                      [c for c in cells_a if c not in matched_a], [c for c in cells_b if c not in matched_b],
+                      warnings)
+
+
+def assignment(cost: np.ndarray) -> np.ndarray:
+    """The rows' columns of a minimum-cost matching of a rectangular cost matrix (Na, Nb): an
+    array (Na,) of column indices, -1 for rows left unmatched when Na > Nb. The Hungarian
+    algorithm with potentials (shortest augmenting paths), O(n²·m), vectorised over columns."""
+    cost = np.asarray(cost, dtype=np.float64)
+    if cost.ndim != 2 or not np.isfinite(cost).all():
+        raise ValueError(f"cost must be a finite 2-D matrix; got shape {cost.shape}")
+    if cost.shape[0] > cost.shape[1]:
+        cols_t = assignment(cost.T)  # (Nb,) rows of the transpose = columns
+        out = np.full(cost.shape[0], -1)
+        out[cols_t] = np.arange(cost.shape[1])
+        return out
+    n, m = cost.shape
+    u, v = np.zeros(n + 1), np.zeros(m + 1)
+    owner = np.zeros(m + 1, dtype=np.int64)  # owner[j]: the row (1-based) matched to column j, 0: none
+    way = np.zeros(m + 1, dtype=np.int64)
+    for i in range(1, n + 1):
+        owner[0] = i
+        j0 = 0
+        minv = np.full(m + 1, np.inf)
+        used = np.zeros(m + 1, dtype=bool)
+        while True:  # grow a shortest augmenting path from row i
+            used[j0] = True
+            i0 = owner[j0]
+            reduced = cost[i0 - 1] - u[i0] - v[1:]  # (m,)
+            free = ~used[1:]
+            better = free & (reduced < minv[1:])
+            minv[1:][better] = reduced[better]
+            way[1:][better] = j0
+            candidates = np.where(free, minv[1:], np.inf)
+            j1 = int(np.argmin(candidates)) + 1
+            delta = candidates[j1 - 1]
+            u[owner[used]] += delta
+            v[used] -= delta
+            minv[1:][free] -= delta
+            j0 = j1
+            if owner[j0] == 0:
+                break
+        while j0:  # flip the path
+            j1 = way[j0]
+            owner[j0] = owner[j1]
+            j0 = j1
+    out = np.full(n, -1)
+    for j in range(1, m + 1):
+        if owner[j]:
+            out[owner[j] - 1] = j - 1
+    return out
+
+
+def write_compare_folder(comparison: Comparison, out: str | Path, *, force: bool = False) -> list[Path]:
+    """Write ``compare.json`` and ``compare.html`` into ``out`` together."""
+    import json
+
+    from ..files import StagedFiles, check_output_folder
+    from ..viz.compare import compare_page
+
+    folder = check_output_folder(out, schema=SCHEMA, marker="compare.json", force=force)
+    folder.mkdir(parents=True, exist_ok=True)
+    with StagedFiles() as staged:
+        staged.stage(folder / "compare.json", json.dumps(comparison.to_dict(), indent=1, ensure_ascii=False))
+        staged.stage(folder / "compare.html", compare_page(comparison).rstrip("\n"))
+        return staged.commit()
+
+
+def _report(value: Report | str | Path, which: str) -> tuple[Report, str]:
+    if isinstance(value, Report):
+        return value, value.model
+    path = Path(value)
+    if path.is_dir():
+        path = path / "report.json"
+    if not path.is_file():
+        raise ValueError(f"report {which}: {path} does not exist (give a report.json or the folder holding one)")
+    return Report.from_json(path), str(value)
+
+
+def _corpus_problem(a: Report, b: Report) -> str | None:
+    ca, cb = a.sections.get("corpus"), b.sections.get("corpus")
+    if ca and cb:
+        if ca["sha256"] != cb["sha256"]:
+            return f"A read {ca['texts']} texts, B {cb['texts']} texts, with different contents"
+        return None
+    if a.sentences != b.sentences:
+        return f"A read {a.sentences} texts, B {b.sentences}"
+    return None
+
+
+def _common_metrics(a: Report, b: Report) -> list[str]:
+    first_a = a.heads[0].metrics if a.heads else {}
+    first_b = set(b.heads[0].metrics) if b.heads else set()
+    return [n for n in first_a if n in first_b]
+
+
+def _profiles(report: Report, names: list[str]) -> np.ndarray:
+    return np.array([[r.metrics.get(n, math.nan) for n in names] for r in report.heads], dtype=np.float64)
+
+
+def _spread(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return float(np.std(finite)) if len(finite) > 1 else 0.0
+
+
+def _dead(report: Report) -> set[Cell] | None:
+    effects = {(r.layer, r.head): r.metrics.get("zero_ablation", math.nan) for r in report.heads}
+    finite = [abs(v) for v in effects.values() if not math.isnan(v)]
+    if not finite:
+        return None
+    floor = DEAD_SHARE * max(finite)
+    return {cell for cell, v in effects.items() if not math.isnan(v) and abs(v) <= floor}
+
+
+def _name(cell: Cell) -> str:
+    return f"L{cell[0]}.H{cell[1]}"
+
+
+def _finite(value: float) -> float | None:
+    return None if not math.isfinite(value) else round(float(value), 6)

@@ -1,0 +1,124 @@
+"""Comparing two reports: the Hungarian matching against brute force, a head gated off in B found
+as exactly that, heads of a differently shaped model matched back to where they came from, and
+reports of different corpora refused (or compared with a visible warning)."""
+
+import copy
+import dataclasses
+import itertools
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import multihead as mh
+from conftest import run_cli
+from multihead.analysis.compare import assignment, compare
+from multihead.analysis.report import Report
+from multihead.data import sample_sentences
+from multihead.hf.sites import find_sites
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 3), (4, 6), (6, 4), (5, 5), (2, 7)])
+def test_assignment_is_a_minimum_cost_matching(shape):
+    rng = np.random.default_rng(sum(shape))
+    for _ in range(5):
+        cost = rng.normal(size=shape)
+        cols = assignment(cost)
+        n, m = shape
+        rows = [i for i in range(n) if cols[i] >= 0]
+        assert len(rows) == min(n, m) and len({int(cols[i]) for i in rows}) == len(rows)
+        got = sum(cost[i, cols[i]] for i in rows)
+        if n <= m:
+            best = min(sum(cost[i, p[i]] for i in range(n)) for p in itertools.permutations(range(m), n))
+        else:
+            best = min(sum(cost[p[j], j] for j in range(m)) for p in itertools.permutations(range(n), m))
+        assert got == pytest.approx(best)
+
+
+def test_assignment_agrees_with_scipy_on_a_large_matrix():
+    optimize = pytest.importorskip("scipy.optimize")
+    cost = np.random.default_rng(0).random((120, 150))
+    rows, cols = optimize.linear_sum_assignment(cost)
+    ours = assignment(cost)
+    assert cost[np.arange(120), ours].sum() == pytest.approx(cost[rows, cols].sum())
+
+
+TEXTS = sample_sentences(12)
+
+
+@pytest.fixture(scope="module")
+def reports(minilm):
+    gated = dataclasses.replace(minilm, model=copy.deepcopy(minilm.model))
+    site = find_sites(gated.model)[5]  # a last-layer head: nothing downstream attends differently
+    with torch.no_grad():
+        site.o.weight[:, 3 * site.head_dim:4 * site.head_dim] = 0
+    a = mh.analyze(minilm, TEXTS, coreference=False, ablation=4)
+    b = mh.analyze(gated, TEXTS, coreference=False, ablation=4)
+    return a, b
+
+
+@pytest.mark.slow
+def test_a_head_gated_off_in_b_is_exactly_what_changed(reports):
+    a, b = reports
+    result = compare(a, b)
+    assert result.matching == "index" and len(result.pairs) == 72 and not result.warnings
+    assert [cb for _, cb in result.died()] == [(5, 3)] and result.appeared() == []
+    assert result.label_changes() == []  # every head attends as before
+    changed = {d["metric"] for d in result.metric_deltas() if abs(d["delta"]) > 1e-6}
+    assert changed <= {"zero_ablation", "mean_ablation"}  # only what removing heads does to the objective
+    top = result.metric_deltas(1)[0]
+    assert top["a"] == (5, 3) and top["metric"] in ("zero_ablation", "mean_ablation")
+
+
+@pytest.mark.slow
+def test_heads_of_another_shape_are_matched_by_their_attention(reports):
+    a, _ = reports
+    rng = random.Random(0)
+    kept = [a.head(layer, h) for layer in (0, 2, 4) for h in range(12)]
+    rng.shuffle(kept)
+    heads = [dataclasses.replace(r, layer=n // 8, head=n % 8) for n, r in enumerate(kept[:24])]
+    origin = {(r.layer, r.head): (k.layer, k.head) for r, k in zip(heads, kept, strict=False)}
+    b = Report("other", a.causal, 3, 8, a.sentences, a.tokens, heads, None, {"corpus": a.sections["corpus"]})
+    result = compare(a, b)
+    assert result.matching.startswith("attention profile")
+    assert {cb: ca for ca, cb, _ in result.pairs} == origin  # identical profiles: found again
+    assert len(result.unmatched_a) == 72 - 24 and not result.unmatched_b
+    assert any("Hungarian" in w for w in result.warnings)
+
+
+@pytest.mark.slow
+def test_reports_of_different_corpora_are_refused_or_warned(minilm, reports, tmp_path, capsys):
+    a, _ = reports
+    other = mh.analyze(minilm, TEXTS[4:10], coreference=False)
+    with pytest.raises(ValueError, match="different corpora"):
+        compare(a, other)
+    assert "different corpora" in compare(a, other, different_corpora=True).warnings[0]
+    a.to_json(tmp_path / "a.json")
+    other.to_json(tmp_path / "b.json")
+    code, _, stderr = run_cli(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out",
+                               str(tmp_path / "out")], capsys)
+    assert code == 2 and "different corpora" in stderr and "Traceback" not in stderr
+    code, stdout, _ = run_cli(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--different-corpora",
+                               "--out", str(tmp_path / "out")], capsys)
+    assert code == 0 and "warning: different corpora" in stdout
+    page = (tmp_path / "out" / "compare.html").read_text()
+    assert 'class="warning"' in page and "different corpora" in page and "<script" not in page
+    saved = json.loads((tmp_path / "out" / "compare.json").read_text())
+    assert saved["schema"] == "multihead.compare/1" and saved["warnings"]
+    code, _, stderr = run_cli(["compare", str(tmp_path / "missing.json"), str(tmp_path / "b.json")], capsys)
+    assert code == 2 and "no such file" in stderr
+
+
+@pytest.mark.slow
+def test_compare_reads_report_folders_and_keeps_the_evidence_sections(reports, tmp_path):
+    a, b = reports
+    for name, report in (("a", a), ("b", b)):
+        (tmp_path / name).mkdir()
+        report.to_json(tmp_path / name / "report.json")
+    again = Report.from_json(tmp_path / "a" / "report.json")
+    assert again.sections["ablation"] == json.loads(json.dumps(a.sections["ablation"]))
+    assert again.sections["corpus"]["texts"] == len(TEXTS)
+    result = compare(tmp_path / "a", tmp_path / "b")
+    assert [cb for _, cb in result.died()] == [(5, 3)]
