@@ -48,19 +48,19 @@ speech:
 
 # The whole suite: what CI runs.
 test: $(STAMP) browser speech
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(PY) -m pytest -q
 
 # Daily work: every module's fast tests (no real-model, subprocess, browser or compile tests), in under 2 minutes.
 test-fast: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(PY) -m pytest -q -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

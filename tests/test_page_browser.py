@@ -82,6 +82,19 @@ def _open(browser, path):
     return root
 
 
+def _offset(canvas, x, y):
+    """A point in the canvas's own pixels as an offset from its centre in CSS pixels (selenium's)."""
+    width, height = int(canvas.get_attribute("width")), int(canvas.get_attribute("height"))
+    size = canvas.size
+    return x * size["width"] / width - size["width"] / 2, y * size["height"] / height - size["height"] / 2
+
+
+def _cell(canvas, i, j, n):
+    """The centre of cell (row i, column j) of an n x n map drawn where the canvas says it is."""
+    x0, y0, side = (float(canvas.get_attribute(a)) for a in ("data-x0", "data-y0", "data-size"))
+    return _offset(canvas, x0 + (j + 0.5) * side / n, y0 + (i + 0.5) * side / n)
+
+
 def _requests(browser):
     urls = []
     for entry in browser.get_log("performance"):
@@ -118,6 +131,7 @@ def test_clicking_the_model_view_opens_a_head_and_hover_shows_its_weight(browser
     from selenium.webdriver.common.action_chains import ActionChains
 
     root = _open(browser, page)
+    root.find_element("css selector", '.mh-tab[data-view="model"]').click()
     canvas = root.find_element("css selector", "canvas.mh-modelview")
     # the thumbnail of layer 3, head 5 (40 px margin, 64 px thumbnails 6 px apart, 18 px label rows)
     x, y = 40 + 5 * 70 + 30, 3 * 82 + 18 + 30
@@ -131,9 +145,7 @@ def test_clicking_the_model_view_opens_a_head_and_hover_shows_its_weight(browser
     tokens, maps = mh.viz.attention_maps(page_model, SENTENCE)
     T, size = len(tokens), matrix.size
     for i, j in [(1, 0), (4, 4), (T - 1, 2)]:
-        x, y = (j + 0.5) * size["width"] / T, (i + 0.5) * size["height"] / T
-        ActionChains(browser).move_to_element_with_offset(matrix, x - size["width"] / 2,
-                                                          y - size["height"] / 2).perform()
+        ActionChains(browser).move_to_element_with_offset(matrix, *_cell(matrix, i, j, T)).perform()
         info = root.find_element("css selector", ".mh-info").text
         assert info.startswith(f"{tokens[i]} → {tokens[j]}: "), info
         assert abs(float(info.rsplit(": ", 1)[1]) - float(maps[3, 5, i, j])) <= 1 / 255 + 5e-4, (i, j, info)
@@ -290,11 +302,119 @@ def test_export_buttons_produce_png_and_svg(browser, page):
     browser.execute_script(
         "window.__downloads = []; HTMLAnchorElement.prototype.click = function () {"
         " window.__downloads.push([this.getAttribute('download'), this.href]); };")
+    root.find_element("css selector", '.mh-tab[data-view="model"]').click()
     root.find_element("css selector", ".mh-export-png").click()
     root.find_element("css selector", ".mh-export-svg").click()
-    (png_name, png), (svg_name, svg) = browser.execute_script("return window.__downloads;")
+    root.find_element("css selector", '.mh-tab[data-view="table"]').click()
+    root.find_element("css selector", ".mh-export-png").click()  # a table exports as CSV
+    (png_name, png), (svg_name, svg), (csv_name, csv) = browser.execute_script("return window.__downloads;")
     assert png_name == "multihead-model.png" and png.startswith("data:image/png;base64,") and len(png) > 1000
     assert svg_name == "multihead-matrix.svg" and svg.startswith("data:image/svg+xml") and "rect" in svg
+    from urllib.parse import unquote
+
+    svg = unquote(svg.split(",", 1)[1])
+    for token in ("animal", "street", "tired", "[CLS]"):  # the token labels travel with the export
+        assert f">{token}</text>" in svg, token
+    assert csv_name == "multihead-heads.csv"
+    rows = unquote(csv.split(",", 1)[1]).splitlines()
+    assert rows[0].startswith("layer,head,label,evidence,flags,entropy") and len(rows) == 73
+    for view in ("overview", "similarity"):  # the map and the similarity export with their labels
+        root.find_element("css selector", f'.mh-tab[data-view="{view}"]').click()
+        root.find_element("css selector", ".mh-export-svg").click()
+    (_, _), (_, _), (_, _), (map_name, map_svg), (sim_name, sim_svg) = browser.execute_script(
+        "return window.__downloads;")
+    map_svg, sim_svg = unquote(map_svg.split(",", 1)[1]), unquote(sim_svg.split(",", 1)[1])
+    assert map_name == "multihead-map.svg" and ">L5</text>" in map_svg and ">H11</text>" in map_svg
+    assert map_svg.count("<rect") == 72 and ">mixed</text>" in map_svg
+    assert sim_name == "multihead-similarity.svg" and ">L5</text>" in sim_svg and sim_svg.count("<rect") == 72 * 72
+
+
+def test_overview_first_with_legend_probes_and_links_to_heads(browser, page):
+    root = _open(browser, page)
+    overview = root.find_element("css selector", '.mh-view[data-view="overview"]')
+    assert overview.is_displayed()  # the first view of a page with a report
+    meta = overview.find_element("css selector", ".mh-meta").text
+    assert meta.startswith("minilm: 6 layers × 12 heads") and "3 sentences" in meta and "multihead" in meta
+    cells = overview.find_elements("css selector", "td.mh-mapcell")
+    assert len(cells) == 72
+    legend = [dt.text for dt in overview.find_elements("css selector", "dl.mh-legend dt")]
+    labels = {c.get_attribute("title").split(": ", 1)[1].split(" — ")[0] for c in cells}
+    for label in labels:  # every label on the map is explained
+        assert (label if not label.startswith("syntactic:") else "syntactic:REL") in legend, label
+    cells[2 * 12 + 7].click()
+    assert root.find_element("css selector", ".mh-matrix-title").text.startswith("layer 2, head 7")
+    root.find_element("css selector", '.mh-tab[data-view="overview"]').click()
+    link = overview.find_elements("css selector", "table.mh-probe a.mh-headlink")[0]
+    name = link.text
+    link.click()
+    layer, head = name[1:].split(".H")
+    assert root.find_element("css selector", ".mh-matrix-title").text.startswith(f"layer {layer}, head {head}")
+
+
+def test_matrix_names_its_axes_and_has_a_colour_bar(browser, page):
+    root = _open(browser, page)
+    root.find_element("css selector", '.mh-tab[data-view="matrix"]').click()
+    matrix = root.find_element("css selector", "canvas.mh-matrix")
+    x0, y0, side = (int(float(matrix.get_attribute(a))) for a in ("data-x0", "data-y0", "data-size"))
+    assert x0 > 50 and y0 > 50  # room for the tokens on both axes
+    ink = browser.execute_script("""
+        const [c, x0, y0, side] = arguments, ctx = c.getContext("2d");
+        const count = (x, y, w, h) => { const d = ctx.getImageData(x, y, w, h).data; let n = 0;
+          for (let k = 0; k < d.length; k += 4) if (d[k] < 200 && d[k + 3] > 0) n++; return n; };
+        return [count(0, y0, x0 - 2, side), count(x0, 0, side, y0 - 2),
+                count(x0 + side + 2, y0, c.width - x0 - side - 2, side)];
+    """, matrix, x0, y0, side)
+    left, top, bar = ink
+    assert left > 200 and top > 200 and bar > 200, ink  # token labels left and above, the colour bar right
+
+
+def test_table_rows_and_similarity_cells_open_their_head(browser, page):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    root = _open(browser, page)
+    root.find_element("css selector", '.mh-tab[data-view="table"]').click()
+    root.find_element("css selector", 'tr.mh-row[data-layer="4"][data-head="9"]').click()
+    assert root.find_element("css selector", ".mh-matrix-title").text.startswith("layer 4, head 9")
+    detail = root.find_element("css selector", ".mh-detail").text
+    assert "L4.H9" in detail and "layer mean" in detail and "model percentile" in detail
+    assert root.find_element("css selector", ".mh-info").text == ""  # no stale hover text from the table
+    root.find_element("css selector", '.mh-tab[data-view="similarity"]').click()
+    sim = root.find_element("css selector", "canvas.mh-similarity")
+    ActionChains(browser).move_to_element_with_offset(sim, *_cell(sim, 1 * 12 + 3, 20, 72)).click().perform()
+    assert root.find_element("css selector", ".mh-matrix-title").text.startswith("layer 1, head 3")
+    root.find_element("css selector", '.mh-tab[data-view="similarity"]').click()
+    groups = root.find_elements("css selector", "li.mh-group")
+    assert 2 <= len(groups) <= 20 and all("heads" in g.text for g in groups)
+
+
+def test_hovering_a_token_in_the_head_view_highlights_its_lines(browser, page):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    root = _open(browser, page)
+    root.find_element("css selector", '.mh-tab[data-view="head"]').click()
+    canvas = root.find_element("css selector", "canvas.mh-headview")
+    snapshot = "return arguments[0].toDataURL();"
+    before = browser.execute_script(snapshot, canvas)
+    ActionChains(browser).move_to_element_with_offset(canvas, *_offset(canvas, 80, 10 + 2 * 16 + 8)).perform()
+    assert root.find_element("css selector", ".mh-info").text == "what animal attends to"
+    during = browser.execute_script(snapshot, canvas)
+    ActionChains(browser).move_to_element_with_offset(canvas, *_offset(canvas, 440, 10 + 2 * 16 + 8)).perform()
+    assert root.find_element("css selector", ".mh-info").text == "what attends to animal"
+    into = browser.execute_script(snapshot, canvas)
+    assert len({before, during, into}) == 3
+
+
+def test_the_url_fragment_restores_a_view(browser, page):
+    browser.get(page.as_uri() + "#s=1&l=4&h=2&v=matrix")
+    root = browser.find_element("css selector", ".mh-page")
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(browser, 60).until(lambda _: root.get_attribute("data-ready") == "1")
+    assert root.find_element("css selector", '.mh-view[data-view="matrix"]').is_displayed()
+    assert root.find_element("css selector", ".mh-matrix-title").text.startswith("layer 4, head 2")
+    assert root.find_element("css selector", "select.mh-sentence").get_attribute("value") == "1"
+    root.find_element("css selector", '.mh-tab[data-view="table"]').click()
+    assert browser.execute_script("return location.hash") == "#s=1&l=4&h=2&v=table"
 
 
 def test_what_a_row_did_not_store_is_said_not_shown_as_zero(browser, tmp_path):
@@ -309,15 +429,12 @@ def test_what_a_row_did_not_store_is_said_not_shown_as_zero(browser, tmp_path):
     root.find_element("css selector", '.mh-tab[data-view="matrix"]').click()
     assert f"each row stores its {k} largest weights" in root.find_element("css selector", ".mh-matrix-title").text
     matrix = root.find_element("css selector", "canvas.mh-matrix")
-    size = matrix.size
     i = 5
     order = maps[0, 0, i].argsort(descending=True)
     kept = float(maps[0, 0, i, order[:k]].sum())
 
     def hover(j):
-        x, y = (j + 0.5) * size["width"] / T, (i + 0.5) * size["height"] / T
-        ActionChains(browser).move_to_element_with_offset(matrix, x - size["width"] / 2,
-                                                          y - size["height"] / 2).perform()
+        ActionChains(browser).move_to_element_with_offset(matrix, *_cell(matrix, i, j, T)).perform()
         return root.find_element("css selector", ".mh-info").text
 
     stored, dropped = hover(int(order[0])), hover(int(order[-1]))
@@ -354,10 +471,10 @@ def test_a_4096_token_document_page_is_under_20_mb_pooled_and_zooms_to_full_reso
     assert "blocks of 32 x 32 tokens" in title and "largest weights" in title, title
     matrix = root.find_element("css selector", "canvas.mh-matrix")
 
-    def point(fx, fy, click=False):  # a spot of the canvas, as fractions of its width and height
-        size = matrix.size
-        chain = ActionChains(browser).move_to_element_with_offset(matrix, (fx - 0.5) * size["width"],
-                                                                  (fy - 0.5) * size["height"])
+    def point(fx, fy, click=False):  # a spot of the map, as fractions of its side
+        x0, y0, side = (float(matrix.get_attribute(a)) for a in ("data-x0", "data-y0", "data-size"))
+        chain = ActionChains(browser).move_to_element_with_offset(matrix, *_offset(matrix, x0 + fx * side,
+                                                                                   y0 + fy * side))
         (chain.click() if click else chain).perform()
         return root.find_element("css selector", ".mh-info").text
 

@@ -28,7 +28,7 @@ from .induction import induction_scores
 from .longcontext import LongContextStatistics
 from .metrics import HeadStatistics, TokenInfo
 from .patterns import SYNTAX_RULE, flags_for, label_for
-from .redundancy import RedundancyStatistics, clusters, most_redundant
+from .redundancy import RedundancyStatistics, clusters, informative_groups, most_redundant
 from .report import HeadRecord, Report
 from .syntax import Parse, SyntaxStatistics, parse_with_spacy, parses_for
 
@@ -226,6 +226,8 @@ def _redundancy_section(red: RedundancyStatistics, H: int) -> dict:
         "pairs_cosine": most_redundant(cosine, H, k=10, distance=False),
         "clusters_js": [[(n // H, n % H) for n in group] for group in clusters(js, CLUSTER_JS)],
         "cluster_threshold": CLUSTER_JS,
+        "groups_js": {**(found := informative_groups(js)),
+                      "groups": [[(n // H, n % H) for n in group] for group in found["groups"]]},
         "rows_js": int(red.js_count),
     }
 

@@ -165,3 +165,89 @@ def clusters(distance: Tensor, threshold: float) -> list[list[int]]:
     for n in range(N):
         groups.setdefault(find(n), []).append(n)
     return sorted((g for g in groups.values() if len(g) > 1), key=len, reverse=True)
+
+
+def informative_groups(distance: Tensor, max_groups: int = 20) -> dict:
+    """Heads grouped by Ward's agglomerative clustering of ``distance`` (N, N) — each merge adds the
+    least within-group variance (Lance–Williams update on squared distances) — cut at the number of
+    groups (2 .. ``max_groups``) with the best mean silhouette. Single or average linkage chain near
+    neighbours into one group of most heads plus a few outliers (measured on MiniLM: 71 + 1 heads
+    at the best average-linkage cut); Ward's groups are of comparable size.
+
+    Returns {"groups": [[head, ...], ...] largest first, "silhouette": the cut's mean silhouette,
+    "height": the merge distance at the cut}."""
+    import numpy as np
+
+    D = np.nan_to_num(distance.double().numpy(), nan=1.0)
+    N = D.shape[0]
+    if N < 3:
+        return {"groups": [list(range(N))], "silhouette": 0.0, "height": 0.0}
+    merges = _ward_linkage(D)
+    best = None
+    for k in range(2, min(max_groups, N - 1) + 1):
+        labels = _cut(merges, N, k)
+        score = _silhouette(D, labels)
+        if best is None or score > best[0]:
+            best = (score, k, labels)
+    score, k, labels = best
+    groups: dict[int, list[int]] = {}
+    for n, g in enumerate(labels.tolist()):
+        groups.setdefault(g, []).append(n)
+    return {"groups": sorted(groups.values(), key=len, reverse=True), "silhouette": round(float(score), 4),
+            "height": round(float(merges[N - k - 1][2]), 4)}
+
+
+def _ward_linkage(D):
+    """Merges [(a, b, height)] in order; a cluster keeps the index of its first member."""
+    import numpy as np
+
+    M = (D.astype(np.float64) ** 2).copy()  # Ward's update works on squared distances
+    np.fill_diagonal(M, np.inf)
+    size = np.ones(len(M))
+    merges = []
+    for _ in range(len(M) - 1):
+        i, j = divmod(int(np.argmin(M)), len(M))
+        i, j = min(i, j), max(i, j)
+        merges.append((i, j, float(np.sqrt(M[i, j]))))
+        row = ((size + size[i]) * M[i] + (size + size[j]) * M[j] - size * M[i, j]) / (size + size[i] + size[j])
+        M[i], M[:, i] = row, row
+        M[i, i] = np.inf
+        M[j], M[:, j] = np.inf, np.inf
+        size[i] += size[j]
+    return merges
+
+
+def _cut(merges, N: int, k: int):
+    """Group labels (N,) after the first N − k merges."""
+    import numpy as np
+
+    parent = list(range(N))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for a, b, _ in merges[:N - k]:
+        parent[find(b)] = find(a)
+    roots = {r: n for n, r in enumerate(sorted({find(x) for x in range(N)}))}
+    return np.array([roots[find(x)] for x in range(N)])
+
+
+def _silhouette(D, labels) -> float:
+    """Mean silhouette of a grouping (a head alone in its group scores 0)."""
+    import numpy as np
+
+    k = int(labels.max()) + 1
+    onehot = np.eye(k)[labels]  # (N, k)
+    counts = onehot.sum(0)  # (k,)
+    sums = D @ onehot  # (N, k) summed distance of each head to each group
+    own = labels
+    n_own = counts[own]
+    a = np.where(n_own > 1, sums[np.arange(len(D)), own] / np.maximum(n_own - 1, 1), 0.0)
+    other = sums / np.maximum(counts, 1)
+    other[np.arange(len(D)), own] = np.inf
+    b = other.min(1)
+    s = np.where(n_own > 1, (b - a) / np.maximum(np.maximum(a, b), 1e-12), 0.0)
+    return float(s.mean())

@@ -66,7 +66,8 @@ class Report:
     tokens: int
     heads: list[HeadRecord] = field(default_factory=list)
     #: js_distance / cosine: (N, N) tensors over N = L·H heads (head n is layer n // H, head n % H);
-    #: pairs_js / pairs_cosine: most redundant pairs; clusters_js: groups of near-identical heads.
+    #: pairs_js / pairs_cosine: most redundant pairs; clusters_js: groups of near-identical heads;
+    #: groups_js: average-linkage groups cut where the silhouette is best (informative groups).
     redundancy: dict[str, Any] | None = None
     #: probe results beside the per-head metrics: "induction" (the probe's settings), "coreference"
     #: (examples, baseline_nearest), "syntax" (min_count, relations: count, baseline,
@@ -98,6 +99,9 @@ class Report:
                 **{key: [{"a": list(a), "b": list(b), "value": json_number(v)} for a, b, v in red[key]]
                    for key in ("pairs_js", "pairs_cosine")},
                 "clusters_js": [[list(x) for x in group] for group in red["clusters_js"]],
+                **({"groups_js": {**red["groups_js"], "groups": [[list(x) for x in group]
+                                                                 for group in red["groups_js"]["groups"]]}}
+                   if red.get("groups_js") else {}),
                 "cluster_threshold": red["cluster_threshold"],
                 "rows_js": red.get("rows_js"),
             }
@@ -138,6 +142,8 @@ class Report:
             for key in ("pairs_js", "pairs_cosine"):
                 red[key] = [(tuple(p["a"]), tuple(p["b"]), p["value"]) for p in red[key]]
             red["clusters_js"] = [[tuple(x) for x in group] for group in red["clusters_js"]]
+            if red.get("groups_js"):
+                red["groups_js"]["groups"] = [[tuple(x) for x in group] for group in red["groups_js"]["groups"]]
         sections = {name: data[name] for name in SECTIONS if name in data}
         stacks = {name: cls.from_dict(sub) for name, sub in (data.get("stacks") or {}).items()}
         return cls(data["model"], data["causal"], data["num_layers"], data["num_heads"], data["sentences"],

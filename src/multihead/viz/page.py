@@ -54,6 +54,14 @@ _CSS = """
 .mh-page th { cursor: pointer; background: #f3f3f3; }
 .mh-page canvas { border: 1px solid #eee; max-width: 100%; }
 .mh-page .mh-info { min-height: 1.4em; font-family: monospace; }
+.mh-page table.mh-labelmap td { text-align: center; cursor: pointer; font-size: 11px; min-width: 4.2em; }
+.mh-page table.mh-table tr.mh-row { cursor: pointer; }
+.mh-page table.mh-table tr.mh-row:hover, .mh-page table.mh-labelmap td:hover { outline: 2px solid #fc0; }
+.mh-page dl.mh-legend { display: grid; grid-template-columns: max-content auto; gap: 2px 10px; font-size: 12px; }
+.mh-page dl.mh-legend dt { padding: 0 6px; border: 1px solid #ccc; }
+.mh-page dl.mh-legend dd { margin: 0; }
+.mh-page table.mh-probe td, .mh-page table.mh-probe th { font-size: 12px; }
+.mh-page .mh-meta, .mh-page .mh-note { color: #555; }
 """
 
 
@@ -120,7 +128,56 @@ def page_data(sentences: Sequence[tuple[str, Sequence[str], Tensor] | dict], rep
             js = torch.as_tensor(red["js_distance"], dtype=torch.float64).nan_to_num(1.0).clamp(0, 1)
             data["similarity"] = (js * 255).round().to(torch.uint8).flatten().tolist()
             data["clusters"] = [list(map(list, g)) for g in red.get("clusters_js", [])]
+            if red.get("groups_js"):
+                groups = red["groups_js"]
+                data["groups"] = {**groups, "groups": [list(map(list, g)) for g in groups["groups"]]}
+            data["pairs"] = [[list(a), list(b), json_number(v, 4)] for a, b, v in red.get("pairs_js", [])]
+        data["overview"] = _overview(report)
     return data
+
+
+def _overview(report: Report) -> dict:
+    """What the overview tab shows beside the label map: the run and the probes' summaries (the
+    per-head matrices stay out: the table has every head's metrics)."""
+    from datetime import UTC, datetime
+
+    from .. import __version__
+
+    out: dict = {"model": report.model, "causal": report.causal, "sentences": report.sentences,
+                 "tokens": report.tokens, "written": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                 "version": __version__, "flags": [[r.layer, r.head, list(r.flags)] for r in report.heads if r.flags]}
+    out.update(_legend())
+    sections = report.sections
+    if "syntax" in sections:
+        out["syntax"] = {"min_count": sections["syntax"]["min_count"], "relations": {
+            rel: {k: d[k] for k in ("count", "baseline", "baseline_offset", "best")}
+            for rel, d in sections["syntax"]["relations"].items()}}
+    for key in ("coreference", "induction", "ablation", "evidence", "long_context", "retrieval", "corpus"):
+        if key in sections:
+            out[key] = json.loads(json.dumps(sections[key], default=str))
+    return out
+
+
+def _legend() -> dict:
+    """Each label's and flag's rule in words, from the rules themselves (one source of truth), and
+    the labels' colours."""
+    from ..analysis.html import LABEL_COLOURS
+    from ..analysis.patterns import COREFERENCE_RULE, FLAG_RULES, LABEL_RULES, SYNTAX_RULE
+
+    words = {"induction": "attends to the token after an earlier copy of the current one (induction probe)",
+             "self": "attends to its own position", "previous": "attends to the previous token",
+             "next": "attends to the next token", "special-token": "attends to [CLS]/[SEP] (or BOS/EOS)",
+             "broad": "spreads its attention widely (normalised entropy)", "local": "attends within ±2 tokens"}
+    legend = {label: f"{words.get(label, label)}: {key} ≥ {threshold}" for label, key, threshold in LABEL_RULES}
+    n, acc, margin = SYNTAX_RULE
+    legend["syntactic:REL"] = (f"the dependent attends to its governor for relation REL (REL>: the governor to "
+                               f"its dependents): seen ≥ {n} times, accuracy ≥ {acc} and ≥ the best fixed offset "
+                               f"+ {margin}")
+    legend["coreference"] = (f"a pronoun attends to its antecedent: accuracy ≥ {COREFERENCE_RULE[0]} and ≥ the "
+                             f"nearest-mention baseline + {COREFERENCE_RULE[1]}")
+    legend["mixed"] = "none of the rules above holds"
+    flags = {flag: f"{key} ≥ {threshold}" for flag, key, threshold in FLAG_RULES}
+    return {"legend": legend, "flag_legend": flags, "colours": LABEL_COLOURS}
 
 
 def _rollout_entry(maps: Tensor) -> dict:
@@ -155,22 +212,25 @@ def page_body(data: dict) -> str:
             f"<h2>{title}: {data['num_layers']} layers × {data['num_heads']} heads</h2>"
             '<div class="mh-controls"></div>'
             '<div class="mh-tabs">'
-            '<button class="mh-tab active" data-view="model">model</button>'
+            + ('<button class="mh-tab" data-view="overview">overview</button>' if data.get("overview") else "") +
+            '<button class="mh-tab" data-view="model">model</button>'
             '<button class="mh-tab" data-view="head">head</button>'
             '<button class="mh-tab" data-view="matrix">matrix</button>'
             '<button class="mh-tab" data-view="rollout">rollout</button>'
             '<button class="mh-tab" data-view="table">table</button>'
             '<button class="mh-tab" data-view="similarity">similarity</button>'
             ' <button class="mh-export-png">export PNG</button>'
-            ' <button class="mh-export-svg">export matrix SVG</button></div>'
+            ' <button class="mh-export-svg">export SVG</button>'
+            ' <button class="mh-export-csv">export table CSV</button></div>'
             '<div class="mh-info"></div>'
-            '<div class="mh-view" data-view="model"><canvas class="mh-modelview"></canvas></div>'
+            '<div class="mh-view" data-view="overview" style="display:none"><div class="mh-overview"></div></div>'
+            '<div class="mh-view" data-view="model" style="display:none"><canvas class="mh-modelview"></canvas></div>'
             '<div class="mh-view" data-view="head" style="display:none"><canvas class="mh-headview"></canvas></div>'
             '<div class="mh-view" data-view="matrix" style="display:none"><div class="mh-matrix-title"></div>'
             '<div class="mh-zoom" style="display:none"><select class="mh-pool-mode" aria-label="pooled value">'
             '<option value="mass">block mass</option><option value="max">block max</option></select>'
             ' <button class="mh-zoom-out">zoom out</button> <button class="mh-zoom-all">whole map</button></div>'
-            '<canvas class="mh-matrix"></canvas></div>'
+            '<canvas class="mh-matrix"></canvas><div class="mh-detail"></div></div>'
             '<div class="mh-view" data-view="rollout" style="display:none"><div class="mh-rollout-title"></div>'
             '<select class="mh-rollout-mode" aria-label="rollout or flow"><option value="rollout">attention rollout'
             '</option><option value="flow">attention flow</option></select><br>'
