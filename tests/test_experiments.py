@@ -114,6 +114,13 @@ def test_every_quick_experiment_writes_json_markdown_and_plots(tmp_path, capsys)
     spec = json.loads((out / "specialise" / "result.json").read_text())
     assert [c["step"] for c in spec["checkpoints"]] == [0, 4, 8]
     assert sum(spec["checkpoints"][-1]["counts"].values()) == 8
+    reports = out / "specialise" / "reports"  # every checkpoint's report: two of them side by side
+    assert sorted(p.name for p in reports.iterdir()) == ["step-00000", "step-00004", "step-00008"]
+    capsys.readouterr()
+    assert main(["compare", str(reports / "step-00000"), str(reports / "step-00008"), "--out",
+                 str(out / "cmp")]) == 0
+    printed = capsys.readouterr().out
+    assert "heads matched by index: 8 pairs" in printed and (out / "cmp" / "compare.html").is_file()
     # a rerun into the same folder replaces the results (they are ours), from the cached runs
     (out / "heads" / "result.md").write_text("stale")
     assert main(["experiment", "heads", "--quick", "--out", str(out)]) == 0

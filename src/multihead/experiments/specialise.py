@@ -5,10 +5,13 @@ next-token, broad and [CLS]/[SEP] heads appear?
 The encoder learns masked characters of Hamlet (first 90%; the labels are measured on 64
 held-out windows of the last 10%): each window is ``[CLS]`` + 62 characters + ``[SEP]``; 15% of
 the characters are chosen, of which 80% become ``[MASK]``, 10% a random character and 10% stay.
+Every checkpoint's report is written to ``OUT/specialise/reports/step-NNNNN``, so two checkpoints
+can be compared: ``multihead compare OUT/specialise/reports/step-00000 OUT/specialise/reports/step-03000``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,7 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..analysis.patterns import label_for
+from ..analysis.output import write_report_folder
+from ..analysis.patterns import flags_for, label_for
+from ..analysis.report import Report, head_records
 from ..models import Encoder, ModelConfig
 from ..train import CharData, step_generator
 from .common import Setting, fit, head_metrics, log, pick_device, write_result
@@ -76,10 +81,19 @@ class _MaskedLM(nn.Module):
         return self.head(self.encoder(input_ids, attention_mask))  # (B, T, V)
 
 
-def _labels(model: nn.Module, data: MaskedChars) -> tuple[list[list[str]], dict[str, list[list[float]]]]:
-    means = head_metrics(model, data.held_out(), first_is_special=True, separator=data.SEP)
+def _labels(model: nn.Module, data: MaskedChars, step: int,
+            reports: Path) -> tuple[list[list[str]], dict[str, list[list[float]]]]:
+    """The heads' labels and main metrics at a checkpoint; the whole report is written to
+    ``reports/step-NNNNN`` so any two checkpoints can be set side by side (``multihead compare``)."""
+    held_out = data.held_out()
+    means = head_metrics(model, held_out, first_is_special=True, separator=data.SEP)
     L, H = means["entropy"].shape
     labels = [[label_for({k: float(v[layer, h]) for k, v in means.items()}) for h in range(H)] for layer in range(L)]
+    ids = torch.cat([b["input_ids"] for b in held_out])
+    corpus = {"texts": ids.shape[0], "sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest()}
+    report = Report(f"specialise encoder, step {step}", False, L, H, ids.shape[0], ids.numel(),
+                    head_records(means, label_for, flags_for), None, {"corpus": corpus}, "encoder")
+    write_report_folder(report, reports / f"step-{step:05d}", force=True)
     keep = ("entropy_norm", "previous_token", "next_token", "self", "local", "cls", "sep", "distance")
     return labels, {k: means[k].tolist() for k in keep}
 
@@ -98,7 +112,7 @@ def run_specialise(setting: Setting, out: Path, device: str = "auto") -> Path:
     def checkpoint(step: int, model: nn.Module) -> None:
         if step not in cfg["checkpoints"]:
             return
-        labels, metrics = _labels(model, data)
+        labels, metrics = _labels(model, data, step, out / "specialise" / "reports")
         counts = Counter(label for row in labels for label in row)
         checkpoints.append({"step": step, "labels": labels, "counts": dict(counts), "metrics": metrics})
         log(f"  step {step}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
