@@ -149,6 +149,15 @@ def most_redundant(similarity: Tensor, num_heads: int, *, k: int = 10, distance:
 def clusters(distance: Tensor, threshold: float) -> list[list[int]]:
     """Groups of heads linked by distance <= threshold (single linkage), largest first; singletons dropped."""
     N = distance.shape[0]
+    close = [(a, b) for a, b in (distance <= threshold).nonzero().tolist() if a < b]
+    groups: dict[int, list[int]] = {}
+    for n, root in enumerate(_linked(N, close)):
+        groups.setdefault(root, []).append(n)
+    return sorted((g for g in groups.values() if len(g) > 1), key=len, reverse=True)
+
+
+def _linked(N: int, links: list[tuple[int, int]]) -> list[int]:
+    """For each of N items, the representative of the group the ``links`` join it into (union-find)."""
     parent = list(range(N))
 
     def find(x: int) -> int:
@@ -157,14 +166,9 @@ def clusters(distance: Tensor, threshold: float) -> list[list[int]]:
             x = parent[x]
         return x
 
-    close = (distance <= threshold).nonzero().tolist()
-    for a, b in close:
-        if a < b:
-            parent[find(a)] = find(b)
-    groups: dict[int, list[int]] = {}
-    for n in range(N):
-        groups.setdefault(find(n), []).append(n)
-    return sorted((g for g in groups.values() if len(g) > 1), key=len, reverse=True)
+    for a, b in links:
+        parent[find(b)] = find(a)
+    return [find(x) for x in range(N)]
 
 
 def informative_groups(distance: Tensor, max_groups: int = 20) -> dict:
@@ -221,18 +225,9 @@ def _cut(merges, N: int, k: int):
     """Group labels (N,) after the first N − k merges."""
     import numpy as np
 
-    parent = list(range(N))
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for a, b, _ in merges[:N - k]:
-        parent[find(b)] = find(a)
-    roots = {r: n for n, r in enumerate(sorted({find(x) for x in range(N)}))}
-    return np.array([roots[find(x)] for x in range(N)])
+    found = _linked(N, [(a, b) for a, b, _ in merges[:N - k]])
+    roots = {r: n for n, r in enumerate(sorted(set(found)))}
+    return np.array([roots[r] for r in found])
 
 
 def _silhouette(D, labels) -> float:
