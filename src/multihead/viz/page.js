@@ -227,7 +227,7 @@
       }
       ctx.putImageData(img, x0, y0);
       ctx.fillStyle = "#222"; ctx.font = "10px " + FONTS; ctx.textAlign = "left"; ctx.textBaseline = "bottom";
-      ctx.fillText(label(l, h).replace("syntactic:", "syn:").slice(0, 11) + mark(l, h), x0, y0 - 2);
+      ctx.fillText(code(label(l, h)) + mark(l, h), x0, y0 - 2);  // the legend (overview) explains the codes
     }
     for (let l = 0; l < L; l++) { ctx.fillText("L" + l, 4, l * (THUMB + GAP) + GAP + THUMB / 2); }
   }
