@@ -174,9 +174,10 @@ def _linked(N: int, links: list[tuple[int, int]]) -> list[int]:
 def informative_groups(distance: Tensor, max_groups: int = 20) -> dict:
     """Heads grouped by Ward's agglomerative clustering of ``distance`` (N, N) — each merge adds the
     least within-group variance (Lance–Williams update on squared distances) — cut at the number of
-    groups (2 .. ``max_groups``) with the best mean silhouette. Single or average linkage chain near
-    neighbours into one group of most heads plus a few outliers (measured on MiniLM: 71 + 1 heads
-    at the best average-linkage cut); Ward's groups are of comparable size.
+    groups (2 .. ``max_groups``) with the best mean silhouette among the cuts whose largest group
+    holds at most half the heads (a group of most heads says little; all cuts when none qualifies).
+    Single or average linkage chain near neighbours into one group of most heads plus a few
+    outliers (measured on MiniLM: 71 + 1 heads at the best average-linkage cut).
 
     Returns {"groups": [[head, ...], ...] largest first, "silhouette": the cut's mean silhouette,
     "height": the merge distance at the cut}."""
@@ -187,13 +188,13 @@ def informative_groups(distance: Tensor, max_groups: int = 20) -> dict:
     if N < 3:
         return {"groups": [list(range(N))], "silhouette": 0.0, "height": 0.0}
     merges = _ward_linkage(D)
-    best = None
+    cuts = []
     for k in range(2, min(max_groups, N - 1) + 1):
         labels = _cut(merges, N, k)
-        score = _silhouette(D, labels)
-        if best is None or score > best[0]:
-            best = (score, k, labels)
-    score, k, labels = best
+        cuts.append((_silhouette(D, labels), k, labels))
+    # a group of more than half the heads says little: the best cut without one, if there is such a cut
+    balanced = [c for c in cuts if np.bincount(c[2]).max() <= N / 2]
+    score, k, labels = max(balanced or cuts, key=lambda c: c[0])
     groups: dict[int, list[int]] = {}
     for n, g in enumerate(labels.tolist()):
         groups.setdefault(g, []).append(n)
