@@ -293,7 +293,7 @@
       (z.n > ZOOM_FULL ? " (each cell the largest stored weight in it; click to zoom)" : " at full resolution") : "";
     q(".mh-matrix-title").textContent = title + where + stored;
   }
-  const MARGIN = 96, BAR = 56;
+  const MARGIN = 96, BAR = 64;
   function setGeometry(canvas, x0, y0, size) {  // where the cells are: the hover and the tests read it
     canvas.setAttribute("data-x0", x0); canvas.setAttribute("data-y0", y0); canvas.setAttribute("data-size", size);
   }
@@ -316,7 +316,7 @@
     ctx.fillStyle = "#222"; ctx.font = "10px " + FONTS; ctx.textAlign = "left"; ctx.textBaseline = "middle";
     const top = max === undefined ? 1 : max;
     [[0, top], [0.5, top / 2], [1, 0]].forEach(([f, v]) => ctx.fillText(v.toFixed(2), x + 15, y + f * h));
-    ctx.save(); ctx.translate(x + 44, y + h / 2); ctx.rotate(-Math.PI / 2); ctx.textAlign = "center"; ctx.fillText(name, 0, 0); ctx.restore();
+    ctx.save(); ctx.translate(x + 46, y + h / 2); ctx.rotate(-Math.PI / 2); ctx.textAlign = "center"; ctx.fillText(name, 0, 0); ctx.restore();
   }
   function zoomAt(i, j, factor) {
     const T = data.sentences[state.sentence].tokens.length, z = region();
