@@ -45,6 +45,7 @@ __all__ = ["AttentionPage", "attention_page", "page_data", "page_html", "view_pa
 _CSS = """
 .mh-page { font: 13px/1.4 system-ui, sans-serif, 'mh-glyphs'; color: #222; }
 .mh-page .mh-tabs button { margin-right: 4px; }
+.mh-page select, .mh-page button, .mh-page option { font-family: inherit; }
 .mh-page .mh-tab.active { font-weight: 700; }
 .mh-page .mh-headbox { display: inline-block; min-width: 18px; text-align: center; color: #fff; margin: 1px;
   cursor: pointer; opacity: 0.3; border-radius: 3px; font-size: 11px; }
