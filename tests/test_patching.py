@@ -107,7 +107,8 @@ def test_direct_logit_attribution_decomposes_the_logit_difference_through_a_real
     scale = torch.sqrt((x * x).mean() + tiny.model.model.norm.variance_epsilon)
     d = tiny.model.lm_head.weight[a] - tiny.model.lm_head.weight[b]
     embedding = tiny.model.model.embed_tokens.weight[ids[0, -1]]  # the rest of the residual stream
-    rest = float(d @ (tiny.model.model.norm.weight * embedding / scale).detach())
+    with torch.no_grad():
+        rest = float(d @ (tiny.model.model.norm.weight * embedding / scale))
     assert float(direct.sum()) + rest == pytest.approx(float(logits[a] - logits[b]), abs=1e-3)
 
 
