@@ -726,7 +726,7 @@ def _print_evidence(report) -> None:
         def cell(e: dict, syntactic: bool = syntactic) -> str:
             sign = "✓" if e["mark"] == "confirmed" else "~"
             return f"L{e['layer']}.H{e['head']} {sign} {e['value']:+.4f}" + (
-                f" (layer's average head {e['threshold']:+.4f})" if syntactic else "")
+                f" (random heads of its layer {e['threshold']:+.4f})" if syntactic else "")
 
         head = "" if syntactic else f" (threshold {rows[0]['threshold']:.3g})"
         print(f"  {label}{head}: " + ", ".join(cell(e) for e in rows))
