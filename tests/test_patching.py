@@ -170,3 +170,4 @@ def test_cli_patch_writes_the_map_and_its_page(tmp_path, capsys):
     assert code == 2 and "same number of tokens" in stderr and "Traceback" not in stderr
     code, _, stderr = run_cli(["patch", "--clean", "The cat is", "--out", str(tmp_path / "bad")], capsys)
     assert code == 2 and "--corrupt" in stderr
+

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..hf.capture import AttentionCapture
-from ..hf.gates import HeadGates, gate_gradients_only, self_attention_sites
+from ..hf.gates import HeadGates, gate_gradients_only, replica_gates, self_attention_sites
 from ..hf.load import HFModel, require_loaded, right_padding
 from ..progress import bar
 
@@ -266,9 +266,7 @@ def _ablated(model: HFModel, batch: dict[str, Tensor], group: list[tuple[int, in
     """
     R, B = len(group), batch["input_ids"].shape[0]
     L, H = model.num_layers, model.num_heads
-    gates = torch.ones(L, R * B, H)
-    for r, (layer, h) in enumerate(group):
-        gates[layer, r * B:(r + 1) * B, h] = 0
+    gates = replica_gates(L, H, [[cell] for cell in group], B)
     repeated = {k: v.repeat(R, *([1] * (v.dim() - 1))) for k, v in batch.items()}
     lowest = min(layer for layer, _ in group)
     with HeadGates(model.model, gates, replacement=None if means is None else means.float()), \

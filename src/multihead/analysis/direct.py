@@ -24,43 +24,41 @@ from ..hf.capture import AttentionCapture
 from ..hf.load import HFModel, require_loaded
 from ..hf.sites import UnsupportedModelError
 
-__all__ = ["direct_logit_attribution", "final_norm"]
+__all__ = ["direct_logit_attribution", "final_norm", "head_attribution"]
 
 
 def direct_logit_attribution(model: HFModel, text: str, answer: str, wrong: str) -> Tensor:
     """(L, H) float64: each head's direct contribution to logit(answer) − logit(wrong) after ``text``."""
-    from .patching import _ids, single_token
+    from .patching import _clean_run, _ids, single_token
 
     model = require_loaded(model, "direct_logit_attribution")
     if not model.is_causal:
         raise ValueError("direct logit attribution reads decoders (the answer follows the last token)")
     ids = _ids(model, text)
     a, b = single_token(model.tokenizer, answer, "answer"), single_token(model.tokenizer, wrong, "wrong")
+    position = ids.shape[1] - 1
+    _, outputs, residual = _clean_run(model, ids, position, a, b, residual=True)
+    return head_attribution(model, outputs[:, 0, :, position], residual, a, b)
+
+
+def head_attribution(model: HFModel, heads: Tensor, residual: Tensor, a: int, b: int) -> Tensor:
+    """(L, H) DLA of heads' outputs at one position, (L, H, Dv) before W^O, given the final norm's
+    input there, ``residual`` (D,), which freezes its scale; ``a``, ``b``: the two answers' ids."""
     unembed = getattr(model.model, "get_output_embeddings", lambda: None)()
     if unembed is None:
         raise UnsupportedModelError(f"{type(model.model).__name__} has no output embedding (LM head) to attribute to")
-    norm = final_norm(model)
-    position = ids.shape[1] - 1
-    heads: dict[int, Tensor] = {}
-    residual: list[Tensor] = []
+    capture = AttentionCapture(model.model, lambda *_: None)  # not entered: it only names each layer's W^O
     with torch.inference_mode():
-        with AttentionCapture(model.model, lambda layer, w, out, vis: heads.__setitem__(layer, out[0, :, position])) \
-                as capture:
-            hook = norm.register_forward_pre_hook(lambda _m, args: residual.append(args[0][0, position]))
-            try:
-                model.model(input_ids=ids, use_cache=False)
-            finally:
-                hook.remove()
-            w_o = {layer: capture.output_projection(layer) for layer in range(model.num_layers)}
-        gain, centred, scale = _frozen(norm, residual[-1].float())
+        gain, centred, scale = _frozen(final_norm(model), residual.float())
         direction = (unembed.weight[a] - unembed.weight[b]).double() * gain.double()  # (D,)
         found = torch.zeros(model.num_layers, model.num_heads, dtype=torch.float64)
         for layer in range(model.num_layers):
-            if w_o[layer] is None:
+            w_o = capture.output_projection(layer)
+            if w_o is None:
                 raise UnsupportedModelError(f"layer {layer} has no output projection W^O to follow")
             out = heads[layer].double()  # (H, Dv)
             H, Dv = out.shape
-            written = torch.einsum("dhv,hv->hd", w_o[layer].double().view(-1, H, Dv), out)  # (H, D)
+            written = torch.einsum("dhv,hv->hd", w_o.double().view(-1, H, Dv), out)  # (H, D)
             if centred:
                 written = written - written.mean(-1, keepdim=True)
             found[layer, :H] = written @ direction / scale  # (H,)

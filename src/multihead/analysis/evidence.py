@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..hf.capture import AttentionCapture
-from ..hf.gates import HeadGates
+from ..hf.gates import HeadGates, replica_gates
 from ..hf.load import HFModel, right_padding
 from .ablation import _blocks, _passes, _recorded, _replayed
 from .induction import repeated_sequences
@@ -94,16 +94,16 @@ def label_evidence(model: HFModel, labels: dict[tuple[int, int], str], texts: Se
     found: list[LabelEvidence] = []
     if model.is_causal:
         inductive = sorted(cell for cell, label in labels.items() if label == "induction")
-        found += _induction_tests(model, inductive, batch_size)
+        found += _induction_tests(model, inductive)
         previous = sorted(cell for cell, label in labels.items() if label == "previous")
-        found += _previous_tests(model, previous, inductive, batch_size)
+        found += _previous_tests(model, previous, inductive)
     syntactic = {cell: label for cell, label in labels.items() if label.startswith("syntactic:")}
     if syntactic and parses is not None and texts:
         found += _syntax_tests(model, syntactic, list(texts), parses, batch_size)
     return sorted(found, key=lambda e: (e.layer, e.head))
 
 
-def _induction_tests(model: HFModel, cells: list[tuple[int, int]], batch_size: int) -> list[LabelEvidence]:
+def _induction_tests(model: HFModel, cells: list[tuple[int, int]]) -> list[LabelEvidence]:
     if not cells:
         return []
     ids, prefix = repeated_sequences(model.tokenizer, **PROBE)  # (N, prefix + 2·length)
@@ -120,8 +120,8 @@ def _induction_tests(model: HFModel, cells: list[tuple[int, int]], batch_size: i
     return out
 
 
-def _previous_tests(model: HFModel, cells: list[tuple[int, int]], inductive: list[tuple[int, int]],
-                    batch_size: int) -> list[LabelEvidence]:
+def _previous_tests(model: HFModel, cells: list[tuple[int, int]],
+                    inductive: list[tuple[int, int]]) -> list[LabelEvidence]:
     tested = [(cell, [c for c in inductive if c[0] > cell[0]]) for cell in cells]
     tested = [(cell, fed) for cell, fed in tested if fed]  # no induction head above: no test
     if not tested:
@@ -225,9 +225,7 @@ def _token_changes(model: HFModel, batches: list[tuple[Tensor, Tensor]],
                 intact = _terms(model, ids, attention)
             for group in _passes(cells, R):
                 heads = [cell for _, cell in group]
-                gates = torch.ones(L, len(heads) * B, H)
-                for r, (layer, h) in enumerate(heads):
-                    gates[layer, r * B:(r + 1) * B, h] = 0
+                gates = replica_gates(L, H, [[cell] for cell in heads], B)
                 lowest = min(layer for layer, _ in heads)
                 with HeadGates(model.model, gates), _replayed(blocks[:lowest] if blocks else [], outputs, len(heads)):
                     ablated = _terms(model, ids.repeat(len(heads), 1), attention.repeat(len(heads), 1))
@@ -253,10 +251,7 @@ def _induction_under_ablation(model: HFModel, ids: Tensor, prefix: int, length: 
     R = max(1, PASS_TOKENS // ids.numel())
     for s in range(0, len(groups), R):
         part = groups[s:s + R]
-        gates = torch.ones(L, len(part) * N, H)
-        for r, group in enumerate(part):
-            for layer, h in group:
-                gates[layer, r * N:(r + 1) * N, h] = 0
+        gates = replica_gates(L, H, part, N)
 
         def on_layer(layer: int, weights: Tensor, _out: Tensor, _visible: Tensor, part=part, s=s) -> None:
             rows = weights[:, :, queries]  # (R·N, H, Q, S)

@@ -106,6 +106,15 @@ def report_body(report: Report) -> str:
     return "".join(parts)
 
 
+def static_document(title: str, body: str, *, style: str = "") -> str:
+    """A whole HTML document around ``body`` (already escaped): inline styles and ``data:`` images
+    only — its Content-Security-Policy forbids scripts and any network load."""
+    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+            f"img-src data:\"><title>{_e(title)}</title>" + (f"<style>{style}</style>" if style else "") +
+            f"</head><body>{body}</body></html>\n")
+
+
 def report_page(report: Report, figures: list[tuple[str, bytes]] = ()) -> str:
     """A whole HTML document that loads nothing from the network; ``figures``: (caption, PNG bytes)
     shown after the tables, embedded as ``data:`` images (the page's own CSP allows only those)."""
@@ -114,8 +123,4 @@ def report_page(report: Report, figures: list[tuple[str, bytes]] = ()) -> str:
     shown = "".join(f'<figure><img alt="{_e(caption)}" src="data:image/png;base64,'
                     f'{base64.b64encode(png).decode()}"><figcaption>{_e(caption)}</figcaption></figure>'
                     for caption, png in figures)
-    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
-            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
-            "img-src data:\">"
-            f"<title>multihead report: {_e(report.model)}</title></head><body>{report_body(report)}{shown}"
-            "</body></html>\n")
+    return static_document(f"multihead report: {report.model}", report_body(report) + shown)

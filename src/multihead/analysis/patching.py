@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ..data import PATCHING_EXAMPLES
 from ..hf.capture import AttentionCapture
-from ..hf.gates import HeadGates, gate_gradients_only
+from ..hf.gates import HeadGates, gate_gradients_only, replica_gates
 from ..hf.load import HFModel, require_loaded
 
 __all__ = ["EXAMPLES", "PATCH_TOKENS", "SCHEMA", "Patching", "answer_position", "patch", "patch_heads",
@@ -125,15 +125,15 @@ def patch(model: HFModel, clean: str, corrupt: str, answer: str, wrong: str, *, 
     leading space: " Paris"). For a decoder the result also carries each head's direct logit
     attribution in the clean run (:func:`~multihead.analysis.direct.direct_logit_attribution`).
     """
-    from .direct import direct_logit_attribution
+    from .direct import head_attribution
 
     if method not in ("exact", "attribution"):
         raise ValueError(f"method must be 'exact' or 'attribution'; got {method!r}")
     model = require_loaded(model, "patch")
     ids_clean, ids_corrupt, a, b, position = _prepared(model, clean, corrupt, answer, wrong)
     L, H = model.num_layers, model.num_heads
-    clean_diff, clean_out = _clean_run(model, ids_clean, position, a, b)
-    corrupt_diff, _ = _clean_run(model, ids_corrupt, position, a, b)  # the same kernel as the patched runs
+    clean_diff, clean_out, residual = _clean_run(model, ids_clean, position, a, b, residual=model.is_causal)
+    corrupt_diff, _, _ = _clean_run(model, ids_corrupt, position, a, b)  # the same kernel as the patched runs
     if method == "exact":
         R = heads_per_pass or max(1, PATCH_TOKENS // ids_clean.shape[1])
         cells = [[(layer, h)] for layer in range(L) for h in range(H)]
@@ -145,10 +145,11 @@ def patch(model: HFModel, clean: str, corrupt: str, answer: str, wrong: str, *, 
         with gate_gradients_only(model.model), HeadGates(model.model, gates, replacement=clean_out):
             _logit_diff(model, ids_corrupt, position, a, b).sum().backward()
         change = -gates.grad.double()
-    direct = direct_logit_attribution(model, clean, answer, wrong) if model.is_causal else None
+    # direct logit attribution from the clean run itself: its heads' outputs at the answer position
+    direct = head_attribution(model, clean_out[:, 0, :, position], residual, a, b) if model.is_causal else None
     tok = model.tokenizer
-    return Patching(_tokens(tok, ids_clean), _tokens(tok, ids_corrupt), answer, wrong, position, clean_diff,
-                    corrupt_diff, change, method, direct)
+    return Patching(_tokens(tok, ids_clean, clean), _tokens(tok, ids_corrupt, corrupt), answer, wrong, position,
+                    clean_diff, corrupt_diff, change, method, direct)
 
 
 def patch_heads(model: HFModel, clean: str, corrupt: str, answer: str, wrong: str,
@@ -160,7 +161,7 @@ def patch_heads(model: HFModel, clean: str, corrupt: str, answer: str, wrong: st
     for layer, h in heads:
         if not (0 <= layer < model.num_layers and 0 <= h < model.num_heads):
             raise ValueError(f"head ({layer}, {h}) is outside the model's {model.num_layers} x {model.num_heads} heads")
-    _, clean_out = _clean_run(model, ids_clean, position, a, b)
+    _, clean_out, _ = _clean_run(model, ids_clean, position, a, b)
     return float(_patched(model, ids_corrupt, position, a, b, clean_out, [list(heads)])[0])
 
 
@@ -175,8 +176,8 @@ def _prepared(model: HFModel, clean: str, corrupt: str, answer: str,
     if ids_clean.shape != ids_corrupt.shape:
         raise ValueError(
             f"the clean and corrupt texts must have the same number of tokens (each head's output is swapped position "
-            f"by position); clean has {ids_clean.shape[1]}: {_shown(tok, ids_clean)}, corrupt has "
-            f"{ids_corrupt.shape[1]}: {_shown(tok, ids_corrupt)}")
+            f"by position); clean has {ids_clean.shape[1]}: {_tokens(tok, ids_clean, clean)}, corrupt has "
+            f"{ids_corrupt.shape[1]}: {_tokens(tok, ids_corrupt, corrupt)}")
     a, b = single_token(tok, answer, "answer"), single_token(tok, wrong, "wrong")
     if a == b:
         raise ValueError(f"answer and wrong are the same token ({answer!r}); patching needs two different answers")
@@ -186,17 +187,29 @@ def _prepared(model: HFModel, clean: str, corrupt: str, answer: str,
     return ids_clean, ids_corrupt, a, b, position
 
 
-def _clean_run(model: HFModel, ids: Tensor, position: int, a: int, b: int) -> tuple[float, Tensor]:
-    """A run's logit difference and every head's output: (L, 1, H, T, Dv) — through the capture's
-    kernel, as every patched run goes, so identical texts give identical numbers."""
+def _clean_run(model: HFModel, ids: Tensor, position: int, a: int, b: int, *,
+               residual: bool = False) -> tuple[float, Tensor, Tensor | None]:
+    """A run's logit difference, every head's output (L, 1, H, T, Dv) and — with ``residual`` — the
+    final norm's input at ``position`` (D,), through the capture's kernel, as every patched run
+    goes, so identical texts give identical numbers."""
+    from .direct import final_norm
+
     outputs: dict[int, Tensor] = {}
+    seen: list[Tensor] = []
 
     def keep(layer: int, weights: Tensor, out: Tensor, visible: Tensor) -> None:
         outputs[layer] = out.detach()  # (1, H, T, Dv)
 
-    with torch.inference_mode(), AttentionCapture(model.model, keep):
-        diff = float(_logit_diff(model, ids, position, a, b)[0])
-    return diff, torch.stack([outputs[layer] for layer in range(model.num_layers)])  # (L, 1, H, T, Dv)
+    hook = final_norm(model).register_forward_pre_hook(lambda _m, args: seen.append(args[0][0, position])) \
+        if residual else None
+    try:
+        with torch.inference_mode(), AttentionCapture(model.model, keep):
+            diff = float(_logit_diff(model, ids, position, a, b)[0])
+    finally:
+        if hook is not None:
+            hook.remove()
+    stacked = torch.stack([outputs[layer] for layer in range(model.num_layers)])  # (L, 1, H, T, Dv)
+    return diff, stacked, seen[-1] if seen else None
 
 
 def _patched(model: HFModel, ids_corrupt: Tensor, position: int, a: int, b: int, clean_out: Tensor,
@@ -204,10 +217,7 @@ def _patched(model: HFModel, ids_corrupt: Tensor, position: int, a: int, b: int,
     """(len(groups),) logit differences of the corrupt run, each with one group of heads patched
     (each group in its own copy of the text, one forward pass for all)."""
     L, _, H = clean_out.shape[:3]
-    gates = torch.ones(L, len(groups), H)
-    for r, group in enumerate(groups):
-        for layer, h in group:
-            gates[layer, r, h] = 0
+    gates = replica_gates(L, H, groups, 1)
     fill = clean_out.expand(-1, len(groups), -1, -1, -1)  # (L, R, H, T, Dv), a view
     with torch.inference_mode(), HeadGates(model.model, gates, replacement=fill):
         return _logit_diff(model, ids_corrupt.expand(len(groups), -1), position, a, b)  # (R,)
@@ -273,12 +283,10 @@ def _logit_diff(model: HFModel, ids: Tensor, position: int, a: int, b: int) -> T
     return row[:, a] - row[:, b]
 
 
-def _tokens(tokenizer, ids: Tensor) -> list[str]:
-    return [tokenizer.convert_tokens_to_string([t]) for t in tokenizer.convert_ids_to_tokens(ids[0].tolist())]
+def _tokens(tokenizer, ids: Tensor, text: str) -> list[str]:
+    from ..viz.maps import readable_tokens
 
-
-def _shown(tokenizer, ids: Tensor) -> str:
-    return "[" + ", ".join(repr(t) for t in _tokens(tokenizer, ids)) + "]"
+    return readable_tokens(tokenizer, ids[0].tolist(), text)
 
 
 def _rounded(values: Tensor) -> list[list[float]]:

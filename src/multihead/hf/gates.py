@@ -21,7 +21,7 @@ from .capture import GATE_ATTRIBUTE, REPLACEMENT_ATTRIBUTE, UNIFORM_ATTRIBUTE, r
 from .load import ModelLike, as_module
 from .sites import AttentionSite, UnsupportedModelError, find_sites, main_stack
 
-__all__ = ["HeadGates", "gate_gradients_only", "self_attention_sites"]
+__all__ = ["HeadGates", "gate_gradients_only", "replica_gates", "self_attention_sites"]
 
 
 def self_attention_sites(model: ModelLike, stack: str | None = None) -> list[AttentionSite]:
@@ -29,6 +29,16 @@ def self_attention_sites(model: ModelLike, stack: str | None = None) -> list[Att
     sites = find_sites(model)
     stack = stack if stack is not None else main_stack(sites)
     return [s for s in sites if s.stack == stack]
+
+
+def replica_gates(num_layers: int, num_heads: int, groups: list[list[tuple[int, int]]], batch: int) -> Tensor:
+    """Per-example gates (L, R·B, H) for a batch of B repeated R = len(groups) times: replica r has
+    the heads of ``groups[r]`` removed (ξ = 0), every other head intact."""
+    gates = torch.ones(num_layers, len(groups) * batch, num_heads)
+    for r, group in enumerate(groups):
+        for layer, h in group:
+            gates[layer, r * batch:(r + 1) * batch, h] = 0
+    return gates
 
 
 @contextlib.contextmanager

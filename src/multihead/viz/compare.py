@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import html
-
 from ..analysis.compare import Comparison
+from ..analysis.html import _e, static_document
 
 __all__ = ["compare_page"]
 
@@ -18,10 +17,6 @@ table.grid td { text-align: center; min-width: 5.5em; }
 .changed { background: #fdd9a8; } .died { background: #555; color: #fff; } .appeared { background: #b8e6b8; }
 .legend span { padding: 1px 6px; margin-right: 6px; border: 1px solid #ccc; }
 """
-
-
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def _cell(cell: tuple[int, int]) -> str:
@@ -90,7 +85,4 @@ def compare_page(comparison: Comparison) -> str:
     if c.unmatched_a or c.unmatched_b:
         parts.append("<p>Unmatched heads: A " + _e(", ".join(map(_cell, c.unmatched_a)) or "none") + "; B "
                      + _e(", ".join(map(_cell, c.unmatched_b)) or "none") + "</p>")
-    csp = "default-src 'none'; style-src 'unsafe-inline'"
-    return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><meta http-equiv="Content-Security-Policy" '
-            f'content="{csp}"><title>multihead compare</title><style>{_STYLE}</style></head>'
-            f"<body>{''.join(parts)}</body></html>\n")
+    return static_document("multihead compare", "".join(parts), style=_STYLE)

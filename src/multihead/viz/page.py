@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..files import write_atomically
-from ..jsonable import json_number
+from ..jsonable import json_number, json_value
 from .pooled import LONG_TEXT, streamed_page_text
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def _overview(report: Report) -> dict:
             for rel, d in sections["syntax"]["relations"].items()}}
     for key in ("coreference", "induction", "ablation", "evidence", "long_context", "retrieval", "corpus"):
         if key in sections:
-            out[key] = json.loads(json.dumps(sections[key], default=str))
+            out[key] = json_value(sections[key])
     return out
 
 

@@ -3,11 +3,11 @@ direct logit attribution for decoders), self-contained and escaped like every pa
 
 from __future__ import annotations
 
-import html
 import math
 
 from torch import Tensor
 
+from ..analysis.html import _e, static_document
 from ..analysis.patching import Patching
 
 __all__ = ["patching_page"]
@@ -21,10 +21,6 @@ table.map th { background: #f3f3f3; }
 .tokens span.diff { background: #fde0c5; }
 .legend { font-size: 12px; color: #555; }
 """
-
-
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def _cell_colour(value: float, limit: float) -> str:
@@ -76,7 +72,4 @@ def patching_page(result: Patching, model: str) -> str:
     if result.direct is not None:
         parts.append(_map(result.direct, "Direct logit attribution in the clean run (logits; the final norm's scale "
                                          "frozen): each head's output projected on W_U[answer] − W_U[wrong]"))
-    csp = "default-src 'none'; style-src 'unsafe-inline'"
-    return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><meta http-equiv="Content-Security-Policy" '
-            f'content="{csp}"><title>multihead patching: {_e(model)}</title><style>{_STYLE}</style></head>'
-            f"<body>{''.join(parts)}</body></html>\n")
+    return static_document(f"multihead patching: {model}", "".join(parts), style=_STYLE)
