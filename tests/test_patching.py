@@ -171,3 +171,20 @@ def test_cli_patch_writes_the_map_and_its_page(tmp_path, capsys):
     code, _, stderr = run_cli(["patch", "--clean", "The cat is", "--out", str(tmp_path / "bad")], capsys)
     assert code == 2 and "--corrupt" in stderr
 
+
+@pytest.mark.parametrize(("kind", "where"), [("gpt2", "transformer.ln_f"), ("opt", "model.decoder.final_layer_norm"),
+                                             ("phi", "model.final_layernorm")])
+def test_final_norm_is_found_wherever_the_architecture_keeps_it(smollm2, kind, where):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    sizes = {"gpt2": dict(n_embd=32, n_layer=2, n_head=4, n_positions=32),
+             "opt": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
+                         word_embed_proj_dim=32, max_position_embeddings=32),
+             "phi": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                         max_position_embeddings=32)}
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, vocab_size=len(smollm2.tokenizer),
+                                                                  **sizes[kind])).eval()
+    tiny = HFModel(model, smollm2.tokenizer, kind, Path("."), True, 2, 4, 4, 32)
+    assert final_norm(tiny) is model.get_submodule(where)
+    result = patch(tiny, CLEAN, CORRUPT, ANSWER, WRONG, method="attribution")
+    assert result.direct is not None and torch.isfinite(result.direct).all()

@@ -66,10 +66,14 @@ def head_attribution(model: HFModel, heads: Tensor, residual: Tensor, a: int, b:
 
 
 def final_norm(model: HFModel) -> nn.Module:
-    """The norm between the last block and the LM head (``norm``, ``ln_f``, ``final_layer_norm``...):
-    the last direct child of the base model that is a norm by class or by name."""
-    norms = [m for name, m in model.body.named_children()
-             if "norm" in type(m).__name__.lower() or "norm" in name or name == "ln_f"]
+    """The norm between the last block and the LM head (``norm``, ``ln_f``, OPT's
+    ``decoder.final_layer_norm``...): the last module of the base model, outside its blocks, that
+    is a norm by class or by name."""
+    from .ablation import _blocks
+
+    inside = {id(m) for block in _blocks(model) or [] for m in block.modules()}
+    norms = [m for name, m in model.body.named_modules() if id(m) not in inside and name and
+             ("norm" in type(m).__name__.lower() or "norm" in name.rsplit(".", 1)[-1] or name.endswith("ln_f"))]
     if not norms:
         raise UnsupportedModelError(f"{type(model.body).__name__} has no final norm module (norm, ln_f, "
                                     "final_layer_norm...) before its LM head")

@@ -132,7 +132,8 @@ def patch(model: HFModel, clean: str, corrupt: str, answer: str, wrong: str, *, 
     model = require_loaded(model, "patch")
     ids_clean, ids_corrupt, a, b, position = _prepared(model, clean, corrupt, answer, wrong)
     L, H = model.num_layers, model.num_heads
-    clean_diff, clean_out, residual = _clean_run(model, ids_clean, position, a, b, residual=model.is_causal)
+    attributable = model.is_causal and _has_final_norm(model)  # direct logit attribution reads it
+    clean_diff, clean_out, residual = _clean_run(model, ids_clean, position, a, b, residual=attributable)
     corrupt_diff, _, _ = _clean_run(model, ids_corrupt, position, a, b)  # the same kernel as the patched runs
     if method == "exact":
         R = heads_per_pass or max(1, PATCH_TOKENS // ids_clean.shape[1])
@@ -146,7 +147,7 @@ def patch(model: HFModel, clean: str, corrupt: str, answer: str, wrong: str, *, 
             _logit_diff(model, ids_corrupt, position, a, b).sum().backward()
         change = -gates.grad.double()
     # direct logit attribution from the clean run itself: its heads' outputs at the answer position
-    direct = head_attribution(model, clean_out[:, 0, :, position], residual, a, b) if model.is_causal else None
+    direct = head_attribution(model, clean_out[:, 0, :, position], residual, a, b) if attributable else None
     tok = model.tokenizer
     return Patching(_tokens(tok, ids_clean, clean), _tokens(tok, ids_corrupt, corrupt), answer, wrong, position,
                     clean_diff, corrupt_diff, change, method, direct)
@@ -185,6 +186,17 @@ def _prepared(model: HFModel, clean: str, corrupt: str, answer: str,
     if answer_position(model, ids_corrupt) != position:
         raise ValueError("the corrupt text must hold its mask token where the clean text does")
     return ids_clean, ids_corrupt, a, b, position
+
+
+def _has_final_norm(model: HFModel) -> bool:
+    from ..hf.sites import UnsupportedModelError
+    from .direct import final_norm
+
+    try:
+        final_norm(model)
+    except UnsupportedModelError:
+        return False
+    return True
 
 
 def _clean_run(model: HFModel, ids: Tensor, position: int, a: int, b: int, *,
