@@ -274,7 +274,15 @@ def test_a_512_token_page_is_small_and_interactive(browser, tmp_path, L, H):
     assert size_mib < 12  # dense float32 maps would be 72 MiB (MiniLM) and 270 MiB (SmolLM2)
     root = _open(browser, path)
     root.find_element("css selector", '.mh-tab[data-view="head"]').click()
-    assert root.find_element("css selector", "canvas.mh-headview").size["height"] > 0
+    canvas = root.find_element("css selector", "canvas.mh-headview")
+    assert canvas.size["height"] > 0
+    # every token keeps a readable label: ink in the label column on the row of token 500
+    row, ink = browser.execute_script("""
+      const c = arguments[0], row = (c.height - 20) / arguments[1];
+      const d = c.getContext('2d').getImageData(0, 10 + 500 * row, 150, row).data;
+      let n = 0; for (let k = 3; k < d.length; k += 4) if (d[k] > 0) n++;
+      return [row, n];""", canvas, T)
+    assert row >= 10 and ink > 20, (row, ink)
 
 
 def test_two_pages_in_one_document_do_not_interfere(browser, tmp_path):
@@ -385,6 +393,22 @@ def test_table_rows_and_similarity_cells_open_their_head(browser, page):
     root.find_element("css selector", '.mh-tab[data-view="similarity"]').click()
     groups = root.find_elements("css selector", "li.mh-group")
     assert 2 <= len(groups) <= 20 and all("heads" in g.text for g in groups)
+
+
+def test_the_head_detail_names_the_corpus_texts_where_it_is_most_typical(browser, page):
+    root = _open(browser, page)
+    root.find_element("css selector", '.mh-tab[data-view="table"]').click()
+    root.find_element("css selector", 'tr.mh-row[data-layer="2"][data-head="5"]').click()
+    heading = [h for h in root.find_elements("css selector", ".mh-detail h4") if "corpus texts" in h.text]
+    assert len(heading) == 1 and "of 3 texts" in heading[0].text
+    table = heading[0].find_element("xpath", "following-sibling::table[1]")
+    cells = [r.find_elements("css selector", "td") for r in table.find_elements("css selector", "tr")[1:]]
+    texts = {c[0].text: c for c in cells}
+    assert set(texts) == {SENTENCE, HOSTILE, "Heads specialise."}  # the whole corpus, hostile text as text
+    assert texts["Heads specialise."][0].find_elements("css selector", "a") == []  # not on the page: no link
+    texts[HOSTILE][0].find_element("css selector", "a").click()  # on the page: opens that text
+    assert root.find_element("css selector", "select.mh-sentence").get_attribute("value") == "1"
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 
 
 def test_hovering_a_token_in_the_head_view_highlights_its_lines(browser, page):

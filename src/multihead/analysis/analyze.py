@@ -31,6 +31,7 @@ from .patterns import SYNTAX_RULE, flags_for, label_for
 from .redundancy import RedundancyStatistics, clusters, informative_groups, most_redundant
 from .report import HeadRecord, Report
 from .syntax import Parse, SyntaxStatistics, parse_with_spacy, parses_for
+from .typical import TypicalTexts
 
 __all__ = ["CorpusStatistics", "analyze", "check_texts", "collect_statistics"]
 
@@ -63,9 +64,12 @@ class CorpusStatistics:
     syntax: SyntaxStatistics | None = None
     unknown: UnknownTokens | None = None  # of the whole corpus (every rank counts all texts)
     long: LongContextStatistics | None = None  # streamed (chunked) analyses of long inputs
+    typical: TypicalTexts | None = None  # each head's top texts (multihead.analysis.typical)
 
     def merge(self, other: CorpusStatistics) -> None:
         self.heads.merge(other.heads)
+        if self.typical is not None and other.typical is not None:
+            self.typical.merge(other.typical)
         self.redundancy.merge(other.redundancy)
         if self.syntax is not None and other.syntax is not None:
             self.syntax.merge(other.syntax)
@@ -187,6 +191,8 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
                 for rel, acc in syntax.accuracy.items()}
             label = label_for(metrics, syntax=per_relation, coreference_baseline=coref_baseline)
             heads.append(HeadRecord(layer, head, label, flags_for(metrics), metrics))
+    if corpus.typical is not None:
+        sections["typical"] = corpus.typical.section({(r.layer, r.head): r.label for r in heads}, texts)
     if ablation and chunk is None:  # labels with evidence: each label's behaviour, with its head removed
         from .evidence import PROBE, SYNTAX_TEXTS, TESTS, label_evidence
 
@@ -289,6 +295,10 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
     similarity = RedundancyStatistics(model.num_layers, model.num_heads)
     syntax = SyntaxStatistics(model.num_layers, model.num_heads) if parses is not None else None
     long = LongContextStatistics(model.num_layers, model.num_heads) if chunk is not None else None
+    typical = TypicalTexts(model.num_layers, model.num_heads)
+    stats.typical = typical
+    if syntax is not None:
+        syntax.typical = typical
     special = {t for t in (tok.sep_token_id, tok.eos_token_id) if t is not None}
     punct_cache: dict[int, bool] = {}
     batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
@@ -311,14 +321,15 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
             batch = tok.pad({"input_ids": ids}, return_tensors="pt")
             info = _token_info(batch["input_ids"], batch["attention_mask"].bool(), special, tok, punct_cache)
             info_box[:] = [info]
-            stats.add_batch(info)
+            stats.add_batch(info, batch_ids)
             if syntax is not None:
-                syntax.add_batch([parses[i] for i in batch_ids], [[tuple(o) for o in offsets[i]] for i in batch_ids])
+                syntax.add_batch([parses[i] for i in batch_ids], [[tuple(o) for o in offsets[i]] for i in batch_ids],
+                                 batch_ids)
             # The base model: attention is all we read, so a language-model head is skipped.
             model.body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
             similarity.end_batch()
             _return_freed_memory()
-    corpus = CorpusStatistics(stats, similarity, syntax, unknown, long)
+    corpus = CorpusStatistics(stats, similarity, syntax, unknown, long, typical)
     return _all_ranks(corpus) if sharded else corpus
 
 

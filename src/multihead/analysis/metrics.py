@@ -27,10 +27,15 @@ masked), and positions are measured between real tokens.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from .typical import TypicalTexts
 
 __all__ = ["METRICS", "HeadStatistics", "TokenInfo", "real_positions"]
 
@@ -67,11 +72,17 @@ class HeadStatistics:
         self.sentences = 0
         self.tokens = 0
         self._columns: dict[int, Tensor] = {}  # a streamed layer's column sums until its last chunk
+        #: where each text's own means go (multihead.analysis.typical), when set
+        self.typical: TypicalTexts | None = None
+        self._ids: list[int] | None = None
+        self._per_text: dict[int, tuple[Tensor, Tensor]] = {}  # a streamed layer's per-text sums
 
-    def add_batch(self, tokens: TokenInfo) -> None:
-        """Count a batch's sentences and real tokens (once per batch, not per layer)."""
+    def add_batch(self, tokens: TokenInfo, ids: Sequence[int] | None = None) -> None:
+        """Count a batch's sentences and real tokens (once per batch, not per layer); ``ids``: the
+        texts' indices in the corpus (for :attr:`typical`)."""
         self.sentences += int(tokens.valid.shape[0])
         self.tokens += int(tokens.valid.sum())
+        self._ids = None if ids is None else list(ids)
 
     def update(self, layer: int, weights: Tensor, visible: Tensor, tokens: TokenInfo, start: int = 0) -> None:
         """Add one layer's attention for a batch: weights (B, H, C, K) — query rows ``start`` to
@@ -146,8 +157,19 @@ class HeadStatistics:
         stacked = torch.stack([values[n][0] for n in names]).to(torch.float64)  # (M, B, H, C)
         where = torch.stack([values[n][1] for n in names]).to(torch.float64)  # (M, B, H, C)
         index = [METRICS.index(n) for n in names]
-        self.sums[index, layer] += (stacked * where).sum(dim=(1, 3)).cpu()
-        self.counts[index, layer] += where.sum(dim=(1, 3)).cpu()
+        per_text, per_count = (stacked * where).sum(3), where.sum(3)  # (M, B, H)
+        self.sums[index, layer] += per_text.sum(1).cpu()
+        self.counts[index, layer] += per_count.sum(1).cpu()
+        if self.typical is not None and self._ids is not None:
+            if start > 0:  # the layer's earlier chunks
+                before = self._per_text.pop(layer)
+                per_text, per_count = per_text + before[0], per_count + before[1]
+            if start + C < T:
+                self._per_text[layer] = (per_text, per_count)
+            else:
+                means = per_text / per_count.where(per_count > 0, torch.nan)  # (M, B, H)
+                self.typical.add_metrics(layer, {n: means[k] for k, n in enumerate(names)}, valid.sum(-1).cpu(),
+                                         self._ids)
         # vertical concentration, per sentence: the column that receives most of its attention,
         # summed over the layer's chunks and taken once its last rows are in
         column = torch.zeros(B, H, T, dtype=torch.float64, device=dev) if start == 0 else self._columns.pop(layer)

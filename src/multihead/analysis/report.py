@@ -35,7 +35,7 @@ from ..jsonable import json_matrix, json_number, json_value
 SCHEMA = "multihead.report/1"
 #: The probe sections a report may carry beside the per-head metrics.
 SECTIONS = ("corpus", "unknown_tokens", "images", "long_context", "retrieval", "what_if", "induction", "coreference",
-            "syntax", "ablation", "evidence")
+            "syntax", "ablation", "evidence", "typical")
 
 __all__ = ["SCHEMA", "HeadRecord", "Report", "head_records", "label_codes"]
 

@@ -27,9 +27,13 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from .typical import TypicalTexts
 
 __all__ = ["MAX_OFFSET", "Parse", "SyntaxScores", "SyntaxStatistics", "load_spacy", "parse_with_spacy", "read_conllu",
            "spacy_available"]
@@ -170,9 +174,14 @@ class SyntaxStatistics:
         self.offset_hits: dict[str, Tensor] = {}  # relation -> (2·MAX_OFFSET + 1,) hits per offset
         self._batch: dict[str, Tensor] | None = None
         self._keys: list[str] = []
+        #: where each text's own hits go (multihead.analysis.typical), when set
+        self.typical: TypicalTexts | None = None
+        self._ids: list[int] | None = None
 
-    def add_batch(self, parses: Sequence[Parse | None], offsets: Sequence[Sequence[Span]]) -> None:
-        """Align a padded batch: parses[b] (None: no parse) and the tokens' character offsets (B × T).
+    def add_batch(self, parses: Sequence[Parse | None], offsets: Sequence[Sequence[Span]],
+                  ids: Sequence[int] | None = None) -> None:
+        """Align a padded batch: parses[b] (None: no parse) and the tokens' character offsets (B × T);
+        ``ids``: the texts' indices in the corpus (for :attr:`typical`).
 
         Only words that received a token count (a truncated text's later words are not analysed),
         so memory follows the tokens, however long the parsed text.
@@ -200,6 +209,7 @@ class SyntaxStatistics:
                 batch_of.append(b)
                 self._count_offsets(key, src, tgt, reached[b])
         self._keys = keys
+        self._ids = None if ids is None else list(ids)
         self._batch = None if not keys else {
             "member_to": member,  # (B, W, T)
             "member_from": member / member.sum(-1, keepdim=True).clamp_min(1),  # (B, W, T) mean over tokens
@@ -237,6 +247,12 @@ class SyntaxStatistics:
         for key in set(self._keys):
             rows = torch.tensor([k == key for k in self._keys])
             self.correct[key][layer] += hit[rows].sum(0)
+            if self.typical is not None and self._ids is not None:  # per text: its dependents of this relation
+                B = len(self._ids)
+                text = bt["batch"][rows]  # (G_key,)
+                per_text = torch.zeros(B, H, dtype=torch.float64).index_add_(0, text, hit[rows])  # (B, H)
+                count = torch.bincount(text, minlength=B).to(torch.float64)  # (B,) its dependents
+                self.typical.add_syntax(layer, key, per_text, count, self._ids)
 
     def merge(self, other: SyntaxStatistics) -> None:
         for key, value in other.correct.items():

@@ -133,6 +133,9 @@
   }
 
   // --- head view: lines from each token to the tokens it attends to ---
+  // Every token keeps a readable label at any stored length (up to LONG): long texts make a tall
+  // canvas that its box scrolls, rather than rows too thin to name.
+  const headRow = (T) => T > 200 ? 12 : 16;
   function drawHeadView() {
     const canvas = q("canvas.mh-headview");
     const toks = data.sentences[state.sentence].tokens, T = toks.length;
@@ -143,22 +146,20 @@
       c.fillText("This text has " + T + " tokens: the head view draws texts up to " + LONG + "; the matrix view zooms.", 4, 20);
       return;
     }
-    const row = T > 200 ? 4 : 16, width = 520;
+    const row = headRow(T), width = 520;
     canvas.width = width; canvas.height = Math.max(60, T * row + 20);
     const ctx = canvas.getContext("2d");
     ctx.clearRect(0, 0, canvas.width, canvas.height);
-    ctx.font = (row >= 12 ? 12 : row) + "px " + FONTS;
+    ctx.font = (row - 2) + "px " + FONTS;
     ctx.textBaseline = "middle";
-    if (row >= 10) {
-      toks.forEach((t, i) => {
-        ctx.fillStyle = "#222";
-        ctx.textAlign = "right"; ctx.fillText(t, 150, 10 + i * row + row / 2);
-        ctx.textAlign = "left"; ctx.fillText(t, width - 150, 10 + i * row + row / 2);
-      });
-    }
+    ctx.fillStyle = "#222";
+    toks.forEach((t, i) => {
+      ctx.textAlign = "right"; ctx.fillText(t, 150, 10 + i * row + row / 2);
+      ctx.textAlign = "left"; ctx.fillText(t, width - 150, 10 + i * row + row / 2);
+    });
     ctx.lineWidth = 1.5;
     const hv = state.hover;
-    if (hv && row >= 10) {  // the hovered token, marked in its column
+    if (hv) {  // the hovered token, marked in its column
       ctx.fillStyle = "rgba(255, 200, 0, 0.35)";
       ctx.fillRect(hv.side === "from" ? 0 : width - 156, 10 + hv.i * row, 156, row);
     }
@@ -177,7 +178,7 @@
   function headViewToken(ev) {  // which column and token the pointer is over in the head view
     const canvas = q("canvas.mh-headview"), r = canvas.getBoundingClientRect(), T = data.sentences[state.sentence].tokens.length;
     if (pooled(state.sentence)) return null;
-    const row = T > 200 ? 4 : 16, x = (ev.clientX - r.left) * canvas.width / r.width, y = (ev.clientY - r.top) * canvas.height / r.height;
+    const row = headRow(T), x = (ev.clientX - r.left) * canvas.width / r.width, y = (ev.clientY - r.top) * canvas.height / r.height;
     const i = Math.floor((y - 10) / row);
     if (i < 0 || i >= T) return null;
     if (x < 158) return { side: "from", i: i };
@@ -600,6 +601,20 @@
       });
       box.appendChild(el("h4", {}, "L" + l + ".H" + h + " (" + lab + mark(l, h) + "): its metrics against its layer and the model"));
       box.appendChild(tableOf(["metric", "this head", "layer mean", "layer range", "model percentile"], rows));
+    }
+    const typical = data.overview && data.overview.typical;
+    const mine = typical && typical.heads.find((e) => e.layer === l && e.head === h);
+    if (mine && mine.texts.length) {  // over the whole corpus, kept while it was analysed
+      const syntax = mine.measure.startsWith("syntax:");
+      const name = syntax ? "share of its " + mine.measure.slice(7) + " dependents on their governor" : "mean " + mine.measure;
+      box.appendChild(el("h4", {}, "The corpus texts where it is most typical of its label (" + name + ", of " + data.overview.sentences + " texts)"));
+      box.appendChild(tableOf(["text", name, syntax ? "dependents" : "tokens"], mine.texts.map(([i, v, n]) => {
+        const text = typical.texts[String(i)] || "", s = data.sentences.findIndex((d) => d.text === text);
+        if (s < 0) return [text, fmt(v), n];
+        const a = el("a", { href: "#s=" + s + "&l=" + l + "&h=" + h + "&v=matrix" }, text);
+        a.addEventListener("click", (ev) => { ev.preventDefault(); state.sentence = s; sentenceSelect.value = String(s); state.zoom = null; draw(); });
+        return [a, fmt(v), n];
+      })));
     }
     const what = ["previous", "next", "self", "special-token", "local"].includes(lab) ? lab.replace("-token", "") + " attention" : "mean largest weight per row";
     const ranked = data.sentences.map((d, s) => [s, measure(s, l, h, lab)]).filter((x) => x[1] !== null).sort((a, b) => b[1] - a[1]);

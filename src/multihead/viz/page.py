@@ -54,6 +54,7 @@ _CSS = """
 .mh-page th, .mh-page td { border: 1px solid #ccc; padding: 1px 5px; text-align: right; }
 .mh-page th { cursor: pointer; background: #f3f3f3; }
 .mh-page canvas { border: 1px solid #eee; max-width: 100%; }
+.mh-page .mh-view[data-view="head"] { max-height: 85vh; overflow-y: auto; }
 .mh-page .mh-info { min-height: 1.4em; font-family: monospace; }
 .mh-page table.mh-labelmap td { text-align: center; cursor: pointer; font-size: 11px; min-width: 4.2em; }
 .mh-page table.mh-table tr.mh-row { cursor: pointer; }
@@ -63,6 +64,7 @@ _CSS = """
 .mh-page dl.mh-legend dd { margin: 0; }
 .mh-page table.mh-probe td, .mh-page table.mh-probe th { font-size: 12px; }
 .mh-page .mh-meta, .mh-page .mh-note { color: #555; }
+.mh-page .mh-detail td:first-child { text-align: left; }
 """
 
 
@@ -153,7 +155,7 @@ def _overview(report: Report) -> dict:
         out["syntax"] = {"min_count": sections["syntax"]["min_count"], "relations": {
             rel: {k: d[k] for k in ("count", "baseline", "baseline_offset", "best")}
             for rel, d in sections["syntax"]["relations"].items()}}
-    for key in ("coreference", "induction", "ablation", "evidence", "long_context", "retrieval", "corpus"):
+    for key in ("coreference", "induction", "ablation", "evidence", "long_context", "retrieval", "corpus", "typical"):
         if key in sections:
             out[key] = json_value(sections[key])
     return out

@@ -1,0 +1,119 @@
+"""Each head's most typical texts of the corpus (multihead.analysis.typical), kept during analyze."""
+
+import pytest
+import torch
+
+import multihead as mh
+from multihead.analysis.analyze import collect_statistics
+from multihead.analysis.syntax import Parse
+from multihead.analysis.typical import FALLBACK, MEASURES, MIN_TOKENS, TypicalTexts, measure_of
+
+TEXTS = [
+    "The cat sat on the mat because it was tired after the long day.",
+    "Heads specialise.",  # shorter than MIN_TOKENS: ranked after every longer text
+    "Researchers measured every head of the model on a corpus of ordinary sentences.",
+    "She gave him the book that her grandmother had written in Paris.",
+    "Attention weights are not explanations, but they are evidence of where a head looks.",
+    "A dog barked, a door slammed, and the whole street woke up at once.",
+    "Numbers like 3.14 and 2.71 appear in many technical papers about constants.",
+]
+
+
+def _top(report, layer, head, measure):
+    mine = next(e for e in report.sections["typical"]["heads"] if (e["layer"], e["head"]) == (layer, head))
+    assert mine["measure"] == measure
+    return mine["texts"]
+
+
+@pytest.fixture(scope="module")
+def corpus_report(minilm):
+    return mh.analyze(minilm, TEXTS, batch_size=3, coreference=False, redundancy=False)
+
+
+def test_the_corpus_ranking_equals_each_text_analysed_alone(minilm, corpus_report):
+    """A text's own means are what analysing it alone reports: the kept top texts are the best of those."""
+    alone = [mh.analyze(minilm, [t], coreference=False, redundancy=False) for t in TEXTS]
+    tokens = [a.tokens for a in alone]
+    for rec in corpus_report.heads:
+        measure = measure_of(rec.label)
+        kept = _top(corpus_report, rec.layer, rec.head, measure)
+        def value(a, rec=rec, measure=measure):
+            return sum(a.heads[rec.layer * 12 + rec.head].metrics[m] for m in measure.split("+"))
+
+        want = sorted(range(len(TEXTS)), key=lambda i: (tokens[i] >= MIN_TOKENS, value(alone[i])), reverse=True)[:3]
+        assert [i for i, _, _ in kept] == want, (rec.layer, rec.head, measure)
+        for i, v, n in kept:
+            assert v == pytest.approx(value(alone[i]), abs=1e-4)
+            assert n == tokens[i]
+    # the short text never beats a long one (six long texts here)
+    assert all(1 not in [i for i, _, _ in e["texts"]] for e in corpus_report.sections["typical"]["heads"])
+
+
+def test_batching_and_chunking_keep_the_same_texts(minilm, corpus_report):
+    labels = {(r.layer, r.head): r.label for r in corpus_report.heads}
+    want = corpus_report.sections["typical"]
+    for kwargs in ({"batch_size": 1}, {"batch_size": 7, "redundancy": False, "chunk": 5}):
+        kwargs.setdefault("redundancy", False)
+        found = collect_statistics(minilm, TEXTS, **kwargs).typical.section(labels, TEXTS)
+        for a, b in zip(found["heads"], want["heads"], strict=True):
+            assert [i for i, _, _ in a["texts"]] == [i for i, _, _ in b["texts"]], (kwargs, a, b)
+            assert [v for _, v, _ in a["texts"]] == pytest.approx([v for _, v, _ in b["texts"]], abs=1e-4)
+
+
+def test_shards_merged_equal_the_whole(minilm, corpus_report):
+    """What torch.distributed's ranks do: each keeps its own top texts; merged, they are the corpus's."""
+    labels = {(r.layer, r.head): r.label for r in corpus_report.heads}
+    whole = collect_statistics(minilm, TEXTS, redundancy=False).typical
+    # a shard's texts under their corpus indices: feed the halves through one accumulator each
+    halves = []
+    for part in (TEXTS[:4], TEXTS[4:]):
+        halves.append(collect_statistics(minilm, part, redundancy=False).typical)
+    for top in halves[1].metrics.values():  # the second half's texts are 4.. in the corpus
+        top.index[top.index >= 0] += 4
+    halves[0].merge(halves[1])
+    assert halves[0].section(labels, TEXTS) == whole.section(labels, TEXTS)
+
+
+def test_the_section_names_its_texts_and_survives_json(tmp_path, corpus_report):
+    section = corpus_report.sections["typical"]
+    named = {str(i) for e in section["heads"] for i, _, _ in e["texts"]}
+    assert set(section["texts"]) == named and all(section["texts"][k] == TEXTS[int(k)] for k in named)
+    assert section["measures"]["previous"] == MEASURES["previous"] and section["measures"]["*"] == FALLBACK
+    path = tmp_path / "report.json"
+    corpus_report.to_json(path)
+    assert mh.Report.from_json(path).sections["typical"] == section
+
+
+def test_syntax_heads_rank_texts_by_their_relation():
+    """Hits on a relation: the text with more dependents found first, a larger share breaking ties."""
+    typical = TypicalTexts(1, 2)
+    hits = torch.tensor([[1.0, 0.0], [2.0, 1.0], [1.0, 1.0], [0.0, 0.0]])  # (B, H) per text
+    count = torch.tensor([2.0, 4.0, 1.0, 0.0])  # text 3 has no such relation: never named
+    typical.add_syntax(0, "nsubj", hits, count, [10, 11, 12, 13])
+    section = typical.section({(0, 0): "syntactic:nsubj", (0, 1): "syntactic:nsubj"}, [f"t{i}" for i in range(14)])
+    first, second = section["heads"]
+    assert [i for i, _, _ in first["texts"]] == [11, 12, 10]  # 2 hits; then 1 hit of 1 before 1 of 2
+    assert first["texts"][0][1:] == [0.5, 4]
+    assert [i for i, _, _ in second["texts"][:2]] == [12, 11]  # 1 of 1 before 1 of 4; 0 hits last
+    assert 13 not in [i for i, _, _ in second["texts"]]
+
+
+def test_syntax_texts_come_from_the_parses(minilm):
+    """With parses, a syntactic head's texts are those where its relation's dependents find their governor."""
+    text = "The old man saw the small dog near the river."
+    words = ["The", "old", "man", "saw", "the", "small", "dog", "near", "the", "river", "."]
+    heads = [2, 2, 3, 3, 6, 6, 3, 3, 9, 7, 3]
+    rels = ["det", "amod", "nsubj", "ROOT", "det", "amod", "dobj", "prep", "det", "pobj", "punct"]
+    spans, at = [], 0
+    for w in words:
+        at = text.index(w, at)
+        spans.append((at, at + len(w)))
+        at += len(w)
+    parse = Parse(text, tuple(spans), tuple(heads), tuple(rels))
+    corpus = collect_statistics(minilm, [text], parses=[parse], redundancy=False)
+    top = corpus.typical.syntax["det"]
+    assert set(top.index[top.key > -torch.inf].tolist()) == {0}
+    assert set(top.count[top.key > -torch.inf].tolist()) == {3.0}
+    # the share kept is the accuracy of that head on the relation (one parsed text: the corpus's)
+    acc = corpus.syntax.scores().accuracy["det"]
+    assert torch.allclose(top.value[..., 0], acc, atol=1e-9)
