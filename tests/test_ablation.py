@@ -107,3 +107,86 @@ def test_attribution_equals_exact_ablation_for_a_model_linear_in_the_head(smollm
         assert estimate[key][29, h].item() == pytest.approx(want[29, h].item(), abs=1e-6, rel=1e-2), key
     with pytest.raises(ValueError, match="loss objective"):  # 1 - cosine: gradient 0 at the intact model
         attribution_effects(minilm, texts)
+
+
+def test_the_output_layer_reads_only_the_predicted_positions(smollm2):
+    """Padded texts of different lengths: each text's summed loss is HF's own loss on it alone, and
+    the unembedding sees exactly the predicted rows (not the padding, not the last position)."""
+    from multihead.analysis import ablation
+
+    texts = ["The capital of France is Paris.", "Heads look at words.",
+             "When Mary and John went to the store, John gave a drink to Mary."]
+    batch = ablation._batches(smollm2, texts, batch_size=8)[0]
+    assert batch["input_ids"].shape[0] == 3 and not bool(batch["attention_mask"].all())  # padded
+    seen = []
+    handle = smollm2.model.get_output_embeddings().register_forward_hook(lambda m, a, out: seen.append(out.shape))
+    try:
+        with torch.no_grad():
+            sums = ablation._run(smollm2, batch)
+    finally:
+        handle.remove()
+    assert seen == [(1, int(batch["attention_mask"][:, 1:].sum()), smollm2.model.config.vocab_size)]
+    for b in range(3):
+        n = int(batch["attention_mask"][b].sum())
+        ids = batch["input_ids"][b:b + 1, :n]
+        with torch.no_grad():
+            want = float(smollm2.model(input_ids=ids, labels=ids).loss) * (n - 1)
+        assert float(sums[b]) == pytest.approx(want, rel=1e-4)
+
+
+def test_batches_are_length_buckets_with_little_padding():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from multihead.analysis.ablation import MAX_PADDING, MIN_BATCH_TOKENS, _buckets
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.integers(1, 300), min_size=1, max_size=60), st.integers(1, 16))
+    def check(lengths, batch_size):
+        found = _buckets(lengths, batch_size)
+        assert sorted(i for b in found for i in b) == list(range(len(lengths)))
+        for b in found:
+            real, padded = sum(lengths[i] for i in b), len(b) * max(lengths[i] for i in b)
+            assert len(b) <= batch_size
+            assert padded <= (1 + MAX_PADDING) * real or padded <= MIN_BATCH_TOKENS
+
+    check()
+
+
+def test_a_masked_lm_masks_each_text_the_same_in_any_batch(tmp_path):
+    """BERT with its masked-LM head (random, tiny): the objective is its own MLM loss, and which
+    tokens are masked depends on the text, not on the texts batched with it."""
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    from multihead.analysis import ablation
+
+    minilm_dir = mh.hf.load("minilm").path
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=128)
+    BertForMaskedLM(config).eval().save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    model = mh.hf.load(tmp_path)
+    assert ablation.objective_name(model).startswith("masked-LM")
+    texts = [*TEXTS, "One more sentence to change how the others are batched together here."]
+    alone = [ablation._batches(model, [t], 1)[0] for t in texts]
+    together = ablation._batches(model, texts, 8)
+    masks = {}
+    for batch in together:
+        for row, label in zip(batch["input_ids"], batch["labels"], strict=True):
+            masks[tuple(row.tolist())] = label
+    for i, one in enumerate(alone):
+        key = tuple(one["input_ids"][0].tolist())
+        padded = next(k for k in masks if k[:len(key)] == key and not any(k[len(key):]))
+        assert torch.equal(masks[padded][:len(key)], one["labels"][0]), i
+    effects = ablation_effects(model, texts, heads=[(0, 1), (1, 3)], modes=("zero",))
+    want, count = 0.0, 0
+    for one in alone:
+        n = int((one["labels"] != -100).sum())
+        if n == 0:  # a short text may have no token masked (HF's loss would be 0 / 0)
+            continue
+        with torch.no_grad():
+            out = model.model(input_ids=one["input_ids"], labels=one["labels"])
+        want, count = want + float(out.loss) * n, count + n
+    assert effects.tokens == count and effects.intact == pytest.approx(want / count, rel=1e-5)

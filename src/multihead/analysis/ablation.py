@@ -25,6 +25,7 @@ take ⌈L·H / R⌉ passes over each batch instead of L·H.
 from __future__ import annotations
 
 import contextlib
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -186,24 +187,60 @@ def _batches(model: HFModel, texts: list[str], batch_size: int) -> list[dict[str
     tok = model.tokenizer
     limit = model.max_positions
     encoded = tok(texts, truncation=bool(limit), max_length=limit, verbose=False)["input_ids"]
-    order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))  # length buckets: little padding
     out = []
     with right_padding(tok):
-        for s in range(0, len(order), batch_size):
-            batch = dict(tok.pad({"input_ids": [encoded[i] for i in order[s:s + batch_size]]}, return_tensors="pt"))
+        for indices in _buckets([len(ids) for ids in encoded], batch_size):
+            batch = dict(tok.pad({"input_ids": [encoded[i] for i in indices]}, return_tensors="pt"))
             if _objective(model) == "masked-lm":
-                batch["labels"], batch["input_ids"] = _mlm_inputs(model, batch, s)
+                batch["labels"], batch["input_ids"] = _mlm_inputs(model, batch)
             out.append(batch)
     return out
 
 
-def _mlm_inputs(model: HFModel, batch: dict[str, Tensor], seed: int) -> tuple[Tensor, Tensor]:
-    """Labels (-100 where not masked) and inputs with MLM_SHARE of the real, non-special tokens masked."""
+#: A batch closes before padding would exceed this share of its real tokens: every ablation pass
+#: computes its padding once per replica (measured: 64 Penn Treebank sentences in one batch were
+#: 48 % padding).
+MAX_PADDING = 0.1
+
+
+#: ... unless it holds fewer tokens than this: a pass removes at most one layer's heads, so a batch
+#: of a few short texts would make passes too small for efficient matrix products.
+MIN_BATCH_TOKENS = 512
+
+
+def _buckets(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Text indices in batches of at most ``batch_size`` of similar length, shortest first, each
+    padded by at most :data:`MAX_PADDING` of its real tokens unless it is small (see
+    :data:`MIN_BATCH_TOKENS`)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    out: list[list[int]] = []
+    real = 0
+    for i in order:
+        n = lengths[i]  # the longest so far: the batch would be padded to it
+        padded = (len(out[-1]) + 1) * n if out else 0
+        little = padded <= (1 + MAX_PADDING) * (real + n) or padded <= MIN_BATCH_TOKENS
+        if out and len(out[-1]) < batch_size and little:
+            out[-1].append(i)
+            real += n
+        else:
+            out.append([i])
+            real = n
+    return out
+
+
+def _mlm_inputs(model: HFModel, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """Labels (-100 where not masked) and inputs with MLM_SHARE of the real, non-special tokens
+    masked: each text's choice seeded by its own tokens, so it depends on nothing else (not on the
+    texts batched with it, nor on its place in the corpus)."""
     ids = batch["input_ids"]
     special = torch.tensor([t in set(model.tokenizer.all_special_ids) for t in ids.flatten().tolist()]).view_as(ids)
     candidates = batch["attention_mask"].bool() & ~special
-    g = torch.Generator().manual_seed(MLM_SEED + seed)
-    chosen = candidates & (torch.rand(ids.shape, generator=g) < MLM_SHARE)
+    draws = []
+    for row, valid in zip(ids, batch["attention_mask"].bool(), strict=True):
+        seed = MLM_SEED + zlib.crc32(row[valid].numpy().astype("<i8").tobytes())
+        draws.append(torch.rand(ids.shape[1], generator=torch.Generator().manual_seed(seed)))
+    draws = torch.stack(draws)  # (B, T)
+    chosen = candidates & (draws < MLM_SHARE)
     labels = torch.where(chosen, ids, torch.full_like(ids, -100))
     return labels, torch.where(chosen, torch.full_like(ids, model.tokenizer.mask_token_id), ids)
 
@@ -216,17 +253,44 @@ def _run(model: HFModel, batch: dict[str, Tensor]) -> Tensor:
         hidden = model.body(input_ids=ids, attention_mask=attention).last_hidden_state  # (B, T, D)
         keep = attention[..., None].to(hidden.dtype)
         return (hidden * keep).sum(1) / keep.sum(1).clamp_min(1)  # (B, D)
-    extra = {"use_cache": False} if kind == "next-token" else {}  # no cache: blocks may be replayed (_replayed)
-    logits = model.model(input_ids=ids, attention_mask=attention, **extra).logits.float()  # (B, T, V)
-    if kind == "next-token":
+    if kind == "next-token":  # position t predicts token t + 1
         targets = torch.where(attention[:, 1:].bool(), ids[:, 1:], torch.full_like(ids[:, 1:], -100))
-        logits = logits[:, :-1]
+        targets = torch.cat([targets, torch.full_like(ids[:, :1], -100)], 1)  # (B, T)
     else:
-        targets = batch["labels"]
-    # (B·T', V) rows: the (B, V, T') layout reduces over a strided axis and was measured 1e-4 off
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
-                           reduction="none").view(targets.shape)  # (B, T')
-    return loss.double().sum(-1)  # (B,)
+        targets = batch["labels"]  # (B, T)
+    scored = targets != -100  # (B, T) the positions the objective reads
+    extra = {"use_cache": False} if kind == "next-token" else {}  # no cache: blocks may be replayed (_replayed)
+    with _scored_rows_only(model, scored):  # the output layer only where a token is predicted
+        logits = model.model(input_ids=ids, attention_mask=attention, **extra).logits.float()
+    if logits.shape[:2] == scored.shape:  # the hook did not apply (or kept every row anyway)
+        logits = logits[scored]
+    logits = logits.reshape(-1, logits.shape[-1])  # (N, V)
+    loss = F.cross_entropy(logits, targets[scored], reduction="none")  # (N,)
+    row = torch.arange(ids.shape[0])[:, None].expand_as(scored)[scored]  # (N,) each row's example
+    return torch.zeros(ids.shape[0], dtype=torch.float64).index_add_(0, row, loss.double())  # (B,)
+
+
+@contextlib.contextmanager
+def _scored_rows_only(model: HFModel, scored: Tensor):
+    """While open, the output layer (the unembedding) receives only the (B, T) ``scored`` rows of
+    its (B, T, D) input, as (1, N, D): its cost (eight SmolLM2 layers' worth per position) is not
+    spent on padding or on positions nothing is predicted from. Any other input passes unchanged."""
+    head = getattr(model.model, "get_output_embeddings", lambda: None)()
+    if head is None:
+        yield
+        return
+
+    def rows(_module, args):
+        hidden = args[0]
+        if isinstance(hidden, Tensor) and hidden.dim() == 3 and hidden.shape[:2] == scored.shape:
+            return (hidden[scored.to(hidden.device)][None], *args[1:])  # (1, N, D)
+        return None
+
+    handle = head.register_forward_pre_hook(rows)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _count(model: HFModel, batch: dict[str, Tensor]) -> int:

@@ -78,7 +78,9 @@ def right_padding(tokenizer: Any) -> Iterator[Any]:
 def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
     """Load ``"minilm"`` (all-MiniLM-L6-v2 from its PyPI package) or a local model folder.
 
-    Encoders (BERT family) load with ``AutoModel``; causal language models (``is_decoder``, or an
+    Encoders (BERT family) load with ``AutoModel``, or with ``AutoModelForMaskedLM`` when the folder
+    names a masked-LM architecture (``BertForMaskedLM``...: its LM head is then the objective of
+    :mod:`multihead.analysis.ablation` and the answer of patching); causal language models (``is_decoder``, or an
     architecture among transformers' causal-LM classes such as ``GPT2LMHeadModel``) with
     ``AutoModelForCausalLM``. Causality, layers and heads are read from the model's attention
     sites (:mod:`multihead.hf.sites`). Nothing is fetched from a hub. Raises
@@ -88,7 +90,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import torch
-        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
     except ImportError as err:  # pragma: no cover - the hf extra is missing
         raise FileNotFoundError("Hugging Face models need transformers: run `pip install 'multihead[hf]'`") from err
@@ -98,7 +100,8 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
         config = AutoConfig.from_pretrained(path)
     except (ValueError, KeyError) as err:
         raise ValueError(_config_problem(path, err)) from err
-    loader = AutoModelForCausalLM if _is_language_model(config) else AutoModel
+    loader = AutoModelForCausalLM if _is_language_model(config) else \
+        AutoModelForMaskedLM if _is_masked_language_model(config) else AutoModel
     model = loader.from_pretrained(path, dtype=dtype or torch.float32).eval()
     from .sites import find_sites, main_stack
 
@@ -141,6 +144,18 @@ def _is_language_model(config: Any) -> bool:
     for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
         names.update([value] if isinstance(value, str) else value)
     return bool(getattr(config, "is_decoder", False)) or any(a in names for a in config.architectures or ())
+
+
+def _is_masked_language_model(config: Any) -> bool:
+    """Whether the folder holds an encoder saved with its masked-LM head (``BertForMaskedLM``...)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    if getattr(config, "is_encoder_decoder", False):
+        return False
+    names: set[str] = set()
+    for value in MODEL_FOR_MASKED_LM_MAPPING_NAMES.values():
+        names.update([value] if isinstance(value, str) else value)
+    return any(a in names for a in config.architectures or ())
 
 
 def _max_positions(config: Any) -> int | None:
