@@ -337,6 +337,48 @@ def test_export_buttons_produce_png_and_svg(browser, page):
     assert sim_name == "multihead-similarity.svg" and ">L5</text>" in sim_svg and sim_svg.count("<rect") == 72 * 72
 
 
+def test_similarity_grouped_puts_each_group_on_the_diagonal_with_its_colour_and_legend(browser, page):
+    from urllib.parse import unquote
+
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.support.ui import Select
+
+    root = _open(browser, page)
+    data = browser.execute_script("return document.getElementById(arguments[0] + '-data').textContent;",
+                                  root.get_attribute("id"))
+    groups = json.loads(data)["groups"]["groups"]
+    root.find_element("css selector", '.mh-tab[data-view="similarity"]').click()
+    Select(root.find_element("css selector", "select.mh-sim-order")).select_by_value("group")
+    sim = root.find_element("css selector", "canvas.mh-similarity")
+    order = [x for g in groups for x in sorted(map(tuple, g))]
+    k = len(groups[0])  # the last head of group 1, then the first of group 2: rows k - 1 and k
+    for row in (0, k - 1, k):
+        ActionChains(browser).move_to_element_with_offset(sim, *_cell(sim, row, row, 72)).click().perform()
+        layer, head = order[row]
+        assert root.find_element("css selector", ".mh-matrix-title").text.startswith(f"layer {layer}, head {head}")
+        root.find_element("css selector", '.mh-tab[data-view="similarity"]').click()
+    # within a group the heads are nearer to each other than to the rest, on average: dark diagonal blocks
+    inside = browser.execute_script("""
+        const c = arguments[0], k = arguments[1], x0 = +c.dataset.x0, side = +c.dataset.size, cell = side / 72;
+        const ctx = c.getContext('2d');
+        const at = (a, b) => ctx.getImageData(x0 + (b + .5) * cell, x0 + (a + .5) * cell, 1, 1).data[0];
+        let inG = 0, n1 = 0, out = 0, n2 = 0;
+        for (let a = 0; a < 72; a++) for (let b = 0; b < 72; b++) { if (a === b) continue;
+          if ((a < k) === (b < k)) { inG += at(a, b); n1++; } else { out += at(a, b); n2++; } }
+        const strip = ctx.getImageData(x0 - 5, x0 + 1, 1, 1).data;  // group 1's colour beside the axis
+        return [inG / n1, out / n2, Array.from(strip.slice(0, 3))];""", sim, k)
+    assert inside[0] < inside[1], inside
+    assert inside[2] == [0x1F, 0x77, 0xB4]  # the first colour of the palette
+    browser.execute_script(
+        "window.__downloads = []; HTMLAnchorElement.prototype.click = function () {"
+        " window.__downloads.push([this.getAttribute('download'), this.href]); };")
+    root.find_element("css selector", ".mh-export-svg").click()
+    (_, svg), = browser.execute_script("return window.__downloads;")
+    svg = unquote(svg.split(",", 1)[1])
+    assert ">G1</text>" in svg and f">G1: {len(groups[0])} heads," in svg and f">G{len(groups)}</text>" in svg
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
 def test_overview_first_with_legend_probes_and_links_to_heads(browser, page):
     root = _open(browser, page)
     overview = root.find_element("css selector", '.mh-view[data-view="overview"]')

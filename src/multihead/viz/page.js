@@ -11,7 +11,7 @@
   const FONTS = "sans-serif, 'mh-glyphs'";
   const LONG = data.long_text || 512;  // texts longer than this are stored pooled
   const state = { poolMode: "mass", zoom: null, sentence: 0, layer: 0, head: 0, heads: new Set([...Array(H).keys()]), view: data.overview ? "overview" : "model", hover: null,
-                  sortKey: null, sortDesc: false };
+                  sortKey: null, sortDesc: false, simOrder: "layer" };
 
   function el(tag, attrs, text) {
     const e = document.createElement(tag);
@@ -412,33 +412,76 @@
   });
 
   // --- similarity matrix with clusters ---
+  // The similarity's order: by layer, or grouped (the Ward groups one after another, so a group is a
+  // block on the diagonal), with the spans its axes name and, grouped, each group's colour.
+  function similarityLayout() {
+    const N = L * H;
+    if (state.simOrder !== "group" || !data.groups) {
+      return { grouped: false, order: [...Array(N).keys()],
+               spans: [...Array(L).keys()].map((l) => ({ name: "L" + l, from: l * H, to: (l + 1) * H })) };
+    }
+    const order = [], spans = [], seen = new Set();
+    data.groups.groups.forEach((g, k) => {
+      const from = order.length;
+      g.map((x) => x[0] * H + x[1]).sort((a, b) => a - b).forEach((n) => { order.push(n); seen.add(n); });
+      const [top, share] = groupSummary(g);
+      spans.push({ name: "G" + (k + 1), from: from, to: order.length, colour: COLORS[k % COLORS.length],
+                   text: "G" + (k + 1) + ": " + g.length + " heads, " + share + "% " + top });
+    });
+    const rest = [...Array(N).keys()].filter((n) => !seen.has(n));
+    if (rest.length) spans.push({ name: "rest", from: order.length, to: N, colour: "#bbb", text: "rest: " + rest.length + " heads in no group" });
+    order.push(...rest);
+    return { grouped: true, order: order, spans: spans };
+  }
+  function groupSummary(g) {  // the group's most common label and its share (%)
+    const counts = {};
+    g.forEach((x) => { const lab = label(x[0], x[1]) || "?"; counts[lab] = (counts[lab] || 0) + 1; });
+    const [top, n] = Object.entries(counts).sort((p, q2) => q2[1] - p[1])[0];
+    return [top, Math.round(100 * n / g.length)];
+  }
+  let similarityOrder = null;  // display position -> head index, as last drawn
   function drawSimilarity() {
     const canvas = q("canvas.mh-similarity");
     if (!data.similarity) { canvas.style.display = "none"; return; }
-    const N = L * H, cell = Math.max(2, Math.floor(480 / N)), M = 44;
-    canvas.width = M + N * cell + BAR + 20; canvas.height = M + N * cell;
+    const N = L * H, cell = Math.max(2, Math.floor(480 / N)), M = 44, lay = similarityLayout(), order = lay.order;
+    similarityOrder = order;
+    const legendWidth = lay.grouped ? 230 : 0;
+    canvas.width = M + N * cell + BAR + 20 + legendWidth; canvas.height = Math.max(M + N * cell, lay.grouped ? M + 16 * lay.spans.length : 0);
     setGeometry(canvas, M, M, N * cell);
     const ctx = canvas.getContext("2d");
     ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
     for (let a = 0; a < N; a++) for (let b = 0; b < N; b++) {
-      const v = data.similarity[a * N + b] / 255, c = Math.round(255 * v);
+      const v = data.similarity[order[a] * N + order[b]] / 255, c = Math.round(255 * v);
       ctx.fillStyle = "rgb(" + c + "," + c + "," + c + ")"; ctx.fillRect(M + b * cell, M + a * cell, cell, cell);
     }
-    ctx.strokeStyle = "rgba(220, 50, 50, 0.6)"; ctx.lineWidth = 1;  // layer boundaries
-    ctx.fillStyle = "#222"; ctx.font = "10px " + FONTS; ctx.textBaseline = "middle";
-    for (let l = 0; l <= L; l++) {
-      const p = M + l * H * cell;
+    ctx.strokeStyle = "rgba(220, 50, 50, 0.6)"; ctx.lineWidth = 1;  // layer (or group) boundaries
+    ctx.font = "10px " + FONTS; ctx.textBaseline = "middle";
+    const every = lay.grouped || L <= 12 ? 1 : Math.ceil(L / 12), gap = lay.grouped ? 10 : 4;
+    lay.spans.forEach((sp, k) => {
+      const p = M + sp.from * cell, mid = M + (sp.from + sp.to) * cell / 2;
       ctx.beginPath(); ctx.moveTo(M, p); ctx.lineTo(M + N * cell, p); ctx.moveTo(p, M); ctx.lineTo(p, M + N * cell); ctx.stroke();
-      if (l < L && (L <= 12 || l % Math.ceil(L / 12) === 0)) {
-        ctx.textAlign = "right"; ctx.fillText("L" + l, M - 4, p + H * cell / 2);
-        ctx.save(); ctx.translate(p + H * cell / 2, M - 4); ctx.rotate(-Math.PI / 2); ctx.textAlign = "left"; ctx.fillText("L" + l, 0, 0); ctx.restore();
+      if (sp.colour) {  // the group's colour along both axes
+        ctx.fillStyle = sp.colour;
+        ctx.fillRect(M - 7, p, 6, (sp.to - sp.from) * cell); ctx.fillRect(p, M - 7, (sp.to - sp.from) * cell, 6);
       }
-    }
+      if (k % every === 0) {
+        ctx.fillStyle = "#222"; ctx.textAlign = "right"; ctx.fillText(sp.name, M - gap, mid);
+        ctx.save(); ctx.translate(mid, M - gap); ctx.rotate(-Math.PI / 2); ctx.textAlign = "left"; ctx.fillText(sp.name, 0, 0); ctx.restore();
+      }
+    });
+    ctx.beginPath(); ctx.moveTo(M, M + N * cell); ctx.lineTo(M + N * cell, M + N * cell); ctx.moveTo(M + N * cell, M); ctx.lineTo(M + N * cell, M + N * cell); ctx.stroke();
     const x = M + N * cell + 12;  // legend: black = identical attention, white = disjoint
     for (let k = 0; k < N * cell; k++) { const c = Math.round(255 * k / (N * cell)); ctx.fillStyle = "rgb(" + c + "," + c + "," + c + ")"; ctx.fillRect(x, M + k, 12, 1); }
     ctx.strokeStyle = "#999"; ctx.strokeRect(x, M, 12, N * cell);
     ctx.fillStyle = "#222"; ctx.textAlign = "left"; ctx.fillText("0", x + 15, M + 4); ctx.fillText("1", x + 15, M + N * cell - 4);
     ctx.save(); ctx.translate(x + 34, M + N * cell / 2); ctx.rotate(-Math.PI / 2); ctx.textAlign = "center"; ctx.fillText("Jensen–Shannon distance", 0, 0); ctx.restore();
+    if (lay.grouped) {  // which colour is which group, and what it holds
+      const x2 = x + 50;
+      lay.spans.forEach((sp, k) => {
+        ctx.fillStyle = sp.colour; ctx.fillRect(x2, M + k * 16, 10, 10);
+        ctx.fillStyle = "#222"; ctx.textAlign = "left"; ctx.fillText(sp.text, x2 + 14, M + k * 16 + 5);
+      });
+    }
   }
 
   // --- sortable head table; every string through textContent ---
@@ -672,7 +715,7 @@
     const x0 = +canvas.getAttribute("data-x0"), size = +canvas.getAttribute("data-size");
     const x = (ev.clientX - r.left) * canvas.width / r.width - x0, y = (ev.clientY - r.top) * canvas.height / r.height - x0;
     const b = Math.floor(x / size * N), a = Math.floor(y / size * N);
-    return (a < 0 || b < 0 || a >= N || b >= N) ? null : [a, b];
+    return (a < 0 || b < 0 || a >= N || b >= N) ? null : [similarityOrder[a], similarityOrder[b]];
   }
   q("canvas.mh-similarity").addEventListener("click", (ev) => {
     const c = similarityCell(ev);
@@ -717,21 +760,30 @@
     parts.push("</svg>");
     return parts.join("");
   }
-  function similaritySVG() {  // the head x head distances with layer labels and boundaries
+  function similaritySVG() {  // the head x head distances with layer (or group) labels and boundaries
     if (!data.similarity) return null;
-    const N = L * H, cell = Math.max(2, Math.floor(540 / N)), M = 40, parts = ['<svg xmlns="http://www.w3.org/2000/svg" width="' + (M + N * cell + 10) +
-      '" height="' + (M + N * cell + 10) + '" font-family="sans-serif" font-size="9">', '<text x="2" y="12" font-size="11">' +
-      escSVG((data.model || "") + ": Jensen–Shannon distance between heads (black 0, white 1)") + '</text>'];
+    const lay = similarityLayout(), order = lay.order;
+    const N = L * H, cell = Math.max(2, Math.floor(540 / N)), M = 48, legendHeight = lay.grouped ? 14 * lay.spans.length + 6 : 0;
+    const parts = ['<svg xmlns="http://www.w3.org/2000/svg" width="' + (M + N * cell + 10) +
+      '" height="' + (M + N * cell + 10 + legendHeight) + '" font-family="sans-serif" font-size="9">', '<text x="2" y="12" font-size="11">' +
+      escSVG((data.model || "") + ": Jensen–Shannon distance between heads (black 0, white 1)" + (lay.grouped ? ", grouped" : "")) + '</text>'];
     for (let a = 0; a < N; a++) for (let b = 0; b < N; b++) {
-      const c = data.similarity[a * N + b];
+      const c = data.similarity[order[a] * N + order[b]];
       parts.push('<rect x="' + (M + b * cell) + '" y="' + (M + a * cell) + '" width="' + cell + '" height="' + cell + '" fill="rgb(' + c + ',' + c + ',' + c + ')"/>');
     }
-    for (let l = 0; l <= L; l++) {
-      const p = M + l * H * cell;
+    lay.spans.forEach((sp) => {
+      const p = M + sp.from * cell, w = (sp.to - sp.from) * cell;
       parts.push('<line x1="' + M + '" y1="' + p + '" x2="' + (M + N * cell) + '" y2="' + p + '" stroke="#d33" stroke-width="0.5"/>');
       parts.push('<line x1="' + p + '" y1="' + M + '" x2="' + p + '" y2="' + (M + N * cell) + '" stroke="#d33" stroke-width="0.5"/>');
-      if (l < L) parts.push('<text x="' + (M - 4) + '" y="' + (p + H * cell / 2) + '" text-anchor="end">L' + l + '</text>');
-    }
+      if (sp.colour) parts.push('<rect x="' + (M - 7) + '" y="' + p + '" width="6" height="' + w + '" fill="' + sp.colour + '"/>');
+      parts.push('<text x="' + (M - (sp.colour ? 10 : 4)) + '" y="' + (p + w / 2 + 3) + '" text-anchor="end">' + escSVG(sp.name) + '</text>');
+    });
+    lay.spans.forEach((sp, k) => {
+      if (!sp.text) return;
+      const y = M + N * cell + 10 + k * 14;
+      parts.push('<rect x="' + M + '" y="' + y + '" width="10" height="10" fill="' + sp.colour + '"/>');
+      parts.push('<text x="' + (M + 14) + '" y="' + (y + 9) + '">' + escSVG(sp.text) + '</text>');
+    });
     parts.push("</svg>");
     return parts.join("");
   }
@@ -744,6 +796,9 @@
     download("multihead-" + name + ".svg", "data:image/svg+xml;charset=utf-8," + encodeURIComponent(svg));
   });
 
+  const simOrderSelect = q("select.mh-sim-order");
+  if (!data.groups) simOrderSelect.style.display = "none";
+  simOrderSelect.addEventListener("change", (ev) => { state.simOrder = ev.target.value; draw(); });
   const clusters = q(".mh-clusters");
   function headList(parent, heads) { heads.forEach((x, k) => { if (k) parent.appendChild(document.createTextNode(" ")); parent.appendChild(headLink(x[0], x[1])); }); }
   if (data.groups) {
@@ -751,10 +806,8 @@
       data.groups.groups.length + " groups where the silhouette is best: " + data.groups.silhouette.toFixed(2) + "):");
     clusters.appendChild(title);
     data.groups.groups.forEach((g, k) => {
-      const counts = {};
-      g.forEach((x) => { const lab = label(x[0], x[1]) || "?"; counts[lab] = (counts[lab] || 0) + 1; });
-      const [top, n] = Object.entries(counts).sort((p, q2) => q2[1] - p[1])[0];
-      const item = el("li", { "class": "mh-group" }, "group " + (k + 1) + ": " + g.length + " heads, " + Math.round(100 * n / g.length) + "% " + top + " — ");
+      const [top, share] = groupSummary(g);
+      const item = el("li", { "class": "mh-group" }, "group " + (k + 1) + " (G" + (k + 1) + "): " + g.length + " heads, " + share + "% " + top + " — ");
       headList(item, g);
       clusters.appendChild(item);
     });

@@ -240,6 +240,8 @@ def page_body(data: dict) -> str:
             '<canvas class="mh-rollout"></canvas></div>'
             '<div class="mh-view" data-view="table" style="display:none"><table class="mh-table"></table></div>'
             '<div class="mh-view" data-view="similarity" style="display:none">'
+            '<select class="mh-sim-order" aria-label="order of the heads"><option value="layer">layer order'
+            '</option><option value="group">grouped (Ward groups on the diagonal)</option></select><br>'
             '<canvas class="mh-similarity"></canvas><ul class="mh-clusters"></ul></div>'
             f'<script type="application/json" id="{root}-data">{_json_for_script(data)}</script>'
             f"<script>{script}</script></div>")
