@@ -45,10 +45,11 @@ def test_chunks_of_rows_give_the_whole_maps_statistics(side, chunk, fused, monke
     whole, parts = HeadStatistics(2, H), HeadStatistics(2, H)
     long_whole, long_parts = LongContextStatistics(2, H), LongContextStatistics(2, H)
     for layer in range(2):
-        monkeypatch.setattr(rowsums, "MIN_KEYS", 10**9)
+        monkeypatch.setattr(rowsums, "MIN_TOKENS", 10**9)
         whole.update(layer, maps, visible, tokens)
         long_whole.update(layer, maps, tokens)
-        monkeypatch.setattr(rowsums, "MIN_KEYS", 0 if fused else 10**9)
+        monkeypatch.setattr(rowsums, "MIN_TOKENS", 0 if fused else 10**9)
+        monkeypatch.setattr(rowsums, "MIN_KEYS", 0)
         for start in range(0, T, chunk):
             stop = min(T, start + chunk)
             # as the streamed capture hands them over: a causal chunk's keys end at its last row
@@ -78,9 +79,9 @@ def test_row_sums_at_any_points_equal_the_whole_prefix_sum():
     check()
 
 
-def test_the_compiled_row_sums_are_the_eager_statistics_on_long_rows():
-    """A document's chunk of 40 rows over 3,000 keys: the one compiled pass (taken by default at
-    this length) gives the numbers of the eager passes."""
+def test_the_compiled_row_sums_are_the_eager_statistics_on_long_rows(monkeypatch):
+    """A document's chunk of 40 rows over 3,000 keys: the one compiled pass (taken by default for
+    documents of 6,144 tokens; here for this one) gives the numbers of the eager passes."""
     from multihead.analysis import rowsums
 
     if rowsums._compiled() is None:
@@ -93,17 +94,15 @@ def test_the_compiled_row_sums_are_the_eager_statistics_on_long_rows():
     maps[..., 0, :5] = torch.tensor([0.5, 0.0, 0.25, 0.25, 0.0])  # exact zeros inside a row: 0·log 0 = 0
     maps[..., 0, 5:] = 0.0
     tokens = _tokens(torch.ones(1, T, dtype=torch.bool))
-    assert rowsums.row_sums(maps, torch.zeros(1, 3, T), start) is not None  # the fast path is taken
+    monkeypatch.setattr(rowsums, "MIN_TOKENS", T)
+    assert rowsums.row_sums(maps, torch.zeros(1, 3, T), start, T) is not None  # the fast path is taken
     fast = HeadStatistics(1, H)
     fast._columns[0] = torch.zeros(1, H, T, dtype=torch.float64)  # as if earlier chunks had come
     fast.update(0, maps, visible, tokens, start)
-    rowsums.MIN_KEYS, saved = 10**9, rowsums.MIN_KEYS
-    try:
-        slow = HeadStatistics(1, H)
-        slow._columns[0] = torch.zeros(1, H, T, dtype=torch.float64)
-        slow.update(0, maps, visible, tokens, start)
-    finally:
-        rowsums.MIN_KEYS = saved
+    monkeypatch.setattr(rowsums, "MIN_TOKENS", 10**9)
+    slow = HeadStatistics(1, H)
+    slow._columns[0] = torch.zeros(1, H, T, dtype=torch.float64)
+    slow.update(0, maps, visible, tokens, start)
     for name, value in slow.means().items():
         torch.testing.assert_close(fast.means()[name], value, atol=1e-5, rtol=1e-5, equal_nan=True, msg=name)
 

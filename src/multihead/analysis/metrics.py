@@ -111,7 +111,7 @@ class HeadStatistics:
         i_abs = torch.arange(start, start + C, device=dev)  # (C,) the rows' positions
         j_abs = torch.arange(K, device=dev)  # (K,) the keys' positions
         sets = torch.stack([tokens.first[:, :K], tokens.separator[:, :K], tokens.punctuation[:, :K]], 1)  # (B, 3, K)
-        fused = row_sums(p, sets.to(dev).float(), start) if prefix else None  # long rows: one compiled pass
+        fused = row_sums(p, sets.to(dev).float(), start, T) if prefix else None  # long texts: one compiled pass
         if fused is not None:
             entropy, largest = fused[..., 0], fused[..., 1]  # (B, H, C)
             key_mass = fused[..., 2:7]  # (B, H, C, 5): first, separators, punctuation, Σ p·j, Σ p
