@@ -23,16 +23,9 @@ def _tokens(valid):
     return TokenInfo(valid=valid, first=first, separator=separator, punctuation=punctuation)
 
 
-@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("side", ["right", "left"])
 @pytest.mark.parametrize("chunk", [1, 3, 7, 12])
-def test_chunks_of_rows_give_the_whole_maps_statistics(side, chunk, fused, monkeypatch):
-    """Whole maps through the eager passes (the definition); chunks through them too, or through
-    the compiled one-pass row sums (long rows take it; here every row is made to)."""
-    from multihead.analysis import rowsums
-
-    if fused and rowsums._compiled() is None:
-        pytest.skip("torch.compile does not work here: the eager passes run instead")
+def test_chunks_of_rows_give_the_whole_maps_statistics(side, chunk):
     B, H, T = 3, 4, 12
     g = torch.Generator().manual_seed(0)
     lengths = torch.tensor([12, 9, 5])
@@ -45,11 +38,8 @@ def test_chunks_of_rows_give_the_whole_maps_statistics(side, chunk, fused, monke
     whole, parts = HeadStatistics(2, H), HeadStatistics(2, H)
     long_whole, long_parts = LongContextStatistics(2, H), LongContextStatistics(2, H)
     for layer in range(2):
-        monkeypatch.setattr(rowsums, "MIN_TOKENS", 10**9)
         whole.update(layer, maps, visible, tokens)
         long_whole.update(layer, maps, tokens)
-        monkeypatch.setattr(rowsums, "MIN_TOKENS", 0 if fused else 10**9)
-        monkeypatch.setattr(rowsums, "MIN_KEYS", 0)
         for start in range(0, T, chunk):
             stop = min(T, start + chunk)
             # as the streamed capture hands them over: a causal chunk's keys end at its last row
@@ -77,34 +67,6 @@ def test_row_sums_at_any_points_equal_the_whole_prefix_sum():
         torch.testing.assert_close(prefix_sums_at(p, points), want, atol=1e-5, rtol=1e-5)
 
     check()
-
-
-def test_the_compiled_row_sums_are_the_eager_statistics_on_long_rows(monkeypatch):
-    """A document's chunk of 40 rows over 3,000 keys: the one compiled pass (taken by default for
-    documents of 6,144 tokens; here for this one) gives the numbers of the eager passes."""
-    from multihead.analysis import rowsums
-
-    if rowsums._compiled() is None:
-        pytest.skip("torch.compile does not work here: the eager passes run instead")
-    T, C, start, H = 3000, 40, 2960, 3
-    g = torch.Generator().manual_seed(5)
-    ar = torch.arange(T)
-    visible = (ar[None, :] <= ar[start:start + C, None])[None, None]  # (1, 1, C, T) causal
-    maps = torch.softmax((torch.randn(1, H, C, T, generator=g) * 4).masked_fill(~visible, float("-inf")), -1)
-    maps[..., 0, :5] = torch.tensor([0.5, 0.0, 0.25, 0.25, 0.0])  # exact zeros inside a row: 0·log 0 = 0
-    maps[..., 0, 5:] = 0.0
-    tokens = _tokens(torch.ones(1, T, dtype=torch.bool))
-    monkeypatch.setattr(rowsums, "MIN_TOKENS", T)
-    assert rowsums.row_sums(maps, torch.zeros(1, 3, T), start, T) is not None  # the fast path is taken
-    fast = HeadStatistics(1, H)
-    fast._columns[0] = torch.zeros(1, H, T, dtype=torch.float64)  # as if earlier chunks had come
-    fast.update(0, maps, visible, tokens, start)
-    monkeypatch.setattr(rowsums, "MIN_TOKENS", 10**9)
-    slow = HeadStatistics(1, H)
-    slow._columns[0] = torch.zeros(1, H, T, dtype=torch.float64)
-    slow.update(0, maps, visible, tokens, start)
-    for name, value in slow.means().items():
-        torch.testing.assert_close(fast.means()[name], value, atol=1e-5, rtol=1e-5, equal_nan=True, msg=name)
 
 
 def test_long_context_prefix_sums_equal_key_by_key_offsets():

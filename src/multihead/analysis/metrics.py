@@ -34,8 +34,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .rowsums import row_sums
-
 if TYPE_CHECKING:
     from .typical import TypicalTexts
 
@@ -110,25 +108,18 @@ class HeadStatistics:
         informative = rows & (n_vis > 1)
         i_abs = torch.arange(start, start + C, device=dev)  # (C,) the rows' positions
         j_abs = torch.arange(K, device=dev)  # (K,) the keys' positions
-        sets = torch.stack([tokens.first[:, :K], tokens.separator[:, :K], tokens.punctuation[:, :K]], 1)  # (B, 3, K)
-        fused = row_sums(p, sets.to(dev).float(), start, T) if prefix else None  # long texts: one compiled pass
-        if fused is not None:
-            entropy, largest = fused[..., 0], fused[..., 1]  # (B, H, C)
-            key_mass = fused[..., 2:7]  # (B, H, C, 5): first, separators, punctuation, Σ p·j, Σ p
-        else:
-            # -Σ p ln p, with 0·ln 0 = 0 (ln 0 = -inf is clamped to a finite number that 0 multiplies
-            # away); one log pass, the cost that remains (torch.special.entr is ~1.5x slower on the CPU)
-            logp = p.log().clamp_min_(-1e30)  # (B, H, C, K)
-            entropy = -logp.mul_(p).sum(-1)  # (B, H, C)
-            del logp
-            largest = p.amax(-1)  # (B, H, C)
-            # One product gives every key-set mass: first, separators, punctuation, Σ_j p·j and Σ_j p.
-            keys = torch.cat([sets.transpose(0, 1).to(dev).float(), j_abs.float().expand(1, B, K),
-                              torch.ones(1, B, K, device=dev)])  # (5, B, K)
-            # as (B, H·C, K) x (B, K, 5) with the key sets stored row-major: a real GEMM, ~3x faster on
-            # the CPU than broadcasting (B, 1, K, 5) against (B, H, C, K)
-            key_mass = torch.bmm(p.reshape(B, H * C, K), keys.transpose(0, 1).contiguous().transpose(1, 2)
-                                 ).view(B, H, C, 5)  # (B, H, C, 5)
+        # -Σ p ln p, with 0·ln 0 = 0 (ln 0 = -inf is clamped to a finite number that 0 multiplies
+        # away); one log pass, the cost that remains (torch.special.entr is ~1.5x slower on the CPU)
+        logp = p.log().clamp_min_(-1e30)  # (B, H, C, K)
+        entropy = -logp.mul_(p).sum(-1)  # (B, H, C)
+        del logp
+        # One product gives every key-set mass: first, separators, punctuation, Σ_j p·j and Σ_j p.
+        keys = torch.stack([tokens.first[:, :K], tokens.separator[:, :K], tokens.punctuation[:, :K]]).to(dev)
+        keys = torch.cat([keys.float(), j_abs.float().expand(1, B, K), keys.new_ones(1, B, K).float()])  # (5, B, K)
+        # as (B, H·C, K) x (B, K, 5) with the key sets stored row-major: a real GEMM, ~3x faster on the
+        # CPU than broadcasting (B, 1, K, 5) against (B, H, C, K)
+        key_mass = torch.bmm(p.reshape(B, H * C, K), keys.transpose(0, 1).contiguous().transpose(1, 2)
+                             ).view(B, H, C, 5)  # (B, H, C, 5)
         if prefix:  # real tokens are 0..n-1 (right padding): offsets are diagonals
             def band(k: int) -> Tensor:  # p[i, i+k] as (B, H, C), 0 where i+k is outside
                 col = i_abs + k
@@ -140,12 +131,8 @@ class HeadStatistics:
             # Σ_j p_ij |i - j| = (i·Σ_j p_ij - Σ_j p_ij·j) + 2·Σ_{j>i} p_ij (j - i): the first part from
             # the product above, the second over the keys after the chunk's first row only (none
             # past the diagonal block for a causal chunk).
-            if fused is not None:
-                ahead = fused[..., 7]  # (B, H, C)
-            else:
-                offsets = (j_abs[start:][None, :] - i_abs[:, None]).clamp_min(0).float()  # (C, K - start)
-                ahead = (p[..., start:] * offsets).sum(-1)  # (B, H, C)
-            distance = i_abs.float() * key_mass[..., 4] - key_mass[..., 3] + 2 * ahead
+            ahead = (j_abs[start:][None, :] - i_abs[:, None]).clamp_min(0).float()  # (C, K - start)
+            distance = i_abs.float() * key_mass[..., 4] - key_mass[..., 3] + 2 * (p[..., start:] * ahead).sum(-1)
         else:  # general valid masks: measure offsets between real tokens
             i = pos[:, None, start:start + C, None].float()  # (B, 1, C, 1)
             j = pos[:, None, None, :K].float()  # (B, 1, 1, K)
@@ -164,7 +151,7 @@ class HeadStatistics:
             "cls": (key_mass[..., 0], rows),
             "sep": (key_mass[..., 1], rows),
             "punctuation": (key_mass[..., 2], rows),
-            "max_weight": (largest, rows),
+            "max_weight": (p.amax(-1), rows),
         }
         names = list(values)
         stacked = torch.stack([values[n][0] for n in names]).to(torch.float64)  # (M, B, H, C)
