@@ -335,6 +335,17 @@ def test_export_buttons_produce_png_and_svg(browser, page):
     assert map_name == "multihead-map.svg" and ">L5</text>" in map_svg and ">H11</text>" in map_svg
     assert map_svg.count("<rect") == 72 and ">mixed</text>" in map_svg
     assert sim_name == "multihead-similarity.svg" and ">L5</text>" in sim_svg and sim_svg.count("<rect") == 72 * 72
+    root.find_element("css selector", '.mh-tab[data-view="overview"]').click()
+    root.find_element("css selector", ".mh-export-png").click()  # the map as a PNG, drawn from its SVG
+    import time
+
+    for _ in range(50):
+        downloads = browser.execute_script("return window.__downloads;")
+        if len(downloads) == 6:
+            break
+        time.sleep(0.1)
+    name, png = downloads[5]
+    assert name == "multihead-map.png" and png.startswith("data:image/png;base64,") and len(png) > 5000
 
 
 def test_similarity_grouped_puts_each_group_on_the_diagonal_with_its_colour_and_legend(browser, page):

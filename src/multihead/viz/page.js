@@ -741,7 +741,19 @@
     download("multihead-heads.csv", "data:text/csv;charset=utf-8," + encodeURIComponent(tableCSV()));
   });
   q(".mh-export-png").addEventListener("click", () => {
-    if (state.view === "table" || state.view === "overview") { q(".mh-export-csv").click(); return; }  // a table exports as CSV
+    if (state.view === "overview") {  // the label map: its SVG drawn at twice the size into a PNG
+      const img = new Image(), svg = mapSVG();
+      img.onload = () => {
+        const c = document.createElement("canvas");
+        c.width = img.width * 2; c.height = img.height * 2;
+        const ctx = c.getContext("2d");
+        ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, c.width, c.height); ctx.drawImage(img, 0, 0, c.width, c.height);
+        download("multihead-map.png", c.toDataURL("image/png"));
+      };
+      img.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(svg);
+      return;
+    }
+    if (state.view === "table") { q(".mh-export-csv").click(); return; }  // a table exports as CSV
     const canvas = root.querySelector('.mh-view[data-view="' + state.view + '"] canvas');
     if (canvas) download("multihead-" + state.view + ".png", canvas.toDataURL("image/png"));
   });
