@@ -117,3 +117,35 @@ def test_syntax_texts_come_from_the_parses(minilm):
     # the share kept is the accuracy of that head on the relation (one parsed text: the corpus's)
     acc = corpus.syntax.scores().accuracy["det"]
     assert torch.allclose(top.value[..., 0], acc, atol=1e-9)
+
+
+def test_an_induction_heads_texts_are_those_it_copies_in():
+    """The texts' own induction pattern: a repeated token's mass on the token after its earlier occurrence."""
+    from multihead.analysis.metrics import _repeats_followed
+
+    ids = torch.tensor([[5, 6, 7, 5, 6, 0]])  # a b c a b, then padding
+    valid = torch.tensor([[True] * 5 + [False]])
+    p = torch.zeros(1, 2, 6, 6)
+    p[:, :, :, 0] = 1.0  # every row on the first token ...
+    p[0, 0, 3] = torch.tensor([0.3, 0.7, 0, 0, 0, 0])  # ... but head 0: the second 'a' on 'b' (after the first 'a')
+    p[0, 0, 4] = torch.tensor([0.1, 0.1, 0.8, 0, 0, 0])  # the second 'b' on 'c' (after the first 'b')
+    total, rows = _repeats_followed(p, ids, valid, valid, 0)
+    assert rows.tolist() == [[2, 2]]  # rows 3 and 4 repeat an earlier token
+    assert total[0].tolist() == pytest.approx([0.7 + 0.8, 0.0])
+    # the same rows handed over in two chunks, as the streamed capture does
+    first, n1 = _repeats_followed(p[:, :, :4, :4], ids, valid[:, :4], valid, 0)
+    second, n2 = _repeats_followed(p[:, :, 4:, :5], ids, valid[:, 4:5], valid, 4)
+    assert (first + second)[0].tolist() == pytest.approx(total[0].tolist()) and (n1 + n2).tolist() == rows.tolist()
+
+
+def test_smollm2_induction_heads_name_texts_with_repeats(smollm2):
+    texts = ["The cat sat on the mat and then the cat sat on the mat again, as cats do.",
+             "A completely different sentence with no word said twice in it at all.",
+             "Paris is the capital of France and Rome is the capital of Italy, said Paris."]
+    report = mh.analyze(smollm2, texts, coreference=False, redundancy=False)
+    heads = [e for e in report.sections["typical"]["heads"] if e["measure"] == "repeat_successor"]
+    assert heads, "SmolLM2 has induction heads (the probe labels them)"
+    for e in heads:  # only texts with a repeated token are named
+        assert e["texts"] and {i for i, _, _ in e["texts"]} <= {0, 2}, e
+    # and the strongest copies for real: most of a repeated token's attention on what followed it before
+    assert max(e["texts"][0][1] for e in heads) > 0.3, heads

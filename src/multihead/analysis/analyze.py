@@ -406,7 +406,7 @@ def _token_info(input_ids: torch.Tensor, valid: torch.Tensor, special: set[int],
     separator &= valid
     punct = torch.tensor([[_is_punct(int(t), tok, cache) for t in row] for row in input_ids.tolist()],
                          dtype=torch.bool) & valid
-    return TokenInfo(valid=valid, first=first, separator=separator & ~first, punctuation=punct)
+    return TokenInfo(valid=valid, first=first, separator=separator & ~first, punctuation=punct, ids=input_ids)
 
 
 def _is_punct(token_id: int, tok, cache: dict[int, bool]) -> bool:

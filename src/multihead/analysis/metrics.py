@@ -51,6 +51,7 @@ class TokenInfo:
     first: Tensor  # the first real token of its sequence ([CLS] / BOS position)
     separator: Tensor  # [SEP] / EOS
     punctuation: Tensor
+    ids: Tensor | None = None  # (B, T) the token ids, for the texts' own induction pattern (typical texts)
 
 
 def real_positions(valid: Tensor) -> tuple[Tensor, bool]:
@@ -161,6 +162,11 @@ class HeadStatistics:
         self.sums[index, layer] += per_text.sum(1).cpu()
         self.counts[index, layer] += per_count.sum(1).cpu()
         if self.typical is not None and self._ids is not None:
+            if tokens.ids is not None:  # and, per text only, its own induction pattern
+                copy_sum, copy_rows = _repeats_followed(p, tokens.ids.to(dev), q_valid, valid, start)  # (B, H)
+                names = [*names, "repeat_successor"]
+                per_text = torch.cat([per_text, copy_sum[None].to(torch.float64)])
+                per_count = torch.cat([per_count, copy_rows[None].to(torch.float64)])
             if start > 0:  # the layer's earlier chunks
                 before = self._per_text.pop(layer)
                 per_text, per_count = per_text + before[0], per_count + before[1]
@@ -197,3 +203,22 @@ class HeadStatistics:
         """Each metric as an (L, H) float64 tensor (NaN where nothing was counted)."""
         out = self.sums / self.counts.where(self.counts > 0, torch.full_like(self.counts, math.nan))
         return {name: out[k] for k, name in enumerate(METRICS)}
+
+
+def _repeats_followed(p: Tensor, ids: Tensor, q_valid: Tensor, valid: Tensor, start: int) -> tuple[Tensor, Tensor]:
+    """A text's own induction pattern: for each real query row i whose token occurred earlier
+    (at some j < i), its mass on the tokens right after those occurrences (j + 1 <= i). Returns
+    the summed mass over such rows, (B, H), and how many rows there are, (B, H).
+
+    p (B, H, C, K) rows ``start``.. of the map; ids, valid (B, T)."""
+    B, H, C, K = p.shape
+    rows = ids[:, start:start + C]  # (B, C)
+    i = torch.arange(start, start + C, device=p.device)[:, None]  # (C, 1)
+    j = torch.arange(K, device=p.device)[None, :]  # (1, K): key j follows token j - 1
+    before = torch.cat([ids.new_full((B, 1), -1), ids[:, :K - 1]], 1)  # (B, K) the token before each key
+    real_before = torch.cat([valid.new_zeros(B, 1), valid[:, :K - 1]], 1) & valid[:, :K]  # (B, K)
+    # key j follows an earlier occurrence (at j - 1 < i) of the row's token
+    target = (rows[:, :, None] == before[:, None, :]) & real_before[:, None, :] & (j <= i)  # (B, C, K)
+    counted = target.any(-1) & q_valid  # (B, C) rows with an earlier occurrence
+    mass = (p * target[:, None].to(p.dtype)).sum(-1)  # (B, H, C)
+    return (mass * counted[:, None]).sum(-1), counted.sum(-1)[:, None].expand(B, H)

@@ -12,7 +12,9 @@ head, the texts of the measure its label calls for:
 | ``special-token`` | mean ``cls + sep`` |
 | ``broad`` | mean ``entropy_norm`` |
 | ``syntactic:REL`` | how many of the text's REL dependents attend most to their governor (ties: the larger share) |
-| any other (``induction``, ``coreference``, ``mixed``) | mean ``max_weight``: how sharply its rows point |
+| ``induction`` | ``repeat_successor``: over the text's tokens that occurred earlier in it, the mean mass on |
+|  | the tokens right after those earlier occurrences (the induction pattern, on the text itself) |
+| any other (``coreference``, ``mixed``) | mean ``max_weight``: how sharply its rows point |
 
 Texts with fewer than :data:`MIN_TOKENS` real tokens rank after all longer ones: on a
 three-token text any head looks like anything.
@@ -33,7 +35,7 @@ TOP = 3
 MIN_TOKENS = 8
 #: label -> the metric (``+``: a sum of metrics) whose per-text mean ranks its texts.
 MEASURES = {"previous": "previous_token", "next": "next_token", "self": "self", "local": "local",
-            "special-token": "cls+sep", "broad": "entropy_norm"}
+            "special-token": "cls+sep", "broad": "entropy_norm", "induction": "repeat_successor"}
 #: The measure of every other label that has no syntax relation.
 FALLBACK = "max_weight"
 #: Characters of each named text kept in the report.
@@ -89,6 +91,8 @@ class TypicalTexts:
         index = torch.as_tensor(list(ids), dtype=torch.long)
         short = (tokens.to(torch.float64) < MIN_TOKENS)[:, None]  # (B, 1)
         for name, top in self.metrics.items():
+            if any(part not in means for part in name.split("+")):  # e.g. no token ids given
+                continue
             value = sum(means[part] for part in name.split("+")).to(torch.float64).cpu()  # (B, H)
             key = value.nan_to_num(-torch.inf) - 1e6 * short  # short texts after every long one
             top.offer(layer, key.T, value.nan_to_num(0.0).T, tokens.to(torch.float64)[None].expand_as(key.T), index)

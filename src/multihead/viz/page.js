@@ -649,7 +649,9 @@
     const mine = typical && typical.heads.find((e) => e.layer === l && e.head === h);
     if (mine && mine.texts.length) {  // over the whole corpus, kept while it was analysed
       const syntax = mine.measure.startsWith("syntax:");
-      const name = syntax ? "share of its " + mine.measure.slice(7) + " dependents on their governor" : "mean " + mine.measure;
+      const words = { repeat_successor: "attention to the token after an earlier occurrence", "cls+sep": "attention to [CLS]/[SEP]",
+                      entropy_norm: "normalised entropy", max_weight: "largest weight per row" };
+      const name = syntax ? "share of its " + mine.measure.slice(7) + " dependents on their governor" : "mean " + (words[mine.measure] || mine.measure.replace("_token", "-token attention"));
       box.appendChild(el("h4", {}, "The corpus texts where it is most typical of its label (" + name + ", of " + data.overview.sentences + " texts)"));
       box.appendChild(tableOf(["text", name, syntax ? "dependents" : "tokens"], mine.texts.map(([i, v, n]) => {
         const text = typical.texts[String(i)] || "", s = data.sentences.findIndex((d) => d.text === text);
