@@ -87,8 +87,9 @@ def test_marks_reach_the_terminal_map_the_csv_and_the_page(minilm, tmp_path):
     section = report.sections["evidence"]
     assert set(section["tests"]) == {"induction", "previous", "syntactic"}
     marks = report.marks()
-    if not marks:  # an encoder's labels are tested through syntax only, and that needs spaCy's parses
+    if not spacy_available():  # an encoder's labels are tested through syntax only, and that needs spaCy's parses
         pytest.skip("spaCy is not installed: MiniLM has no label with a test (its labels are tested through syntax)")
+    assert marks, "with spaCy's parses MiniLM's syntactic labels are tested"
     grid = report.label_map()
     assert ("✓" in grid or "~" in grid) and "attention-only" in grid
     report.to_csv(tmp_path / "r.csv")

@@ -121,7 +121,7 @@ def test_syntax_texts_come_from_the_parses(minilm):
 
 def test_an_induction_heads_texts_are_those_it_copies_in():
     """The texts' own induction pattern: a repeated token's mass on the token after its earlier occurrence."""
-    from multihead.analysis.metrics import _repeats_followed
+    from multihead.analysis.metrics import _repeat_targets, _repeats_followed
 
     ids = torch.tensor([[5, 6, 7, 5, 6, 0]])  # a b c a b, then padding
     valid = torch.tensor([[True] * 5 + [False]])
@@ -129,12 +129,12 @@ def test_an_induction_heads_texts_are_those_it_copies_in():
     p[:, :, :, 0] = 1.0  # every row on the first token ...
     p[0, 0, 3] = torch.tensor([0.3, 0.7, 0, 0, 0, 0])  # ... but head 0: the second 'a' on 'b' (after the first 'a')
     p[0, 0, 4] = torch.tensor([0.1, 0.1, 0.8, 0, 0, 0])  # the second 'b' on 'c' (after the first 'b')
-    total, rows = _repeats_followed(p, ids, valid, valid, 0)
+    total, rows = _repeats_followed(p, *_repeat_targets(ids, valid, valid, 0, 6))
     assert rows.tolist() == [[2, 2]]  # rows 3 and 4 repeat an earlier token
     assert total[0].tolist() == pytest.approx([0.7 + 0.8, 0.0])
     # the same rows handed over in two chunks, as the streamed capture does
-    first, n1 = _repeats_followed(p[:, :, :4, :4], ids, valid[:, :4], valid, 0)
-    second, n2 = _repeats_followed(p[:, :, 4:, :5], ids, valid[:, 4:5], valid, 4)
+    first, n1 = _repeats_followed(p[:, :, :4, :4], *_repeat_targets(ids, valid[:, :4], valid, 0, 4))
+    second, n2 = _repeats_followed(p[:, :, 4:, :5], *_repeat_targets(ids, valid[:, 4:5], valid, 4, 5))
     assert (first + second)[0].tolist() == pytest.approx(total[0].tolist()) and (n1 + n2).tolist() == rows.tolist()
 
 

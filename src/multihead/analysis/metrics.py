@@ -77,6 +77,8 @@ class HeadStatistics:
         self.typical: TypicalTexts | None = None
         self._ids: list[int] | None = None
         self._per_text: dict[int, tuple[Tensor, Tensor]] = {}  # a streamed layer's per-text sums
+        # the batch's repeated-token targets per chunk (start, C, K): the same for every layer
+        self._repeats: dict[tuple[int, int, int], tuple[Tensor, Tensor]] = {}
 
     def add_batch(self, tokens: TokenInfo, ids: Sequence[int] | None = None) -> None:
         """Count a batch's sentences and real tokens (once per batch, not per layer); ``ids``: the
@@ -84,6 +86,7 @@ class HeadStatistics:
         self.sentences += int(tokens.valid.shape[0])
         self.tokens += int(tokens.valid.sum())
         self._ids = None if ids is None else list(ids)
+        self._repeats = {}
 
     def update(self, layer: int, weights: Tensor, visible: Tensor, tokens: TokenInfo, start: int = 0) -> None:
         """Add one layer's attention for a batch: weights (B, H, C, K) — query rows ``start`` to
@@ -105,15 +108,15 @@ class HeadStatistics:
         rows = q_valid[:, None, :].expand(B, H, C)  # (B, H, C) rows that count
 
         pos, prefix = real_positions(valid)
-        log_n = n_vis.clamp_min(1).log()
-        informative = rows & (n_vis > 1)
-        i_abs = torch.arange(start, start + C, device=dev)  # (C,) the rows' positions
-        j_abs = torch.arange(K, device=dev)  # (K,) the keys' positions
         # -Σ p ln p, with 0·ln 0 = 0 (ln 0 = -inf is clamped to a finite number that 0 multiplies
         # away); one log pass, the cost that remains (torch.special.entr is ~1.5x slower on the CPU)
         logp = p.log().clamp_min_(-1e30)  # (B, H, C, K)
         entropy = -logp.mul_(p).sum(-1)  # (B, H, C)
         del logp
+        log_n = n_vis.clamp_min(1).log()
+        informative = rows & (n_vis > 1)
+        i_abs = torch.arange(start, start + C, device=dev)  # (C,) the rows' positions
+        j_abs = torch.arange(K, device=dev)  # (K,) the keys' positions
         # One product gives every key-set mass: first, separators, punctuation, Σ_j p·j and Σ_j p.
         keys = torch.stack([tokens.first[:, :K], tokens.separator[:, :K], tokens.punctuation[:, :K]]).to(dev)
         keys = torch.cat([keys.float(), j_abs.float().expand(1, B, K), keys.new_ones(1, B, K).float()])  # (5, B, K)
@@ -163,7 +166,10 @@ class HeadStatistics:
         self.counts[index, layer] += per_count.sum(1).cpu()
         if self.typical is not None and self._ids is not None:
             if tokens.ids is not None:  # and, per text only, its own induction pattern
-                copy_sum, copy_rows = _repeats_followed(p, tokens.ids.to(dev), q_valid, valid, start)  # (B, H)
+                found = self._repeats.get((start, C, K))
+                if found is None:
+                    found = self._repeats[(start, C, K)] = _repeat_targets(tokens.ids.to(dev), q_valid, valid, start, K)
+                copy_sum, copy_rows = _repeats_followed(p, *found)  # (B, H)
                 names = [*names, "repeat_successor"]
                 per_text = torch.cat([per_text, copy_sum[None].to(torch.float64)])
                 per_count = torch.cat([per_count, copy_rows[None].to(torch.float64)])
@@ -205,20 +211,25 @@ class HeadStatistics:
         return {name: out[k] for k, name in enumerate(METRICS)}
 
 
-def _repeats_followed(p: Tensor, ids: Tensor, q_valid: Tensor, valid: Tensor, start: int) -> tuple[Tensor, Tensor]:
-    """A text's own induction pattern: for each real query row i whose token occurred earlier
-    (at some j < i), its mass on the tokens right after those occurrences (j + 1 <= i). Returns
-    the summed mass over such rows, (B, H), and how many rows there are, (B, H).
-
-    p (B, H, C, K) rows ``start``.. of the map; ids, valid (B, T)."""
-    B, H, C, K = p.shape
+def _repeat_targets(ids: Tensor, q_valid: Tensor, valid: Tensor, start: int, K: int) -> tuple[Tensor, Tensor]:
+    """Where a text's own induction pattern points, for query rows ``start``.. (``q_valid`` (B, C))
+    over its first K keys: ``target`` (B, C, K), key j follows an earlier occurrence (at j - 1 < i)
+    of row i's token; and ``counted`` (B, C), the real rows that have one. ids, valid (B, T)."""
+    B, C = q_valid.shape
     rows = ids[:, start:start + C]  # (B, C)
-    i = torch.arange(start, start + C, device=p.device)[:, None]  # (C, 1)
-    j = torch.arange(K, device=p.device)[None, :]  # (1, K): key j follows token j - 1
+    i = torch.arange(start, start + C, device=ids.device)[:, None]  # (C, 1)
+    j = torch.arange(K, device=ids.device)[None, :]  # (1, K): key j follows token j - 1
     before = torch.cat([ids.new_full((B, 1), -1), ids[:, :K - 1]], 1)  # (B, K) the token before each key
     real_before = torch.cat([valid.new_zeros(B, 1), valid[:, :K - 1]], 1) & valid[:, :K]  # (B, K)
-    # key j follows an earlier occurrence (at j - 1 < i) of the row's token
     target = (rows[:, :, None] == before[:, None, :]) & real_before[:, None, :] & (j <= i)  # (B, C, K)
-    counted = target.any(-1) & q_valid  # (B, C) rows with an earlier occurrence
+    return target, target.any(-1) & q_valid
+
+
+def _repeats_followed(p: Tensor, target: Tensor, counted: Tensor) -> tuple[Tensor, Tensor]:
+    """A text's own induction pattern in p (B, H, C, K): for each row that repeats an earlier token
+    (``counted`` (B, C)), its mass on the tokens right after those occurrences (``target``
+    (B, C, K), :func:`_repeat_targets`). Returns the summed mass over such rows, (B, H), and how
+    many rows there are, (B, H)."""
+    B, H = p.shape[:2]
     mass = (p * target[:, None].to(p.dtype)).sum(-1)  # (B, H, C)
     return (mass * counted[:, None]).sum(-1), counted.sum(-1)[:, None].expand(B, H)

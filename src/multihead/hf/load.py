@@ -140,20 +140,21 @@ def _is_language_model(config: Any) -> bool:
 
     if getattr(config, "is_encoder_decoder", False):
         return False
-    names: set[str] = set()
-    for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
-        names.update([value] if isinstance(value, str) else value)
-    return bool(getattr(config, "is_decoder", False)) or any(a in names for a in config.architectures or ())
+    return bool(getattr(config, "is_decoder", False)) or _names_one_of(config, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
 def _is_masked_language_model(config: Any) -> bool:
     """Whether the folder holds an encoder saved with its masked-LM head (``BertForMaskedLM``...)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-    if getattr(config, "is_encoder_decoder", False):
-        return False
+    return not getattr(config, "is_encoder_decoder", False) and _names_one_of(config, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+
+def _names_one_of(config: Any, mapping: Any) -> bool:
+    """Whether one of the config's architectures is a class of transformers' auto ``mapping``
+    (model type -> class name, or a tuple of them)."""
     names: set[str] = set()
-    for value in MODEL_FOR_MASKED_LM_MAPPING_NAMES.values():
+    for value in mapping.values():
         names.update([value] if isinstance(value, str) else value)
     return any(a in names for a in config.architectures or ())
 

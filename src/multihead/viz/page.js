@@ -439,12 +439,10 @@
     const [top, n] = Object.entries(counts).sort((p, q2) => q2[1] - p[1])[0];
     return [top, Math.round(100 * n / g.length)];
   }
-  let similarityOrder = null;  // display position -> head index, as last drawn
   function drawSimilarity() {
     const canvas = q("canvas.mh-similarity");
     if (!data.similarity) { canvas.style.display = "none"; return; }
     const N = L * H, cell = Math.max(2, Math.floor(480 / N)), M = 44, lay = similarityLayout(), order = lay.order;
-    similarityOrder = order;
     const legendWidth = lay.grouped ? 230 : 0;
     canvas.width = M + N * cell + BAR + 20 + legendWidth; canvas.height = Math.max(M + N * cell, lay.grouped ? M + 16 * lay.spans.length : 0);
     setGeometry(canvas, M, M, N * cell);
@@ -717,7 +715,8 @@
     const x0 = +canvas.getAttribute("data-x0"), size = +canvas.getAttribute("data-size");
     const x = (ev.clientX - r.left) * canvas.width / r.width - x0, y = (ev.clientY - r.top) * canvas.height / r.height - x0;
     const b = Math.floor(x / size * N), a = Math.floor(y / size * N);
-    return (a < 0 || b < 0 || a >= N || b >= N) ? null : [similarityOrder[a], similarityOrder[b]];
+    const order = similarityLayout().order;  // display position -> head index
+    return (a < 0 || b < 0 || a >= N || b >= N) ? null : [order[a], order[b]];
   }
   q("canvas.mh-similarity").addEventListener("click", (ev) => {
     const c = similarityCell(ev);
