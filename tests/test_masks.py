@@ -87,6 +87,42 @@ def test_mask_mod_on_any_index_block_equals_the_dense_reference(case, data):
                                    mask.bias(T, S, dtype=torch.float64)[..., i, j])
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 9), st.data())
+def test_rows_of_a_mask_are_its_rows_and_their_last_key_bounds_what_they_see(T, S, data):
+    """A streamed chunk's mask: rows start.. of the full (T, S) mask over its first K keys, and
+    the last key read from the mask's structure is never before one those rows may see."""
+    left, right = data.draw(st.integers(0, 4)), data.draw(st.integers(0, 4))
+    kinds = {
+        "causal": masks.causal(),
+        "window": masks.window(left, right),
+        "causal window": masks.causal() & masks.window(left, 0),
+        "window | sinks": masks.window(left, right) | masks.global_tokens([0]),
+        "padded causal": masks.causal() & masks.padding([S, max(0, S - 2)]),
+        "biased": masks.causal() & masks.from_tensor(torch.randn(T, S).double()),
+    }
+    mask = kinds[data.draw(st.sampled_from(sorted(kinds)))]
+    start = data.draw(st.integers(0, T - 1))
+    stop = data.draw(st.integers(start + 1, T))
+    K = data.draw(st.integers(1, S))
+    rows = masks.Rows(mask, start, T, S)
+    dense = mask.materialize(T, S)
+    got = rows.materialize(stop - start, K)
+    want = dense[..., start:stop, :K]
+    assert torch.equal(got.expand_as(want), want)
+    if mask.has_bias:
+        torch.testing.assert_close(rows.bias(stop - start, K, dtype=torch.float64),
+                                   mask.bias(T, S, dtype=torch.float64)[..., start:stop, :K])
+    last = rows.last_key(stop)
+    seen = dense[..., start:stop, :].reshape(-1, S).any(0).nonzero()
+    if last is not None and len(seen):
+        assert int(seen[-1]) <= last <= S - 1
+    if isinstance(mask, masks.Causal):  # a causal chunk ends at its last row's key: K is the rows' need, no more
+        assert last == min(S - 1, stop - 1 + S - T)
+    with pytest.raises(ValueError, match="query row"):
+        masks.Rows(mask, T, T, S)
+
+
 def test_combining_with_a_tensor_wraps_it():
     t = torch.ones(3, 3, dtype=torch.bool).triu()
     m = masks.causal() & t

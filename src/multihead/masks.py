@@ -35,6 +35,7 @@ __all__ = [
     "Or",
     "Padding",
     "RandomBlocks",
+    "Rows",
     "Segments",
     "TopK",
     "Window",
@@ -370,6 +371,41 @@ class Not(Mask):
 
     def __repr__(self) -> str:
         return f"~{self.a!r}"
+
+
+class Rows(Mask):
+    """Query rows ``start ..`` of ``mask`` over the full (T, S) grid, as a mask of their own over
+    (c, K): what a chunk of the queries of a longer attention, reading its first K keys, may see.
+
+    Predicates are evaluated at the rows' and keys' positions in the full grid, so a causal or
+    windowed mask keeps its alignment (a streamed capture hands each chunk one of these).
+    """
+
+    def __init__(self, mask: Mask, start: int, T: int, S: int) -> None:
+        if not 0 <= start < T:
+            raise ValueError(f"Rows(start={start}) must be a query row of the T = {T} rows")
+        self.mask, self.start, self.T, self.S = mask, start, T, S
+        self.has_bias = mask.has_bias
+
+    def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
+        return self.mask.mask_mod(i + self.start, j, self.T, self.S)
+
+    def bias_mod(self, i: Tensor, j: Tensor, T: int, S: int, dtype: torch.dtype) -> Tensor | None:
+        return self.mask.bias_mod(i + self.start, j, self.T, self.S, dtype)
+
+    def last_key(self, stop: int) -> int | None:
+        """The last key any of the full grid's rows ``start .. stop - 1`` may see, read from the
+        mask's :class:`Cover` (None when the cover does not bound it: no band or an unbounded
+        right side, global columns or block layouts; negative when no row may see a key)."""
+        cover = self.mask.cover(self.T, self.S)
+        if not cover.has_band or cover.right == INF or cover.global_cols or cover.layouts:
+            return None
+        if any(self.start <= r < stop for r in cover.global_rows):
+            return self.S - 1
+        return int(min(self.S - 1, stop - 1 + (self.S - self.T) + cover.right))
+
+    def __repr__(self) -> str:
+        return f"rows({self.mask!r}, start={self.start})"
 
 
 class Window(Mask):

@@ -27,7 +27,7 @@ import math
 import torch
 from torch import Tensor
 
-from .metrics import TokenInfo, real_positions
+from .metrics import TokenInfo
 
 __all__ = ["BINS", "LONG_METRICS", "LongContextStatistics"]
 
@@ -55,7 +55,8 @@ class LongContextStatistics:
         C = weights.shape[2]
         p = weights.detach().float()  # (B, H, C, K)
         valid = tokens.valid.to(p.device)  # (B, T)
-        pos, prefix = real_positions(valid)  # (B, T) position among real tokens
+        pos, prefix = tokens.positions  # (B, T) position among real tokens
+        pos = pos.to(p.device)
         rows = valid[:, start:start + C].to(torch.float32)  # (B, C) real query rows
         if start == 0:  # once per layer and batch
             self.longest = max(self.longest, int(valid.sum(-1).max()))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import torch
@@ -52,6 +53,12 @@ class TokenInfo:
     separator: Tensor  # [SEP] / EOS
     punctuation: Tensor
     ids: Tensor | None = None  # (B, T) the token ids, for the texts' own induction pattern (typical texts)
+
+    @cached_property
+    def positions(self) -> tuple[Tensor, bool]:
+        """:func:`real_positions` of :attr:`valid`, computed once per batch (a streamed capture
+        reads it for every chunk of every layer)."""
+        return real_positions(self.valid)
 
 
 def real_positions(valid: Tensor) -> tuple[Tensor, bool]:
@@ -107,10 +114,13 @@ class HeadStatistics:
         n_vis = vis.sum(-1).expand(B, H, C).float()  # (B, H, C)
         rows = q_valid[:, None, :].expand(B, H, C)  # (B, H, C) rows that count
 
-        pos, prefix = real_positions(valid)
-        # -Σ p ln p, with 0·ln 0 = 0 (ln 0 = -inf is clamped to a finite number that 0 multiplies
-        # away); one log pass, the cost that remains (torch.special.entr is ~1.5x slower on the CPU)
-        logp = p.log().clamp_min_(-1e30)  # (B, H, C, K)
+        pos, prefix = tokens.positions
+        pos = pos.to(dev)
+        # -Σ p ln p, with 0·ln 0 = 0: p is raised to the smallest normal float before the log, a
+        # finite number that 0 multiplies away (the CPU's log of 0 or of a subnormal takes a slow
+        # path: a causal or padded map's zeros made the log pass ~4x slower; torch.special.entr
+        # is ~2x slower than this on maps without zeros)
+        logp = p.clamp_min(torch.finfo(p.dtype).tiny).log_()  # (B, H, C, K)
         entropy = -logp.mul_(p).sum(-1)  # (B, H, C)
         del logp
         log_n = n_vis.clamp_min(1).log()
@@ -213,8 +223,12 @@ class HeadStatistics:
 
 def _repeat_targets(ids: Tensor, q_valid: Tensor, valid: Tensor, start: int, K: int) -> tuple[Tensor, Tensor]:
     """Where a text's own induction pattern points, for query rows ``start``.. (``q_valid`` (B, C))
-    over its first K keys: ``target`` (B, C, K), key j follows an earlier occurrence (at j - 1 < i)
-    of row i's token; and ``counted`` (B, C), the real rows that have one. ids, valid (B, T)."""
+    over its first K keys: ``target`` (N, 3), the (example, row, key) triples where key j follows
+    an earlier occurrence (at j - 1 < i) of row i's token, for real rows only; and ``counted``
+    (B, C), the real rows that have one. ids, valid (B, T).
+
+    The triples, not a (B, C, K) mask: a row's token recurs a few times, not K, so reading p at
+    them costs far less than a pass over the map."""
     B, C = q_valid.shape
     rows = ids[:, start:start + C]  # (B, C)
     i = torch.arange(start, start + C, device=ids.device)[:, None]  # (C, 1)
@@ -222,14 +236,17 @@ def _repeat_targets(ids: Tensor, q_valid: Tensor, valid: Tensor, start: int, K: 
     before = torch.cat([ids.new_full((B, 1), -1), ids[:, :K - 1]], 1)  # (B, K) the token before each key
     real_before = torch.cat([valid.new_zeros(B, 1), valid[:, :K - 1]], 1) & valid[:, :K]  # (B, K)
     target = (rows[:, :, None] == before[:, None, :]) & real_before[:, None, :] & (j <= i)  # (B, C, K)
-    return target, target.any(-1) & q_valid
+    target &= q_valid[:, :, None]
+    return target.nonzero(), target.any(-1)
 
 
 def _repeats_followed(p: Tensor, target: Tensor, counted: Tensor) -> tuple[Tensor, Tensor]:
     """A text's own induction pattern in p (B, H, C, K): for each row that repeats an earlier token
     (``counted`` (B, C)), its mass on the tokens right after those occurrences (``target``
-    (B, C, K), :func:`_repeat_targets`). Returns the summed mass over such rows, (B, H), and how
-    many rows there are, (B, H)."""
+    (N, 3) triples, :func:`_repeat_targets`). Returns the summed mass over such rows, (B, H), and
+    how many rows there are, (B, H)."""
     B, H = p.shape[:2]
-    mass = (p * target[:, None].to(p.dtype)).sum(-1)  # (B, H, C)
-    return (mass * counted[:, None]).sum(-1), counted.sum(-1)[:, None].expand(B, H)
+    b, _, k = target.unbind(1)  # (N,) each
+    picked = p[b, :, target[:, 1], k]  # (N, H)
+    mass = p.new_zeros(B, H).index_add_(0, b, picked)  # (B, H)
+    return mass, counted.sum(-1)[:, None].expand(B, H)

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from ..attn import attention
 from ..attn.layer import MultiHeadAttention, scale_heads
-from ..masks import Mask, as_mask, causal, from_tensor, window
+from ..masks import Mask, Rows, as_mask, causal, from_tensor, window
 from .load import ModelLike, as_module
 from .sites import AttentionSite, find_sites, main_stack
 
@@ -264,55 +264,42 @@ def _chunked(capture: AttentionCapture, module: nn.Module, query: Tensor, key: T
     """
     T, S = query.shape[2], key.shape[2]
     layer = capture.layer_of_call(capture.site_of(module))
-    bias_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
     B, H = query.shape[:2]
     outs = []
     start = 0
     while start < T:
         stop = min(T, start + capture.chunk)
+        rows = None if mask is None else Rows(mask, start, T, S)  # this chunk's rows of the mask
         while True:  # as many rows as fit CHUNK_BYTES of map (at least one)
-            rows = _mask_rows(mask, start, stop, T, S, query.device, bias_dtype)  # (…, c, S): this chunk's rows
-            K = S if rows is None else _last_visible_key(rows) + 1
+            K = S if rows is None else _last_key(rows, stop, query.device) + 1
             fit = max(1, CHUNK_BYTES // (B * H * K * 4))
             if stop - start <= fit:
                 break
             stop = start + fit
-        if rows is not None and K < S:
-            rows = rows[..., :K]
-        out, weights = attention(query[:, :, start:stop], key[:, :, :K], value[:, :, :K],
-                                 None if rows is None else from_tensor(rows), scale=scaling, need_weights=True,
-                                 backend="math", softcap=softcap, sinks=sinks)  # (B, H, c, Dv), (B, H, c, K)
+        out, weights = attention(query[:, :, start:stop], key[:, :, :K], value[:, :, :K], rows, scale=scaling,
+                                 need_weights=True, backend="math", softcap=softcap,
+                                 sinks=sinks)  # (B, H, c, Dv), (B, H, c, K)
         if gates is not None:
             out = _gated(module, out, gates)
-        visible = _visible(None if rows is None else from_tensor(rows), stop - start, K, query.device)
+        visible = _visible(rows, stop - start, K, query.device)
         capture.callback(layer, weights, out, visible, start)
         outs.append(out)
         start = stop
     return torch.cat(outs, dim=2)  # (B, H, T, Dv)
 
 
-def _mask_rows(mask: Mask | None, start: int, stop: int, T: int, S: int, device: torch.device,
-               dtype: torch.dtype = torch.float32) -> Tensor | None:
-    """Rows ``start:stop`` of ``mask`` over (T, S) as a tensor (…, c, S) — bool (True: may attend)
-    or, for a mask with a bias, float with -inf where it may not. Predicates are evaluated on
-    those rows only (a causal mask keeps its alignment to the full T)."""
-    if mask is None:
-        return None
-    i = torch.arange(start, stop, device=device)[:, None]  # (c, 1)
-    j = torch.arange(S, device=device)[None, :]  # (1, S)
-    keep = mask.mask_mod(i, j, T, S)  # (…, c, S)
-    bias = mask.bias_mod(i, j, T, S, dtype) if mask.has_bias else None
-    if bias is None:
-        return keep
-    return torch.where(keep, bias, torch.tensor(float("-inf"), dtype=bias.dtype, device=device))
-
-
-def _last_visible_key(rows: Tensor) -> int:
-    """The last key column any row of ``rows`` (…, c, S) may see (S - 1 when none may see any:
-    such rows are the kernel's to zero, over every key as unchunked)."""
-    seen = rows if rows.dtype == torch.bool else rows > float("-inf")
+def _last_key(rows: Rows, stop: int, device: torch.device) -> int:
+    """The last key column any of the full grid's rows ``rows.start .. stop - 1`` may see: from
+    the mask's structure where it bounds it, else by evaluating the rows (S - 1 when none may see
+    any: such rows are the kernel's to zero, over every key as unchunked)."""
+    found = rows.last_key(stop)
+    if found is not None:
+        return found if found >= 0 else rows.S - 1
+    i = torch.arange(rows.start, stop, device=device)[:, None]  # (c, 1)
+    j = torch.arange(rows.S, device=device)[None, :]  # (1, S)
+    seen = rows.mask.mask_mod(i, j, rows.T, rows.S)  # (…, c, S)
     columns = seen.reshape(-1, seen.shape[-1]).any(0).nonzero()  # (n, 1)
-    return int(columns[-1]) if len(columns) else seen.shape[-1] - 1
+    return int(columns[-1]) if len(columns) else rows.S - 1
 
 
 def _visible(mask: Mask | None, T: int, S: int, device: torch.device) -> Tensor:
