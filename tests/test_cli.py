@@ -163,13 +163,13 @@ def test_ctrl_c_at_any_step_exits_130_and_keeps_the_earlier_report(tmp_path, mom
 @pytest.mark.slow
 def test_progress_goes_to_a_terminal_only_and_quiet_silences_it(tmp_path):
     done = subprocess.run([sys.executable, "-m", "multihead.cli", "analyze", "Heads look.", "--no-coreference",
-                           "--syntax", "off", "--out", str(tmp_path / "a")], capture_output=True, text=True,
-                          timeout=600)
+                           "--syntax", "off", "--ablation", "0", "--out", str(tmp_path / "a")],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stderr == "", done.stderr  # not a terminal: nothing on stderr
     main, follower = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "multihead.cli", "analyze", "Heads look.", "--no-coreference",
-                             "--syntax", "off", "--out", str(tmp_path / "b"), "--quiet"], stdout=subprocess.DEVNULL,
-                            stderr=follower)
+                             "--syntax", "off", "--ablation", "0", "--out", str(tmp_path / "b"), "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=follower)
     os.close(follower)
     seen = b""
     while True:
@@ -193,7 +193,7 @@ def test_truncate_on_one_huge_line_parses_only_what_is_analysed(tmp_path, capsys
     doc.write_text(sentence * (100_000 // len(sentence) + 1), encoding="utf-8")
     assert len(doc.read_text()) > 100_000
     code, _, err = run_cli(["analyze", "--file", str(doc), "--truncate", "--no-coreference", "--syntax", "spacy",
-                            "--out", str(tmp_path / "r")], capsys)
+                            "--ablation", "0", "--out", str(tmp_path / "r")], capsys)
     assert code == 0, err
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["sentences"] == 1 and report["tokens"] == 512

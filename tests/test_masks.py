@@ -123,6 +123,24 @@ def test_rows_of_a_mask_are_its_rows_and_their_last_key_bounds_what_they_see(T, 
         masks.Rows(mask, T, T, S)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 9), st.integers(0, 4), st.integers(0, 4), st.integers(0, 4))
+def test_a_relative_masks_pattern_depends_only_on_the_offset(T, S, left, right, w):
+    """What lets the local kernel build one additive mask for every interior chunk of a band."""
+    relative = [masks.causal(), masks.window(left, right), masks.causal() & masks.window(w, 0),
+                masks.window(left, right) | masks.window(0, w), ~masks.window(w, w)]
+    for mask in relative:
+        assert mask.relative
+        dense = mask.materialize(T, S)
+        offset = torch.arange(S)[None, :] - torch.arange(T)[:, None] - (S - T)  # (T, S)
+        for d in offset.unique().tolist():
+            values = dense[offset == d]
+            assert bool((values == values[0]).all()), (mask, d)
+    for mask in (masks.padding([S]), masks.global_tokens([0]), masks.from_tensor(torch.ones(T, S, dtype=torch.bool)),
+                 masks.causal() & masks.padding([S]), masks.window(w) | masks.global_tokens([0])):
+        assert not mask.relative, mask
+
+
 def test_combining_with_a_tensor_wraps_it():
     t = torch.ones(3, 3, dtype=torch.bool).triu()
     m = masks.causal() & t

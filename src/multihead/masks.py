@@ -141,6 +141,13 @@ class Mask:
         """A structural superset of the allowed pairs (see :class:`Cover`); default: everything."""
         return FULL
 
+    @property
+    def relative(self) -> bool:
+        """True when whether query i may attend key j depends only on the offset j - (i + S - T),
+        the same for every example and head (causal, windows and their combinations): every block
+        of the grid at the same offset has the same pattern, so a kernel may build it once."""
+        return False
+
     def materialize(self, T: int, S: int, *, device: torch.device | str | None = None) -> Tensor:
         """Dense bool mask of shape ``(..., T, S)``, broadcastable to ``(B, H, T, S)``.
 
@@ -188,6 +195,10 @@ class Causal(Mask):
 
     def cover(self, T: int, S: int) -> Cover:
         return Cover(left=INF, right=0)
+
+    @property
+    def relative(self) -> bool:
+        return True
 
     def __repr__(self) -> str:
         return "causal()"
@@ -328,6 +339,10 @@ class And(Mask):
     def cover(self, T: int, S: int) -> Cover:
         return self.a.cover(T, S) & self.b.cover(T, S)
 
+    @property
+    def relative(self) -> bool:
+        return self.a.relative and self.b.relative
+
     def bias_mod(self, i: Tensor, j: Tensor, T: int, S: int, dtype: torch.dtype) -> Tensor | None:
         parts = [m.bias_mod(i, j, T, S, dtype) for m in (self.a, self.b)]
         parts = [p for p in parts if p is not None]
@@ -354,6 +369,10 @@ class Or(Mask):
     def cover(self, T: int, S: int) -> Cover:
         return self.a.cover(T, S) | self.b.cover(T, S)
 
+    @property
+    def relative(self) -> bool:
+        return self.a.relative and self.b.relative
+
     def __repr__(self) -> str:
         return f"({self.a!r} | {self.b!r})"
 
@@ -368,6 +387,10 @@ class Not(Mask):
 
     def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
         return ~self.a.mask_mod(i, j, T, S)
+
+    @property
+    def relative(self) -> bool:
+        return self.a.relative
 
     def __repr__(self) -> str:
         return f"~{self.a!r}"
@@ -428,6 +451,10 @@ class Window(Mask):
 
     def cover(self, T: int, S: int) -> Cover:
         return Cover(left=self.left, right=self.right)
+
+    @property
+    def relative(self) -> bool:
+        return True
 
     def __repr__(self) -> str:
         return f"window({self.left}, {self.right})"
