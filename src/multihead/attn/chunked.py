@@ -73,21 +73,24 @@ def chunked_attention(
     *,
     topk: int | None = None,
     dropout_p: float = 0.0,
+    forward_plan: list[Chunk] | None = None,
 ) -> Tensor:
     """Attention of q (B, H, T, Dk) over k (B, Hkv, S, Dk), v (B, Hkv, S, Dv) following ``plan``.
 
     ``mask`` is evaluated inside each chunk (it must not contain a top-k; pass ``topk``
-    instead). Rows that may attend to nothing give zeros. Returns (B, H, T, Dv).
+    instead). Rows that may attend to nothing give zeros. ``forward_plan``: other chunks for the
+    forward pass (any plan gives the same numbers; the best chunk size differs between the fused
+    forward and the recomputing backward). Returns (B, H, T, Dv).
     """
     seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
-    return _ChunkedAttention.apply(q, k, v, plan, mask, scale, topk, dropout_p, seed)
+    return _ChunkedAttention.apply(q, k, v, plan, mask, scale, topk, dropout_p, seed, forward_plan or plan)
 
 
 class _ChunkedAttention(torch.autograd.Function):
     """Forward saves only q, k, v; backward recomputes each chunk's probabilities."""
 
     @staticmethod
-    def forward(ctx, q, k, v, plan, mask, scale, topk, dropout_p, seed):  # type: ignore[override]
+    def forward(ctx, q, k, v, plan, mask, scale, topk, dropout_p, seed, forward_plan):  # type: ignore[override]
         with torch.autocast(q.device.type, enabled=False):
             B, H, T, _ = q.shape
             Dv = v.shape[3]
@@ -95,7 +98,7 @@ class _ChunkedAttention(torch.autograd.Function):
             work = _Workspace()
             fused = topk is None and dropout_p == 0 and not (mask is not None and mask.has_bias)
             patterns: dict[tuple[int, int, int], Tensor | None] = {}
-            for n, chunk in enumerate(plan):
+            for n, chunk in enumerate(forward_plan):
                 if chunk.n_keys == 0:  # rows that may attend to nothing stay zero
                     continue
                 if fused and _fused_chunk(q, k, v, chunk, mask, scale, out, patterns):
@@ -140,7 +143,7 @@ class _ChunkedAttention(torch.autograd.Function):
                 dq.index_copy_(2, rows, dqc.view(B, H, -1, Dk))
                 _scatter_keys(dk, dkc, chunk)
                 _scatter_keys(dv, dvc, chunk)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None
 
 
 class _Workspace:

@@ -116,7 +116,11 @@ def attention(
     top, rest = split_topk(mask)
     cover = FULL if rest is None else rest.cover(q.shape[2], k.shape[2])
     plan = plan_chunks(cover, q.shape[2], k.shape[2], B=q.shape[0], H=q.shape[1])
-    return chunked_attention(q, k, v, plan, rest, scale, topk=top, dropout_p=dropout_p), None
+    forward_plan = plan
+    if top is None and dropout_p == 0 and not (rest is not None and rest.has_bias):  # the fused forward
+        forward_plan = plan_chunks(cover, q.shape[2], k.shape[2], B=q.shape[0], H=q.shape[1], fused=True)
+    return chunked_attention(q, k, v, plan, rest, scale, topk=top, dropout_p=dropout_p,
+                             forward_plan=forward_plan), None
 
 
 def explain_backend(
