@@ -5,6 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import bench_band_ceiling
 import bench_layer
 import bench_long
 
@@ -22,6 +23,23 @@ def test_bench_long_workers_measure_our_kernel():
     # working memory is the peak less what every method must hold: here the (1, 8, 512, 64) float32 output
     output = 8 * 512 * 64 * 4
     assert memory["working_bytes"] == max(memory["peak_bytes"] - output, 0), memory
+
+
+def test_the_band_ceilings_three_part_decomposition_is_exact_inside():
+    """The mask-free decomposition bench_band_ceiling times is the band attention itself."""
+    import torch
+
+    import multihead as mh
+
+    torch.manual_seed(0)
+    n, W = 1024, bench_band_ceiling.W
+    q, k, v = (torch.randn(1, bench_band_ceiling.H, n, bench_band_ceiling.D) for _ in range(3))
+    want = mh.attention(q, k, v, mh.masks.window(W, W), backend="local")
+    want = want[0] if isinstance(want, tuple) else want
+    for c in (128, 512):
+        got = bench_band_ceiling.three_parts(q, k, v, c)
+        inside = slice(W, W + ((n - c - 2 * W) // c + 1) * c)  # the interior chunks it computes
+        torch.testing.assert_close(got[:, :, inside], want[:, :, inside], atol=2e-5, rtol=0)
 
 
 def test_bench_train_models_are_the_same_network():
