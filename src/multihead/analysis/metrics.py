@@ -246,7 +246,7 @@ def _repeats_followed(p: Tensor, target: Tensor, counted: Tensor) -> tuple[Tenso
     (N, 3) triples, :func:`_repeat_targets`). Returns the summed mass over such rows, (B, H), and
     how many rows there are, (B, H)."""
     B, H = p.shape[:2]
-    b, _, k = target.unbind(1)  # (N,) each
-    picked = p[b, :, target[:, 1], k]  # (N, H)
+    b, c, k = target.unbind(1)  # (N,) each
+    picked = p[b, :, c, k]  # (N, H)
     mass = p.new_zeros(B, H).index_add_(0, b, picked)  # (B, H)
     return mass, counted.sum(-1)[:, None].expand(B, H)

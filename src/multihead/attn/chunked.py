@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ..masks import Mask, TopK
 
-__all__ = ["Chunk", "chunked_attention"]
+__all__ = ["Chunk", "chunked_attention", "fusable"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -86,6 +86,12 @@ def chunked_attention(
     return _ChunkedAttention.apply(q, k, v, plan, mask, scale, topk, dropout_p, seed, forward_plan or plan)
 
 
+def fusable(mask: Mask | None, topk: int | None, dropout_p: float) -> bool:
+    """Whether the forward pass may hand chunks to PyTorch's fused kernel: no top-k, no dropout,
+    no additive bias (the kernel sees a 0 / -inf mask only)."""
+    return topk is None and dropout_p == 0 and not (mask is not None and mask.has_bias)
+
+
 class _ChunkedAttention(torch.autograd.Function):
     """Forward saves only q, k, v; backward recomputes each chunk's probabilities."""
 
@@ -96,7 +102,7 @@ class _ChunkedAttention(torch.autograd.Function):
             Dv = v.shape[3]
             out = q.new_zeros(B, H, T, Dv)
             work = _Workspace()
-            fused = topk is None and dropout_p == 0 and not (mask is not None and mask.has_bias)
+            fused = fusable(mask, topk, dropout_p)
             patterns: dict[tuple[int, int, int], Tensor | None] = {}
             for n, chunk in enumerate(forward_plan):
                 if chunk.n_keys == 0:  # rows that may attend to nothing stay zero
@@ -203,15 +209,14 @@ def _fused_chunk(q: Tensor, k: Tensor, v: Tensor, chunk: Chunk, mask: Mask | Non
         key = None
         if mask.relative and isinstance(chunk.rows, slice) and chunk.extra is None:
             key = (chunk.rows.start + S - T - chunk.key_lo, chunk.rows.stop - chunk.rows.start, chunk.n_keys)
-        if key is None or key not in patterns:
+        if key is not None and key in patterns:
+            additive = patterns[key]
+        else:
             keep = mask.mask_mod(rows.view(-1, 1), chunk.key_index(q.device).view(1, -1), T, S)  # (..., c, W)
-            additive = None
             if bool(keep.any(-1).all()):
                 additive = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(~keep, float("-inf"))
             if key is not None:
                 patterns[key] = additive
-        else:
-            additive = patterns[key]
         if additive is None:
             return False
     qc = q[:, :, chunk.rows] if isinstance(chunk.rows, slice) else q.index_select(2, rows)  # (B, H, c, Dk)

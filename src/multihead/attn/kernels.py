@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..masks import FULL, Causal, Mask, TopK, as_mask, split_topk
-from .chunked import chunked_attention
+from .chunked import chunked_attention, fusable
 from .memory import check_memory, estimate_memory
 from .plans import keys_per_query, plan_chunks
 
@@ -117,7 +117,7 @@ def attention(
     cover = FULL if rest is None else rest.cover(q.shape[2], k.shape[2])
     plan = plan_chunks(cover, q.shape[2], k.shape[2], B=q.shape[0], H=q.shape[1])
     forward_plan = plan
-    if top is None and dropout_p == 0 and not (rest is not None and rest.has_bias):  # the fused forward
+    if fusable(rest, top, dropout_p):
         forward_plan = plan_chunks(cover, q.shape[2], k.shape[2], B=q.shape[0], H=q.shape[1], fused=True)
     return chunked_attention(q, k, v, plan, rest, scale, topk=top, dropout_p=dropout_p,
                              forward_plan=forward_plan), None

@@ -276,12 +276,14 @@ def _chunked(capture: AttentionCapture, module: nn.Module, query: Tensor, key: T
             if stop - start <= fit:
                 break
             stop = start + fit
-        out, weights = attention(query[:, :, start:stop], key[:, :, :K], value[:, :, :K], rows, scale=scaling,
-                                 need_weights=True, backend="math", softcap=softcap,
+        # the chunk's mask evaluated once, over its K keys: the kernel and the visible keys read the same tensor
+        chunk_mask = None if rows is None else _evaluated(rows, stop - start, K, query)
+        out, weights = attention(query[:, :, start:stop], key[:, :, :K], value[:, :, :K], chunk_mask,
+                                 scale=scaling, need_weights=True, backend="math", softcap=softcap,
                                  sinks=sinks)  # (B, H, c, Dv), (B, H, c, K)
         if gates is not None:
             out = _gated(module, out, gates)
-        visible = _visible(rows, stop - start, K, query.device)
+        visible = _visible(chunk_mask, stop - start, K, query.device)
         capture.callback(layer, weights, out, visible, start)
         outs.append(out)
         start = stop
@@ -295,11 +297,20 @@ def _last_key(rows: Rows, stop: int, device: torch.device) -> int:
     found = rows.last_key(stop)
     if found is not None:
         return found if found >= 0 else rows.S - 1
-    i = torch.arange(rows.start, stop, device=device)[:, None]  # (c, 1)
-    j = torch.arange(rows.S, device=device)[None, :]  # (1, S)
-    seen = rows.mask.mask_mod(i, j, rows.T, rows.S)  # (…, c, S)
+    seen = rows.materialize(stop - rows.start, rows.S, device=device)  # (…, c, S)
     columns = seen.reshape(-1, seen.shape[-1]).any(0).nonzero()  # (n, 1)
     return int(columns[-1]) if len(columns) else rows.S - 1
+
+
+def _evaluated(rows: Rows, c: int, K: int, query: Tensor) -> Mask:
+    """``rows`` over its first K keys as a tensor mask (…, c, K): bool, or for a mask with a bias
+    float with -inf where it may not attend (float64 for float64 queries)."""
+    device = query.device
+    keep = rows.materialize(c, K, device=device)
+    bias = rows.bias(c, K, dtype=torch.float64 if query.dtype == torch.float64 else torch.float32, device=device)
+    if bias is None:
+        return from_tensor(keep)
+    return from_tensor(torch.where(keep, bias, torch.tensor(float("-inf"), dtype=bias.dtype, device=device)))
 
 
 def _visible(mask: Mask | None, T: int, S: int, device: torch.device) -> Tensor:
