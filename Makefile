@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-fast bench lint install clean browser speech
+.PHONY: demo test test-fast bench lint install clean browser speech js
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,21 +46,37 @@ speech:
 	  { if [ "$$CI" = true ]; then echo "error: could not install espeak-ng" >&2; exit 1; fi; \
 	    echo "warning: could not install espeak-ng; the speech example's test will be skipped" >&2; }
 
+# The page's JavaScript: ESLint and Node's test runner over its pure modules (npm registry packages,
+# pinned by package-lock.json, installed where missing). With CI=true a missing Node is an error.
+NODE_STAMP := node_modules/.installed
+$(NODE_STAMP): package.json package-lock.json
+	@command -v node >/dev/null && command -v npm >/dev/null || \
+	  { apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null; } || \
+	  { echo "error: Node.js and npm are needed for the page's JavaScript tests" >&2; exit 1; }
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $(NODE_STAMP)
+
+js: $(NODE_STAMP)
+	npx eslint src/multihead/render/js tests/js
+	node --test tests/js/
+
 # The whole suite: what CI runs.
-test: $(STAMP) browser speech
-	$(VENV)/bin/ruff check src tests benchmarks examples
+test: $(STAMP) browser speech js
+	$(VENV)/bin/ruff check src tests benchmarks examples tools
+	$(PY) tools/imports.py
 	$(PY) -m pytest -q
 
 # Daily work: every module's fast tests (no real-model, subprocess, browser or compile tests), in under 2 minutes.
-test-fast: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks examples
+test-fast: $(STAMP) js
+	$(VENV)/bin/ruff check src tests benchmarks examples tools
 	$(PY) -m pytest -q -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
-lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks examples
+lint: $(STAMP) $(NODE_STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks examples tools
+	npx eslint src/multihead/render/js tests/js
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis node_modules

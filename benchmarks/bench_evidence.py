@@ -4,7 +4,7 @@ Exact zero-ablation of every head (each removed alone; the change in next-token 
 
 * one forward pass per head: every block run again for each head (the plain way);
 * batched: many heads per pass through per-example gates, the blocks below a group's lowest
-  layer replayed from the intact run (``mh.analysis.ablation.ablation_effects``) — the same numbers;
+  layer replayed from the intact run (``mh.analysis.ablation_effects``) — the same numbers;
 
 and attribution patching (one forward and one backward for all heads, a first-order estimate),
 with its Spearman rank correlation to the exact effects. The one-pass baseline is timed on every
@@ -41,7 +41,7 @@ def main(flags: list[str]) -> None:
     import torch
 
     import multihead as mh
-    from multihead.analysis import ablation
+    from multihead.analysis.interventions import ablation
     from multihead.heads.importance import spearman
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -58,15 +58,15 @@ def main(flags: list[str]) -> None:
     # One pass per head costs a whole forward per head: timed on every SAMPLE-th head (spread over
     # all layers) and scaled to all of them; its numbers are compared on those heads.
     sampled = heads[::SAMPLE] if not quick else heads
-    blocks = ablation._blocks
-    ablation._blocks = lambda m: None  # every block run in every pass
+    blocks = ablation.blocks_of
+    ablation.blocks_of = lambda m: None  # every block run in every pass
     try:
         start = time.perf_counter()
         single = ablation.ablation_effects(model, texts, heads=sampled, modes=("zero",), batch_size=64,
                                            heads_per_pass=1)
         t_single = (time.perf_counter() - start) * len(heads) / len(sampled)
     finally:
-        ablation._blocks = blocks
+        ablation.blocks_of = blocks
     start = time.perf_counter()
     estimate = ablation.attribution_effects(model, texts, modes=("zero",), batch_size=64)["zero_ablation"]
     t_attr = time.perf_counter() - start

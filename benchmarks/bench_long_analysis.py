@@ -52,7 +52,7 @@ def worker(method: str, n: int) -> dict:
     import torch
 
     import multihead as mh
-    from multihead.analysis.analyze import collect_statistics
+    from multihead.analysis.pipelines.analyze import collect_statistics
 
     torch.set_num_threads(torch.get_num_threads())
     model = mh.hf.load("smollm2")

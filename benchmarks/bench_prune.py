@@ -23,7 +23,7 @@ import torch
 import multihead as mh
 from _common import compare, paired_ratio, setup_threads, table, verdict
 from multihead.heads import SentimentTask, ablation_importance, head_importance, prune_heads, spearman
-from multihead.hf.gates import HeadGates
+from multihead.hf.interventions import HeadGates
 
 
 def _loss_and_accuracy(task: SentimentTask) -> tuple[float, float]:

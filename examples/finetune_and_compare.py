@@ -35,11 +35,11 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import multihead as mh
-    from multihead.analysis import write_report_folder
-    from multihead.analysis.compare import write_compare_folder
-    from multihead.analysis.syntax import spacy_available
+    from multihead.analysis.probes.syntax import spacy_available
     from multihead.data import sample_sentences
     from multihead.heads.tasks import SentimentTask
+    from multihead.io import write_compare_folder, write_report_folder
+    from multihead.render import comparison_text
 
     out = Path(args.out)
     torch.manual_seed(0)
@@ -75,10 +75,10 @@ def main() -> None:
     parses = "spacy" if spacy_available() else None
     for name, model in (("base", base), ("tuned", tuned)):
         report = mh.analyze(model, texts, parses=parses, ablation=args.ablation)
-        write_report_folder(report, out / name, model=model, texts=texts, force=True)
+        write_report_folder(report, out / name, force=True)
     comparison = mh.compare(out / "base", out / "tuned")
     write_compare_folder(comparison, out / "compare", force=True)
-    print(comparison.summary())
+    print(comparison_text(comparison))
     print(f"\nwrote {out / 'compare' / 'compare.html'}")
 
 

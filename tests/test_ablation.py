@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import multihead as mh
-from multihead.analysis.ablation import ablation_effects
+from multihead.analysis.interventions.ablation import ablation_effects
 from multihead.hf.sites import find_sites
 
 pytestmark = pytest.mark.slow
@@ -75,13 +75,13 @@ def test_bad_requests_are_refused(minilm):
 
 
 def test_replaying_the_blocks_below_a_head_changes_no_number(smollm2, monkeypatch):
-    from multihead.analysis import ablation
+    from multihead.analysis.interventions import ablation
 
     texts = ["The capital of France is Paris.", "When Mary and John went to the store, John gave a drink to"]
     heads = [(18, 6), (25, 3), (2, 1)]
-    assert ablation._blocks(smollm2) is not None  # SmolLM2's blocks are found and replayed
+    assert ablation.blocks_of(smollm2) is not None  # SmolLM2's blocks are found and replayed
     replayed = ablation_effects(smollm2, texts, heads=heads)
-    monkeypatch.setattr(ablation, "_blocks", lambda model: None)
+    monkeypatch.setattr(ablation, "blocks_of", lambda model: None)
     every_block = ablation_effects(smollm2, texts, heads=heads)
     for a, b in ((replayed.zero, every_block.zero), (replayed.mean, every_block.mean)):
         index = tuple(zip(*heads, strict=True))
@@ -93,7 +93,7 @@ def test_attribution_equals_exact_ablation_for_a_model_linear_in_the_head(smollm
     # unembedding read: the objective is smooth in ξ, and near ξ = 1 the first-order estimate
     # must track the exact change; for a head whose W^O is scaled down 1000x the model is linear
     # in it to within 1e-6 and the two agree.
-    from multihead.analysis.ablation import attribution_effects
+    from multihead.analysis.interventions.ablation import attribution_effects
 
     model = dataclasses.replace(smollm2, model=copy.deepcopy(smollm2.model))
     site = find_sites(model.model)[29]
@@ -112,7 +112,7 @@ def test_attribution_equals_exact_ablation_for_a_model_linear_in_the_head(smollm
 def test_the_output_layer_reads_only_the_predicted_positions(smollm2):
     """Padded texts of different lengths: each text's summed loss is HF's own loss on it alone, and
     the unembedding sees exactly the predicted rows (not the padding, not the last position)."""
-    from multihead.analysis import ablation
+    from multihead.analysis.interventions import ablation
 
     texts = ["The capital of France is Paris.", "Heads look at words.",
              "When Mary and John went to the store, John gave a drink to Mary."]
@@ -138,7 +138,7 @@ def test_batches_are_length_buckets_with_little_padding():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from multihead.analysis.ablation import MAX_PADDING, MIN_BATCH_TOKENS, _buckets
+    from multihead.analysis.interventions.ablation import MAX_PADDING, MIN_BATCH_TOKENS, _buckets
 
     @settings(max_examples=200, deadline=None)
     @given(st.lists(st.integers(1, 300), min_size=1, max_size=60), st.integers(1, 16))
@@ -158,7 +158,7 @@ def test_a_masked_lm_masks_each_text_the_same_in_any_batch(tmp_path):
     tokens are masked depends on the text, not on the texts batched with it."""
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
-    from multihead.analysis import ablation
+    from multihead.analysis.interventions import ablation
 
     minilm_dir = mh.hf.load("minilm").path
     tok = AutoTokenizer.from_pretrained(minilm_dir)

@@ -11,7 +11,8 @@ import torch
 import multihead as mh
 from conftest import float_tolerance, run_cli
 from multihead.analysis import METRICS, HeadStatistics, Report, TokenInfo, analyze, label_for
-from multihead.analysis.analyze import collect_statistics
+from multihead.analysis.pipelines.analyze import collect_statistics
+from reducing import feed
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 
@@ -31,8 +32,8 @@ def _metrics_of(weights, tokens=None, visible=None):
     B, H, T, _ = weights.shape
     stats = HeadStatistics(1, H)
     tokens = tokens or _tokens(B, T)
-    stats.update(0, weights, visible if visible is not None else torch.ones(1, 1, T, T, dtype=torch.bool), tokens)
-    means = stats.means()
+    feed(stats, tokens, [weights], visible=visible)
+    means = stats.result()
     return [{k: float(means[k][0, h]) for k in METRICS} for h in range(H)]
 
 
@@ -99,7 +100,7 @@ def test_capture_equals_transformers_eager_attention(minilm):
     with torch.no_grad():
         ref = eager(**batch, output_attentions=True)
     seen = {}
-    with mh.hf.AttentionCapture(minilm.model, lambda layer, w, out, vis: seen.__setitem__(layer, w)), \
+    with mh.hf.AttentionCapture(minilm.model, lambda c: seen.__setitem__(c.layer, c.weights)), \
             torch.no_grad():
         hidden = minilm.model(**batch).last_hidden_state
     assert sorted(seen) == list(range(6))
@@ -119,7 +120,7 @@ def test_statistics_do_not_depend_on_padding_or_batch_size(minilm):
     one = collect_statistics(minilm, SENTENCES, batch_size=1)
     many = collect_statistics(minilm, SENTENCES, batch_size=4)
     for name in METRICS:
-        torch.testing.assert_close(one.heads.means()[name], many.heads.means()[name], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(one.heads.result()[name], many.heads.result()[name], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(one.redundancy.js(), many.redundancy.js(), atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(one.redundancy.cosine(), many.redundancy.cosine(), atol=1e-6, rtol=1e-5)
 
@@ -129,7 +130,7 @@ def test_analyze_minilm_report(minilm, tmp_path):
     report = analyze(minilm, SENTENCES, batch_size=2)
     assert (report.num_layers, report.num_heads, report.sentences) == (6, 12, 4)
     data = json.loads(report.to_json(tmp_path / "r.json"))
-    assert data["schema"] == "multihead.report/1" and len(data["heads"]) == 72
+    assert data["schema"] == "multihead.report/2" and len(data["heads"]) == 72
     required = {"entropy", "entropy_norm", "distance", "self", "previous_token", "next_token", "local", "cls", "sep",
                 "punctuation", "max_weight", "kl_uniform", "vertical"}
     for h in data["heads"]:
@@ -137,8 +138,8 @@ def test_analyze_minilm_report(minilm, tmp_path):
         assert 0 <= h["metrics"]["entropy_norm"] <= 1 + 1e-9
     back = Report.from_json(tmp_path / "r.json")
     assert back.head(3, 4).label == report.head(3, 4).label
-    assert back.to_dict()["redundancy"] == data["redundancy"]  # a loaded report writes back the same
-    red = data["redundancy"]
+    assert back.to_dict()["sections"] == data["sections"]  # a loaded report writes back the same
+    red = data["sections"]["redundancy"]
     assert len(red["js_distance"]) == 72 and len(red["cosine"][0]) == 72
     assert all(red["js_distance"][n][n] == pytest.approx(0, abs=1e-6) for n in range(72))
     assert all(red["cosine"][n][n] == pytest.approx(1, abs=1e-6) for n in range(72))
@@ -165,7 +166,7 @@ def test_capture_works_for_a_gqa_decoder(tmp_path):
     with torch.no_grad():
         want = model(input_ids=ids, attention_mask=mask).logits
     seen = {}
-    with mh.hf.AttentionCapture(model, lambda layer, w, out, vis: seen.__setitem__(layer, (w, out))), \
+    with mh.hf.AttentionCapture(model, lambda c: seen.__setitem__(c.layer, (c.weights, c.outputs))), \
             torch.no_grad():
         got = model(input_ids=ids, attention_mask=mask).logits
     torch.testing.assert_close(got[mask.bool()], want[mask.bool()],
@@ -197,7 +198,8 @@ def test_cli_analyze_writes_a_report_and_rejects_too_long_text(tmp_path, capsys)
     assert "layer |" in done.stdout and (out / "report.json").is_file() and (out / "report.csv").is_file()
     assert "Ablation (1 - cosine of the mean-pooled last hidden state" in done.stdout  # on by default
     report = json.loads((out / "report.json").read_text())
-    assert report["ablation"]["texts"] == 3 and {"zero_ablation", "mean_ablation"} <= set(report["heads"][0]["metrics"])
+    assert report["sections"]["ablation"]["texts"] == 3
+    assert {"zero_ablation", "mean_ablation"} <= set(report["heads"][0]["metrics"])
     # the rest in this process (the console script's start-up is paid once above)
     code, _, err = run_cli(["analyze", "Again.", "--out", str(out), "--ablation", "0", "--syntax", "off",
                             "--no-coreference", "--quiet"], capsys)
@@ -221,10 +223,9 @@ def test_redundancy_on_hand_built_heads():
     w_o = torch.randn(4, 6)
     red = RedundancyStatistics(2, 2)
     valid = torch.ones(1, T, dtype=torch.bool)
-    for layer in range(2):
-        red.add_layer(layer, maps[layer], outs[layer], w_o, valid)
-    red.end_batch()
-    js, cos = red.js(), red.cosine()
+    none = torch.zeros_like(valid)
+    feed(red, TokenInfo(valid, none, none, none), maps, outputs=outs, w_o=w_o)
+    js, cos = red.result().js(), red.cosine()
     assert js[0, 1] == pytest.approx(0, abs=1e-9) and js[0, 2] == pytest.approx(0, abs=1e-9)
     assert 0.3 < js[0, 3] < 1  # identity vs uniform
     assert cos[0, 2] == pytest.approx(1) and cos[1, 1] == pytest.approx(1)
@@ -249,7 +250,7 @@ def test_left_and_right_padding_give_the_same_statistics():
     vis_r = tok_r.valid[:, None, None, :].expand(3, 1, T, T)
     vis_l = tok_l.valid[:, None, None, :].expand(3, 1, T, T)
     stats_r, stats_l = HeadStatistics(1, 2), HeadStatistics(1, 2)
-    stats_r.update(0, right, vis_r, tok_r)
-    stats_l.update(0, left, vis_l, tok_l)
+    feed(stats_r, tok_r, [right], visible=vis_r)
+    feed(stats_l, tok_l, [left], visible=vis_l)
     for name in METRICS:
-        torch.testing.assert_close(stats_l.means()[name], stats_r.means()[name], msg=name)
+        torch.testing.assert_close(stats_l.result()[name], stats_r.result()[name], msg=name)

@@ -17,8 +17,8 @@ def test_every_documented_name_is_reachable_from_the_package():
     for name in mh.__all__:
         assert getattr(mh, name) is not None, name
     assert callable(mh.models.build) and callable(mh.viz.head_heatmap) and callable(mh.train.train)
-    assert mh.hf.HeadGates is mh.hf.gates.HeadGates and mh.KVCache is mh.attn.layer.KVCache
-    assert mh.models.examples.train_vit_digits and mh.analysis.write_report_folder
+    assert mh.hf.HeadGates is mh.hf.interventions.HeadGates and mh.KVCache is mh.attn.layer.KVCache
+    assert mh.models.examples.train_vit_digits and mh.io.write_report_folder
     assert mh.models.build("bert-base", device="meta") is not None
 
 

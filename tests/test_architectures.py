@@ -40,7 +40,7 @@ def _eager(model, batch):
 
 def _captured(model, batch, stack=None):
     seen: dict[int, torch.Tensor] = {}
-    with mh.hf.AttentionCapture(model, lambda layer, w, out, vis: seen.__setitem__(layer, w), stack=stack), \
+    with mh.hf.AttentionCapture(model, lambda c: seen.__setitem__(c.layer, c.weights), stack=stack), \
             torch.no_grad():
         out = model(**batch)
     return seen, out
@@ -71,6 +71,23 @@ def test_captured_maps_are_transformers_own_and_outputs_unchanged(name):
     assert model.config._attn_implementation == "eager"  # the capture put everything back
 
 
+def test_a_shared_module_is_gated_layer_by_layer():
+    """ALBERT runs one attention module for every layer: its gates act call by call, each layer its own."""
+    model = build("albert")
+    batch = inputs("albert", model)
+    (site,) = [s for s in mh.hf.sites.find_sites(model) if s.kind == "self"]
+    assert site.repeats == 2 and site.names == ["encoder.0", "encoder.1"]
+    gates = torch.ones(2, site.num_heads, dtype=torch.float64)
+    gates[0, 1] = 0  # head 1 of layer 0 only
+    seen = {}
+    with torch.no_grad(), mh.hf.HeadGates(model, values=gates), \
+            mh.hf.AttentionCapture(model, lambda c: seen.__setitem__(c.layer, c.outputs)):
+        model(**batch)
+    assert sorted(seen) == [0, 1]
+    assert seen[0][:, 1].abs().max() == 0 and seen[1][:, 1].abs().max() > 0  # removed in layer 0 alone
+    assert seen[0][:, 0].abs().max() > 0
+
+
 @pytest.mark.parametrize("name", SUPPORTED)
 def test_gates_at_zero_equal_physical_pruning(name):
     model = build(name)
@@ -81,18 +98,14 @@ def test_gates_at_zero_equal_physical_pruning(name):
     gates = torch.ones(L, H, dtype=torch.float64)
     gates[0, 1] = 0
     gates[L - 1] = 0
-    try:
-        with torch.no_grad(), mh.hf.HeadGates(model, values=gates):
-            gated = model(**batch).last_hidden_state
-    except UnsupportedModelError as err:  # documented: shared layers (ALBERT) cannot be gated per layer
-        assert sites[0].repeats > 1 and "shared weights" in str(err)
-        return
+    with torch.no_grad(), mh.hf.HeadGates(model, values=gates):
+        gated = model(**batch).last_hidden_state
     with torch.no_grad():
         full = model(**batch).last_hidden_state
     try:
         mh.prune_heads(model, pruned)
-    except TypeError as err:  # documented: fused Q/K/V projections are gated, not pruned
-        assert sites[0].qkv is not None and "fused" in str(err), err
+    except TypeError as err:  # documented: fused Q/K/V projections and shared layers are gated, not pruned
+        assert (sites[0].qkv is not None and "fused" in str(err)) or (sites[0].repeats > 1 and "shared" in str(err))
         assert not torch.allclose(gated, full)  # the gates did act
         return
     with torch.no_grad():
@@ -221,13 +234,22 @@ def test_the_cli_on_local_folders_of_other_architectures(tmp_path, capsys):
     assert code == 0, err
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["causal"] is True and "induction" in report["heads"][0]["metrics"]  # a GPT2LMHeadModel is causal
-    assert report["ablation"]["objective"].startswith("next-token") and "zero_ablation" in report["heads"][0]["metrics"]
+    assert report["sections"]["ablation"]["objective"].startswith("next-token")
+    assert "zero_ablation" in report["heads"][0]["metrics"]
     code, out, err = run_cli(["analyze", "w5 w6 w7 w8 w9 w10 w11 w12", "--model", str(gpt2), "--out",
                               str(tmp_path / "w"), "--no-coreference", "--syntax", "off", "--what-if",
                               "window=2,sinks=1"], capsys)
     assert code == 0 and "What if the model attended with window 2 + 1 sinks?" in out, err
-    change = json.loads((tmp_path / "w" / "report.json").read_text())["what_if"]
+    change = json.loads((tmp_path / "w" / "report.json").read_text())["sections"]["what_if"]
     assert len(change["delta_per_layer"]) == 2 and change["delta_all_layers"] != 0
+    albert = _save("albert", tmp_path / "albert")  # one attention module for both layers: gated call by call
+    code, out, err = run_cli(["analyze", "w5 w6 w7 w8 w9 w10", "w11 w12 w13", "--model", str(albert), "--out",
+                              str(tmp_path / "a"), "--no-coreference", "--syntax", "off"], capsys)
+    assert code == 0, err  # the default run, ablation included
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert report["num_layers"] == 2 and "zero_ablation" in report["heads"][0]["metrics"]
+    effects = [h["metrics"]["zero_ablation"] for h in report["heads"]]
+    assert len(set(effects[:4])) > 1 and effects[:4] != effects[4:]  # each layer's heads removed alone
     folder = _save("deberta-v2", tmp_path / "deberta")
     code, _, err = run_cli(["analyze", "w5 w6", "--model", str(folder), "--out", str(tmp_path / "deberta" / "r")],
                            capsys)

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import run_cli
-from multihead.analysis.report import label_codes
+from multihead.analysis.labels import label_codes
 
 
 def test_demo_without_model_prints_the_three_steps(capsys):
@@ -90,7 +90,7 @@ def test_text_the_tokenizer_cannot_read_is_refused_or_warned_about(tmp_path, cap
     assert code == 0
     warning = [line for line in err.splitlines() if "warning" in line]
     assert len(warning) == 1 and "unknown to the tokenizer ([UNK])" in warning[0], err
-    section = json.loads((tmp_path / "b" / "report.json").read_text())["unknown_tokens"]
+    section = json.loads((tmp_path / "b" / "report.json").read_text())["sections"]["unknown_tokens"]
     assert section["count"] == 3 and section["token"] == "[UNK]" and section["share"] == pytest.approx(3 / 8)
 
 
@@ -108,7 +108,8 @@ def test_the_head_map_prints_a_legend_for_what_it_abbreviates():
     from multihead.analysis.report import HeadRecord, Report
 
     labels = ["syntactic:nsubjpass>", "syntactic:acomp>", "previous", "mixed"]
-    report = Report("m", False, 1, 4, 1, 1, [HeadRecord(0, h, lab, [], {}) for h, lab in enumerate(labels)])
+    report = Report(model="m", causal=False, num_layers=1, num_heads=4, sentences=1, tokens=1,
+                    heads=[HeadRecord(0, h, lab, [], {}) for h, lab in enumerate(labels)])
     text = report.label_map()
     grid, legend = text.splitlines()[1], text.splitlines()[-1]
     assert "acomp>" in grid and "nsubjp>" in grid and "PREV" in grid
@@ -198,5 +199,6 @@ def test_truncate_on_one_huge_line_parses_only_what_is_analysed(tmp_path, capsys
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["sentences"] == 1 and report["tokens"] == 512
     words_kept = 512 - 2  # [CLS] and [SEP] aside, at most one word per token
-    dependents = sum(d["count"] for rel, d in report["syntax"]["relations"].items() if not rel.endswith(">"))
+    relations = report["sections"]["syntax"]["relations"]
+    dependents = sum(d["count"] for rel, d in relations.items() if not rel.endswith(">"))
     assert 0.5 * words_kept < dependents <= words_kept  # the analysed part was parsed, and only it

@@ -16,6 +16,7 @@ import multihead as mh
 from conftest import run_cli
 from multihead.analysis.compare import assignment, compare
 from multihead.analysis.report import Report
+from multihead.analysis.sections import Sections
 from multihead.data import sample_sentences
 from multihead.hf.sites import find_sites
 
@@ -80,7 +81,8 @@ def test_heads_of_another_shape_are_matched_by_their_attention(reports):
     rng.shuffle(kept)
     heads = [dataclasses.replace(r, layer=n // 8, head=n % 8) for n, r in enumerate(kept[:24])]
     origin = {(r.layer, r.head): (k.layer, k.head) for r, k in zip(heads, kept, strict=False)}
-    b = Report("other", a.causal, 3, 8, a.sentences, a.tokens, heads, None, {"corpus": a.sections["corpus"]})
+    b = Report(model="other", causal=a.causal, num_layers=3, num_heads=8, sentences=a.sentences, tokens=a.tokens,
+               heads=heads, sections=Sections(corpus=a.sections.corpus))
     result = compare(a, b)
     assert result.matching.startswith("attention profile")
     assert {cb: ca for ca, cb, _ in result.pairs} == origin  # identical profiles: found again
@@ -118,7 +120,7 @@ def test_compare_reads_report_folders_and_keeps_the_evidence_sections(reports, t
         (tmp_path / name).mkdir()
         report.to_json(tmp_path / name / "report.json")
     again = Report.from_json(tmp_path / "a" / "report.json")
-    assert again.sections["ablation"] == json.loads(json.dumps(a.sections["ablation"]))
-    assert again.sections["corpus"]["texts"] == len(TEXTS)
+    assert again.sections.ablation == a.sections.ablation
+    assert again.sections.corpus.texts == len(TEXTS)
     result = compare(tmp_path / "a", tmp_path / "b")
     assert [cb for _, cb in result.died()] == [(5, 3)]

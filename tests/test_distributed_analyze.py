@@ -37,11 +37,12 @@ def test_two_ranks_under_torchrun_give_the_one_process_report(tmp_path, capsys):
         assert a["label"] == b["label"]
         for key, value in a["metrics"].items():
             assert b["metrics"][key] == pytest.approx(value, abs=1e-5), key
-    js_one = torch.tensor(one["redundancy"]["js_distance"])
-    js_two = torch.tensor(two["redundancy"]["js_distance"])
+    js_one = torch.tensor(one["sections"]["redundancy"]["js_distance"])
+    js_two = torch.tensor(two["sections"]["redundancy"]["js_distance"])
     torch.testing.assert_close(js_two, js_one, atol=2e-4, rtol=0)  # 4-digit rounding in the JSON
     # each rank parsed its own texts; the merged syntax counts are the whole corpus's
-    for rel, d in one["syntax"]["relations"].items():
-        assert two["syntax"]["relations"][rel]["count"] == d["count"], rel
-        assert two["syntax"]["relations"][rel]["best"]["accuracy"] == pytest.approx(d["best"]["accuracy"], abs=1e-6)
+    for rel, d in one["sections"]["syntax"]["relations"].items():
+        assert two["sections"]["syntax"]["relations"][rel]["count"] == d["count"], rel
+        best = two["sections"]["syntax"]["relations"][rel]["best"]["accuracy"]
+        assert best == pytest.approx(d["best"]["accuracy"], abs=1e-6)
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["report.csv", "report.html", "report.json"]

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import multihead as mh
-from multihead.analysis import evidence
-from multihead.analysis.ablation import ablation_effects
-from multihead.analysis.syntax import parse_with_spacy, spacy_available
+from multihead.analysis.interventions import evidence
+from multihead.analysis.interventions.ablation import ablation_effects
+from multihead.analysis.probes.syntax import parse_with_spacy, spacy_available
 from multihead.data import sample_sentences
 from multihead.hf.sites import find_sites
 
@@ -80,12 +80,12 @@ def test_syntax_labels_against_the_other_heads_of_their_layer(minilm):
 
 
 def test_marks_reach_the_terminal_map_the_csv_and_the_page(minilm, tmp_path):
-    from multihead.viz.page import page_data
+    from multihead.render.page import page_data
 
     report = mh.analyze(minilm, sample_sentences(20), coreference=False, ablation=4, parses="spacy"
                         if spacy_available() else None)
-    section = report.sections["evidence"]
-    assert set(section["tests"]) == {"induction", "previous", "syntactic"}
+    section = report.sections.evidence
+    assert set(section.tests) == {"induction", "previous", "syntactic"}
     marks = report.marks()
     if not spacy_available():  # an encoder's labels are tested through syntax only, and that needs spaCy's parses
         pytest.skip("spaCy is not installed: MiniLM has no label with a test (its labels are tested through syntax)")

@@ -3,7 +3,7 @@ of most heads — found again on planted groups, never chained into one."""
 
 import torch
 
-from multihead.analysis.redundancy import clusters, informative_groups
+from multihead.analysis.stats.redundancy import clusters, informative_groups
 
 
 def _distances(sizes, spread=0.05, seed=0):

@@ -14,8 +14,8 @@ from multihead.heads import (
     save_pruned,
     spearman,
 )
-from multihead.hf.gates import HeadGates
-from multihead.hf.load import right_padding
+from multihead.hf.interventions import HeadGates
+from multihead.hf.model import right_padding
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 

@@ -195,6 +195,8 @@ def test_keyword_spotter_hears_a_voice_it_never_heard():
     assert len(data.features) == 7 * len(speech.KEYWORDS) * 2
     result = speech.train_keyword_spotter(data=data, epochs=12)
     assert result["test_accuracy"] > 4 * result["chance"]  # a held-out voice, 10 words
-    report = speech.speech_report(result)
+    from multihead.analysis.pipelines.speech import speech_report
+
+    report = speech_report(result)
     assert (report.num_layers, report.num_heads) == (2, 4) and report.sentences == len(speech.KEYWORDS) * 2
     assert all(0 <= r.metrics["cls"] <= 1 and r.metrics["entropy_norm"] <= 1 + 1e-6 for r in report.heads)

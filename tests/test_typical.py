@@ -1,12 +1,12 @@
-"""Each head's most typical texts of the corpus (multihead.analysis.typical), kept during analyze."""
+"""Each head's most typical texts of the corpus (multihead.analysis.stats.typical), kept during analyze."""
 
 import pytest
 import torch
 
 import multihead as mh
-from multihead.analysis.analyze import collect_statistics
-from multihead.analysis.syntax import Parse
-from multihead.analysis.typical import FALLBACK, MEASURES, MIN_TOKENS, TypicalTexts, measure_of
+from multihead.analysis.pipelines.analyze import collect_statistics
+from multihead.analysis.probes.syntax import Parse
+from multihead.analysis.stats.typical import FALLBACK, MEASURES, MIN_TOKENS, TypicalTexts, measure_of
 
 TEXTS = [
     "The cat sat on the mat because it was tired after the long day.",
@@ -20,7 +20,7 @@ TEXTS = [
 
 
 def _top(report, layer, head, measure):
-    mine = next(e for e in report.sections["typical"]["heads"] if (e["layer"], e["head"]) == (layer, head))
+    mine = next(e for e in report.sections.typical.to_dict()["heads"] if (e["layer"], e["head"]) == (layer, head))
     assert mine["measure"] == measure
     return mine["texts"]
 
@@ -46,15 +46,15 @@ def test_the_corpus_ranking_equals_each_text_analysed_alone(minilm, corpus_repor
             assert v == pytest.approx(value(alone[i]), abs=1e-4)
             assert n == tokens[i]
     # the short text never beats a long one (six long texts here)
-    assert all(1 not in [i for i, _, _ in e["texts"]] for e in corpus_report.sections["typical"]["heads"])
+    assert all(1 not in [i for i, _, _ in e["texts"]] for e in corpus_report.sections.typical.to_dict()["heads"])
 
 
 def test_batching_and_chunking_keep_the_same_texts(minilm, corpus_report):
     labels = {(r.layer, r.head): r.label for r in corpus_report.heads}
-    want = corpus_report.sections["typical"]
+    want = corpus_report.sections.typical.to_dict()
     for kwargs in ({"batch_size": 1}, {"batch_size": 7, "redundancy": False, "chunk": 5}):
         kwargs.setdefault("redundancy", False)
-        found = collect_statistics(minilm, TEXTS, **kwargs).typical.section(labels, TEXTS)
+        found = collect_statistics(minilm, TEXTS, **kwargs).typical.section(labels, TEXTS).to_dict()
         for a, b in zip(found["heads"], want["heads"], strict=True):
             assert [i for i, _, _ in a["texts"]] == [i for i, _, _ in b["texts"]], (kwargs, a, b)
             assert [v for _, v, _ in a["texts"]] == pytest.approx([v for _, v, _ in b["texts"]], abs=1e-4)
@@ -75,13 +75,13 @@ def test_shards_merged_equal_the_whole(minilm, corpus_report):
 
 
 def test_the_section_names_its_texts_and_survives_json(tmp_path, corpus_report):
-    section = corpus_report.sections["typical"]
+    section = corpus_report.sections.typical.to_dict()
     named = {str(i) for e in section["heads"] for i, _, _ in e["texts"]}
     assert set(section["texts"]) == named and all(section["texts"][k] == TEXTS[int(k)] for k in named)
     assert section["measures"]["previous"] == MEASURES["previous"] and section["measures"]["*"] == FALLBACK
     path = tmp_path / "report.json"
     corpus_report.to_json(path)
-    assert mh.Report.from_json(path).sections["typical"] == section
+    assert mh.Report.from_json(path).sections.typical.to_dict() == section
 
 
 def test_syntax_heads_rank_texts_by_their_relation():
@@ -89,8 +89,9 @@ def test_syntax_heads_rank_texts_by_their_relation():
     typical = TypicalTexts(1, 2)
     hits = torch.tensor([[1.0, 0.0], [2.0, 1.0], [1.0, 1.0], [0.0, 0.0]])  # (B, H) per text
     count = torch.tensor([2.0, 4.0, 1.0, 0.0])  # text 3 has no such relation: never named
-    typical.add_syntax(0, "nsubj", hits, count, [10, 11, 12, 13])
-    section = typical.section({(0, 0): "syntactic:nsubj", (0, 1): "syntactic:nsubj"}, [f"t{i}" for i in range(14)])
+    typical._add_syntax(0, "nsubj", hits, count, [10, 11, 12, 13])
+    section = typical.section({(0, 0): "syntactic:nsubj", (0, 1): "syntactic:nsubj"},
+                              [f"t{i}" for i in range(14)]).to_dict()
     first, second = section["heads"]
     assert [i for i, _, _ in first["texts"]] == [11, 12, 10]  # 2 hits; then 1 hit of 1 before 1 of 2
     assert first["texts"][0][1:] == [0.5, 4]
@@ -115,13 +116,13 @@ def test_syntax_texts_come_from_the_parses(minilm):
     assert set(top.index[top.key > -torch.inf].tolist()) == {0}
     assert set(top.count[top.key > -torch.inf].tolist()) == {3.0}
     # the share kept is the accuracy of that head on the relation (one parsed text: the corpus's)
-    acc = corpus.syntax.scores().accuracy["det"]
+    acc = corpus.syntax.result().accuracy["det"]
     assert torch.allclose(top.value[..., 0], acc, atol=1e-9)
 
 
 def test_an_induction_heads_texts_are_those_it_copies_in():
     """The texts' own induction pattern: a repeated token's mass on the token after its earlier occurrence."""
-    from multihead.analysis.metrics import _repeat_targets, _repeats_followed
+    from multihead.analysis.stats.typical import _repeat_targets, _repeats_followed
 
     ids = torch.tensor([[5, 6, 7, 5, 6, 0]])  # a b c a b, then padding
     valid = torch.tensor([[True] * 5 + [False]])
@@ -143,7 +144,7 @@ def test_smollm2_induction_heads_name_texts_with_repeats(smollm2):
              "A completely different sentence with no word said twice in it at all.",
              "Paris is the capital of France and Rome is the capital of Italy, said Paris."]
     report = mh.analyze(smollm2, texts, coreference=False, redundancy=False)
-    heads = [e for e in report.sections["typical"]["heads"] if e["measure"] == "repeat_successor"]
+    heads = [e for e in report.sections.typical.to_dict()["heads"] if e["measure"] == "repeat_successor"]
     assert heads, "SmolLM2 has induction heads (the probe labels them)"
     for e in heads:  # only texts with a repeated token are named
         assert e["texts"] and {i for i, _, _ in e["texts"]} <= {0, 2}, e

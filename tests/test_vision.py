@@ -8,7 +8,10 @@ import torch
 
 import multihead as mh
 from conftest import run_cli
-from multihead.analysis.vision import PatchStatistics, digit_images, patch_label
+from multihead.analysis.labels import patch_label
+from multihead.analysis.pipelines.vision import digit_images
+from multihead.analysis.stats.patches import PatchStatistics
+from reducing import chunk
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 
@@ -33,8 +36,13 @@ def test_patch_metrics_on_hand_built_heads():
     maps = _maps([lambda i: 0, right_neighbour, lambda i: i])
     uniform = torch.full((1, 1, 17, 17), 1 / 17)
     stats = PatchStatistics(1, 4)
-    stats.update(0, torch.cat([maps, uniform], 1))
-    m = {k: v[0] for k, v in stats.means().items()}
+    stats.update(chunk(torch.cat([maps, uniform], 1)))
+    m = {k: v[0] for k, v in stats.result().items()}
+    halves = PatchStatistics(1, 4)  # streamed in chunks of rows: the same
+    for start in (0, 9):
+        halves.update(chunk(torch.cat([maps, uniform], 1)[:, :, start:start + 9], start=start, rows=17))
+    for k, v in halves.result().items():
+        torch.testing.assert_close(v[0], m[k], msg=k)
     assert m["cls"].tolist() == pytest.approx([1, 0, 0, 1 / 17])
     assert m["grid_distance"][:3].tolist() == pytest.approx([0, 1, 0])
     assert m["local_3x3"][:3].tolist() == pytest.approx([0, 1, 1])
@@ -74,15 +82,15 @@ def test_a_vit_folder_is_analysed_on_images(tmp_path, capsys):
         maps = eager(pixel_values=pixels, output_attentions=True).attentions
     stats = PatchStatistics(2, 4)
     for layer, w in enumerate(maps):
-        stats.update(layer, w)
-    for key, value in stats.means().items():
+        stats.update(chunk(w, layer=layer))
+    for key, value in stats.result().items():
         got = torch.tensor([[report.head(la, h).metrics[key] for h in range(4)] for la in range(2)])
         torch.testing.assert_close(got, value, atol=1e-5, rtol=1e-5, check_dtype=False)
     code, out, err = run_cli(["analyze", "--model", str(folder), "--images", "digits", "--sample", "10", "--out",
                               str(tmp_path / "r")], capsys)
     assert code == 0, err
     data = json.loads((tmp_path / "r" / "report.json").read_text())
-    assert data["stack"] == "vision" and data["images"]["count"] == 10 and "layer |" in out
+    assert data["stack"] == "vision" and data["sections"]["images"]["count"] == 10 and "layer |" in out
     page = (tmp_path / "r" / "report.html").read_text()
     assert page.count("<table>") >= 2 and 'src="data:image/png;base64,' in page  # heads over the first image
     assert "img-src data:" in page and "http" not in page.replace("http-equiv", "")
@@ -92,7 +100,8 @@ def test_a_vit_folder_is_analysed_on_images(tmp_path, capsys):
         image.save(pictures / f"{n}.png")
     code, _, err = run_cli(["analyze", "--model", str(folder), "--images", str(pictures), "--out",
                             str(tmp_path / "r2")], capsys)
-    assert code == 0 and json.loads((tmp_path / "r2" / "report.json").read_text())["images"]["count"] == 3, err
+    assert code == 0, err
+    assert json.loads((tmp_path / "r2" / "report.json").read_text())["sections"]["images"]["count"] == 3
 
 
 def test_images_with_the_wrong_model_or_folder_fail_in_one_line(tmp_path, capsys):

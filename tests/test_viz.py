@@ -70,7 +70,7 @@ def test_figures_leave_the_users_matplotlib_session_alone(tmp_path):
 
 def test_layer_grid_model_grid_and_similarity(tmp_path):
     maps = torch.softmax(torch.randn(2, 4, 5, 5), -1)
-    report = mh.analysis.Report("m", False, 2, 4, 1, 5, [
+    report = mh.analysis.Report(model="m", causal=False, num_layers=2, num_heads=4, sentences=1, tokens=5, heads=[
         mh.analysis.HeadRecord(layer, h, "syntactic:nsubj" if h == 1 else "broad", [], {})
         for layer in range(2) for h in range(4)])
     viz.save(viz.layer_grid(maps[0], list("abcde"), layer=0, labels=["x", "y", "z", "w"]), tmp_path / "l.png")

@@ -6,8 +6,9 @@
 
 Every documented name is reachable from here: the layer and kernels (``mh.MultiHeadAttention``,
 ``mh.attention``, ``mh.masks``, ``mh.KVCache``), the analysis (``mh.analyze``, ``mh.Report``),
-heads (``mh.head_importance``, ``mh.prune_heads``) and the subpackages ``mh.hf``, ``mh.analysis``,
-``mh.heads``, ``mh.models``, ``mh.viz``, ``mh.train``, ``mh.experiments``, ``mh.data``.
+heads (``mh.head_importance``, ``mh.prune_heads``) and the subpackages ``mh.hf``, ``mh.inputs``,
+``mh.analysis``, ``mh.heads``, ``mh.models``, ``mh.render``, ``mh.io``, ``mh.viz``, ``mh.jobs``,
+``mh.train``, ``mh.experiments``, ``mh.data``. docs/architecture.md draws their layers.
 
 Names are imported on first use (PEP 562), so ``import multihead`` costs nothing until something
 is touched — the CLI can take over Ctrl-C before torch loads. The kernels and the layer live in
@@ -38,8 +39,8 @@ _NAMES = {
     "patch": "analysis",
     "head_importance": "heads",
     "prune_heads": "heads",
-    **{sub: "" for sub in ("analysis", "attn", "data", "experiments", "heads", "hf", "masks", "models", "train",
-                           "viz")},
+    **{sub: "" for sub in ("analysis", "attn", "data", "experiments", "heads", "hf", "inputs", "io", "jobs", "masks",
+                           "models", "render", "train", "viz")},
 }
 
 __all__ = [
@@ -63,16 +64,20 @@ __all__ = [
     "head_importance",
     "heads",
     "hf",
+    "inputs",
+    "io",
+    "jobs",
     "masks",
     "models",
     "patch",
     "prune_heads",
+    "render",
     "train",
     "viz",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names come from __getattr__
-    from . import analysis, attn, data, experiments, heads, hf, masks, models, train, viz
+    from . import analysis, attn, data, experiments, heads, hf, inputs, io, jobs, masks, models, render, train, viz
     from .analysis import Report, analyze, compare, patch
     from .attn import (
         BACKENDS,

@@ -46,18 +46,20 @@ class OutputFolderError(ValueError):
     """An output folder that cannot be written safely (not a folder, foreign content, not writable)."""
 
 
-def check_output_folder(out: str | Path, *, schema: str, marker: str, force: bool = False) -> Path:
+def check_output_folder(out: str | Path, *, schema: str, marker: str, force: bool = False,
+                        also: tuple[str, ...] = ()) -> Path:
     """``out`` as a Path, after checking that writing results there loses nothing of the user's.
 
     Accepted: a folder that does not exist yet, an empty one, or one holding an earlier result of
-    ours (its ``marker`` file, JSON with this ``schema``); anything else only with ``force``.
+    ours (its ``marker`` file, JSON with this ``schema`` or one of the earlier schemas ``also``);
+    anything else only with ``force``.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OutputFolderError(f"{out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
         try:
-            ours = json.loads((out / marker).read_text(encoding="utf-8")).get("schema") == schema
+            ours = json.loads((out / marker).read_text(encoding="utf-8")).get("schema") in (schema, *also)
         except (OSError, ValueError, AttributeError):
             ours = False
         if not ours:

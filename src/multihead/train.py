@@ -174,7 +174,7 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
         raise ValueError(f"data.batch_size={B} must be divisible by the {world} processes")
     monitor = None
     if c.run.get("grad_monitor") and rank == 0:
-        from .analysis.gradients import GradientMonitor
+        from .heads.monitor import GradientMonitor
 
         monitor = GradientMonitor(model, c.out / "grads.jsonl")
     c.out.mkdir(parents=True, exist_ok=True)

@@ -1,31 +1,43 @@
-"""Per-head diagnostics of real models: capture, metrics, patterns, reports."""
+"""Per-head diagnostics of real models: reducers, probes, interventions, pipelines, labels, reports.
 
-from .analyze import CorpusStatistics, analyze, collect_statistics
+Layers (each imports only those before it): :mod:`.sections` and :mod:`.stats` (the reducers),
+:mod:`.probes`, :mod:`.labels`, :mod:`.interventions`, :mod:`.report` / :mod:`.compare` /
+:mod:`.rollout`, :mod:`.pipelines`. See docs/architecture.md.
+"""
+
+from ..heads.monitor import GradientMonitor
+from ..inputs import TokenInfo
 from .compare import Comparison, compare
-from .direct import direct_logit_attribution
-from .gradients import GradientMonitor
-from .metrics import METRICS, HeadStatistics, TokenInfo
-from .output import REPORT_FILES, check_report_folder, write_report_folder
-from .patching import Patching, patch, patch_heads
-from .patterns import flags_for, label_for
-from .redundancy import RedundancyStatistics, clusters, most_redundant
+from .interventions import ablation_effects, attribution_effects, direct_logit_attribution, patch, patch_heads, what_if
+from .labels import flags_for, label_for
+from .pipelines import (
+    CorpusStatistics,
+    Rollout,
+    analyze,
+    attention_maps,
+    collect_statistics,
+    rollout,
+    text_views,
+)
 from .report import SCHEMA, HeadRecord, Report
+from .stats import METRICS, HeadStatistics, RedundancyStatistics, clusters, most_redundant
 
 __all__ = [
            "METRICS",
-           "REPORT_FILES",
            "SCHEMA",
            "Comparison",
            "CorpusStatistics",
            "GradientMonitor",
            "HeadRecord",
            "HeadStatistics",
-           "Patching",
            "RedundancyStatistics",
            "Report",
+           "Rollout",
            "TokenInfo",
+           "ablation_effects",
            "analyze",
-           "check_report_folder",
+           "attention_maps",
+           "attribution_effects",
            "clusters",
            "collect_statistics",
            "compare",
@@ -35,5 +47,7 @@ __all__ = [
            "most_redundant",
            "patch",
            "patch_heads",
-           "write_report_folder",
+           "rollout",
+           "text_views",
+           "what_if",
 ]

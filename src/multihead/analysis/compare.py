@@ -31,7 +31,7 @@ import numpy as np
 
 from .report import Report
 
-__all__ = ["DEAD_SHARE", "SCHEMA", "Comparison", "assignment", "compare", "write_compare_folder"]
+__all__ = ["DEAD_SHARE", "SCHEMA", "Comparison", "assignment", "cell_name", "compare", "dead_heads"]
 
 SCHEMA = "multihead.compare/1"
 #: A head whose zero-ablation effect is at most this share of its report's largest is dead.
@@ -96,45 +96,17 @@ class Comparison:
 
     def died(self) -> list[tuple[Cell, Cell]]:
         """Pairs alive in A and dead in B (by zero-ablation effect; empty without it in both)."""
-        dead_a, dead_b = _dead(self.a), _dead(self.b)
+        dead_a, dead_b = dead_heads(self.a), dead_heads(self.b)
         if dead_a is None or dead_b is None:
             return []
         return [(ca, cb) for ca, cb, _ in self.pairs if cb in dead_b and ca not in dead_a]
 
     def appeared(self) -> list[tuple[Cell, Cell]]:
         """Pairs dead in A and alive in B."""
-        dead_a, dead_b = _dead(self.a), _dead(self.b)
+        dead_a, dead_b = dead_heads(self.a), dead_heads(self.b)
         if dead_a is None or dead_b is None:
             return []
         return [(ca, cb) for ca, cb, _ in self.pairs if ca in dead_a and cb not in dead_b]
-
-    def summary(self, deltas: int = 10) -> str:
-        """The comparison for a terminal."""
-        lines = [f"A: {self.a_name} ({self.a.model}, {self.a.num_layers} x {self.a.num_heads})",
-                 f"B: {self.b_name} ({self.b.model}, {self.b.num_layers} x {self.b.num_heads})",
-                 f"heads matched by {self.matching}: {len(self.pairs)} pairs"
-                 + (f"; unmatched: {len(self.unmatched_a)} of A, {len(self.unmatched_b)} of B"
-                    if self.unmatched_a or self.unmatched_b else "")]
-        lines += [f"warning: {w}" for w in self.warnings]
-        changes = self.label_changes()
-        lines.append(f"\nlabels changed: {len(changes)} of {len(self.pairs)} heads")
-        for ca, cb, la, lb in changes[:30]:
-            lines.append(f"  {_name(ca)}{'' if ca == cb else ' ~ ' + _name(cb)}: {la} -> {lb}")
-        if len(changes) > 30:
-            lines.append(f"  ... and {len(changes) - 30} more (compare.json)")
-        died, appeared = self.died(), self.appeared()
-        if _dead(self.a) is None or _dead(self.b) is None:
-            lines.append("\nheads died / appeared: needs ablation effects in both reports (analyze --ablation N)")
-        else:
-            lines.append(f"\nheads died (alive in A, removing them changes nothing in B): "
-                         f"{', '.join(_name(cb) for _, cb in died) or 'none'}")
-            shown = ", ".join(_name(cb) for _, cb in appeared) or "none"
-            lines.append(f"heads appeared (dead in A, alive in B): {shown}")
-        lines.append("\nlargest metric changes (B - A; in units of the metric's spread over A's heads):")
-        for d in self.metric_deltas(deltas):
-            lines.append(f"  {_name(d['a'])}{'' if d['a'] == d['b'] else ' ~ ' + _name(d['b'])} {d['metric']}: "
-                         f"{d['before']:.4g} -> {d['after']:.4g} ({d['delta']:+.4g}, {d['spread_units']:+.2f})")
-        return "\n".join(lines)
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "a": {"name": self.a_name, "model": self.a.model, "shape": self._shape(self.a)},
@@ -253,21 +225,6 @@ def assignment(cost: np.ndarray) -> np.ndarray:
     return out
 
 
-def write_compare_folder(comparison: Comparison, out: str | Path, *, force: bool = False) -> list[Path]:
-    """Write ``compare.json`` and ``compare.html`` into ``out`` together."""
-    import json
-
-    from ..files import StagedFiles, check_output_folder
-    from ..viz.compare import compare_page
-
-    folder = check_output_folder(out, schema=SCHEMA, marker="compare.json", force=force)
-    folder.mkdir(parents=True, exist_ok=True)
-    with StagedFiles() as staged:
-        staged.stage(folder / "compare.json", json.dumps(comparison.to_dict(), indent=1, ensure_ascii=False))
-        staged.stage(folder / "compare.html", compare_page(comparison).rstrip("\n"))
-        return staged.commit()
-
-
 def _report(value: Report | str | Path, which: str) -> tuple[Report, str]:
     if isinstance(value, Report):
         return value, value.model
@@ -280,10 +237,10 @@ def _report(value: Report | str | Path, which: str) -> tuple[Report, str]:
 
 
 def _corpus_problem(a: Report, b: Report) -> str | None:
-    ca, cb = a.sections.get("corpus"), b.sections.get("corpus")
+    ca, cb = a.sections.corpus, b.sections.corpus
     if ca and cb:
-        if ca["sha256"] != cb["sha256"]:
-            return f"A read {ca['texts']} texts, B {cb['texts']} texts, with different contents"
+        if ca.sha256 != cb.sha256:
+            return f"A read {ca.texts} texts, B {cb.texts} texts, with different contents"
         return None
     if a.sentences != b.sentences:
         return f"A read {a.sentences} texts, B {b.sentences}"
@@ -305,7 +262,7 @@ def _spread(values: list[float]) -> float:
     return float(np.std(finite)) if len(finite) > 1 else 0.0
 
 
-def _dead(report: Report) -> set[Cell] | None:
+def dead_heads(report: Report) -> set[Cell] | None:
     effects = {(r.layer, r.head): r.metrics.get("zero_ablation", math.nan) for r in report.heads}
     finite = [abs(v) for v in effects.values() if not math.isnan(v)]
     if not finite:
@@ -314,7 +271,7 @@ def _dead(report: Report) -> set[Cell] | None:
     return {cell for cell, v in effects.items() if not math.isnan(v) and abs(v) <= floor}
 
 
-def _name(cell: Cell) -> str:
+def cell_name(cell: Cell) -> str:
     return f"L{cell[0]}.H{cell[1]}"
 
 

@@ -1,50 +1,51 @@
-"""``Report``: one record per (layer, head) with its metrics, label and flags.
+"""``Report``: one record per (layer, head) with its metrics, label and flags, and typed sections.
 
-JSON schema (``schema`` = "multihead.report/1")::
+JSON schema (``schema`` = "multihead.report/2")::
 
-    {"schema": "multihead.report/1", "model": str, "causal": bool,
-     "num_layers": L, "num_heads": H, "sentences": int, "tokens": int,
+    {"schema": "multihead.report/2", "model": str, "causal": bool,
+     "num_layers": L, "num_heads": H, "sentences": int, "tokens": int, "stack": str,
      "metrics": [metric names], "heads": [
-        {"layer": 0-based, "head": 0-based, "label": str, "flags": [str],
+        {"stack": str, "layer": 0-based, "head": 0-based, "label": str, "flags": [str],
          "metrics": {"entropy": float, "entropy_norm": float, ...}}, ...],
-     "redundancy": {...}, "unknown_tokens": {...}, "induction": {...}, "coreference": {...},
-     "syntax": {...}}
+     "sections": {"corpus": {...}, "redundancy": {...}, "evidence": {...}, ...},
+     "stacks": {"decoder": {...}, "cross": {...}}}
 
-Metric keys: the 13 of :data:`~multihead.analysis.metrics.METRICS`; ``duplicate_token`` and
+Each section is a typed dataclass of :mod:`multihead.analysis.sections`. Reports written by
+schema 1 (sections at the top level beside ``heads``) are read as well.
+
+Metric keys: the 13 of :data:`~multihead.analysis.stats.heads.METRICS`; ``duplicate_token`` and
 ``induction`` for causal models; ``coreference`` and ``coreference_mass`` when the pronoun set
-was scored. A metric that could not be measured is ``null``. ``unknown_tokens`` (tokenizers with an
-unknown token): ``count`` of the ``total`` non-special tokens were ``token`` (e.g. "[UNK]"), ``share``.
+was scored; the ablation effects; the long-context metrics of long inputs. A metric that could
+not be measured is ``null``.
 
-Metric definitions: :mod:`multihead.analysis.metrics`; labels and flags:
-:mod:`multihead.analysis.patterns`.
+Metric definitions: :mod:`multihead.analysis.stats`; labels and flags: :mod:`multihead.analysis.labels`.
+A report never renders itself: :mod:`multihead.render` draws it (terminal text, static HTML, the page).
 """
 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
-from collections.abc import Callable, Iterable
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..files import atomic_path, write_atomically
-from ..jsonable import json_matrix, json_number, json_value
+from ..jsonable import json_number
+from .labels import MARK_WORDS, MARKS, label_codes
+from .sections import SECTION_TYPES, Evidence, Redundancy, Sections
 
-SCHEMA = "multihead.report/1"
-#: The probe sections a report may carry beside the per-head metrics.
-SECTIONS = ("corpus", "unknown_tokens", "images", "long_context", "retrieval", "what_if", "induction", "coreference",
-            "syntax", "ablation", "evidence", "typical")
+SCHEMA = "multihead.report/2"
+#: Earlier schemas this version reads.
+READS = ("multihead.report/1", SCHEMA)
+#: The deepest nesting a report's JSON may have (a report nests 6 levels; deeper is not a report).
+MAX_DEPTH = 32
 
-__all__ = ["SCHEMA", "HeadRecord", "Report", "head_records", "label_codes"]
-
-#: How the terminal map marks a tested label (after its code).
-MARK_CONFIRMED, MARK_ATTENTION_ONLY = "✓", "~"
-
-_SHORT = {"induction": "IND", "coreference": "COREF",
-          "self": "SELF", "previous": "PREV", "next": "NEXT", "special-token": "SPEC", "local": "LOCL",
-          "broad": "BRD", "mixed": "·", "aligned": "ALGN", "source-special": "SSPEC", "cls": "CLS"}
+__all__ = ["MAX_DEPTH", "READS", "SCHEMA", "HeadRecord", "Report", "head_records", "label_codes", "read_json"]
 
 
 @dataclass
@@ -56,8 +57,13 @@ class HeadRecord:
     metrics: dict[str, float]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Report:
+    """What an analysis found: every head's record, the typed sections, the model's other stacks.
+
+    ``views``: the page's data for a few texts (:class:`~multihead.analysis.stats.maps.TextView`),
+    kept from the analysis pass for the renderers; never written to JSON."""
+
     model: str
     causal: bool
     num_layers: int
@@ -65,48 +71,34 @@ class Report:
     sentences: int
     tokens: int
     heads: list[HeadRecord] = field(default_factory=list)
-    #: js_distance / cosine: (N, N) tensors over N = L·H heads (head n is layer n // H, head n % H);
-    #: pairs_js / pairs_cosine: most redundant pairs; clusters_js: groups of near-identical heads;
-    #: groups_js: average-linkage groups cut where the silhouette is best (informative groups).
-    redundancy: dict[str, Any] | None = None
-    #: probe results beside the per-head metrics: "induction" (the probe's settings), "coreference"
-    #: (examples, baseline_nearest), "syntax" (min_count, relations: count, baseline,
-    #: baseline_offset, best head, (L, H) accuracy)
-    sections: dict[str, Any] = field(default_factory=dict)
+    sections: Sections = field(default_factory=Sections)
     #: which stack these heads form: "encoder", "decoder", "cross" or "vision"
     stack: str = ""
     #: the model's other stacks (an encoder-decoder model: "decoder" and "cross"), each a Report
     stacks: dict[str, Report] = field(default_factory=dict)
+    views: list[Any] = field(default_factory=list, repr=False, compare=False)
 
     def head(self, layer: int, head: int) -> HeadRecord:
         return self.heads[layer * self.num_heads + head]
 
+    @property
+    def redundancy(self) -> Redundancy | None:
+        return self.sections.redundancy
+
+    @property
+    def metric_names(self) -> list[str]:
+        return list(self.heads[0].metrics) if self.heads else []
+
     def to_dict(self) -> dict[str, Any]:
-        names = list(self.heads[0].metrics) if self.heads else []
         data = {
             "schema": SCHEMA, "model": self.model, "causal": self.causal, "num_layers": self.num_layers,
-            "num_heads": self.num_heads, "sentences": self.sentences, "tokens": self.tokens, "metrics": names,
-            "stack": self.stack,
+            "num_heads": self.num_heads, "sentences": self.sentences, "tokens": self.tokens,
+            "metrics": self.metric_names, "stack": self.stack,
             "heads": [{"stack": self.stack, "layer": r.layer, "head": r.head, "label": r.label,
                        "flags": list(r.flags), "metrics": {k: json_number(v) for k, v in r.metrics.items()}}
                       for r in self.heads],
+            "sections": self.sections.to_dict(),
         }
-        if self.redundancy is not None:
-            red = self.redundancy
-            data["redundancy"] = {
-                "js_distance": json_matrix(red["js_distance"]),
-                "cosine": json_matrix(red["cosine"]),
-                **{key: [{"a": list(a), "b": list(b), "value": json_number(v)} for a, b, v in red[key]]
-                   for key in ("pairs_js", "pairs_cosine")},
-                "clusters_js": [[list(x) for x in group] for group in red["clusters_js"]],
-                **({"groups_js": {**red["groups_js"], "groups": [[list(x) for x in group]
-                                                                 for group in red["groups_js"]["groups"]]}}
-                   if red.get("groups_js") else {}),
-                "cluster_threshold": red["cluster_threshold"],
-                "rows_js": red.get("rows_js"),
-            }
-        for name, section in self.sections.items():
-            data[name] = json_value(section)
         if self.stacks:
             data["stacks"] = {name: {k: v for k, v in sub.to_dict().items() if k != "schema"}
                               for name, sub in self.stacks.items()}
@@ -120,34 +112,35 @@ class Report:
 
     @classmethod
     def from_json(cls, path: str | Path) -> Report:
+        """The report in ``path``; ValueError (one line, naming the file) for anything that is not one."""
+        data = read_json(path, "a multihead report")
+        if not isinstance(data, dict) or data.get("schema") not in READS:
+            found = data.get("schema") if isinstance(data, dict) else None
+            raise ValueError(f"{path} is not a multihead report (schema {found!r}, expected {SCHEMA!r})")
         try:
-            data = json.loads(Path(path).read_bytes().decode("utf-8"))
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{path} is not a multihead report: not UTF-8 text (byte {err.start})") from err
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path} is not a multihead report: not JSON ({err.msg}, line {err.lineno})") from err
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            data = data if isinstance(data, dict) else {}
-            raise ValueError(f"{path} is not a multihead report (schema {data.get('schema')!r}, expected {SCHEMA!r})")
-        return cls.from_dict(data)
+            return cls.from_dict(data)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+            what = f"lacks {err}" if isinstance(err, KeyError) else str(err)
+            raise ValueError(f"{path} is not a complete multihead report: {what}") from err
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
-        """The report of a dict as :meth:`to_dict` writes it."""
-        heads = [HeadRecord(h["layer"], h["head"], h["label"], h["flags"],
-                            {k: (math.nan if v is None else v) for k, v in h["metrics"].items()})
+        """The report of a dict as :meth:`to_dict` writes it (schema 2) or schema 1 did."""
+        heads = [HeadRecord(int(h["layer"]), int(h["head"]), str(h["label"]), list(h["flags"]),
+                 {k: (math.nan if v is None else float(v)) for k, v in h["metrics"].items()})
                  for h in data["heads"]]
-        red = data.get("redundancy")
-        if red is not None:
-            for key in ("pairs_js", "pairs_cosine"):
-                red[key] = [(tuple(p["a"]), tuple(p["b"]), p["value"]) for p in red[key]]
-            red["clusters_js"] = [[tuple(x) for x in group] for group in red["clusters_js"]]
-            if red.get("groups_js"):
-                red["groups_js"]["groups"] = [[tuple(x) for x in group] for group in red["groups_js"]["groups"]]
-        sections = {name: data[name] for name in SECTIONS if name in data}
+        if "sections" in data:
+            sections = Sections.from_dict(data["sections"])
+        else:  # schema 1: the sections beside the heads
+            names = {t.name for t in SECTION_TYPES}
+            sections = Sections.from_dict({k: v for k, v in data.items() if k in names and v is not None})
         stacks = {name: cls.from_dict(sub) for name, sub in (data.get("stacks") or {}).items()}
-        return cls(data["model"], data["causal"], data["num_layers"], data["num_heads"], data["sentences"],
-                   data["tokens"], heads, red, sections, data.get("stack", ""), stacks)
+        report = cls(model=data["model"], causal=bool(data["causal"]), num_layers=int(data["num_layers"]),
+                     num_heads=int(data["num_heads"]), sentences=int(data["sentences"]), tokens=int(data["tokens"]),
+                     heads=heads, sections=sections, stack=data.get("stack", ""), stacks=stacks)
+        if len(heads) != report.num_layers * report.num_heads:
+            raise ValueError(f"it lists {len(heads)} heads for {report.num_layers} x {report.num_heads}")
+        return report
 
     def to_csv(self, path: str | Path) -> None:
         names = list(dict.fromkeys(n for report in (self, *self.stacks.values()) for r in report.heads[:1]
@@ -162,28 +155,27 @@ class Report:
                                      ";".join(r.flags),
                                      *(f"{r.metrics[n]:.6g}" if n in r.metrics else "" for n in names)])
 
+    def marks(self) -> dict[tuple[int, int], str]:
+        """{(layer, head): "confirmed" | "attention-only"} for the heads whose label was tested
+        (the ``evidence`` section; empty when the analysis ran no ablation)."""
+        evidence: Evidence | None = self.sections.evidence
+        return evidence.marks() if evidence is not None else {}
+
     def label_map(self) -> str:
-        """The layer x head grid of labels, for a terminal, with a legend of every abbreviation used
-        (one grid per stack when the model has several)."""
+        """The layer x head grid of labels as text, with a legend of every code used (one grid per
+        stack when the model has several)."""
         if not self.stacks:
             return self._grid()
         parts = [f"{report.stack} stack:\n{report._grid()}" for report in (self, *self.stacks.values())]
         return "\n\n".join(parts)
 
-    def marks(self) -> dict[tuple[int, int], str]:
-        """{(layer, head): "confirmed" | "attention-only"} for the heads whose label was tested
-        (the ``evidence`` section; empty when the analysis ran no ablation)."""
-        section = self.sections.get("evidence") or {}
-        return {(e["layer"], e["head"]): e["mark"] for e in section.get("heads", [])}
-
     def _grid(self) -> str:
         codes = label_codes(r.label for r in self.heads)
         marks = self.marks()
-        signs = {"confirmed": MARK_CONFIRMED, "attention-only": MARK_ATTENTION_ONLY}
         width = max([4, *(len(c) + (1 if marks else 0) for c in codes.values())])
         lines = ["layer | " + " ".join(f"h{h:<{width - 1}d}" for h in range(self.num_heads))]
         for layer in range(self.num_layers):
-            cells = [codes[self.head(layer, h).label] + signs.get(marks.get((layer, h), ""), "")
+            cells = [codes[self.head(layer, h).label] + MARKS.get(marks.get((layer, h), ""), "")
                      for h in range(self.num_heads)]
             lines.append(f"{layer:5d} | " + " ".join(f"{c:<{width}s}" for c in cells))
         legend = [f"{code}={label}" for label, code in sorted(codes.items(), key=lambda kv: kv[1])
@@ -192,40 +184,45 @@ class Report:
             legend.append("lower case: syntactic:REL, the dependent attends to its governor; REL>: the governor "
                           "attends to its REL dependents")
         if marks:
-            legend.append(f"{MARK_CONFIRMED} confirmed: removing the head weakens what its label names; "
-                          f"{MARK_ATTENTION_ONLY} attention-only: it looks that way, but the behaviour does not "
-                          "need it")
+            legend.append("; ".join(f"{MARKS[m]} {MARK_WORDS[m]}" for m in MARKS))
         return "\n".join([*lines, *(["(" + "; ".join(legend) + ")"] if legend else [])])
-
-    def to_html(self, path: str | Path | None = None, *, model: Any = None, texts: Any = None) -> str:
-        """One self-contained HTML page (nothing loaded from the network, every string escaped).
-
-        With ``model`` (an :class:`~multihead.hf.HFModel`) and ``texts``: the interactive page
-        (model, head, matrix, table and similarity views) for those texts with this report;
-        otherwise a static page of the label map, the head table and the probes.
-        """
-        if model is not None:
-            from ..viz.page import view_page
-
-            page = view_page(model, list(texts or []), self)
-        else:
-            from .html import report_page
-
-            page = report_page(self)
-        if path is not None:
-            write_atomically(path, page)
-        return page
-
-    def _repr_html_(self) -> str:  # Jupyter
-        from .html import report_body
-
-        return report_body(self)
 
     def flagged(self) -> list[HeadRecord]:
         return [r for r in self.heads if r.flags]
 
     def __str__(self) -> str:
         return self.label_map()
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """The JSON value in ``path``; ValueError (one line naming the file) when it is not UTF-8 JSON
+    or nests deeper than :data:`MAX_DEPTH` (a JSON bomb stays one line, never a RecursionError)."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as err:
+        raise ValueError(f"cannot read {path}: {err.strerror or err}") from err
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not {what}: not UTF-8 text (byte {err.start})") from err
+    if _depth(text) > MAX_DEPTH:
+        raise ValueError(f"{path} is not {what}: its JSON nests deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not {what}: not JSON ({err.msg}, line {err.lineno})") from err
+    except RecursionError as err:  # pragma: no cover - the depth check comes first
+        raise ValueError(f"{path} is not {what}: its JSON nests too deep") from err
+
+
+def _depth(text: str) -> int:
+    """The deepest bracket nesting of a JSON text (brackets inside strings do not count)."""
+    brackets = _BRACKETS.sub("", _STRINGS.sub("", text))
+    return max(itertools.accumulate(1 if ch in "[{" else -1 for ch in brackets), default=0)
+
+
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(r"[^\[\]{}]")
 
 
 def head_records(means: dict[str, Any], label: Callable[[dict[str, float]], str],
@@ -240,28 +237,3 @@ def head_records(means: dict[str, Any], label: Callable[[dict[str, float]], str]
             metrics = {name: float(v[layer, head]) for name, v in means.items()}
             records.append(HeadRecord(layer, head, label(metrics), flags(metrics) if flags else [], metrics))
     return records
-
-
-def label_codes(labels: Iterable[str], width: int = 7) -> dict[str, str]:
-    """A short, unique code per label for the terminal map: IND, PREV, ... for the pattern labels;
-    the relation for ``syntactic:REL`` (its direction mark ``>`` always kept, long names cut and
-    numbered where two would collide). The legend maps each code back to its label."""
-    codes: dict[str, str] = {}
-    used: set[str] = set()
-    for label in sorted(set(labels)):
-        if label.startswith("syntactic:"):
-            rel = label.removeprefix("syntactic:").lower()
-            arrow = ">" if rel.endswith(">") else ""
-            rel = rel.removesuffix(">")
-            code = rel[:width - len(arrow)] + arrow
-            n = 1
-            while code in used:  # two relations cut to the same prefix
-                n += 1
-                code = rel[:width - len(arrow) - len(str(n))] + str(n) + arrow
-        else:
-            code = _SHORT.get(label, label[:width].upper())
-        used.add(code)
-        codes[label] = code
-    return codes
-
-

@@ -1,9 +1,9 @@
 """Exact attention computed chunk by chunk over a *key plan*, with memory O(n·w), not O(n²).
 
 A plan is a list of chunks; each chunk is a set of query rows and the keys those rows may
-need: a contiguous key range plus an optional list of extra key positions. The planners
-(:mod:`.local` for bands and global tokens, :mod:`.sparse` for block layouts) decide which
-keys; the mask's own predicate (``Mask.mask_mod``) decides, inside each chunk, exactly which
+need: a contiguous key range plus an optional list of extra key positions. The planner
+(:func:`multihead.attn.plans.plan_chunks`, from the mask's ``Cover``: bands, global tokens, block
+layouts) decides which keys; the mask's own predicate (``Mask.mask_mod``) decides, inside each chunk, exactly which
 (query, key) pairs count. Every query row belongs to exactly one chunk.
 
 The forward pass keeps nothing but q, k and v; the backward pass recomputes each chunk's

@@ -20,7 +20,6 @@ NaN), in every dtype. Half-precision inputs are soft-maxed in float32.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -28,28 +27,13 @@ from torch import Tensor
 
 from ..masks import FULL, Causal, Mask, TopK, as_mask, split_topk
 from .chunked import chunked_attention, fusable
+from .dispatch import BACKENDS, HALF, BackendChoice, choose
 from .memory import check_memory, estimate_memory
-from .plans import keys_per_query, plan_chunks
+from .plans import plan_chunks
 
 __all__ = ["BACKENDS", "BackendChoice", "attention", "explain_backend"]
 
-BACKENDS = ("auto", "math", "sdpa", "local", "sparse", "topk")
-_HALF = (torch.float16, torch.bfloat16)
 _SDPA_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
-
-
-@dataclass(frozen=True)
-class BackendChoice:
-    """Which kernel serves a request, and why each other kernel does not."""
-
-    backend: str
-    reason: str
-    rejected: dict[str, str] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        lines = [f"backend: {self.backend} ({self.reason})"]
-        lines += [f"  not {name}: {why}" for name, why in self.rejected.items()]
-        return "\n".join(lines)
 
 
 def attention(
@@ -102,7 +86,7 @@ def attention(
     if sinks is not None and (sinks.dim() != 1 or sinks.shape[0] != q.shape[1]):
         raise ValueError(f"sinks must be one logit per query head, ({q.shape[1]},); got {tuple(sinks.shape)}")
     extras = [name for name, value in (("softcap", softcap), ("sinks", sinks)) if value is not None]
-    choice = _choose(q, k, mask, need_weights, "math" if extras and backend == "auto" else backend)
+    choice = choose(q, k, mask, need_weights, "math" if extras and backend == "auto" else backend)
     if extras and choice.backend != "math":
         raise ValueError(f"{' and '.join(extras)} need backend='math' (the fused and chunked kernels do not "
                          f"implement them); got backend={backend!r}")
@@ -136,76 +120,7 @@ def explain_backend(
     """Say which backend :func:`attention` would use for these arguments, and why."""
     mask = as_mask(mask)
     _check_inputs(q, k, v, None, dropout_p)
-    return _choose(q, k, mask, need_weights, backend)
-
-
-# --------------------------------------------------------------------------- selection
-
-#: auto takes a chunked kernel when the mask leaves at most this share of the keys per query
-#: and there are at least MIN_CHUNKED_KEYS keys. Measured on the CPU (H=8, Dk=64, two-sided
-#: window): at n = 1k a 513-key band is 1.4x (forward) / 1.2x (forward+backward) faster
-#: chunked than dense SDPA, a 769-key band 1.2x / 0.94x; at n = 512 dense SDPA wins
-#: forward+backward even at a quarter of the keys (0.8x), the per-chunk overhead dominating.
-SPARSE_SHARE = 0.55
-MIN_CHUNKED_KEYS = 1024
-
-
-def _choose(q: Tensor, k: Tensor, mask: Mask | None, need_weights: bool, backend: str) -> BackendChoice:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
-    T, S = q.shape[2], k.shape[2]
-    top, rest = split_topk(mask)
-    cover = FULL if rest is None else rest.cover(T, S)
-    width = keys_per_query(cover, T, S)
-    structure = "layout blocks" if cover.layouts else "band/global tokens"
-
-    problems: dict[str, str] = {}
-    if need_weights:
-        problems["sdpa"] = "scaled_dot_product_attention does not return attention weights"
-        for name in ("local", "sparse", "topk"):
-            problems[name] = "computes chunk by chunk and never holds the (B, H, T, S) weights"
-    else:
-        if top is not None:
-            problems["sdpa"] = "scaled_dot_product_attention cannot keep only the top-k scores"
-        if top is None:
-            problems["topk"] = "the mask has no topk(k)"
-    if backend != "auto":
-        if backend in problems:
-            raise ValueError(f"backend={backend!r} cannot serve this request: {problems[backend]}")
-        return BackendChoice(backend, "requested", {})
-    if "sdpa" not in problems and q.dtype in _HALF and mask is not None and mask.has_bias:
-        # Served, but less precisely: auto prefers the math path.
-        problems["sdpa"] = (f"an additive float mask with {q.dtype} inputs is added in {q.dtype} inside "
-                            "SDPA; the math path adds it in float32")
-
-    math_why = "materialises the (B, H, T, S) scores: O(T·S) memory"
-    if need_weights:
-        return BackendChoice("math", "the only path that returns per-head weights",
-                             {n: w for n, w in problems.items() if n != "topk"})
-    if top is not None:
-        return BackendChoice("topk", f"chunked top-{top} selection over at most {width:.0f} keys per query; "
-                             "keeps only q, k, v for backward", {"sdpa": problems["sdpa"], "math": math_why})
-    dense_why = (f"the mask's {structure} leave {width:.0f} of S={S} keys per query; a chunked kernel "
-                 "computes only those")
-    sparse_enough = not cover.is_full and width <= SPARSE_SHARE * S and S >= MIN_CHUNKED_KEYS
-    if sparse_enough:
-        name = "sparse" if cover.layouts else "local"
-        other = "local" if name == "sparse" else "sparse"
-        return BackendChoice(
-            name, f"{structure}: {width:.0f} of S={S} keys per query, time and memory O(T·{width:.0f})",
-            {"sdpa": dense_why, "math": math_why, other: f"the mask has {structure}", "topk": problems["topk"]},
-        )
-    if cover.is_full:
-        chunk_why = "the mask is dense"
-    elif S < MIN_CHUNKED_KEYS:
-        chunk_why = f"S={S} < {MIN_CHUNKED_KEYS}: per-chunk overhead outweighs the keys saved; dense fused kernels win"
-    else:
-        chunk_why = f"{width:.0f} of S={S} keys per query is more than {SPARSE_SHARE:.0%}; dense fused kernels win"
-    if "sdpa" not in problems:
-        return BackendChoice("sdpa", "fused kernel, exact for this request",
-                             {"math": math_why, "local/sparse": chunk_why, "topk": problems["topk"]})
-    return BackendChoice("math", "the only dense path that serves this request",
-                         {"sdpa": problems["sdpa"], "local/sparse": chunk_why})
+    return choose(q, k, mask, need_weights, backend)
 
 
 # --------------------------------------------------------------------------- backends
@@ -218,7 +133,7 @@ def _math_attention(
     B, H, T, _ = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     G = H // Hkv  # grouped-query: query heads kv·G .. kv·G + G - 1 share key/value head kv
-    compute = torch.float32 if q.dtype in _HALF else q.dtype
+    compute = torch.float32 if q.dtype in HALF else q.dtype
     # The G query heads of a group are stacked as G·T rows against their one key head, so keys
     # and values are never copied G times.
     q3, k3 = q.reshape(B * Hkv, G * T, -1), k.reshape(B * Hkv, S, -1)  # views when contiguous
@@ -287,11 +202,11 @@ def _sdpa_attention(
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout_p, is_causal=mask is not None, scale=scale, **kwargs
         )
-    bias_dtype = torch.float32 if q.dtype in _HALF else q.dtype
+    bias_dtype = torch.float32 if q.dtype in HALF else q.dtype
     keep, visible, bias = _dense_mask(mask, q.shape[0], q.shape[1], T, S, q.device, bias_dtype)
     attn_mask: Tensor = keep
     if bias is not None:
-        if q.dtype in _HALF:  # a float32 bias such as -1e9 would overflow to -inf in half precision
+        if q.dtype in HALF:  # a float32 bias such as -1e9 would overflow to -inf in half precision
             bias = bias.clamp(min=torch.finfo(q.dtype).min).to(q.dtype)
         attn_mask = bias.masked_fill(~keep, float("-inf"))
     out = F.scaled_dot_product_attention(

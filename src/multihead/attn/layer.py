@@ -112,10 +112,10 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(self.vdim, kv_width, bias=bias, **factory)
         self.out_proj = nn.Linear(num_heads * self.head_dim, embed_dim, bias=bias, **factory)
         self.register_buffer("head_gates", torch.ones(num_heads, **factory))
-        # Callbacks (layer, weights (B, H, T, S), head outputs (B, H, T, Dv), mask) set by
-        # multihead.hf.AttentionCapture; a plain list, so not part of the state dict.
-        self._observers: list = []
-        self._gate_override = None
+        #: the routed attention call (multihead.hf.route) while a reader or an intervention is
+        #: attached at this layer: router(layer, q, k, v, mask, dropout_p=, need_weights=) ->
+        #: (head outputs, weights | None). A plain attribute, so not part of the state dict.
+        self.router = None
         #: rotary position embedding (Su et al. 2021) of queries and keys in self-attention
         self.rotary = False
         self.rotary_base = 10000.0
@@ -193,23 +193,15 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.append(k, v)  # (B, Hkv, S_past + T, Dk)
         dropout_p = self.dropout if self.training else 0.0
 
-        observed = bool(self._observers) and context is None  # an AttentionCapture is watching
-        want_weights = need_weights or observed
-
         def core(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor | None]:
-            return attention(q, k, v, mask, dropout_p=dropout_p, need_weights=want_weights,
-                             backend="math" if observed else self.backend)
+            return attention(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights, backend=self.backend)
 
-        if self.checkpoint and self.training and torch.is_grad_enabled():
+        if self.router is not None:  # a capture or an intervention is attached (not checkpointed: readers run once)
+            out, weights = self.router(self, q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights)
+        elif self.checkpoint and self.training and torch.is_grad_enabled():
             out, weights = torch.utils.checkpoint.checkpoint(core, q, k, v, use_reentrant=False)
         else:
             out, weights = core(q, k, v)  # (B, H, T, Dv), (B, H, T, S) | None
-        if observed:
-            assert weights is not None
-            for observe in self._observers:
-                observe(self, weights, out, mask)
-        if self._gate_override is not None:  # multihead.hf.HeadGates: (H,) or per example (B, H)
-            out = scale_heads(out, self._gate_override())
         out = out.transpose(1, 2).reshape(B, T, H * Dk)  # (B, T, H·Dv)
         # ξ_h scales head h's columns of W^O: the same as scaling the head's output, cheaper.
         w_o = self.out_proj.weight * self.head_gates.repeat_interleave(Dk)  # (D, H·Dv)

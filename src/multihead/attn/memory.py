@@ -16,12 +16,14 @@ import torch
 from torch import Tensor
 
 from ..masks import FULL, Mask, as_mask, split_topk
+from .dispatch import HALF, choose
+from .plans import plan_cost
 
 __all__ = ["AttentionMemoryError", "MemoryEstimate", "available_memory", "check_memory", "estimate_memory"]
 
 #: Below this an estimate is not checked against the free memory (reading it costs a syscall).
 CHECK_ABOVE = 256 * 2**20
-_HALF = (torch.float16, torch.bfloat16)
+
 
 
 class AttentionMemoryError(MemoryError):
@@ -56,25 +58,22 @@ def estimate_memory(
     ``backend="auto"`` estimates the kernel auto would choose. ``training`` (default: whether
     autograd will record the call) adds what the backward pass keeps and allocates.
     """
-    from .kernels import _choose  # the kernel module imports this one
-    from .plans import plan_cost
-
     mask = as_mask(mask)
     if backend == "auto":
-        backend = _choose(q, k, mask, need_weights, "auto").backend
+        backend = choose(q, k, mask, need_weights, "auto").backend
     if training is None:
         training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     B, H, T, _ = q.shape
     S, Dv = k.shape[2], v.shape[3]
     item = q.element_size()
-    acc = 4 if q.dtype in _HALF else item
+    acc = 4 if q.dtype in HALF else item
     out = B * H * T * Dv * item
     _, rest = split_topk(mask)
     mask_bytes = 0 if rest is None else B * T * S  # a materialised bool mask, per example at worst
     if backend == "math":
         scores = B * H * T * S * acc
         copies = 3 if training else (1 if q.device.type == "cpu" else 2)
-        weights = B * H * T * S * item if q.dtype in _HALF else 0
+        weights = B * H * T * S * item if q.dtype in HALF else 0
         total = copies * scores + weights + 2 * mask_bytes + out
         detail = f"{copies} x (B, H, T, S) = ({B}, {H}, {T}, {S}) scores in {_dtype_name(acc)}"
     elif backend == "sdpa":

@@ -14,13 +14,14 @@ cached in ``OUT/runs`` and reused by later experiments.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 from .common import SETTINGS, Setting
 from .tasks import TASKS
 
-__all__ = ["EXPERIMENTS", "SETTINGS", "TASKS", "Setting", "run_experiment", "setting_for"]
+__all__ = ["EXPERIMENTS", "SETTINGS", "TASKS", "Setting", "run_experiment", "run_experiments", "setting_for"]
 
 EXPERIMENTS = ("heads", "one-vs-many", "induction", "specialise", "prune-trained")
 
@@ -71,3 +72,26 @@ def run_experiment(name: str, out: str | Path, *, setting: Setting | None = None
 
         return run_prune_trained(setting, out, device)
     raise ValueError(f"unknown experiment {name!r}: expected one of {', '.join(EXPERIMENTS)}")
+
+
+def run_experiments(name: str, out: str | Path, *, quick: bool = False, tasks: list[str] | None = None,
+                    seeds: int | None = None, heads: list[int] | None = None, device: str = "auto",
+                    force: bool = False) -> Iterator[Path]:
+    """``multihead experiment NAME`` (or ``all``): every output folder checked and the device found
+    before anything trains, then each experiment run in order; yields each one's folder."""
+    from ..files import OutputFolderError, check_output_folder
+    from .common import SCHEMA, pick_device
+
+    setting = setting_for(quick, tasks=tasks, seeds=seeds, heads=heads)
+    pick_device(device)  # a bad device fails before any training
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder")
+    names = EXPERIMENTS if name == "all" else (name,)
+    for n in names:
+        try:
+            check_output_folder(out / n, schema=SCHEMA, marker="result.json", force=force)
+        except OutputFolderError as err:
+            raise ValueError(f"--out {err}") from err
+    for n in names:
+        yield run_experiment(n, out, setting=setting, device=device)

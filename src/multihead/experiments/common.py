@@ -20,11 +20,12 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..analysis.analyze import CLUSTER_JS
-from ..analysis.redundancy import RedundancyStatistics
+from ..analysis.pipelines.analyze import CLUSTER_JS
+from ..analysis.stats import HeadStatistics, RedundancyStatistics, dispatch
 from ..attn.layer import MultiHeadAttention
 from ..files import write_atomically
 from ..hf.capture import AttentionCapture
+from ..inputs import Batch, TokenInfo
 from ..plotting import save_figure
 from ..train import warmup_cosine
 from .tasks import ExperimentTask
@@ -176,20 +177,17 @@ def redundancy_summary(model: nn.Module, task: ExperimentTask, batches: int = 2)
     L, H = len(layers), layers[0].num_heads
     red = RedundancyStatistics(L, H)
     device = next(model.parameters()).device
-    valid_box = []
-
-    def on_layer(layer: int, weights, out, visible) -> None:
-        red.add_layer(layer, weights, out, capture.output_projection(layer), valid_box[0])
-
-    capture = AttentionCapture(model, on_layer)
     model.eval()
-    with capture:
+    with AttentionCapture(model, dispatch([red])):
         for batch in task.eval_batches()[:batches]:
             batch = _to(batch, device)
             ids = batch["input_ids"]
-            valid_box[:] = [batch.get("attention_mask", torch.ones_like(ids)).bool()]
+            valid = batch.get("attention_mask", torch.ones_like(ids)).bool()
+            none = torch.zeros_like(valid)
+            red.begin_batch(Batch(TokenInfo(valid, none, none, none), list(range(ids.shape[0]))))
             model(**task.inputs(batch))
             red.end_batch()
+    red.result()
     js, cos = red.js(), red.cosine()
     same = torch.zeros(L * H, L * H, dtype=torch.bool)
     for layer in range(L):
@@ -242,15 +240,12 @@ def head_metrics(model: nn.Module, batches: list[dict], *, first_is_special: boo
     """The analysis module's per-head means, (L, H) each, over ``batches`` of ``input_ids``
     (and ``attention_mask``): ``first_is_special`` makes position 0 the [CLS]/BOS token,
     ``separator`` is the [SEP]/EOS id."""
-    from ..analysis.metrics import HeadStatistics, TokenInfo
-
     layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
     stats = HeadStatistics(len(layers), layers[0].num_heads)
-    info_box: list[TokenInfo] = []
     device = next(model.parameters()).device
     was = model.training
     model.eval()
-    with AttentionCapture(model, lambda layer, w, out, visible: stats.update(layer, w, visible, info_box[0])):
+    with AttentionCapture(model, dispatch([stats])):
         for batch in batches:
             ids = batch["input_ids"].to(device)
             valid = batch.get("attention_mask", torch.ones_like(ids)).to(device).bool()
@@ -258,11 +253,12 @@ def head_metrics(model: nn.Module, batches: list[dict], *, first_is_special: boo
             if first_is_special:
                 first[:, 0] = True
             sep = (ids == separator) & valid if separator is not None else torch.zeros_like(valid)
-            info_box[:] = [TokenInfo(valid=valid, first=first, separator=sep, punctuation=torch.zeros_like(valid))]
-            stats.add_batch(info_box[0])
+            info = TokenInfo(valid=valid, first=first, separator=sep, punctuation=torch.zeros_like(valid))
+            stats.begin_batch(Batch(info, list(range(ids.shape[0]))))
             inputs = {"input_ids": ids}
             if "attention_mask" in batch:
                 inputs["attention_mask"] = batch["attention_mask"].to(device)
             model(**inputs)
+            stats.end_batch()
     model.train(was)
-    return stats.means()
+    return stats.result()

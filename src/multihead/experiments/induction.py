@@ -19,7 +19,7 @@ text-only repeats with a varying m (no induction head within 1,000–1,500 steps
 Tracked during training (the analysis module's definitions):
 
 * the induction score of every head — ``p[i, i - n + 1]`` on repeated random tokens
-  (:func:`multihead.analysis.induction.induction_scores`; a uniform head scores ≈ 1 / (1.5 n));
+  (:func:`multihead.analysis.probes.induction.induction_scores`; a uniform head scores ≈ 1 / (1.5 n));
 * the previous-token score of every layer-1 head on held-out text (``p[i, i-1]``);
 * the loss on the copied segment and on the rest of the held-out windows.
 
@@ -38,10 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..analysis.induction import induction_scores
-from ..analysis.patterns import LABEL_RULES
+from ..analysis.labels import LABEL_RULES
+from ..analysis.probes.induction import induction_scores
 from ..attn.layer import MultiHeadAttention
-from ..hf.load import HFModel
+from ..hf.model import HFModel
 from ..masks import causal, key_padding
 from ..train import step_generator
 from .common import Setting, fit, head_metrics, log, mean_std, pick_device, write_result

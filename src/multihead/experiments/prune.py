@@ -17,7 +17,7 @@ from torch import nn
 from ..attn.layer import MultiHeadAttention
 from ..heads.curve import PruningCurve, pruning_curve
 from ..heads.tasks import Task
-from ..hf.load import HFModel
+from ..hf.model import HFModel
 from .common import Setting, log, pick_device, trained_run, write_result
 from .tasks import ExperimentTask, make_task
 

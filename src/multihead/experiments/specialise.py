@@ -20,9 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..analysis.output import write_report_folder
-from ..analysis.patterns import flags_for, label_for
+from ..analysis.labels import flags_for, label_for
 from ..analysis.report import Report, head_records
+from ..analysis.sections import Corpus, Sections
+from ..io import write_report_folder
 from ..models import Encoder, ModelConfig
 from ..train import CharData, step_generator
 from .common import Setting, fit, head_metrics, log, pick_device, write_result
@@ -91,8 +92,9 @@ def _labels(model: nn.Module, data: MaskedChars, step: int,
     labels = [[label_for({k: float(v[layer, h]) for k, v in means.items()}) for h in range(H)] for layer in range(L)]
     ids = torch.cat([b["input_ids"] for b in held_out])
     corpus = {"texts": ids.shape[0], "sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest()}
-    report = Report(f"specialise encoder, step {step}", False, L, H, ids.shape[0], ids.numel(),
-                    head_records(means, label_for, flags_for), None, {"corpus": corpus}, "encoder")
+    report = Report(model=f"specialise encoder, step {step}", causal=False, num_layers=L, num_heads=H,
+                    sentences=ids.shape[0], tokens=ids.numel(), heads=head_records(means, label_for, flags_for),
+                    sections=Sections(corpus=Corpus(**corpus)), stack="encoder")
     write_report_folder(report, reports / f"step-{step:05d}", force=True)
     keep = ("entropy_norm", "previous_token", "next_token", "self", "local", "cls", "sep", "distance")
     return labels, {k: means[k].tolist() for k in keep}

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..files import write_atomically
-from ..hf.gates import HeadGates
+from ..hf.interventions import HeadGates
 from ..progress import enabled
 from .importance import head_importance
 from .tasks import Task

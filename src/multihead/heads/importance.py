@@ -22,9 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..attn.layer import MultiHeadAttention
-from ..hf.gates import HeadGates
-from ..hf.load import ModelLike, as_module
+from ..hf.interventions import HeadGates
+from ..hf.model import ModelLike, as_module
 from ..progress import bar
 
 __all__ = ["HeadImportance", "ablation_importance", "head_importance", "spearman"]
@@ -117,8 +116,6 @@ def ablation_importance(model: ModelLike, evaluate: Callable[[], float], *, mode
         raise ValueError(f"mode must be 'zero' or 'uniform'; got {mode!r}")
     model = as_module(model)
     with HeadGates(model) as gates:
-        if mode == "uniform" and isinstance(gates.modules[0], MultiHeadAttention):
-            raise ValueError("uniform ablation is built for transformers models; use mode='zero' on our layers")
         base = float(evaluate())
         drop = torch.full((gates.num_layers, gates.num_heads), float("nan"), dtype=torch.float64)
         cells = list(heads) if heads is not None else \
@@ -130,9 +127,9 @@ def ablation_importance(model: ModelLike, evaluate: Callable[[], float], *, mode
                 gates.values = values
             else:
                 gates.values = values
-                gates.uniform = {(layer, h)}
+                gates.uniform_heads = {(layer, h)}
             drop[layer, h] = base - float(evaluate())
-            gates.uniform = set()
+            gates.uniform_heads = set()
         gates.values = torch.ones(gates.num_layers, gates.num_heads)
     return drop, base
 

@@ -30,8 +30,8 @@ from torch import Tensor, nn
 
 from ..attn.layer import MultiHeadAttention
 from ..files import StagedFiles
-from ..hf.gates import self_attention_sites
-from ..hf.load import ModelLike, as_module
+from ..hf.interventions import self_attention_sites
+from ..hf.model import ModelLike, as_module
 from ..hf.sites import AttentionSite
 
 __all__ = ["PRUNED_FILE", "count_heads", "load_pruned", "prune_heads", "save_pruned"]

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..hf.load import HFModel, right_padding
+from ..hf.model import HFModel, right_padding
 
 __all__ = ["LanguageModelTask", "SentimentTask", "Task"]
 

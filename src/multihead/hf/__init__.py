@@ -1,16 +1,18 @@
-"""Everything that touches Hugging Face ``transformers``: local model folders and adapters.
+"""Everything that touches Hugging Face ``transformers``: local model folders, named attention sites,
+the one routed attention call, capture and interventions at those sites, and adapters.
 
 ``transformers`` is imported lazily, so ``import multihead`` works without it.
 """
 
 from .bert import BertAttentionAdapter, attention_from_bert, swap_bert_attention
 from .capture import AttentionCapture
-from .gates import HeadGates
-from .load import HFModel, ModelLike, as_module, load
+from .interventions import HeadGates, replace_attention
+from .load import load
+from .model import HFModel, ModelLike, as_module
 from .paths import KNOWN_MODELS, model_path
-from .replace import WhatIf, replace_attention, what_if
-from .sites import AttentionSite, UnsupportedModelError, find_sites
+from .route import Attachment, AttentionChunk, attach
+from .sites import AttentionSite, UnsupportedModelError, find_sites, select, site_names
 
-__all__ = ["KNOWN_MODELS", "AttentionCapture", "AttentionSite", "BertAttentionAdapter", "HFModel", "HeadGates",
-           "ModelLike", "UnsupportedModelError", "WhatIf", "as_module", "attention_from_bert", "find_sites", "load",
-           "model_path", "replace_attention", "swap_bert_attention", "what_if"]
+__all__ = ["KNOWN_MODELS", "Attachment", "AttentionCapture", "AttentionChunk", "AttentionSite", "BertAttentionAdapter",
+           "HFModel", "HeadGates", "ModelLike", "UnsupportedModelError", "as_module", "attach", "attention_from_bert",
+           "find_sites", "load", "model_path", "replace_attention", "select", "site_names", "swap_bert_attention"]

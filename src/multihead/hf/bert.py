@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from ..attn.layer import MultiHeadAttention
 from ..masks import causal, from_tensor
-from .load import ModelLike, as_module
+from .model import ModelLike, as_module
+from .sites import UnsupportedModelError, find_sites
 
 __all__ = ["BertAttentionAdapter", "attention_from_bert", "is_bert_attention", "swap_bert_attention"]
 
@@ -154,8 +155,6 @@ def swap_bert_attention(model: ModelLike, *, inplace: bool = False) -> nn.Module
 
 
 def _sites_or_none(model: nn.Module) -> list:
-    from .sites import UnsupportedModelError, find_sites
-
     try:
         return find_sites(model)
     except UnsupportedModelError:

@@ -2,77 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch import nn
-
+from .model import HFModel
 from .paths import KNOWN_MODELS, model_path
+from .sites import find_sites, main_stack
 
-__all__ = ["HFModel", "ModelLike", "as_module", "load", "require_loaded", "right_padding"]
-
-
-@dataclass
-class HFModel:
-    """A loaded model, its tokenizer and the shape of its attention."""
-
-    model: nn.Module
-    tokenizer: Any
-    name: str
-    path: Path
-    is_causal: bool
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    max_positions: int | None
-    #: a vision model's image processor (its ``tokenizer`` is then None)
-    processor: Any = None
-
-    @property
-    def body(self) -> nn.Module:
-        """The base model (``model.base_model``): what reading attention needs, without an LM head."""
-        return getattr(self.model, "base_model", self.model)
-
-    @property
-    def is_encoder_decoder(self) -> bool:
-        """An encoder–decoder model (T5, BART, ...): three stacks, encoder, decoder and cross."""
-        return bool(getattr(getattr(self.model, "config", None), "is_encoder_decoder", False))
-
-
-#: What every function that takes a model accepts: what :func:`load` returns, or a bare module.
-ModelLike = HFModel | nn.Module
-
-
-def as_module(model: ModelLike) -> nn.Module:
-    """The ``nn.Module`` behind ``model``: an :class:`HFModel`'s ``.model``, or ``model`` itself."""
-    if isinstance(model, HFModel):
-        return model.model
-    if isinstance(model, nn.Module):
-        return model
-    raise TypeError(f"expected a model from mh.hf.load(...) or a torch.nn.Module; got {type(model).__name__}")
-
-
-def require_loaded(model: ModelLike, what: str) -> HFModel:
-    """``model`` if it is what :func:`load` returns; TypeError saying so otherwise (``what`` needs the tokenizer)."""
-    if isinstance(model, HFModel):
-        return model
-    raise TypeError(f"{what} needs the model with its tokenizer, as mh.hf.load(NAME_OR_FOLDER) returns it; "
-                    f"got {type(model).__name__}")
-
-
-@contextmanager
-def right_padding(tokenizer: Any) -> Iterator[Any]:
-    """Pad on the right while inside (positions then do not shift with padding); restore after."""
-    saved = tokenizer.padding_side
-    tokenizer.padding_side = "right"
-    try:
-        yield tokenizer
-    finally:
-        tokenizer.padding_side = saved
+__all__ = ["load"]
 
 
 def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
@@ -80,12 +19,14 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
 
     Encoders (BERT family) load with ``AutoModel``, or with ``AutoModelForMaskedLM`` when the folder
     names a masked-LM architecture (``BertForMaskedLM``...: its LM head is then the objective of
-    :mod:`multihead.analysis.ablation` and the answer of patching); causal language models (``is_decoder``, or an
-    architecture among transformers' causal-LM classes such as ``GPT2LMHeadModel``) with
+    :mod:`multihead.analysis.interventions.ablation` and the answer of patching); causal language
+    models (``is_decoder``, or an architecture among transformers' causal-LM classes such as
+    ``GPT2LMHeadModel``) with
     ``AutoModelForCausalLM``. Causality, layers and heads are read from the model's attention
     sites (:mod:`multihead.hf.sites`). Nothing is fetched from a hub. Raises
     :class:`~multihead.hf.sites.UnsupportedModelError` (one line) for models whose attention
-    multihead cannot see exactly, and for encoder–decoder models.
+    multihead cannot see exactly. An encoder–decoder model (T5, BART) loads with its three stacks
+    (its shape fields describe the encoder).
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -103,8 +44,6 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
     loader = AutoModelForCausalLM if _is_language_model(config) else \
         AutoModelForMaskedLM if _is_masked_language_model(config) else AutoModel
     model = loader.from_pretrained(path, dtype=dtype or torch.float32).eval()
-    from .sites import find_sites, main_stack
-
     sites = find_sites(model)  # one line naming the architecture when its attention cannot be seen exactly
     # the shape fields describe the encoder of an encoder-decoder model; its other stacks come from its sites
     stack = "encoder" if getattr(config, "is_encoder_decoder", False) else main_stack(sites)
@@ -169,8 +108,6 @@ def _max_positions(config: Any) -> int | None:
 
 def _config_problem(path: Path, err: Exception) -> str:
     """One line on why transformers cannot read ``path``'s config.json."""
-    import json
-
     import transformers
 
     try:

@@ -19,6 +19,11 @@ Attention modules that compute attention by themselves (DeBERTa-v2, Falcon, Bloo
 transformers version installed here) cannot be routed through the capture exactly:
 :func:`find_sites` refuses them with one line naming the architecture.
 
+Names: each layer of a stack has a name people can guess, ``STACK.LAYER`` — ``encoder.3``,
+``decoder.17``, ``cross.2``, ``vision.5`` — the same for our own layers and transformers' layers.
+Capture, gates, mean/patched replacements and mask replacements are all attached at those names
+(:mod:`multihead.hf.route`); :func:`select` turns names or a stack into the (site, layer) pairs.
+
 Stacks: in an encoder–decoder model (``config.is_encoder_decoder``) the encoder's
 self-attention is ``encoder``, the decoder's ``decoder`` and the decoder's attention over the
 encoder ``cross``; a vision model's (pixel inputs) single stack is ``vision``; otherwise a
@@ -31,14 +36,15 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torch import nn
 
 from ..attn.layer import MultiHeadAttention
-from .load import ModelLike, as_module
+from .model import ModelLike, as_module
 
-__all__ = ["STACKS", "AttentionSite", "UnsupportedModelError", "find_sites", "main_stack"]
+__all__ = ["STACKS", "AttentionSite", "UnsupportedModelError", "find_sites", "main_stack", "select", "site_names"]
 
 #: Stack names, in the order reports list them.
 STACKS = ("encoder", "decoder", "cross", "vision")
@@ -82,6 +88,21 @@ class AttentionSite:
     def layers(self) -> range:
         """The layers of the stack this site computes: one, or ``repeats`` consecutive ones."""
         return range(self.layer * self.repeats, (self.layer + 1) * self.repeats)
+
+    @property
+    def names(self) -> list[str]:
+        """The names of the layers this site computes: ``["decoder.17"]`` (ALBERT's shared module: several)."""
+        return [f"{self.stack}.{layer}" for layer in self.layers]
+
+    def output_weight(self):
+        """W^O as (D, H·Dv) — an nn.Linear's weight, or the transpose of transformers' Conv1D (GPT-2) —
+        or None when the site has no output projection multihead can find."""
+        o = self.o
+        if isinstance(o, nn.Linear):
+            return o.weight
+        if o is not None and type(o).__name__ == "Conv1D":
+            return o.weight.T
+        return None
 
     def __repr__(self) -> str:
         kv = f" / {self.num_kv_heads} kv" if self.num_kv_heads != self.num_heads else ""
@@ -155,6 +176,37 @@ def main_stack(sites: list[AttentionSite]) -> str:
             f"the model has {len(stacks)} self-attention stacks ({', '.join(stacks) or 'none'}); this analysis "
             "reads models with one (encoder-only, decoder-only or vision)")
     return stacks[0]
+
+
+def site_names(model: ModelLike) -> list[str]:
+    """Every attention layer's name (``encoder.0``, ..., ``cross.5``), in module order."""
+    return [name for site in find_sites(model) for name in site.names]
+
+
+def select(model: ModelLike, at: str | Sequence[str] | None = None, *,
+           sites: list[AttentionSite] | None = None) -> list[tuple[AttentionSite, int]]:
+    """The (site, layer) pairs ``at`` names: a stack (``"decoder"``: all its layers), layer names
+    (``"decoder.3"`` or a list of them), or None for the model's one self-attention stack.
+    ValueError (one line) for a name the model does not have, listing what it has."""
+    sites = find_sites(model) if sites is None else sites
+    if at is None:
+        at = main_stack(sites)
+    wanted = [at] if isinstance(at, str) else list(at)
+    layers = {name: (site, layer) for site in sites for name, layer in zip(site.names, site.layers, strict=True)}
+    stacks = [s for s in STACKS if any(site.stack == s for site in sites)]
+    found: list[tuple[AttentionSite, int]] = []
+    for name in wanted:
+        if name in stacks:
+            found += [(site, layer) for site in sites if site.stack == name for layer in site.layers]
+        elif name in layers:
+            found.append(layers[name])
+        else:
+            counts = ", ".join(f"{s}.0..{s}.{sum(len(x.layers) for x in sites if x.stack == s) - 1}" for s in stacks)
+            raise ValueError(f"the model has no attention site {name!r}; it has the stacks {', '.join(stacks)} "
+                             f"({counts})")
+    unique = list(dict.fromkeys((id(site), layer) for site, layer in found))
+    by_id = {id(site): site for site, _ in found}
+    return [(by_id[i], layer) for i, layer in unique]
 
 
 # --------------------------------------------------------------------------- helpers

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..masks import key_padding
 from .blocks import EncoderBlock, sinusoidal_positions
 
-__all__ = ["KEYWORDS", "TEST_VOICE", "TRAIN_VOICES", "KeywordSpotter", "SpokenWords", "log_mel", "speech_report",
+__all__ = ["KEYWORDS", "TEST_VOICE", "TRAIN_VOICES", "KeywordSpotter", "SpokenWords", "frames_batch", "log_mel",
            "spoken_keywords", "synthesize", "train_keyword_spotter"]
 
 KEYWORDS = ("yes", "no", "up", "down", "left", "right", "stop", "go", "on", "off")
@@ -128,7 +128,7 @@ class KeywordSpotter(nn.Module):
         return self.head(self.norm(x[:, 0]))
 
 
-def _batch(features: list[Tensor], mean: Tensor, std: Tensor) -> tuple[Tensor, Tensor]:
+def frames_batch(features: list[Tensor], mean: Tensor, std: Tensor) -> tuple[Tensor, Tensor]:
     T = max(len(f) for f in features)
     frames = torch.zeros(len(features), T, features[0].shape[1])
     valid = torch.zeros(len(features), T, dtype=torch.bool)
@@ -154,7 +154,7 @@ def train_keyword_spotter(*, epochs: int = 40, seed: int = 0, data: SpokenWords 
         order = [train[int(i)] for i in torch.randperm(len(train), generator=g)]
         for s in range(0, len(order), 32):
             idx = order[s:s + 32]
-            frames, valid = _batch([data.features[i] for i in idx], mean, std)
+            frames, valid = frames_batch([data.features[i] for i in idx], mean, std)
             loss = F.cross_entropy(model(frames, valid), data.labels[idx])
             opt.zero_grad()
             loss.backward()
@@ -163,34 +163,9 @@ def train_keyword_spotter(*, epochs: int = 40, seed: int = 0, data: SpokenWords 
 
     def accuracy(idx: list[int]) -> float:
         with torch.no_grad():
-            frames, valid = _batch([data.features[i] for i in idx], mean, std)
+            frames, valid = frames_batch([data.features[i] for i in idx], mean, std)
             return float((model(frames, valid).argmax(-1) == data.labels[idx]).float().mean())
 
     return {"train_accuracy": accuracy(train), "test_accuracy": accuracy(test), "train_words": len(train),
             "test_words": len(test), "test_voice": TEST_VOICE, "chance": 1 / len(KEYWORDS), "model": model,
             "data": data, "normalisation": (mean, std)}
-
-
-def speech_report(result: dict, *, name: str = "keyword-spotter"):
-    """Every head of the trained spotter over the test voice's words, as a :class:`~multihead.Report`."""
-    from ..analysis.metrics import HeadStatistics, TokenInfo
-    from ..analysis.patterns import flags_for, label_for
-    from ..analysis.report import Report, head_records
-    from ..hf.capture import AttentionCapture
-
-    model, data = result["model"], result["data"]
-    mean, std = result["normalisation"]
-    idx = [i for i, v in enumerate(data.voices) if v == result["test_voice"]]
-    frames, valid = _batch([data.features[i] for i in idx], mean, std)
-    real = torch.cat([torch.ones(len(idx), 1, dtype=torch.bool), valid], 1)  # (B, 1 + T) [CLS] + frames
-    first = torch.zeros_like(real)
-    first[:, 0] = True
-    none = torch.zeros_like(real)
-    info = TokenInfo(valid=real, first=first, separator=none, punctuation=none)
-    L, H = len(model.blocks), model.blocks[0].attn.num_heads
-    stats = HeadStatistics(L, H)
-    stats.add_batch(info)
-    with AttentionCapture(model, lambda layer, w, out, vis: stats.update(layer, w, vis, info)), torch.no_grad():
-        model(frames, valid)
-    heads = head_records(stats.means(), label_for, flags_for)
-    return Report(name, False, L, H, stats.sentences, stats.tokens, heads, None, {}, "encoder")

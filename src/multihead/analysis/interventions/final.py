@@ -1,0 +1,52 @@
+"""The final norm of a decoder, and that norm as the linear map it is at one residual stream
+(what direct logit attribution freezes)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ...hf.model import HFModel
+from ...hf.sites import UnsupportedModelError
+from .ablation import blocks_of
+
+__all__ = ["final_norm", "frozen_norm"]
+
+
+def final_norm(model: HFModel) -> nn.Module:
+    """The norm between the last block and the LM head (``norm``, ``ln_f``, OPT's
+    ``decoder.final_layer_norm``...): the last module of the base model, outside its blocks, that
+    is a norm by class or by name."""
+    inside = {id(m) for block in blocks_of(model) or [] for m in block.modules()}
+    norms = [m for name, m in model.body.named_modules() if id(m) not in inside and name and
+             ("norm" in type(m).__name__.lower() or "norm" in name.rsplit(".", 1)[-1] or name.endswith("ln_f"))]
+    if not norms:
+        raise UnsupportedModelError(f"{type(model.body).__name__} has no final norm module (norm, ln_f, "
+                                    "final_layer_norm...) before its LM head")
+    return norms[-1]
+
+
+def frozen_norm(norm: nn.Module, x: Tensor) -> tuple[Tensor, bool, float]:
+    """The final norm as a linear map at ``x`` (D,): (gain (D,), centred, scale) such that
+    norm(v) ≈ gain ⊙ P(v) / scale + bias for the actual residual stream — checked against the
+    module's own output, so a norm of another form is refused rather than misread."""
+    with torch.no_grad():
+        want = norm(x[None].to(next(norm.parameters(), x).dtype)).float()[0]  # (D,)
+    D = x.shape[0]
+    weight = getattr(norm, "weight", None)
+    bias = getattr(norm, "bias", None)
+    eps = next((float(getattr(norm, n)) for n in ("eps", "variance_epsilon", "epsilon") if hasattr(norm, n)), 1e-6)
+    ones = torch.ones(D)
+    gains = [ones] if weight is None else [weight.detach().float(), 1 + weight.detach().float()]  # Gemma: 1 + w
+    shift = bias.detach().float() if isinstance(bias, Tensor) else torch.zeros(D)
+    tolerance = 1e-4 * (1 + float(want.abs().max()))
+    for centred in (False, True):
+        v = x - x.mean() if centred else x
+        scale = float(torch.sqrt((v * v).mean() + eps))
+        for gain in gains:
+            if float((gain * v / scale + shift - want).abs().max()) <= tolerance:
+                return gain, centred, scale
+    if isinstance(norm, nn.Identity) or float((x - want).abs().max()) <= tolerance:
+        return ones, False, 1.0
+    raise UnsupportedModelError(f"the final norm {type(norm).__name__} is neither a LayerNorm nor an RMSNorm as "
+                                "multihead knows them; its direct logit attribution cannot be read exactly")

@@ -1,0 +1,85 @@
+"""The runs patching and direct logit attribution share: a text's ids, its answer position, the
+logit difference of two answers there, and a run that keeps every head's output."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ...hf.capture import AttentionCapture
+from ...hf.model import HFModel
+from ...hf.route import AttentionChunk
+from .final import final_norm
+
+__all__ = ["answer_position", "clean_run", "logit_diff", "single_token", "text_ids"]
+
+
+def clean_run(model: HFModel, ids: Tensor, position: int, a: int, b: int, *,
+               residual: bool = False) -> tuple[float, Tensor, Tensor | None]:
+    """A run's logit difference, every head's output (L, 1, H, T, Dv) and — with ``residual`` — the
+    final norm's input at ``position`` (D,), through the capture's kernel, as every patched run
+    goes, so identical texts give identical numbers."""
+    outputs: dict[int, Tensor] = {}
+    seen: list[Tensor] = []
+
+    def keep(chunk: AttentionChunk) -> None:
+        out = chunk.outputs.detach()  # (1, H, c, Dv)
+        layer = chunk.layer
+        outputs[layer] = out if chunk.start == 0 else torch.cat([outputs[layer], out], 2)  # (1, H, T, Dv)
+
+    hook = final_norm(model).register_forward_pre_hook(lambda _m, args: seen.append(args[0][0, position])) \
+        if residual else None
+    try:
+        with torch.inference_mode(), AttentionCapture(model.model, keep):
+            diff = float(logit_diff(model, ids, position, a, b)[0])
+    finally:
+        if hook is not None:
+            hook.remove()
+    stacked = torch.stack([outputs[layer] for layer in range(model.num_layers)])  # (L, 1, H, T, Dv)
+    return diff, stacked, seen[-1] if seen else None
+
+
+def single_token(tokenizer, text: str, name: str) -> int:
+    """The id of ``text`` as one token (without special tokens); ValueError naming its pieces otherwise."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        pieces = tokenizer.convert_ids_to_tokens(ids)
+        raise ValueError(f"{name} {text!r} is {len(ids)} tokens {pieces} for this tokenizer; give one token "
+                         "(mind the leading space, e.g. ' Paris')")
+    return int(ids[0])
+
+
+def answer_position(model: HFModel, ids: Tensor) -> int:
+    """Where the answer is predicted in ``ids`` (1, T): after the last token of a causal model, at
+    the one mask token of a masked language model."""
+    if model.is_causal:
+        return ids.shape[1] - 1
+    mask_id = getattr(model.tokenizer, "mask_token_id", None)
+    head = getattr(model.model, "get_output_embeddings", lambda: None)()
+    if head is None or mask_id is None:
+        raise ValueError(f"{model.name} has no language-model head (a sentence-embedding encoder?): there is no "
+                         "answer to patch; use a causal or masked language model")
+    where = (ids[0] == mask_id).nonzero().flatten().tolist()
+    if len(where) != 1:
+        raise ValueError(f"a masked language model's text needs exactly one {model.tokenizer.mask_token} where the "
+                         f"answer goes; found {len(where)}")
+    return where[0]
+
+
+def text_ids(model: HFModel, text: str) -> Tensor:
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("patching needs a non-empty clean and corrupt text")
+    ids = model.tokenizer(text, return_tensors="pt")["input_ids"]  # (1, T)
+    if model.max_positions and ids.shape[1] > model.max_positions:
+        raise ValueError(f"the text is {ids.shape[1]} tokens; {model.name} reads at most {model.max_positions}")
+    return ids
+
+
+def logit_diff(model: HFModel, ids: Tensor, position: int, a: int, b: int) -> Tensor:
+    """(B,) logit(a) − logit(b) at ``position``."""
+    extra = {"use_cache": False} if model.is_causal else {}
+    logits = model.model(input_ids=ids, attention_mask=torch.ones_like(ids), **extra).logits  # (B, T, V)
+    row = logits[:, position].float()  # (B, V)
+    return row[:, a] - row[:, b]
+
+

@@ -1,0 +1,300 @@
+"""``mh.analyze(model, texts)``: per-head statistics of a real model over a whole corpus.
+
+The one flow: the pipeline chooses its reducers (:mod:`multihead.analysis.stats`), runs one pass
+of the model over the corpus feeding all of them (:func:`~.common.run_pass`), runs its probes
+(induction, coreference, retrieval) and interventions (ablation, label evidence, what-if), and
+builds the :class:`~multihead.analysis.report.Report` by keyword.
+
+Batched and padding-aware (any batch size gives the same numbers), length-bucketed (texts of
+similar length share a batch), and streaming: each layer's maps are reduced as soon as the
+layer has run — and a layer whose map would pass the memory budget is handed over in chunks of
+query rows — so peak memory is one chunk of one layer, whatever the corpus size or a text's
+length. Every reducer streams: a 4,096-token line gets redundancy and syntax like a sentence.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...data import ARTICLE_SENTENCES
+from ...hf.model import HFModel, require_loaded
+from ...hf.route import MAP_BUDGET
+from ...hf.sites import find_sites, main_stack
+from ...inputs import UnknownTokens, check_texts, count_unknown_tokens
+from ...progress import step
+from .. import sections as S
+from ..interventions.ablation import ablation_effects, objective_name
+from ..interventions.evidence import PROBE as EVIDENCE_PROBE
+from ..interventions.evidence import SYNTAX_TEXTS, TESTS, label_evidence
+from ..interventions.whatif import what_if as what_if_loss
+from ..labels import SYNTAX_RULE, flags_for, label_for
+from ..probes.coreference import CoreferenceExample, coreference_scores
+from ..probes.induction import induction_scores
+from ..probes.retrieval import PROBE as RETRIEVAL_PROBE
+from ..probes.retrieval import retrieval_scores
+from ..probes.syntax import Parse, parse_with_spacy, parses_for
+from ..report import HeadRecord, Report
+from ..stats.heads import HeadStatistics
+from ..stats.longcontext import LongContextStatistics
+from ..stats.maps import LONG_TEXT, TextViews
+from ..stats.redundancy import RedundancyStatistics, clusters, informative_groups, most_redundant
+from ..stats.syntax import SyntaxStatistics
+from ..stats.typical import TypicalTexts
+from .common import all_ranks, corpus_fingerprint, encode_corpus, run_pass, shard, text_batches
+from .views import finish_views
+
+__all__ = ["CLUSTER_JS", "INDUCTION_PROBE", "LONG_CONTEXT_TOKENS", "PAGE_TEXTS", "CorpusStatistics", "analyze",
+           "collect_statistics", "default_views"]
+
+#: Heads whose attention rows differ by at most this JS distance (base 2) on average are clustered.
+CLUSTER_JS = 0.2
+#: Above this share of unknown tokens (the tokenizer's [UNK]) analyze warns: the heads' statistics
+#: then describe how the model treats [UNK] more than how it reads the texts.
+UNKNOWN_WARN = 0.05
+#: The induction probe of causal models: sequences, random tokens repeated once, seed.
+INDUCTION_PROBE = {"count": 32, "length": 40, "seed": 0}
+#: A corpus whose longest text has at least this many tokens gets the long-context statistics
+#: (sinks, long-range mass, windows) and, for a causal language model, the retrieval probe.
+LONG_CONTEXT_TOKENS = 512
+#: How many texts the page keeps (it holds their maps): the articles' example sentences first.
+PAGE_TEXTS = 4
+
+
+@dataclass
+class CorpusStatistics:
+    """What one pass over a corpus found, reducer by reducer."""
+
+    heads: HeadStatistics
+    typical: TypicalTexts
+    redundancy: RedundancyStatistics | None = None
+    syntax: SyntaxStatistics | None = None
+    long: LongContextStatistics | None = None
+    views: TextViews | None = None
+    unknown: UnknownTokens | None = None  # of the whole corpus (every rank counts all texts)
+
+    @property
+    def reducers(self) -> list[Any]:
+        return [r for r in (self.heads, self.typical, self.long, self.redundancy, self.syntax, self.views)
+                if r is not None]
+
+
+def default_views(texts: Sequence[str]) -> list[int]:
+    """The texts a report's page shows: the articles' example sentences in the corpus (at most
+    :data:`PAGE_TEXTS`), else its first ``PAGE_TEXTS - 1`` texts."""
+    articles = [i for i, t in enumerate(texts) if t in ARTICLE_SENTENCES]
+    seen: set[str] = set()
+    chosen = [i for i in articles if not (texts[i] in seen or seen.add(texts[i]))][:PAGE_TEXTS]
+    return chosen or list(range(min(len(texts), PAGE_TEXTS - 1)))
+
+
+def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
+            progress: bool | None = None, parses: Sequence[Parse] | str | None = None,
+            coreference: bool | Sequence[CoreferenceExample] = True, induction: bool = True,
+            redundancy: bool = True, targets: Sequence[str] | None = None, chunk: int | None = None,
+            ablation: int = 0, what_if: str | None = None, views: Sequence[int] | None = None,
+            long_context: bool | None = None, budget: int = MAP_BUDGET) -> Report:
+    """Metrics, a label and flags for every (layer, head) of ``model`` over ``texts`` (a vision
+    model's images: :func:`multihead.analysis.pipelines.vision.analyze_images`; an
+    encoder-decoder model's three stacks: :func:`~multihead.analysis.pipelines.encdec.analyze_encoder_decoder`,
+    with ``targets``).
+
+    ``parses``: dependency parses of ``texts`` (one each), or ``"spacy"`` to parse them with
+    spaCy, for the syntax scores; ``coreference``: score the shipped pronoun set (True) or these
+    examples; ``induction``: for causal models, run the repeated-random-tokens probe;
+    ``redundancy``: the head x head similarity (its all-pairs JS is the costliest part of a run).
+    ``ablation``: also measure, on the first this many texts, every head's ``zero_ablation`` and
+    ``mean_ablation`` effect on the model's own objective, and test the labels that have a test
+    (section ``evidence``); texts of more than :data:`~multihead.analysis.stats.maps.LONG_TEXT`
+    tokens are not ablated (the section says why). ``what_if``: a causal LM's loss change with
+    its layers attending through ``"window=W,sinks=N"`` (section ``what_if``). ``views``: corpus
+    indices of the texts whose maps the page keeps (default :func:`default_views`; ``()``: none).
+    ``long_context``: the long-context statistics (default: when a text passes
+    :data:`LONG_CONTEXT_TOKENS` tokens). ``budget``: map bytes above which a layer is streamed in
+    query chunks (``chunk``: at most this many rows per chunk, whatever the budget).
+
+    Under ``torch.distributed`` (e.g. ``torchrun``) the corpus is sharded across the ranks and every
+    rank returns the same merged report.
+
+    Raises ValueError for an empty corpus, an empty text, a text longer than the model's
+    positions (unless ``truncate``), or texts of which the tokenizer knows no token; warns when
+    more than :data:`UNKNOWN_WARN` of the tokens are unknown (the report's ``unknown_tokens``
+    section records the share).
+    """
+    model = require_loaded(model, "analyze")
+    if model.processor is not None:  # a vision model: ``texts`` are its images
+        from .vision import analyze_images
+
+        return analyze_images(model, texts, batch_size=batch_size, progress=progress)
+    texts = check_texts(texts)
+    if model.is_encoder_decoder:  # three stacks; the probes and redundancy read single-stack models
+        from .encdec import analyze_encoder_decoder
+
+        report = analyze_encoder_decoder(model, texts, targets, batch_size=batch_size, truncate=truncate,
+                                         progress=progress)
+        _warn_unknown(report.sections.unknown_tokens)
+        return report
+    if targets is not None:
+        raise ValueError("targets are read by encoder-decoder models only; this model has one stack")
+    if not isinstance(ablation, int) or isinstance(ablation, bool) or ablation < 0:
+        raise ValueError(f"ablation is a number of texts (0: off); got {ablation!r}")
+    chosen = default_views(texts) if views is None else list(views)
+    corpus = collect_statistics(model, texts, batch_size=batch_size, truncate=truncate, progress=progress,
+                                parses=parses, redundancy=redundancy, chunk=chunk, views=chosen,
+                                long_context=long_context, budget=budget)
+    means = dict(corpus.heads.result())
+    sections = S.Sections(corpus=S.Corpus(**corpus_fingerprint(texts)))
+    if corpus.long is not None:  # long inputs: how far each head looks
+        means.update(corpus.long.result())
+        sections.long_context = S.LongContext(corpus.long.longest, budget, chunk)
+        if model.is_causal and getattr(model.model, "get_output_embeddings", lambda: None)() is not None:
+            with step("retrieval probe (a needle copied from far back)", progress=progress):
+                found = retrieval_scores(model, chunk=chunk)
+            means["retrieval"] = found.score
+            sections.retrieval = S.Retrieval(**RETRIEVAL_PROBE, copy_steps=found.copy_steps, steps=found.steps)
+    ablated = texts[:ablation]
+    longest_ablated = max((len(ids) for ids in encode_corpus(model, ablated, truncate=True).ids), default=0) \
+        if ablated else 0
+    if ablated and longest_ablated > LONG_TEXT:
+        sections.ablation = S.Ablation(objective_name(model), float("nan"), 0, 0, [],
+                                       skipped=f"the ablated texts reach {longest_ablated} tokens; each of "
+                                               f"{model.num_layers * model.num_heads} heads removed alone would "
+                                               f"rerun them (ablation reads texts of at most {LONG_TEXT} tokens)")
+        ablated = []
+    if ablated:
+        effects = ablation_effects(model, ablated, batch_size=batch_size, progress=progress)
+        means.update(effects.metrics())
+        sections.ablation = effects.section()
+    unknown = corpus.unknown
+    if unknown is not None and unknown.token is not None:
+        sections.unknown_tokens = S.UnknownTokens(unknown.count, unknown.total, round(unknown.share, 6), unknown.token)
+        _warn_unknown(sections.unknown_tokens)
+    if induction and model.is_causal:
+        with step("induction probe", progress=progress):
+            probe = INDUCTION_PROBE
+            means.update(induction_scores(model, count=probe["count"], length=probe["length"], seed=probe["seed"]))
+        sections.induction = S.Induction(**INDUCTION_PROBE)
+    coref_baseline = None
+    if coreference is not False:
+        with step("coreference probe", progress=progress):
+            scores = coreference_scores(model, None if coreference is True else coreference, batch_size=batch_size)
+        means["coreference"], means["coreference_mass"] = scores.accuracy, scores.mass
+        coref_baseline = scores.baseline
+        sections.coreference = S.Coreference(scores.examples, scores.skipped, scores.baseline)
+    syntax = corpus.syntax.result() if corpus.syntax is not None else None
+    if syntax is not None:
+        sections.syntax = S.Syntax(SYNTAX_RULE[0], {
+            rel: S.Relation(syntax.count[rel], syntax.baseline[rel], syntax.baseline_offset[rel], syntax.accuracy[rel],
+                            dict(zip(("layer", "head", "accuracy"), syntax.best(rel), strict=True)))
+            for rel in syntax.accuracy})
+    heads = _records(model, means, syntax, coref_baseline)
+    labels = {(r.layer, r.head): r.label for r in heads}
+    sections.typical = corpus.typical.result().section(labels, texts)
+    if ablated:  # labels with evidence: each label's behaviour, with its head removed
+        n = max(ablation, SYNTAX_TEXTS)  # relations need more tokens than the ablation's texts hold
+        with step("testing the labels by ablation", progress=progress):
+            found = label_evidence(model, labels, texts[:n],
+                                   parses=parses if isinstance(parses, str) else
+                                   (list(parses)[:n] if parses is not None else None),
+                                   batch_size=batch_size)
+        sections.evidence = S.Evidence(dict(TESTS), min(n, len(texts)), dict(EVIDENCE_PROBE),
+                                       [e.record() for e in found])
+    if what_if is not None:
+        with step(f"what if: {what_if}, every layer and each alone", progress=progress):
+            sections.what_if = what_if_loss(model, texts, what_if).section()
+    if corpus.redundancy is not None:
+        sections.redundancy = redundancy_section(corpus.redundancy.result(), model.num_heads)
+    return Report(model=model.name, causal=model.is_causal, num_layers=model.num_layers, num_heads=model.num_heads,
+                  sentences=corpus.heads.sentences, tokens=corpus.heads.tokens, heads=heads, sections=sections,
+                  stack=main_stack(find_sites(model.model)),
+                  views=finish_views(corpus.views.result()) if corpus.views is not None else [])
+
+
+def _records(model: HFModel, means: dict, syntax, coref_baseline: float | None) -> list[HeadRecord]:
+    heads = []
+    for layer in range(model.num_layers):
+        for head in range(model.num_heads):
+            metrics = {name: float(value[layer, head]) for name, value in means.items()}
+            per_relation = None if syntax is None else {
+                rel: (float(acc[layer, head]), syntax.baseline[rel], syntax.count[rel])
+                for rel, acc in syntax.accuracy.items()}
+            label = label_for(metrics, syntax=per_relation, coreference_baseline=coref_baseline)
+            heads.append(HeadRecord(layer, head, label, flags_for(metrics), metrics))
+    return heads
+
+
+def _warn_unknown(section: S.UnknownTokens | None) -> None:
+    if section is not None and section.share > UNKNOWN_WARN:
+        warnings.warn(f"{section.share:.0%} of the {section.total} tokens are unknown to the tokenizer "
+                      f"({section.token}); above {UNKNOWN_WARN:.0%} the heads' statistics describe how the model "
+                      f"treats {section.token} more than how it reads the texts", stacklevel=3)
+
+
+def redundancy_section(red: RedundancyStatistics, H: int) -> S.Redundancy:
+    """The report's redundancy section from the finished sums: pairs, clusters and Ward groups."""
+    js, cosine = red.js(), red.cosine()
+    found = informative_groups(js)
+    return S.Redundancy(
+        js_distance=js, cosine=cosine,
+        pairs_js=most_redundant(js, H, k=10, distance=True),
+        pairs_cosine=most_redundant(cosine, H, k=10, distance=False),
+        clusters_js=[[(n // H, n % H) for n in group] for group in clusters(js, CLUSTER_JS)],
+        cluster_threshold=CLUSTER_JS,
+        groups_js={**found, "groups": [[(n // H, n % H) for n in group] for group in found["groups"]]},
+        rows_js=int(red.js_count))
+
+
+def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
+                       progress: bool | None = None, parses: Sequence[Parse] | str | None = None,
+                       redundancy: bool = True, chunk: int | None = None, views: Sequence[int] = (),
+                       long_context: bool | None = None, budget: int = MAP_BUDGET) -> CorpusStatistics:
+    """One pass of the model over ``texts`` feeding every reducer :func:`analyze` reads.
+
+    Under ``torch.distributed`` (e.g. ``torchrun``) the corpus is sharded across the ranks — rank
+    r takes texts r, r + world, ... — and every rank returns the merged statistics of all.
+    ``parses="spacy"`` parses each rank's own texts, and only the part of each that is analysed
+    (with ``truncate``, the tokens the model keeps).
+    """
+    texts = check_texts(texts)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
+    if isinstance(parses, str) and parses != "spacy":
+        raise ValueError(f"parses must be a list of Parse or 'spacy'; got {parses!r}")
+    if parses is not None and not isinstance(parses, str):
+        parses = parses_for(texts, parses)
+    encoded = encode_corpus(model, texts, truncate=truncate, offsets=parses is not None)
+    unknown = count_unknown_tokens(encoded.ids, model.tokenizer)
+    mine, sharded = shard(range(len(texts)))
+    if parses == "spacy":
+        with step(f"parsing {len(mine)} texts with spaCy", progress=progress):
+            parsed = parse_with_spacy([texts[i][:_analysed_end(encoded.offsets[i])] for i in mine])
+        parses = [None] * len(texts)
+        for i, p in zip(mine, parsed, strict=True):
+            parses[i] = p
+    L, H = model.num_layers, model.num_heads
+    longest = max(len(ids) for ids in encoded.ids)
+    long = longest >= LONG_CONTEXT_TOKENS if long_context is None else long_context
+    corpus = CorpusStatistics(
+        heads=HeadStatistics(L, H), typical=TypicalTexts(L, H),
+        redundancy=RedundancyStatistics(L, H) if redundancy else None,
+        syntax=SyntaxStatistics(L, H) if parses is not None else None,
+        long=LongContextStatistics(L, H) if long else None,
+        views=TextViews(L, H, {i: texts[i] for i in views if i in set(mine)}, model.tokenizer) if views else None,
+        unknown=unknown)
+    batches = text_batches(model, encoded, mine, batch_size, parses=parses)
+    total = -(-len(mine) // batch_size)
+    run_pass(model, batches, corpus.reducers, budget=budget, chunk=chunk, progress=progress, total=total)
+    if sharded:
+        merged = iter(all_ranks(corpus.reducers))
+        for name in ("heads", "typical", "long", "redundancy", "syntax", "views"):
+            if getattr(corpus, name) is not None:
+                setattr(corpus, name, next(merged))
+    return corpus
+
+
+def _analysed_end(offsets: Sequence[Sequence[int]]) -> int:
+    """Where the analysed part of a text ends: the last character of its last kept token."""
+    return max((int(end) for _, end in offsets), default=0)
+

@@ -1,0 +1,98 @@
+"""A few texts as the page and the figures show them: their maps (or pooled attention), rollout and flow.
+
+:func:`text_views` runs one pass over the texts with a :class:`~multihead.analysis.stats.maps.TextViews`
+reducer — the same one :func:`~multihead.analysis.analyze` runs beside its statistics — and adds
+each short text's attention rollout and flow (:mod:`multihead.analysis.rollout`).
+:func:`attention_maps` and :func:`rollout` are the one-text forms.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from ...hf.model import HFModel, require_loaded
+from ...inputs import check_texts
+from ..rollout import FLOW_TOKENS, attention_flow, attention_rollout
+from ..stats.maps import LONG_TEXT, TextView, TextViews
+from .common import Encoded, encode_corpus, run_pass, text_batches
+
+__all__ = ["FLOW_BUDGET", "ROLLOUT_TOKENS", "Rollout", "attention_maps", "finish_views", "rollout", "text_views"]
+
+#: Rollout is kept for texts up to this many tokens (L·T² values each).
+ROLLOUT_TOKENS = 64
+#: Attention flow (after the last layer) is solved for a text when L·T⁴ stays within this: the cost
+#: of its T² maximum flows on a graph of L·T² edges (about 3 s at the budget on one core).
+FLOW_BUDGET = 2_000_000
+
+
+def text_views(model: HFModel, texts: Sequence[str], *, long: int = LONG_TEXT, top_k: int | None = None,
+               chunk: int | None = None) -> list[TextView]:
+    """The :class:`TextView` of each text (its whole maps, or pooled above ``long`` tokens), with
+    rollout and flow for short ones. Texts longer than the model's positions are refused."""
+    model = require_loaded(model, "text_views")
+    texts = check_texts(texts)
+    encoded = encode_corpus(model, texts)
+    views = TextViews(model.num_layers, model.num_heads, dict(enumerate(texts)), model.tokenizer, long=long,
+                      top_k=top_k)
+    run_pass(model, text_batches(model, encoded, range(len(texts)), 1), [views], chunk=chunk, desc="views",
+             progress=False)
+    return finish_views(views.result())
+
+
+def finish_views(views: list[TextView]) -> list[TextView]:
+    """Add rollout (texts of at most :data:`ROLLOUT_TOKENS`) and flow after the last layer (while
+    L·T⁴ stays within :data:`FLOW_BUDGET`) to the views that hold whole maps."""
+    for view in views:
+        if view.maps is None or view.rollout is not None:
+            continue
+        L, T = view.maps.shape[0], view.maps.shape[-1]
+        if T > ROLLOUT_TOKENS:
+            continue
+        view.rollout = attention_rollout(view.maps)  # (L, T, T)
+        if L * T ** 4 <= FLOW_BUDGET:
+            view.flow = attention_flow(view.maps, layers=[L - 1])[L - 1]  # (T, T)
+    return views
+
+
+def attention_maps(model: HFModel, text: str, *, max_tokens: int | None = None) -> tuple[list[str], Tensor]:
+    """The tokens of ``text`` and every head's attention: (L, H, T, T) float32, captured layer by
+    layer (a text of any length: its map is assembled from the streamed chunks). ``max_tokens``:
+    cut the text there (default: the model's positions)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("attention_maps needs a non-empty text")
+    model = require_loaded(model, "attention_maps")
+    views = TextViews(model.num_layers, model.num_heads, {0: text}, model.tokenizer, long=math.inf)
+    limit = max_tokens or model.max_positions
+    tok = model.tokenizer
+    ids = tok([text], truncation=limit is not None, max_length=limit, verbose=False)["input_ids"]
+    run_pass(model, text_batches(model, Encoded(ids, None), [0], 1), [views], desc="maps", progress=False)
+    view = views.result()[0]
+    return view.tokens, view.maps
+
+
+@dataclass
+class Rollout:
+    """One text's tokens, its rollout (L, T, T) and — for texts of at most FLOW_TOKENS — its flow
+    (L, T, T), NaN at the layers it was not solved for (draw them: :func:`multihead.viz.rollout_grid`)."""
+
+    tokens: list[str]
+    rollout: Tensor
+    flow: Tensor | None
+    residual: float
+
+
+def rollout(model: HFModel, text: str, *, flow: bool | None = None, flow_layers: list[int] | None = None,
+            residual: float = 0.5) -> Rollout:
+    """Capture every head's attention on ``text`` and roll it out through the layers. ``flow``:
+    also solve attention flow (None: when the text has at most FLOW_TOKENS tokens) at
+    ``flow_layers`` (default: the last layer — every layer costs about L/2 times more)."""
+    tokens, maps = attention_maps(model, text)  # (L, H, T, T)
+    if flow is None:
+        flow = len(tokens) <= FLOW_TOKENS
+    layers = flow_layers if flow_layers is not None else [maps.shape[0] - 1]
+    return Rollout(tokens, attention_rollout(maps, residual=residual),
+                   attention_flow(maps, residual=residual, layers=layers) if flow else None, residual)

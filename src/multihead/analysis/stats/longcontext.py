@@ -1,0 +1,170 @@
+"""Long-context statistics of every head: how far it looks, and would it survive a window.
+
+Computed over the real query rows of long inputs (``mh.analyze(..., chunk=...)``, ``multihead
+analyze --document``), chunk by chunk; ``i`` and ``j`` are positions among the real tokens, and
+``d = |i − j|``:
+
+| key | definition for one query row ``p_i`` |
+|---|---|
+| ``sink_first`` | ``p_i,0``: mass on the first token (the attention sink of StreamingLLM) |
+| ``sink_first4`` | mass on the first 4 tokens (the sinks StreamingLLM keeps) |
+| ``long_256`` / ``long_1024`` | mass on keys farther than 256 / 1,024 tokens (``d > 256``) |
+| ``long_1024_past_sinks`` | mass farther than 1,024 tokens on keys other than the first 4 (reading, not a sink) |
+| ``window_64`` / ``_256`` / ``_1024`` | mass inside ±w (``d ≤ w``): what a window of w would keep |
+
+and, from each head's distance distribution (its mass summed over rows in log-spaced bins
+``d = 0, 1, 2–3, 4–7, …, 2^k – 2^(k+1) − 1``):
+
+| key | definition |
+|---|---|
+| ``distance_median`` / ``_p90`` | the smallest 2^k with half / 90 % of the mass at distances below it (0: on itself) |
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ...hf.route import AttentionChunk
+from .base import ReducerBase
+
+__all__ = ["BINS", "LONG_METRICS", "LongContextStatistics"]
+
+LONG_METRICS = ("sink_first", "sink_first4", "long_256", "long_1024", "window_64", "window_256", "window_1024",
+                "long_1024_past_sinks", "distance_median", "distance_p90")
+#: the metrics that are row means (the rest come from the distance histogram)
+_ROW_METRICS = LONG_METRICS[:8]
+#: Distance bins: d = 0, then [2^k, 2^(k+1)) for k = 0 .. 16 (up to 131,071 tokens).
+BINS = 18
+
+
+class LongContextStatistics(ReducerBase):
+    """Running sums of the long-context metrics for an (L, H) grid of heads (a reducer)."""
+
+    def __init__(self, num_layers: int, num_heads: int) -> None:
+        self.shape = (num_layers, num_heads)
+        self.sums = torch.zeros(len(_ROW_METRICS), num_layers, num_heads, dtype=torch.float64)  # the row metrics
+        self.rows = torch.zeros(num_layers, dtype=torch.float64)
+        self.histogram = torch.zeros(num_layers, num_heads, BINS, dtype=torch.float64)
+        self.longest = 0  # real tokens of the longest text seen
+
+    def update(self, chunk: AttentionChunk) -> None:
+        """A chunk of query rows ``start`` .. ``start + C`` of a self-attention over T tokens, over
+        its first K <= T keys (keys K.. get no weight)."""
+        assert self.batch is not None, "begin_batch first"
+        tokens, layer, start = self.batch.tokens, chunk.layer, chunk.start
+        C = chunk.weights.shape[2]
+        p = chunk.weights.detach().float()  # (B, H, C, K)
+        valid = tokens.valid.to(p.device)  # (B, T)
+        pos, prefix = tokens.positions  # (B, T) position among real tokens
+        pos = pos.to(p.device)
+        rows = valid[:, start:start + C].to(torch.float32)  # (B, C) real query rows
+        if start == 0:  # once per layer and batch
+            self.longest = max(self.longest, int(valid.sum(-1).max()))
+        values, hist = (_by_prefix_sums if prefix else _by_offsets)(p, valid, pos, start)
+        weighted = (values * rows[:, None, :, None]).sum(dim=(0, 2))  # (H, 8)
+        self.sums[:, layer] += weighted.T.to(torch.float64).cpu()
+        self.rows[layer] += float(rows.sum())
+        self.histogram[layer] += (hist * rows[:, None, :, None]).sum(dim=(0, 2)).to(torch.float64).cpu()
+
+    def merge(self, other: LongContextStatistics) -> None:
+        self.longest = max(self.longest, other.longest)
+        self.sums += other.sums
+        self.rows += other.rows
+        self.histogram += other.histogram
+
+    def result(self) -> dict[str, Tensor]:
+        """Each metric as an (L, H) float64 tensor (NaN where nothing was counted)."""
+        rows = self.rows.where(self.rows > 0, torch.full_like(self.rows, math.nan))[:, None]  # (L, 1)
+        out = {name: self.sums[k] / rows for k, name in enumerate(_ROW_METRICS)}
+        total = self.histogram.sum(-1, keepdim=True)  # (L, H, 1)
+        cumulative = self.histogram.cumsum(-1) / total.where(total > 0, torch.full_like(total, math.nan))
+        edges = torch.tensor([0.0] + [2.0 ** k for k in range(BINS - 1)], dtype=torch.float64)  # lower edges
+        upper = torch.cat([edges[1:], edges[-1:] * 2])  # the edge each bin lies within: 1, 2, 4, ...
+        upper[0] = 0.0  # d = 0 lies within 0
+        for name, share in (("distance_median", 0.5), ("distance_p90", 0.9)):
+            reached = (cumulative >= share - 1e-9).float().argmax(-1)  # (L, H) first bin reaching the share
+            value = upper[reached]
+            out[name] = value.where(~cumulative[..., -1].isnan(), torch.full_like(value, math.nan))
+        return out
+
+
+def _by_prefix_sums(p: Tensor, valid: Tensor, pos: Tensor, start: int) -> tuple[Tensor, Tensor]:
+    """The row metrics (B, H, C, 8) and distance histograms (B, H, C, BINS) when the real tokens
+    are 0..n-1 (right padding): every mass inside ±r of row i is a difference of two prefix sums
+    of the row, read at the few points they need (:func:`prefix_sums_at`)."""
+    C, K = p.shape[2:]
+    dev = p.device
+    i = torch.arange(start, start + C, device=dev)  # (C,) the rows' positions
+    # Σ_{|j-i| <= r} p_ij = cs[i + r] - cs[i - r - 1] for every radius at once: r = 0, 2^k - 1 for
+    # the bins' edges (k = 1 .. BINS - 1), then the windows 64, 256, 1,024; cs[x] = Σ_{j<=x} p_ij.
+    radii = torch.tensor([0] + [2 ** k - 1 for k in range(1, BINS)] + [64, 256, 1024], device=dev)  # (R,)
+    R = len(radii)
+    # and the first 4 keys' mass beyond 1,024 tokens: keys j <= min(3, i - 1025); the first 4; all
+    points = torch.cat([i[:, None] + radii, i[:, None] - radii - 1, (i - 1025).clamp(max=3)[:, None],
+                        torch.full((C, 1), 3, device=dev), torch.full((C, 1), K - 1, device=dev)], -1)  # (C, 2R + 3)
+    cs = prefix_sums_at(p, points.clamp(0, K - 1)) * (points >= 0)  # (B, H, C, 2R + 3)
+    within = cs[..., :R] - cs[..., R:2 * R]  # (B, H, C, R)
+    sink_far, first4, total = cs[..., 2 * R], cs[..., 2 * R + 1], cs[..., 2 * R + 2]  # (B, H, C) each
+    inside, windows = within[..., :BINS].clone(), within[..., BINS:]  # (B, H, C, BINS), (B, H, C, 3)
+    values = torch.stack([p[..., 0], first4, total - windows[..., 1], total - windows[..., 2],
+                          windows[..., 0], windows[..., 1], windows[..., 2],
+                          total - windows[..., 2] - sink_far], -1)  # (B, H, C, 8)
+    # bins: d = 0, then [2^(k-1), 2^k) for k = 1 .. BINS - 1; the mass with d < 2^k is within 2^k - 1
+    inside[..., -1] = total  # the last bin takes every farther key too
+    hist = torch.cat([inside[..., :1], inside.diff(dim=-1)], -1).clamp_min(0)  # (B, H, C, BINS)
+    return values, hist
+
+
+#: Keys per block of :func:`prefix_sums_at`.
+PREFIX_BLOCK = 16
+
+
+def prefix_sums_at(p: Tensor, points: Tensor) -> Tensor:
+    """``cs[..., x] = Σ_{j<=x} p[..., j]`` of every row of p (B, H, C, K) at its own points
+    (C, P), each in 0..K-1: (B, H, C, P).
+
+    The sums of whole blocks of :data:`PREFIX_BLOCK` keys (one vectorised pass over p), their
+    running sum (K / 16 per row), and each point's part of its own block — ~2x cheaper than the
+    row's whole prefix sum (torch.cumsum runs along a row one key at a time) when, as here, a
+    row needs only a few dozen points.
+    """
+    B, H, C, K = p.shape
+    P, b = points.shape[1], PREFIX_BLOCK
+    full = K // b
+    blocks = p[..., :full * b].reshape(B, H, C, full, b).sum(-1)  # (B, H, C, K // b)
+    if K % b:
+        blocks = torch.cat([blocks, p[..., full * b:].sum(-1, keepdim=True)], -1)
+    before = blocks.cumsum(-1) - blocks  # (B, H, C, nb): the whole blocks before each block
+    block, offset = points // b, points % b  # (C, P)
+    t = torch.arange(b, device=p.device)
+    keys = (block[..., None] * b + t).clamp(max=K - 1).view(C, P * b)  # (C, P·b) each point's block
+    mine = p.gather(-1, keys.expand(B, H, C, P * b)).view(B, H, C, P, b)
+    part = (mine * (t <= offset[..., None])).sum(-1)  # (B, H, C, P)
+    return before.gather(-1, block.expand(B, H, C, P)) + part
+
+
+def _by_offsets(p: Tensor, valid: Tensor, pos: Tensor, start: int) -> tuple[Tensor, Tensor]:
+    """The same as :func:`_by_prefix_sums` for any padding: distances between real tokens,
+    measured key by key."""
+    B, H, C, K = p.shape
+    valid_k, pos_k = valid[:, :K], pos[:, :K]
+    d = (pos_k[:, None, :] - pos[:, start:start + C, None]).abs()  # (B, C, K)
+    d = torch.where(valid_k[:, None, :], d, torch.full_like(d, -1))  # padding keys: no bin
+    first4 = (valid_k & (pos_k < 4)).float()  # (B, K)
+    first = (valid_k & (pos_k == 0)).float()
+    masses = [p @ first[:, None, :, None], p @ first4[:, None, :, None]]  # (B, H, C, 1) each
+    for far in (256, 1024):
+        masses.append((p * (d > far)[:, None]).sum(-1, keepdim=True))
+    for w in (64, 256, 1024):
+        masses.append((p * ((d >= 0) & (d <= w))[:, None]).sum(-1, keepdim=True))
+    masses.append((p * ((d > 1024) & (pos_k >= 4)[:, None, :])[:, None]).sum(-1, keepdim=True))
+    values = torch.cat(masses, -1)  # (B, H, C, 8)
+    bins = torch.where(d > 0, torch.floor(torch.log2(d.clamp_min(1).float())).long() + 1, torch.zeros_like(d))
+    bins = bins.clamp_max(BINS - 1)  # (B, C, K)
+    mass = (p * (d >= 0)[:, None]).reshape(B, H, C, K)  # padding keys carry no weight
+    index = bins[:, None].expand(B, H, C, K)
+    hist = torch.zeros(B, H, C, BINS, dtype=torch.float32, device=p.device).scatter_add_(-1, index, mass)
+    return values, hist

@@ -1,0 +1,225 @@
+"""What a page shows of a few texts, kept in the same pass as every other statistic.
+
+:class:`TextViews` is a reducer that keeps, for a few chosen texts of the corpus, their attention
+as the views draw it (:class:`TextView`):
+
+* a text of at most :data:`LONG_TEXT` tokens: its whole maps (L, H, T, T) — the head view's lines,
+  the matrix, rollout and flow read them;
+* a longer one (a document of thousands of tokens cannot be kept as L·H·T² weights: SmolLM2 at
+  4,096 tokens is 18 GB): **block-pooled maps** — the T x T map cut into blocks of ``block`` x
+  ``block`` tokens (``block`` chosen from T so the pooled map has at most :data:`POOLED_CELLS`
+  cells a side); per block the *mass* (the mean over its query rows of the weight they put on its
+  keys) and the *max* (the largest single weight in it) — and **the k largest weights of every
+  row** (k from T, :func:`top_k_for`), from which a view draws any region at full resolution.
+
+Both come from the chunks the pass streams anyway: a document's page needs no second pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ...hf.route import AttentionChunk
+from ...inputs import Batch, readable_tokens
+from .base import ReducerBase
+
+__all__ = ["LONG_TEXT", "POOLED_CELLS", "Pooled", "TextView", "TextViews", "WholeMaps", "pooled_maps", "top_k_for"]
+
+#: Above this many tokens a text is kept pooled (the head view's lines and the plain matrix stop
+#: being readable long before).
+LONG_TEXT = 512
+#: The pooled maps have at most this many blocks a side.
+POOLED_CELLS = 128
+#: Bytes of stored top-k entries (3 bytes each: a uint16 key, a uint8 weight) a page may hold
+#: before compression; k is the largest that fits, between 4 and 16 (SmolLM2 at 4,096 tokens: 6,
+#: a page of ~18 MB; MiniLM at 512: 16).
+TOP_K_BYTES = 20 << 20
+
+
+def top_k_for(num_heads_total: int, tokens: int) -> int:
+    """How many weights per row a page of ``num_heads_total`` heads over ``tokens`` tokens stores."""
+    return max(4, min(16, TOP_K_BYTES // max(1, num_heads_total * tokens * 3)))
+
+
+@dataclass
+class Pooled:
+    """A long text's attention, pooled (see the module): ``index`` (L, H, T, k) int32 and
+    ``values`` (L, H, T, k) uint8 (weight · 255) — each row's k largest weights; ``mass`` and
+    ``largest`` (L, H, cells, cells) float32 over blocks of ``block`` tokens."""
+
+    block: int
+    cells: int
+    k: int
+    index: Tensor
+    values: Tensor
+    mass: Tensor
+    largest: Tensor
+
+
+@dataclass
+class TextView:
+    """One text as the page's views draw it: its tokens as people read them and either its whole
+    maps ``maps`` (L, H, T, T) or its :class:`Pooled` attention; ``rollout`` (L, T, T) and
+    ``flow`` (T, T) when computed (short texts, :mod:`multihead.analysis.rollout`)."""
+
+    text: str
+    tokens: list[str]
+    maps: Tensor | None = None
+    pooled: Pooled | None = None
+    rollout: Tensor | None = None
+    flow: Tensor | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def pooled_maps(weights: Tensor, start: int, block: int, cells: int) -> tuple[Tensor, Tensor, Tensor]:
+    """One chunk's contribution to the pooled maps.
+
+    weights (H, c, K): query rows ``start`` .. ``start + c`` over keys 0..K-1. Returns, over
+    (row block, key block) cells (H, cells, cells): the weight summed over each cell, the largest
+    weight in it, and how many query rows each row block received from this chunk (cells,).
+    """
+    H, c, K = weights.shape
+    width = cells * block
+    padded = torch.zeros(H, c, width, dtype=torch.float32, device=weights.device)
+    padded[..., :K] = weights.float()
+    by_key = padded.view(H, c, cells, block)  # (H, c, cells, block)
+    row_block = (torch.arange(start, start + c, device=weights.device) // block)  # (c,)
+    total = torch.zeros(H, cells, cells, device=weights.device).index_add_(1, row_block, by_key.sum(-1))
+    index = row_block.view(1, c, 1).expand(H, c, cells)
+    largest = torch.zeros(H, cells, cells, device=weights.device).scatter_reduce_(
+        1, index, by_key.amax(-1), reduce="amax")
+    rows = torch.zeros(cells, device=weights.device).index_add_(0, row_block, torch.ones(c, device=weights.device))
+    return total, largest, rows
+
+
+class _Kept:
+    """What is being kept of one chosen text while its batch runs."""
+
+    def __init__(self, row: int, n: int, L: int, H: int, pooled: bool, top_k: int | None) -> None:
+        self.row, self.n = row, n
+        if not pooled:
+            self.maps = torch.zeros(L, H, n, n)
+            self.pooled = None
+            return
+        k = min(n, top_k or top_k_for(L * H, n))
+        block = max(1, math.ceil(n / POOLED_CELLS))
+        cells = math.ceil(n / block)
+        self.maps = None
+        self.pooled = Pooled(block, cells, k, torch.zeros(L, H, n, k, dtype=torch.int32),
+                             torch.zeros(L, H, n, k, dtype=torch.uint8), torch.zeros(L, H, cells, cells),
+                             torch.zeros(L, H, cells, cells))
+        self.rows = torch.zeros(cells)  # query rows per row block (counted on layer 0)
+
+
+class TextViews(ReducerBase):
+    """Keeps the :class:`TextView` of the chosen corpus texts (a reducer).
+
+    ``chosen``: corpus index -> text; ``tokenizer``: reads the tokens for people; ``long``: texts
+    above this many tokens are pooled; ``top_k``: weights kept per row of a pooled text (default
+    :func:`top_k_for`). Batches must be right-padded (a text's real tokens come first)."""
+
+    def __init__(self, num_layers: int, num_heads: int, chosen: Mapping[int, str], tokenizer: Any, *,
+                 long: int = LONG_TEXT, top_k: int | None = None) -> None:
+        self.shape = (num_layers, num_heads)
+        self.chosen = dict(chosen)
+        self.tokenizer = tokenizer
+        self.long = long
+        self.top_k = top_k
+        self.views: dict[int, TextView] = {}
+        self._kept: dict[int, _Kept] = {}
+
+    def begin_batch(self, batch: Batch) -> None:
+        super().begin_batch(batch)
+        self._finish()
+        L, H = self.shape
+        for row, index in enumerate(batch.texts):
+            if index in self.chosen and index not in self.views:
+                n = int(batch.tokens.valid[row].sum())
+                self._kept[index] = _Kept(row, n, L, H, n > self.long, self.top_k)
+
+    def update(self, chunk: AttentionChunk) -> None:
+        for kept in self._kept.values():
+            if chunk.start >= kept.n:
+                continue
+            stop = min(chunk.stop, kept.n)
+            K = min(chunk.weights.shape[-1], kept.n)
+            w = chunk.weights[kept.row, :, :stop - chunk.start, :K].detach().float()  # (H, c, K)
+            if kept.pooled is None:
+                kept.maps[chunk.layer, :, chunk.start:stop, :K] = w.cpu()
+                continue
+            pooled = kept.pooled
+            top, where = w.topk(min(pooled.k, K), dim=-1)  # (H, c, k')
+            pooled.index[chunk.layer, :, chunk.start:stop, :top.shape[-1]] = where.to(torch.int32).cpu()
+            pooled.values[chunk.layer, :, chunk.start:stop, :top.shape[-1]] = \
+                (top.clamp(0, 1) * 255).round().to(torch.uint8).cpu()
+            total, big, counted = pooled_maps(w, chunk.start, pooled.block, pooled.cells)
+            pooled.mass[chunk.layer] += total.cpu()
+            if chunk.layer == 0:
+                kept.rows.add_(counted.cpu())
+            torch.maximum(pooled.largest[chunk.layer], big.cpu(), out=pooled.largest[chunk.layer])
+
+    def end_batch(self) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
+        """Turn the texts kept in the last batch into views."""
+        if not self._kept or self.batch is None:
+            return
+        for index, kept in self._kept.items():
+            ids = self.batch.tokens.ids[kept.row, :kept.n].tolist()
+            text = self.chosen[index]
+            tokens = readable_tokens(self.tokenizer, ids, text, _offsets(self.tokenizer, text, len(ids)))
+            if kept.pooled is not None:
+                kept.pooled.mass /= kept.rows.clamp_min(1).view(1, 1, -1, 1)  # mean row mass per block, in [0, 1]
+            self.views[index] = TextView(text, tokens, maps=kept.maps, pooled=kept.pooled)
+        self._kept = {}
+
+    def merge(self, other: TextViews) -> None:
+        self.views.update(other.views)
+
+    def result(self) -> list[TextView]:
+        """The chosen texts' views, in the order they were chosen."""
+        self._finish()
+        return [self.views[i] for i in self.chosen if i in self.views]
+
+
+def _offsets(tokenizer: Any, text: str, n: int) -> list | None:
+    """The first n tokens' character spans in ``text`` (fast tokenizers; None otherwise)."""
+    if not getattr(tokenizer, "is_fast", False):
+        return None
+    spans = tokenizer(text, return_offsets_mapping=True, verbose=False)["offset_mapping"]
+    return [tuple(s) for s in spans[:n]] if len(spans) >= n else None
+
+
+class WholeMaps(ReducerBase):
+    """The whole maps (L, H, T, T) of the chosen corpus items (e.g. a vision model's first image:
+    every row of its batch is real), assembled from however the pass streams them (a reducer)."""
+
+    def __init__(self, num_layers: int, num_heads: int, chosen: list[int]) -> None:
+        self.shape = (num_layers, num_heads)
+        self.chosen = list(chosen)
+        self.maps: dict[int, Tensor] = {}
+        self._rows: dict[int, int] = {}
+
+    def begin_batch(self, batch: Batch) -> None:
+        super().begin_batch(batch)
+        self._rows = {index: row for row, index in enumerate(batch.texts) if index in self.chosen}
+
+    def update(self, chunk: AttentionChunk) -> None:
+        for index, row in self._rows.items():
+            if index not in self.maps:
+                self.maps[index] = torch.zeros(*self.shape, chunk.rows, chunk.keys)
+            K = chunk.weights.shape[-1]
+            self.maps[index][chunk.layer, :, chunk.start:chunk.stop, :K] = chunk.weights[row].detach().float().cpu()
+
+    def merge(self, other: WholeMaps) -> None:
+        self.maps.update(other.maps)
+
+    def result(self) -> dict[int, Tensor]:
+        return dict(self.maps)

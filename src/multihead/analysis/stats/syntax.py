@@ -1,0 +1,200 @@
+"""Syntax heads, streamed: each head's word-level predictions against dependency parses.
+
+The scoring of :mod:`multihead.analysis.probes.syntax` (Clark et al. 2019, §4) as a reducer.
+Attention *to* a word is the sum over its tokens, *from* a word the mean over its tokens, so a
+text's word-level attention of one source word is linear in its query rows:
+
+    to_word[h, s, w] = Σ_i from[s, i] · Σ_j p[h, i, j] · member[w, j]
+
+and a layer streamed in chunks of query rows adds up chunk by chunk; the word each source attends
+most (its prediction) is read once the layer's last rows are in. Memory per text is H·S·W (its
+source words × words), never a (T, T) map.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ...hf.route import AttentionChunk
+from ...inputs import Batch
+from ..probes.syntax import word_of_tokens
+from .base import ReducerBase, shared
+
+__all__ = ["MAX_OFFSET", "Alignment", "SyntaxScores", "SyntaxStatistics", "alignment", "word_predictions"]
+
+#: The fixed-offset baseline tries every offset in [-MAX_OFFSET, MAX_OFFSET].
+MAX_OFFSET = 5
+
+
+@dataclass
+class Alignment:
+    """A padded batch's parses aligned to its tokens: G relation groups (a source word and its
+    target words) over W words and T tokens."""
+
+    keys: list[str]  # (G,) relation key of each group
+    owner: Tensor  # (B, T) the word each token belongs to (-1: none, e.g. [CLS] or padding)
+    has_word: Tensor  # (B, W) words that got at least one token
+    batch: Tensor  # (G,) the row of each group
+    source: Tensor  # (G,) its source word
+    targets: Tensor  # (G, W) its target words
+    #: per group: (source word, target words, words with a token in the text) for the offset baseline
+    offsets: list[tuple[int, frozenset[int], int]]
+
+
+def alignment(batch: Batch) -> Alignment | None:
+    """The batch's :class:`Alignment` (None when it has no parse), computed once per batch."""
+    return shared(batch.memo, "syntax-alignment", lambda: _align(batch.parses, batch.offsets))
+
+
+def _align(parses, offsets) -> Alignment | None:
+    """Only words that received a token count (a truncated text's later words are not analysed),
+    so memory follows the tokens, however long the parsed text."""
+    if parses is None or offsets is None:
+        return None
+    B, T = len(offsets), max((len(o) for o in offsets), default=0)
+    words = [word_of_tokens(p.words, o) if p is not None else [] for p, o in zip(parses, offsets, strict=True)]
+    reached = [1 + max((w for w in ws if w >= 0), default=-1) for ws in words]  # words with a token, per text
+    W = max(reached, default=0)
+    owner = torch.full((B, T), -1, dtype=torch.long)  # the word of each token
+    for b, ws in enumerate(words):
+        owner[b, :len(ws)] = torch.tensor(ws, dtype=torch.long)
+    has_word = torch.zeros(B, W, dtype=torch.bool)
+    for b in range(B):
+        has_word[b, owner[b][owner[b] >= 0]] = True
+    sources, targets, keys, batch_of, counted = [], [], [], [], []
+    for b, parse in enumerate(parses):
+        if parse is None:
+            continue
+        for src, tgt, key in parse.groups():
+            if src >= reached[b] or not bool(has_word[b, src]):  # dropped by the tokenizer or truncation
+                continue
+            mask = torch.zeros(W, dtype=torch.bool)
+            mask[[w for w in tgt if w < W]] = True
+            sources.append(src)
+            targets.append(mask)
+            keys.append(key)
+            batch_of.append(b)
+            counted.append((src, tgt, reached[b]))
+    if not keys:
+        return None
+    return Alignment(keys, owner, has_word, torch.tensor(batch_of), torch.tensor(sources), torch.stack(targets),
+                     counted)
+
+
+def word_predictions(chunk: AttentionChunk, batch: Batch) -> Tensor | None:
+    """(G, H) the word each group's source attends most, per head — once the layer's last chunk is
+    in (None before, and for a batch without parses). Accumulated chunk by chunk in the layer
+    call's memo, so every reader shares one computation."""
+    found = alignment(batch)
+    if found is None:
+        return None
+    to_word = shared(chunk.memo, "syntax-words", lambda: _add_chunk(chunk, found))
+    return to_word if chunk.last else None
+
+
+def _add_chunk(chunk: AttentionChunk, found: Alignment) -> Tensor | None:
+    """This chunk's share of every parsed text's word-to-word attention, added to the call's running
+    sum; at the last chunk, the predicted words (G, H).
+
+    Segment sums, not products with (W, T) membership matrices: a token belongs to one word, so a
+    chunk's rows are summed into their keys' words (H·c·K adds) and then into their own words — the
+    work of one pass over the chunk, where the products cost S·T·W per head (a 4,096-token text's
+    6,000 relation groups: 10^12 multiply-adds a layer). A word's mean over its tokens is its sum over
+    them divided by their count, the same for every key: the argmax reads the sum."""
+    p = chunk.weights.detach().float()  # (B, H, c, K)
+    H, K = p.shape[1], p.shape[3]
+    start, stop = chunk.start, chunk.stop
+    G, W = found.targets.shape
+    running = chunk.call_memo.get("syntax-to-word")
+    if running is None:
+        running = chunk.call_memo["syntax-to-word"] = {}
+    for b in found.batch.unique().tolist():
+        to_keys = found.owner[b, :K].to(p.device)  # (K,) each key's word
+        from_rows = found.owner[b, start:stop].to(p.device)  # (c,) each row's word
+        keys, rows = to_keys >= 0, from_rows >= 0
+        by_key = p.new_zeros(H, stop - start, W).index_add_(2, to_keys[keys], p[b][..., keys])  # (H, c, W)
+        part = p.new_zeros(H, W, W).index_add_(1, from_rows[rows], by_key[:, rows])  # (H, W from, W to)
+        running[b] = part if b not in running else running[b].add_(part)
+    if not chunk.last:
+        return None
+    picked = torch.empty(G, H, dtype=torch.long)  # (G, H) each head's predicted word
+    for b, words in running.items():
+        rows = (found.batch == b).nonzero().squeeze(1)  # (S,) groups of text b
+        to_word = words[:, found.source[rows].to(words.device)]  # (H, S, W)
+        to_word = to_word.masked_fill(~found.has_word[b].to(to_word.device), -1.0)
+        picked[rows] = to_word.argmax(-1).T.cpu()  # (S, H)
+    return picked
+
+
+@dataclass
+class SyntaxScores:
+    """Per relation key: accuracy (L, H), count, and the best fixed-offset baseline."""
+
+    accuracy: dict[str, Tensor]
+    count: dict[str, int]
+    baseline: dict[str, float]
+    baseline_offset: dict[str, int]
+
+    def best(self, relation: str) -> tuple[int, int, float]:
+        acc = self.accuracy[relation]
+        n = int(acc.argmax())
+        return n // acc.shape[1], n % acc.shape[1], float(acc.flatten()[n])
+
+
+class SyntaxStatistics(ReducerBase):
+    """Running counts of correct predictions per relation and head (a reducer; batches carry their
+    parses and token offsets, :class:`~multihead.inputs.Batch`)."""
+
+    def __init__(self, num_layers: int, num_heads: int) -> None:
+        self.shape = (num_layers, num_heads)
+        self.correct: dict[str, Tensor] = {}
+        self.count: dict[str, int] = defaultdict(int)
+        self.offset_hits: dict[str, Tensor] = {}  # relation -> (2·MAX_OFFSET + 1,) hits per offset
+
+    def begin_batch(self, batch: Batch) -> None:
+        super().begin_batch(batch)
+        found = alignment(batch)
+        if found is None:
+            return
+        for key, (src, tgt, n_words) in zip(found.keys, found.offsets, strict=True):
+            hits = self.offset_hits.setdefault(key, torch.zeros(2 * MAX_OFFSET + 1, dtype=torch.float64))
+            for k in range(-MAX_OFFSET, MAX_OFFSET + 1):
+                if k != 0 and 0 <= src + k < n_words and (src + k) in tgt:
+                    hits[k + MAX_OFFSET] += 1
+            self.count[key] += 1
+            self.correct.setdefault(key, torch.zeros(self.shape, dtype=torch.float64))
+
+    def update(self, chunk: AttentionChunk) -> None:
+        assert self.batch is not None, "begin_batch first"
+        picked = word_predictions(chunk, self.batch)
+        if picked is None:
+            return
+        found = alignment(self.batch)
+        hit = found.targets.gather(1, picked).to(torch.float64)  # (G, H)
+        for key in set(found.keys):
+            rows = torch.tensor([k == key for k in found.keys])
+            self.correct[key][chunk.layer] += hit[rows].sum(0)
+
+    def merge(self, other: SyntaxStatistics) -> None:
+        for key, value in other.correct.items():
+            self.correct.setdefault(key, torch.zeros(self.shape, dtype=torch.float64)).add_(value)
+        for key, value in other.offset_hits.items():
+            self.offset_hits.setdefault(key, torch.zeros_like(value)).add_(value)
+        for key, n in other.count.items():
+            self.count[key] += n
+
+    def result(self, min_count: int = 1) -> SyntaxScores:
+        keys = sorted(k for k, n in self.count.items() if n >= min_count)
+        baseline, offset = {}, {}
+        for k in keys:
+            hits = self.offset_hits[k]
+            best = int(hits.argmax())
+            baseline[k] = float(hits[best]) / self.count[k]
+            offset[k] = best - MAX_OFFSET
+        return SyntaxScores({k: self.correct[k] / self.count[k] for k in keys}, {k: self.count[k] for k in keys},
+                            baseline, offset)
+

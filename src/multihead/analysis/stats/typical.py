@@ -1,0 +1,228 @@
+"""The corpus texts on which each head is most typical of its label.
+
+:func:`~multihead.analysis.pipelines.analyze.analyze` keeps, for every head and every measure below, the
+:data:`TOP` texts of the whole corpus that score highest on it — a running top-k per head, so
+memory does not grow with the corpus — and the report's ``typical`` section names, for each
+head, the texts of the measure its label calls for:
+
+| label | the per-text measure that ranks its texts |
+|---|---|
+| ``previous`` / ``next`` / ``self`` | mean ``previous_token`` / ``next_token`` / ``self`` over its real queries |
+| ``local`` | mean ``local`` (mass within ±2 tokens) |
+| ``special-token`` | mean ``cls + sep`` |
+| ``broad`` | mean ``entropy_norm`` |
+| ``syntactic:REL`` | how many of the text's REL dependents attend most to their governor (ties: the larger share) |
+| ``induction`` | ``repeat_successor``: over the text's tokens that occurred earlier in it, the mean mass on |
+|  | the tokens right after those earlier occurrences (the induction pattern, on the text itself) |
+| any other (``coreference``, ``mixed``) | mean ``max_weight``: how sharply its rows point |
+
+Texts with fewer than :data:`MIN_TOKENS` real tokens rank after all longer ones: on a
+three-token text any head looks like anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from ...hf.route import AttentionChunk
+from ...inputs import Batch, TokenInfo
+from ..sections import Typical, TypicalHead
+from .base import ReducerBase, shared
+from .heads import row_values
+from .syntax import alignment, word_predictions
+
+__all__ = ["FALLBACK", "MEASURES", "MIN_TOKENS", "TOP", "TypicalTexts", "measure_of"]
+
+#: Texts kept per head and measure.
+TOP = 3
+#: Texts shorter than this (real tokens) rank after every longer one.
+MIN_TOKENS = 8
+#: label -> the metric (``+``: a sum of metrics) whose per-text mean ranks its texts.
+MEASURES = {"previous": "previous_token", "next": "next_token", "self": "self", "local": "local",
+            "special-token": "cls+sep", "broad": "entropy_norm", "induction": "repeat_successor"}
+#: The measure of every other label that has no syntax relation.
+FALLBACK = "max_weight"
+#: Characters of each named text kept in the report.
+TEXT_CHARS = 300
+
+
+def measure_of(label: str) -> str:
+    """The measure ranking the texts of a head with this label (``syntax:REL`` for syntax heads)."""
+    if label.startswith("syntactic:"):
+        return "syntax:" + label.split(":", 1)[1]
+    return MEASURES.get(label, FALLBACK)
+
+
+class _Top:
+    """A running top-k of (rank key, value, count, text index) per (L, H) cell."""
+
+    def __init__(self, num_layers: int, num_heads: int, k: int) -> None:
+        shape = (num_layers, num_heads, k)
+        self.key = torch.full(shape, -torch.inf, dtype=torch.float64)
+        self.value = torch.zeros(shape, dtype=torch.float64)
+        self.count = torch.zeros(shape, dtype=torch.float64)
+        self.index = torch.full(shape, -1, dtype=torch.long)
+
+    def offer(self, layer: int, key: Tensor, value: Tensor, count: Tensor, index: Tensor) -> None:
+        """Candidates for one layer: key, value and count (H, N), text indices (N,)."""
+        H, N = key.shape
+        self._keep(layer, key, value, count, index.view(1, N).expand(H, N))
+
+    def _keep(self, layer: int | slice, key: Tensor, value: Tensor, count: Tensor, index: Tensor) -> None:
+        k = self.key.shape[-1]
+        keys = torch.cat([self.key[layer], key], -1)
+        best = keys.topk(k, dim=-1).indices
+        for mine, new in ((self.value, value), (self.count, count), (self.index, index)):
+            mine[layer] = torch.cat([mine[layer], new.to(mine.dtype)], -1).gather(-1, best)
+        self.key[layer] = keys.gather(-1, best)
+
+    def merge(self, other: _Top) -> None:
+        self._keep(slice(None), other.key, other.value, other.count, other.index)
+
+
+class TypicalTexts(ReducerBase):
+    """Running top texts of every head on every measure (see the module's table); a reducer, whose
+    per-text values are the head statistics' own (:func:`~multihead.analysis.stats.heads.row_values`)
+    and the syntax predictions (:func:`~multihead.analysis.stats.syntax.word_predictions`), read
+    from the chunk's memo: nothing is computed twice."""
+
+    def __init__(self, num_layers: int, num_heads: int, k: int = TOP) -> None:
+        self.shape = (num_layers, num_heads)
+        self.k = k
+        self.metrics = {m: _Top(num_layers, num_heads, k) for m in (*MEASURES.values(), FALLBACK)}
+        self.syntax: dict[str, _Top] = {}
+        self._per_text: dict[int, tuple[list[str], Tensor, Tensor]] = {}  # a streamed layer's per-text sums
+
+    def begin_batch(self, batch: Batch) -> None:
+        super().begin_batch(batch)
+        self._per_text = {}
+
+    def update(self, chunk: AttentionChunk) -> None:
+        """Add one chunk's per-text sums; at the layer's last chunk, offer each text's means."""
+        assert self.batch is not None, "begin_batch first"
+        batch, layer = self.batch, chunk.layer
+        tokens = batch.tokens
+        found = row_values(chunk, tokens)
+        names, per_text, per_count = list(found.names), found.sums, found.counts  # (M, B, H)
+        if tokens.ids is not None:  # and, per text only, its own induction pattern
+            targets = shared(batch.memo, ("repeat-targets", chunk.start, chunk.weights.shape[2],
+                                          chunk.weights.shape[3]), lambda: _repeat_targets_of(chunk, tokens))
+            copy_sum, copy_rows = _repeats_followed(chunk.weights.detach().float(), *targets)  # (B, H)
+            names.append("repeat_successor")
+            per_text = torch.cat([per_text, copy_sum[None].to(torch.float64)])
+            per_count = torch.cat([per_count, copy_rows[None].to(torch.float64)])
+        if chunk.start > 0:  # the layer's earlier chunks
+            _, before, before_count = self._per_text.pop(layer)
+            per_text, per_count = per_text + before, per_count + before_count
+        if not chunk.last:
+            self._per_text[layer] = (names, per_text, per_count)
+        else:
+            means = per_text / per_count.where(per_count > 0, torch.nan)  # (M, B, H)
+            self._add_metrics(layer, {n: means[k] for k, n in enumerate(names)}, tokens.valid.sum(-1).cpu(),
+                              batch.texts)
+        picked = word_predictions(chunk, batch)
+        if picked is not None:  # per text: its dependents of each relation that attend most to their governor
+            found_syntax = alignment(batch)
+            hit = found_syntax.targets.gather(1, picked).to(torch.float64)  # (G, H)
+            B, H = len(batch.texts), hit.shape[1]
+            for key in sorted(set(found_syntax.keys)):
+                rows = torch.tensor([k == key for k in found_syntax.keys])
+                text = found_syntax.batch[rows]  # (G_key,)
+                hits = torch.zeros(B, H, dtype=torch.float64).index_add_(0, text, hit[rows])  # (B, H)
+                count = torch.bincount(text, minlength=B).to(torch.float64)  # (B,) its dependents
+                self._add_syntax(layer, key, hits, count, batch.texts)
+
+    def result(self) -> TypicalTexts:
+        """The running top texts (:meth:`section` picks each head's by its label)."""
+        return self
+
+    def _add_metrics(self, layer: int, means: Mapping[str, Tensor], tokens: Tensor, ids: Sequence[int]) -> None:
+        """One layer's per-text means, each (B, H) (NaN: not counted), of texts with ``tokens``
+        (B,) real tokens and corpus indices ``ids``."""
+        index = torch.as_tensor(list(ids), dtype=torch.long)
+        short = (tokens.to(torch.float64) < MIN_TOKENS)[:, None]  # (B, 1)
+        for name, top in self.metrics.items():
+            if any(part not in means for part in name.split("+")):  # e.g. no token ids given
+                continue
+            value = sum(means[part] for part in name.split("+")).to(torch.float64).cpu()  # (B, H)
+            key = value.nan_to_num(-torch.inf) - 1e6 * short  # short texts after every long one
+            top.offer(layer, key.T, value.nan_to_num(0.0).T, tokens.to(torch.float64)[None].expand_as(key.T), index)
+
+    def _add_syntax(self, layer: int, relation: str, hits: Tensor, count: Tensor, ids: Sequence[int]) -> None:
+        """One layer's syntax hits (B, H) for one relation over its ``count`` (B,) dependents per text."""
+        top = self.syntax.setdefault(relation, _Top(*self.shape, self.k))
+        present = count > 0
+        hits, count = hits[present].to(torch.float64), count[present].to(torch.float64)  # (N, H), (N,)
+        index = torch.as_tensor(list(ids), dtype=torch.long)[present]
+        share = hits / count[:, None]
+        top.offer(layer, (hits + share / 2).T, share.T, count[None].expand(hits.shape[1], -1), index)
+
+    def merge(self, other: TypicalTexts) -> None:
+        for name, top in other.metrics.items():
+            self.metrics[name].merge(top)
+        for relation, top in other.syntax.items():
+            if relation in self.syntax:
+                self.syntax[relation].merge(top)
+            else:
+                self.syntax[relation] = top
+
+    def section(self, labels: Mapping[tuple[int, int], str], texts: Sequence[str]) -> Typical:
+        """The report's ``typical`` section: per head, its label's measure and its top texts as
+        [text index, value, count] (count: real tokens, or the relation's dependents for syntax),
+        best first; and the named texts (their first :data:`TEXT_CHARS` characters)."""
+        heads, named = [], set()
+        for (layer, head), label in sorted(labels.items()):
+            measure = measure_of(label)
+            top = self.syntax.get(measure.split(":", 1)[1]) if measure.startswith("syntax:") else self.metrics[measure]
+            if top is None:  # a relation this corpus never showed (labels from another run): the fallback
+                measure, top = FALLBACK, self.metrics[FALLBACK]
+            found = [[int(i), round(float(v), 4), int(c)]
+                     for i, v, c, key in zip(top.index[layer, head].tolist(), top.value[layer, head].tolist(),
+                                             top.count[layer, head].tolist(), top.key[layer, head].tolist(),
+                                             strict=True) if i >= 0 and key > -torch.inf]
+            named.update(i for i, _, _ in found)
+            heads.append(TypicalHead(layer, head, measure, found))
+        return Typical(self.k, MIN_TOKENS, {**MEASURES, "*": FALLBACK}, heads,
+                       {str(i): texts[i][:TEXT_CHARS] for i in sorted(named)})
+
+
+def _repeat_targets_of(chunk: AttentionChunk, tokens: TokenInfo) -> tuple[Tensor, Tensor]:
+    """The induction-pattern targets of a chunk's rows (the same for every layer of a batch)."""
+    dev = chunk.weights.device
+    valid = tokens.valid.to(dev)
+    C, K = chunk.weights.shape[2], chunk.weights.shape[3]
+    return _repeat_targets(tokens.ids.to(dev), valid[:, chunk.start:chunk.start + C], valid, chunk.start, K)
+
+
+def _repeat_targets(ids: Tensor, q_valid: Tensor, valid: Tensor, start: int, K: int) -> tuple[Tensor, Tensor]:
+    """Where a text's own induction pattern points, for query rows ``start``.. (``q_valid`` (B, C))
+    over its first K keys: ``target`` (N, 3), the (example, row, key) triples where key j follows
+    an earlier occurrence (at j - 1 < i) of row i's token, for real rows only; and ``counted``
+    (B, C), the real rows that have one. ids, valid (B, T).
+
+    The triples, not a (B, C, K) mask: a row's token recurs a few times, not K, so reading p at
+    them costs far less than a pass over the map."""
+    B, C = q_valid.shape
+    rows = ids[:, start:start + C]  # (B, C)
+    i = torch.arange(start, start + C, device=ids.device)[:, None]  # (C, 1)
+    j = torch.arange(K, device=ids.device)[None, :]  # (1, K): key j follows token j - 1
+    before = torch.cat([ids.new_full((B, 1), -1), ids[:, :K - 1]], 1)  # (B, K) the token before each key
+    real_before = torch.cat([valid.new_zeros(B, 1), valid[:, :K - 1]], 1) & valid[:, :K]  # (B, K)
+    target = (rows[:, :, None] == before[:, None, :]) & real_before[:, None, :] & (j <= i)  # (B, C, K)
+    target &= q_valid[:, :, None]
+    return target.nonzero(), target.any(-1)
+
+
+def _repeats_followed(p: Tensor, target: Tensor, counted: Tensor) -> tuple[Tensor, Tensor]:
+    """A text's own induction pattern in p (B, H, C, K): for each row that repeats an earlier token
+    (``counted`` (B, C)), its mass on the tokens right after those occurrences (``target``
+    (N, 3) triples, :func:`_repeat_targets`). Returns the summed mass over such rows, (B, H), and
+    how many rows there are, (B, H)."""
+    B, H = p.shape[:2]
+    b, c, k = target.unbind(1)  # (N,) each
+    picked = p[b, :, c, k]  # (N, H)
+    mass = p.new_zeros(B, H).index_add_(0, b, picked)  # (B, H)
+    return mass, counted.sum(-1)[:, None].expand(B, H)

@@ -1,0 +1,73 @@
+"""What every function that takes a model accepts: :class:`HFModel` (what :func:`~multihead.hf.load`
+returns: a model with its tokenizer and the shape of its attention) or a bare ``nn.Module``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+__all__ = ["HFModel", "ModelLike", "as_module", "require_loaded", "right_padding"]
+
+
+@dataclass
+class HFModel:
+    """A loaded model, its tokenizer and the shape of its attention."""
+
+    model: nn.Module
+    tokenizer: Any
+    name: str
+    path: Path
+    is_causal: bool
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    max_positions: int | None
+    #: a vision model's image processor (its ``tokenizer`` is then None)
+    processor: Any = None
+
+    @property
+    def body(self) -> nn.Module:
+        """The base model (``model.base_model``): what reading attention needs, without an LM head."""
+        return getattr(self.model, "base_model", self.model)
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        """An encoder–decoder model (T5, BART, ...): three stacks, encoder, decoder and cross."""
+        return bool(getattr(getattr(self.model, "config", None), "is_encoder_decoder", False))
+
+
+#: What every function that takes a model accepts: what :func:`load` returns, or a bare module.
+ModelLike = HFModel | nn.Module
+
+
+def as_module(model: ModelLike) -> nn.Module:
+    """The ``nn.Module`` behind ``model``: an :class:`HFModel`'s ``.model``, or ``model`` itself."""
+    if isinstance(model, HFModel):
+        return model.model
+    if isinstance(model, nn.Module):
+        return model
+    raise TypeError(f"expected a model from mh.hf.load(...) or a torch.nn.Module; got {type(model).__name__}")
+
+
+def require_loaded(model: ModelLike, what: str) -> HFModel:
+    """``model`` if it is what :func:`load` returns; TypeError saying so otherwise (``what`` needs the tokenizer)."""
+    if isinstance(model, HFModel):
+        return model
+    raise TypeError(f"{what} needs the model with its tokenizer, as mh.hf.load(NAME_OR_FOLDER) returns it; "
+                    f"got {type(model).__name__}")
+
+
+@contextmanager
+def right_padding(tokenizer: Any) -> Iterator[Any]:
+    """Pad on the right while inside (positions then do not shift with padding); restore after."""
+    saved = tokenizer.padding_side
+    tokenizer.padding_side = "right"
+    try:
+        yield tokenizer
+    finally:
+        tokenizer.padding_side = saved

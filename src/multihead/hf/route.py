@@ -1,0 +1,509 @@
+"""One routed attention call per site: the single place where reading and intervening happen.
+
+Everything multihead attaches to a model — a capture that reads the maps, head gates, uniform
+attention, mean or patched replacement outputs, an extra mask — is an :class:`Attachment` fixed
+at some of the model's named layers (``decoder.3``; :func:`~multihead.hf.sites.select`) by
+:func:`attach`. While anything is attached, the site's attention runs through :func:`routed`:
+
+1. the model's own mask, intersected with every attachment's :meth:`Attachment.mask`;
+2. the attention itself — in query-row chunks when a reader is attached and the layer's map
+   would pass the readers' memory budget (:data:`MAP_BUDGET`), else in one call;
+3. heads replaced by uniform attention over their visible keys (:meth:`Attachment.uniform`);
+4. head outputs times the gates ξ, plus ``(1 − ξ)`` times a replacement (mean ablation,
+   activation patching);
+5. every reader handed each chunk of the map (:class:`AttentionChunk`), in order.
+
+transformers' attention modules reach it through an attention function registered with
+transformers (the model's configs point at it only while something is attached); our own
+:class:`~multihead.MultiHeadAttention` layers through their ``router`` slot. Neither knows the
+other: the same five steps for both.
+
+The model computes exactly what it computes without the routing: every argument transformers
+passes to its attention function is honoured — scaling, dropout, Gemma 2's ``softcap``, sliding
+windows, GPT-OSS's sink logits (``s_aux``), T5's relative ``position_bias``, ``is_causal`` — and an
+argument the routing does not know is an error that names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..attn import attention
+from ..attn.layer import MultiHeadAttention, scale_heads
+from ..masks import Mask, Rows, as_mask, causal, from_tensor, split_topk, window
+from .model import ModelLike, as_module
+from .sites import AttentionSite
+
+__all__ = ["CHUNK_BYTES", "IMPLEMENTATION", "MAP_BUDGET", "Attachment", "AttentionChunk", "Handle", "attach",
+           "routed"]
+
+IMPLEMENTATION = "multihead_capture"
+
+#: The most bytes of one streamed chunk's map (float32): glibc serves blocks below 32 MiB from its
+#: heap once it has seen them freed, larger ones are mapped afresh and page-faulted on every call —
+#: measured 4-5x slower per pass over a 37 MB map than over two of 19 MB.
+CHUNK_BYTES = 24 << 20
+#: A layer's map (B·H·T·S float32) above this many bytes is streamed to its readers in chunks of
+#: query rows (at most :data:`CHUNK_BYTES` each) instead of being formed whole: 16 sentences of
+#: 512 tokens of a 12-head model stay whole, one 4,096-token document of SmolLM2 (604 MB) streams.
+MAP_BUDGET = 256 << 20
+
+#: the one attribute routing keeps on a module: its :class:`_SiteState`
+_STATE = "_multihead_route"
+
+
+@dataclass(eq=False)
+class AttentionChunk:
+    """A chunk of query rows of one layer's attention, as every reader receives it.
+
+    ``weights`` (B, H, c, K): rows ``start .. start + c`` of the layer's (T, S) map over its first
+    K <= S keys (the keys after K have weight exactly 0 for these rows: a causal chunk ending at
+    row r has K = r + 1); ``outputs`` (B, H, c, Dv): the heads' outputs for those rows, before W^O
+    and after any gate; ``visible`` (B|1, 1|H, c, K) bool: which keys each row may see. A layer
+    that fits the budget comes as one chunk (start 0, c = T, K = S). Chunks of a layer come in
+    order; :attr:`last` marks the one that ends at row T.
+
+    ``memo`` is shared by every reader of this chunk, ``call_memo`` by every chunk of this layer's
+    call: derived quantities computed once, whichever reader asks first (they go with the chunk).
+    """
+
+    site: AttentionSite
+    layer: int
+    start: int
+    rows: int
+    keys: int
+    weights: Tensor
+    outputs: Tensor
+    visible: Tensor
+    call_memo: dict
+    memo: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The layer's name, e.g. ``decoder.3``."""
+        return f"{self.site.stack}.{self.layer}"
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.weights.shape[2]
+
+    @property
+    def last(self) -> bool:
+        """Whether this chunk holds the layer's last query rows."""
+        return self.stop >= self.rows
+
+    @property
+    def whole(self) -> bool:
+        """Whether this chunk is the whole (T, S) map."""
+        return self.start == 0 and self.last and self.weights.shape[-1] == self.keys
+
+    def output_projection(self) -> Tensor | None:
+        """W^O of the layer, (D, H·Dv), or None when it cannot be found."""
+        return self.site.output_weight()
+
+
+class Attachment:
+    """A reader or an intervention, attached at sites by :func:`attach`. Every method answers for
+    one call of one layer (``layer``: the layer within the site's stack); the defaults change nothing."""
+
+    #: whether :meth:`read` wants the maps (they are then computed by the math kernel)
+    reads: bool = False
+    #: stream every layer in chunks of at most this many query rows (None: only beyond ``budget``)
+    rows: int | None = None
+    #: map bytes above which a read layer is streamed in chunks
+    budget: int = MAP_BUDGET
+
+    def mask(self, site: AttentionSite, layer: int) -> Mask | None:
+        """A mask this layer's attention is intersected with (True = may attend)."""
+        return None
+
+    def uniform(self, site: AttentionSite, layer: int) -> Sequence[int]:
+        """Heads that attend uniformly to the keys they may see (Kovaleva et al.'s ablation)."""
+        return ()
+
+    def gates(self, site: AttentionSite, layer: int) -> Tensor | None:
+        """Gates ξ of the layer's heads, (H,) or per example (B, H): ``out = ξ·out + (1 − ξ)·replacement``."""
+        return None
+
+    def replacement(self, site: AttentionSite, layer: int) -> Tensor | None:
+        """What a gated-off head's output becomes: (H, Dv) at every position (mean ablation) or
+        (B, H, T, Dv) per example and position (activation patching); None: zeros."""
+        return None
+
+    def read(self, chunk: AttentionChunk) -> None:
+        """Receive one chunk of the layer's map (:class:`AttentionChunk`); never keep it."""
+
+
+class _SiteState:
+    """What is attached at one module: (attachment, the layers it is attached at) pairs."""
+
+    def __init__(self, site: AttentionSite) -> None:
+        self.site = site
+        self.attached: list[tuple[Attachment, frozenset[int]]] = []
+        self.calls = 0  # a shared module (ALBERT) computes consecutive layers, call by call
+
+    def layer_of_call(self) -> int:
+        if self.site.repeats == 1:
+            return self.site.layer
+        n = self.calls
+        self.calls = n + 1
+        return self.site.layer * self.site.repeats + n % self.site.repeats
+
+    def at(self, layer: int) -> list[Attachment]:
+        return [a for a, layers in self.attached if layer in layers]
+
+
+class Handle:
+    """What :func:`attach` returns: :meth:`remove` (or leaving the ``with`` block) takes it off."""
+
+    def __init__(self, model: nn.Module, attachment: Attachment, states: list[_SiteState]) -> None:
+        self.model, self.attachment, self._states = model, attachment, states
+
+    def remove(self) -> None:
+        for state in self._states:
+            state.attached = [(a, layers) for a, layers in state.attached if a is not self.attachment]
+            if not state.attached:
+                _unroute_site(state)
+        if self._states:
+            _unroute_model(self.model)
+        self._states = []
+
+    def __enter__(self) -> Handle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def attach(model: ModelLike, attachment: Attachment, where: Iterable[tuple[AttentionSite, int]]) -> Handle:
+    """Attach ``attachment`` at the (site, layer) pairs ``where`` (:func:`~multihead.hf.sites.select`)
+    of ``model``; returns the :class:`Handle` that takes it off. Attachments compose: gates multiply,
+    masks intersect, readers all read; two replacements at one layer are an error at the call."""
+    module = as_module(model)
+    layers: dict[int, tuple[AttentionSite, set[int]]] = {}
+    for site, layer in where:
+        layers.setdefault(id(site.module), (site, set()))[1].add(layer)
+    states = []
+    hf = False
+    for site, chosen in layers.values():
+        state = getattr(site.module, _STATE, None)
+        if state is None:
+            state = _SiteState(site)
+            setattr(site.module, _STATE, state)
+        state.attached.append((attachment, frozenset(chosen)))
+        states.append(state)
+        if isinstance(site.module, MultiHeadAttention):
+            site.module.router = _our_router(state)
+        else:
+            hf = True
+    if hf:
+        _route_model(module)
+    return Handle(module, attachment, states)
+
+
+def _unroute_site(state: _SiteState) -> None:
+    module = state.site.module
+    if getattr(module, _STATE, None) is state:
+        delattr(module, _STATE)
+    if isinstance(module, MultiHeadAttention):
+        module.router = None
+
+
+# --------------------------------------------------------------------------- transformers' configs
+
+#: configs pointed at IMPLEMENTATION: id -> [config, its own implementation, how many models route it]
+_ROUTED: dict[int, list[Any]] = {}
+_REGISTERED = False
+
+
+def _configs(model: nn.Module) -> list[Any]:
+    seen: dict[int, Any] = {}
+    for m in model.modules():
+        config = getattr(m, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            seen.setdefault(id(config), config)
+    return list(seen.values())
+
+
+def _route_model(model: nn.Module) -> None:
+    """Point every transformers config of ``model`` at the routed function (counted: nested
+    attachments restore the model's own implementation only when the last one goes)."""
+    configs = _configs(model)
+    if not configs:
+        raise ValueError(f"{type(model).__name__} has no transformers config to route attention through")
+    register()
+    for config in configs:
+        entry = _ROUTED.get(id(config))
+        if entry is None:
+            _ROUTED[id(config)] = [config, config._attn_implementation, 1]
+            config._attn_implementation = IMPLEMENTATION
+        else:
+            entry[2] += 1
+
+
+def _unroute_model(model: nn.Module) -> None:
+    for config in _configs(model):
+        entry = _ROUTED.get(id(config))
+        if entry is None:
+            continue
+        entry[2] -= 1
+        if entry[2] <= 0:
+            config._attn_implementation = entry[1]
+            del _ROUTED[id(config)]
+
+
+def register() -> None:
+    """Register the routed attention function with transformers (once per process)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(IMPLEMENTATION, _transformers_attention)
+    AttentionMaskInterface.register(IMPLEMENTATION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    _REGISTERED = True
+
+
+#: Arguments transformers passes that change nothing in the maps: flags about what to return, and
+#: positions the eager path does not read.
+_INERT = ("output_attentions", "output_hidden_states", "position_ids", "use_cache", "cache_position",
+          "return_dict")
+#: Arguments of packed (varlen) flash attention: honoured only when absent.
+_PACKED = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def _transformers_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                            attention_mask: Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                            **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+    """The attention function transformers calls while a model is routed: its arguments as our
+    mask, scale, soft-cap and sinks, then :func:`routed`.
+
+    query (B, H, T, Dk), key/value (B, Hkv, S, D·); returns (B, T, H, Dv) as transformers expects.
+    """
+    T, S = query.shape[2], key.shape[2]
+    softcap = kwargs.pop("softcap", None)
+    sinks = kwargs.pop("s_aux", None)
+    if sinks is None:
+        sinks = kwargs.pop("sinks", None)
+    position_bias = kwargs.pop("position_bias", None)
+    is_causal = kwargs.pop("is_causal", None)
+    sliding_window = kwargs.pop("sliding_window", None)
+    for name in _INERT:
+        kwargs.pop(name, None)
+    packed = [name for name in _PACKED if kwargs.pop(name, None) is not None]
+    asked = sorted({*packed, *(k for k, v in kwargs.items() if v is not None and v is not False)})
+    if asked:  # None / False: the argument asks for nothing (e.g. encoder_hidden_states=None)
+        names = ", ".join(asked)
+        raise ValueError(f"{type(module).__name__} passes {names} to its attention function; multihead's routing "
+                         "does not implement it and will not compute a different attention than the model's own")
+    causal_here = (is_causal if is_causal is not None else getattr(module, "is_causal", False)) and T > 1
+    if attention_mask is not None:
+        mask: Mask | None = from_tensor(attention_mask[..., :S])
+    elif causal_here:
+        mask = causal()  # transformers leaves a plain causal mask implicit
+        if sliding_window is not None and int(sliding_window) < S:  # ... and a window the mask would carry
+            mask = mask & window(int(sliding_window) - 1, 0)
+    else:
+        mask = None
+    if position_bias is not None:  # T5's relative positions: an additive bias, before the mask
+        bias = from_tensor(position_bias[..., -T:, :S].to(torch.float32 if query.dtype != torch.float64
+                                                          else query.dtype))
+        mask = bias if mask is None else bias & mask
+    state = getattr(module, _STATE, None)
+    plain = softcap is None and sinks is None
+    dropout_p = dropout if module.training else 0.0
+    if state is None:  # routed for another module of this model: the model's own attention
+        out, weights = attention(query, key, value, mask, scale=scaling, dropout_p=dropout_p,
+                                 backend="auto" if plain else "math", softcap=softcap, sinks=sinks)
+    else:
+        out, weights = routed(state, query, key, value, mask, scale=scaling, dropout_p=dropout_p,
+                              softcap=softcap, sinks=sinks, backend="auto" if plain else "math")
+    return out.transpose(1, 2).contiguous(), weights  # (B, T, H, Dv) as transformers expects
+
+
+def _our_router(state: _SiteState):
+    """The ``router`` of one of our layers: its attention call, through :func:`routed`."""
+
+    def route(layer: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, mask: Mask | Tensor | None, *,
+              dropout_p: float, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        return routed(state, q, k, v, mask, dropout_p=dropout_p, backend=layer.backend, need_weights=need_weights)
+
+    return route
+
+
+# --------------------------------------------------------------------------- the routed call
+
+
+def routed(state: _SiteState, query: Tensor, key: Tensor, value: Tensor, mask: Mask | Tensor | None, *,
+           scale: float | None = None, dropout_p: float = 0.0, softcap: float | None = None,
+           sinks: Tensor | None = None, backend: str = "auto", need_weights: bool = False
+           ) -> tuple[Tensor, Tensor | None]:
+    """One site's attention with everything attached at this call's layer applied (see the module).
+
+    query (B, H, T, Dk), key/value (B, Hkv, S, D·); returns the head outputs (B, H, T, Dv) and
+    the weights (B, H, T, S) when they were formed whole (None when streamed or not needed).
+    """
+    site = state.site
+    layer = state.layer_of_call()
+    here = state.at(layer)
+    T, S = query.shape[2], key.shape[2]
+    for a in here:
+        extra = a.mask(site, layer)
+        if extra is not None:  # e.g. replace_attention's window and sinks, with the model's own mask
+            mask = extra if mask is None else as_mask(mask) & extra
+    heads = sorted({h for a in here for h in a.uniform(site, layer)})
+    gates: Tensor | None = None
+    for a in here:
+        g = a.gates(site, layer)
+        if g is not None:
+            gates = g if gates is None else _product(gates, g)
+    fills = [f for f in (a.replacement(site, layer) for a in here) if f is not None]
+    if len(fills) > 1:
+        raise ValueError(f"{site.stack}.{layer}: two attachments replace its heads' outputs; attach one at a time")
+    fill = fills[0] if fills else None
+    readers = [a for a in here if a.reads]
+    call_memo: dict = {}
+    B, H = query.shape[:2]
+    streamed = _stream_rows(readers, mask, B, H, T, S) if readers and not heads else None
+    if streamed is not None:
+        out = _chunked(site, layer, readers, query, key, value, as_mask(mask), streamed, scale, softcap, sinks,
+                       gates, fill, call_memo)
+        return out, None
+    want = bool(readers) or need_weights
+    out, weights = attention(query, key, value, mask, scale=scale, need_weights=want, dropout_p=dropout_p,
+                             backend="math" if readers else backend, softcap=softcap, sinks=sinks)
+    if heads:  # these heads attend uniformly to the keys they may see
+        visible = _visible(mask, T, S, query.device).to(value.dtype)
+        flat = visible / visible.sum(-1, keepdim=True).clamp_min(1)  # (B|1, 1, T, S)
+        group = query.shape[1] // value.shape[1]
+        out = out.clone()
+        for h in heads:
+            out[:, h] = flat[:, 0] @ value[:, h // group]  # (B, T, Dv)
+    if gates is not None:
+        out = _gated(out, gates, fill)
+    if readers:
+        chunk = AttentionChunk(site, layer, 0, T, S, weights, out, _visible(mask, T, S, query.device), call_memo)
+        for a in readers:
+            a.read(chunk)
+    return out, weights
+
+
+def _product(a: Tensor, b: Tensor) -> Tensor:
+    """Two gates (H,) or (B, H) multiplied, broadcasting (H,) over the batch."""
+    return a * b if a.dim() == b.dim() else (a if a.dim() == 2 else a[None]) * (b if b.dim() == 2 else b[None])
+
+
+def _stream_rows(readers: list[Attachment], mask: Mask | Tensor | None, B: int, H: int, T: int, S: int
+                 ) -> int | None:
+    """Query rows per chunk when the readers' layer is streamed, or None to form it whole: the
+    smallest row limit any reader asks for, or — when the map passes the smallest budget — as
+    many rows as :data:`CHUNK_BYTES` holds. A mask that depends on the scores (top-k) is formed whole."""
+    rows = [a.rows for a in readers if a.rows is not None]
+    budget = min(a.budget for a in readers)
+    if not rows and B * H * T * S * 4 <= budget:
+        return None
+    if mask is not None and split_topk(as_mask(mask))[0] is not None:  # data-dependent (top-k): no rows of its own
+        return None
+    if rows:
+        return max(1, min(rows))
+    return max(1, CHUNK_BYTES // (B * H * S * 4))
+
+
+def _gated(out: Tensor, gates: Tensor, fill: Tensor | None) -> Tensor:
+    """Head outputs (B, H, T, Dv) times their gates (H,) or (B, H) — plus, with a replacement,
+    (1 − ξ) times it: (H, Dv) the same at every position (mean ablation) or (B, H, T, Dv) per
+    example and position (activation patching: another run's outputs)."""
+    gated = scale_heads(out, gates)
+    if fill is None:
+        return gated
+    fill = fill.to(out.dtype)  # (H, Dv) or (B, H, T, Dv)
+    if fill.dim() == 2:
+        fill = fill[:, None, :]  # (H, 1, Dv)
+    elif fill.shape[-2] != out.shape[-2]:  # a streamed chunk of rows: the same rows of the replacement
+        raise ValueError("per-position replacement outputs need the whole sequence in one call (no chunked capture)")
+    rest = (1 - gates).to(out.dtype)  # (H,) or (B, H)
+    rest = rest[:, None, None] if rest.dim() == 1 else rest[:, :, None, None]  # (H|B, …, 1, 1)
+    return gated + rest * fill  # (B, H, T, Dv)
+
+
+def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: Tensor, key: Tensor, value: Tensor,
+             mask: Mask | None, rows_per_chunk: int, scaling: float | None, softcap: float | None,
+             sinks: Tensor | None, gates: Tensor | None, fill: Tensor | None, call_memo: dict) -> Tensor:
+    """The attention of ``query`` rows in chunks, each chunk's maps handed to the readers;
+    returns the head outputs (B, H, T, Dv), equal to the unchunked ones row for row.
+
+    A chunk attends only to the keys up to the last one any of its rows may see (a causal chunk
+    ending at row r reads r + 1 keys, not S): the keys after it would get exactly zero weight, so
+    its map is handed over as (B, H, c, K) with K <= S and those columns implied zero. That halves
+    a causal model's attention and statistics work.
+    """
+    T, S = query.shape[2], key.shape[2]
+    B, H = query.shape[:2]
+    outs = []
+    start = 0
+    while start < T:
+        stop = min(T, start + rows_per_chunk)
+        rows = None if mask is None else Rows(mask, start, T, S)  # this chunk's rows of the mask
+        while True:  # as many rows as fit CHUNK_BYTES of map (at least one)
+            K = S if rows is None else _last_key(rows, stop, query.device) + 1
+            fit = max(1, CHUNK_BYTES // (B * H * K * 4))
+            if stop - start <= fit:
+                break
+            stop = start + fit
+        # the chunk's mask evaluated once, over its K keys: the kernel and the visible keys read the same tensor
+        chunk_mask = None if rows is None else _evaluated(rows, stop - start, K, query)
+        out, weights = attention(query[:, :, start:stop], key[:, :, :K], value[:, :, :K], chunk_mask,
+                                 scale=scaling, need_weights=True, backend="math", softcap=softcap,
+                                 sinks=sinks)  # (B, H, c, Dv), (B, H, c, K)
+        if gates is not None:
+            out = _gated(out, gates, fill)
+        chunk = AttentionChunk(site, layer, start, T, S, weights, out,
+                               _visible(chunk_mask, stop - start, K, query.device), call_memo)
+        for a in readers:
+            a.read(chunk)
+        del chunk
+        outs.append(out)
+        start = stop
+    return torch.cat(outs, dim=2)  # (B, H, T, Dv)
+
+
+def _last_key(rows: Rows, stop: int, device: torch.device) -> int:
+    """The last key column any of the full grid's rows ``rows.start .. stop - 1`` may see: from
+    the mask's structure where it bounds it, else by evaluating the rows (S - 1 when none may see
+    any: such rows are the kernel's to zero, over every key as unchunked)."""
+    found = rows.last_key(stop)
+    if found is not None:
+        return found if found >= 0 else rows.S - 1
+    seen = rows.materialize(stop - rows.start, rows.S, device=device)  # (…, c, S)
+    columns = seen.reshape(-1, seen.shape[-1]).any(0).nonzero()  # (n, 1)
+    return int(columns[-1]) if len(columns) else rows.S - 1
+
+
+def _evaluated(rows: Rows, c: int, K: int, query: Tensor) -> Mask:
+    """``rows`` over its first K keys as a tensor mask (…, c, K): bool, or for a mask with a bias
+    float with -inf where it may not attend (float64 for float64 queries)."""
+    device = query.device
+    keep = rows.materialize(c, K, device=device)
+    bias = rows.bias(c, K, dtype=torch.float64 if query.dtype == torch.float64 else torch.float32, device=device)
+    if bias is None:
+        return from_tensor(keep)
+    return from_tensor(torch.where(keep, bias, torch.tensor(float("-inf"), dtype=bias.dtype, device=device)))
+
+
+def _visible(mask: Mask | Tensor | None, T: int, S: int, device: torch.device) -> Tensor:
+    """Which keys each query may see, (B|1, 1|H, T, S) bool (all of them without a mask, or for a
+    mask that depends on the scores: every key was a candidate)."""
+    if mask is None:
+        return torch.ones(1, 1, T, S, dtype=torch.bool, device=device)
+    try:
+        visible = as_mask(mask).materialize(T, S, device=device)
+    except (TypeError, ValueError):  # data-dependent (top-k)
+        return torch.ones(1, 1, T, S, dtype=torch.bool, device=device)
+    return visible if visible.dim() == 4 else visible.view(1, 1, T, S)
+

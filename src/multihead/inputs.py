@@ -1,0 +1,219 @@
+"""What goes into a model, as the analyses read it: texts checked, batches padded, tokens as people read them.
+
+* :func:`check_texts`, :func:`read_lines`, :func:`read_text`: a corpus from Python or from files,
+  every problem one line naming the text or the file;
+* :class:`TokenInfo`: what the per-head metrics need to know about a padded batch (real tokens,
+  the first one, separators, punctuation, ids) — built by :func:`token_info`;
+* :class:`Batch`: one padded batch of a corpus as every reducer receives it (its tokens, the
+  corpus indices of its texts, the model's inputs, optional parses and character offsets), with a
+  ``memo`` for what several reducers derive from it once;
+* :func:`readable_tokens`: byte-level BPE pieces decoded, WordPiece's ``##`` kept, a character
+  split over several byte tokens shown on each;
+* :func:`count_unknown_tokens`: how many tokens are the tokenizer's ``[UNK]``.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["Batch", "InputError", "TokenInfo", "UnknownTokens", "check_texts", "count_unknown_tokens", "encode_text",
+           "read_lines", "read_text", "readable_file", "readable_tokens", "real_positions", "token_info"]
+
+
+class InputError(ValueError):
+    """A problem with what the user gave (a file, a flag's value): one line naming it."""
+
+
+@dataclass
+class TokenInfo:
+    """What the metrics need to know about a padded batch of tokens, all (B, T) bool."""
+
+    valid: Tensor  # a real token (not padding)
+    first: Tensor  # the first real token of its sequence ([CLS] / BOS position)
+    separator: Tensor  # [SEP] / EOS
+    punctuation: Tensor
+    ids: Tensor | None = None  # (B, T) the token ids, for the texts' own induction pattern (typical texts)
+
+    @cached_property
+    def positions(self) -> tuple[Tensor, bool]:
+        """:func:`real_positions` of :attr:`valid`, computed once per batch (a streamed capture
+        reads it for every chunk of every layer)."""
+        return real_positions(self.valid)
+
+
+def real_positions(valid: Tensor) -> tuple[Tensor, bool]:
+    """Each token's index among the real tokens of its row, (B, T), and whether the real tokens
+    are the first ones of every row (right padding or none), so offsets are plain diagonals."""
+    pos = valid.long().cumsum(-1) - 1  # (B, T)
+    T = valid.shape[-1]
+    prefix = bool((pos[valid] == torch.arange(T, device=valid.device).expand_as(pos)[valid]).all())
+    return pos, prefix
+
+
+@dataclass
+class Batch:
+    """One padded batch of a corpus, as every reducer's ``begin_batch`` receives it.
+
+    ``tokens``: its :class:`TokenInfo` (of the queries); ``texts``: the corpus index of each row;
+    ``inputs``: what the model is called with; ``keys``: for cross-attention, the keys' tokens;
+    ``parses`` and ``offsets``: per row, a dependency parse (or None) and the tokens' character
+    spans, when syntax is scored; ``memo``: derived data several reducers
+    read, computed once by whichever asks first.
+    """
+
+    tokens: TokenInfo
+    texts: list[int]
+    inputs: dict[str, Tensor] = field(default_factory=dict)
+    #: cross-attention: the keys' tokens (an encoder's), the queries' being ``tokens``
+    keys: TokenInfo | None = None
+    parses: Sequence[Any] | None = None
+    offsets: Sequence[Sequence[tuple[int, int]]] | None = None
+    memo: dict = field(default_factory=dict)
+
+
+def token_info(input_ids: Tensor, valid: Tensor, tokenizer: Any, cache: dict[int, bool] | None = None) -> TokenInfo:
+    """The :class:`TokenInfo` of a padded batch (B, T) of ``tokenizer``'s ids: separators are its
+    [SEP] / EOS tokens (never the first real token), punctuation the tokens made only of
+    punctuation (``cache``: token id -> punctuation, kept across batches)."""
+    cache = {} if cache is None else cache
+    special = {t for t in (tokenizer.sep_token_id, tokenizer.eos_token_id) if t is not None}
+    first = torch.zeros_like(valid)
+    first[torch.arange(valid.shape[0]), valid.long().argmax(-1)] = True
+    first &= valid
+    separator = torch.zeros_like(valid)
+    for sid in special:
+        separator |= input_ids == sid
+    separator &= valid
+    punct = torch.tensor([[_is_punct(int(t), tokenizer, cache) for t in row] for row in input_ids.tolist()],
+                         dtype=torch.bool) & valid
+    return TokenInfo(valid=valid, first=first, separator=separator & ~first, punctuation=punct, ids=input_ids)
+
+
+def _is_punct(token_id: int, tok: Any, cache: dict[int, bool]) -> bool:
+    if token_id not in cache:
+        text = tok.convert_ids_to_tokens(token_id) or ""
+        text = text.removeprefix("##").lstrip("Ġ▁")
+        cache[token_id] = bool(text) and all(unicodedata.category(c).startswith("P") for c in text)
+    return cache[token_id]
+
+
+# --------------------------------------------------------------------------- texts
+
+
+def check_texts(texts: Sequence[str]) -> list[str]:
+    """The texts as a list; ValueError/TypeError naming the first empty or non-string one."""
+    if isinstance(texts, str):
+        texts = [texts]
+    texts = list(texts)
+    if not texts:
+        raise ValueError("no text to analyze: give at least one non-empty text")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"text {i + 1} is a {type(t).__name__}, expected str")
+        if not t.strip():
+            raise ValueError(f"text {i + 1} is empty or only whitespace")
+    return texts
+
+
+def readable_file(path: str | Path, flag: str) -> Path:
+    """``path`` as a Path if it is a file; :class:`InputError` naming ``flag`` otherwise."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{flag} {p} is a folder, expected a file")
+    if not p.is_file():
+        raise InputError(f"{flag} {p}: no such file")
+    return p
+
+
+def read_text(path: str | Path, flag: str) -> str:
+    """The whole of a UTF-8 text file given as ``flag``."""
+    p = readable_file(path, flag)
+    try:
+        raw = p.read_bytes()
+    except OSError as err:
+        raise InputError(f"cannot read {flag} {p}: {err.strerror or err}") from err
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{flag} {p} is not UTF-8 text (byte {err.start})") from err
+
+
+def read_lines(path: str | Path, flag: str = "--file") -> list[str]:
+    """The non-empty lines of a UTF-8 text file given as ``flag``."""
+    lines = [line.strip() for line in read_text(path, flag).splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        raise InputError(f"{flag} {path} has no non-empty line")
+    return lines
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+@dataclass
+class UnknownTokens:
+    """Tokens the tokenizer could not represent (its ``unk_token``), of all non-special tokens."""
+
+    count: int
+    total: int
+    token: str | None
+
+    @property
+    def share(self) -> float:
+        return self.count / self.total if self.total else 0.0
+
+
+def count_unknown_tokens(encoded: Sequence[Sequence[int]], tok: Any) -> UnknownTokens:
+    """How many of the texts' tokens (special tokens aside) are the tokenizer's unknown token.
+
+    Raises ValueError when no token at all is known: the report would describe ``[UNK]``, not the texts.
+    """
+    unk = getattr(tok, "unk_token_id", None)
+    specials = set(getattr(tok, "all_special_ids", ()) or ()) - {unk}
+    total = unknown = 0
+    for ids in encoded:
+        for t in ids:
+            if t in specials:
+                continue
+            total += 1
+            unknown += t == unk
+    found = UnknownTokens(unknown, total, getattr(tok, "unk_token", None))
+    if total and unknown == total:
+        raise ValueError(f"none of the texts' {total} tokens is known to the tokenizer: all are {found.token} "
+                         "(a script or symbols its vocabulary lacks); nothing to analyse")
+    return found
+
+
+def encode_text(tokenizer: Any, text: str, *, max_tokens: int | None = None) -> tuple[dict, list[str]]:
+    """``text`` encoded (a batch of one, cut at ``max_tokens``) and its tokens as people read them."""
+    fast = bool(getattr(tokenizer, "is_fast", False))
+    enc = tokenizer(text, return_tensors="pt", truncation=max_tokens is not None, max_length=max_tokens,
+                    return_offsets_mapping=fast)
+    offsets = enc.pop("offset_mapping")[0].tolist() if fast else None
+    return dict(enc), readable_tokens(tokenizer, enc["input_ids"][0].tolist(), text, offsets)
+
+
+def readable_tokens(tok: Any, ids: list[int], text: str, offsets: list | None = None) -> list[str]:
+    """Tokens as people read them: byte-level BPE pieces decoded ("å°" -> "小"; a character split
+    over several byte tokens is shown on each of them), WordPiece's "##" kept, specials as named.
+    ``offsets``: the tokens' character spans in ``text`` (fast tokenizers)."""
+    raw = tok.convert_ids_to_tokens(ids)
+    special = set(getattr(tok, "all_special_ids", ()) or ())
+    out = []
+    for n, (i, t) in enumerate(zip(ids, raw, strict=True)):
+        if i in special or t.startswith("##"):
+            out.append(t)
+            continue
+        decoded = tok.convert_tokens_to_string([t])
+        if "\ufffd" in decoded and offsets is not None and offsets[n][1] > offsets[n][0]:
+            decoded = text[offsets[n][0]:offsets[n][1]]  # part of a multi-byte character: show the character
+        out.append(decoded if decoded.strip() else t.replace("Ġ", " ").replace("▁", " "))
+    return out

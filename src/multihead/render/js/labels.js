@@ -1,0 +1,29 @@
+// Labels as the page shows them: codes, marks and colours come with the data, from the one place that
+// defines them (multihead/analysis/labels.py), so the page and the terminal say the same. Pure functions.
+
+// head (l, h)'s label, or "" when the page has no report
+export function labelOf(data, l, h) {
+  return data.labels ? data.labels[l * data.num_heads + h] : "";
+}
+
+// a label's short code for maps (as the terminal's map writes it); the label itself when none is given
+export function codeOf(data, label) {
+  return data.codes && data.codes[label] !== undefined ? data.codes[label] : String(label);
+}
+
+// "confirmed" | "attention-only" | null: how the head's label fared when tested by ablation
+export function evidenceOf(data, l, h) {
+  return data.evidence ? data.evidence[l * data.num_heads + h] : null;
+}
+
+// the mark after a tested label's code (" ✓", " ~"), or ""
+export function markOf(data, l, h) {
+  const e = evidenceOf(data, l, h), marks = data.marks || {};
+  return e && marks[e] ? " " + marks[e] : "";
+}
+
+// a label's background colour (syntactic labels share one)
+export function colourOf(data, label) {
+  const colours = data.colours || {};
+  return colours[String(label).split(":")[0]] || "#ffffff";
+}

@@ -1,0 +1,269 @@
+"""The interactive attention page: one self-contained HTML file (or a notebook cell).
+
+Views: model (L x H thumbnails titled with labels; a click opens the head), head (lines from each
+token to what it attends to, heads toggled by colour), matrix (one head's heatmap, the value
+under the pointer, PNG/SVG export), rollout (attention rollout and flow of the text through the
+layers, :mod:`multihead.analysis.rollout`), the sortable head table with every metric of a
+:class:`~multihead.Report`, and the head x head similarity with its clusters. Several sentences
+in one page, chosen from a list.
+
+A renderer: it takes data — the views of :class:`~multihead.analysis.stats.maps.TextView` and a
+:class:`~multihead.Report` — never a model (:mod:`multihead.viz` runs the pass and calls it).
+
+Size: each attention row keeps its ``k`` largest weights (k = 32, or 16 for large models and
+long inputs), quantised to a byte — the views draw nothing finer; a long text's pooled maps and
+rows are gzip-compressed (the page inflates them with the browser's ``DecompressionStream``).
+The data is versioned (:data:`PAGE_DATA_VERSION`). All strings are data (JSON in
+a non-executable script tag, ``<``, ``>`` and ``&`` escaped) and are put on the page with
+``textContent``; the page loads nothing from the network (a Content-Security-Policy says so).
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import html
+import json
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .. import __version__
+from ..analysis.labels import label_codes, legend
+from ..analysis.report import Report
+from ..analysis.stats.maps import LONG_TEXT, Pooled, TextView
+from ..files import write_atomically
+from ..jsonable import json_number, json_value
+from .glyphs import embedded_font_css
+from .js import page_script
+
+__all__ = ["PAGE_DATA_VERSION", "AttentionPage", "page_body", "page_data", "page_html", "write_page"]
+
+#: The version of the page's data (page.js reads it; a page of another version says so).
+PAGE_DATA_VERSION = 2
+
+_CSS = """
+.mh-page { font: 13px/1.4 system-ui, sans-serif, 'mh-glyphs'; color: #222; }
+.mh-page .mh-tabs button { margin-right: 4px; }
+.mh-page select, .mh-page button, .mh-page option { font-family: inherit; }
+.mh-page .mh-tab.active { font-weight: 700; }
+.mh-page .mh-headbox { display: inline-block; min-width: 18px; text-align: center; color: #fff; margin: 1px;
+  cursor: pointer; opacity: 0.3; border-radius: 3px; font-size: 11px; }
+.mh-page .mh-headbox.on { opacity: 1; }
+.mh-page table { border-collapse: collapse; }
+.mh-page th, .mh-page td { border: 1px solid #ccc; padding: 1px 5px; text-align: right; }
+.mh-page th { cursor: pointer; background: #f3f3f3; }
+.mh-page canvas { border: 1px solid #eee; max-width: 100%; }
+.mh-page .mh-view[data-view="head"] { max-height: 85vh; overflow-y: auto; }
+.mh-page .mh-info { min-height: 1.4em; font-family: monospace; }
+.mh-page table.mh-labelmap td { text-align: center; cursor: pointer; font-size: 11px; min-width: 4.2em; }
+.mh-page table.mh-table tr.mh-row { cursor: pointer; }
+.mh-page table.mh-table tr.mh-row:hover, .mh-page table.mh-labelmap td:hover { outline: 2px solid #fc0; }
+.mh-page dl.mh-legend { display: grid; grid-template-columns: max-content auto; gap: 2px 10px; font-size: 12px; }
+.mh-page dl.mh-legend dt { padding: 0 6px; border: 1px solid #ccc; }
+.mh-page dl.mh-legend dd { margin: 0; }
+.mh-page table.mh-probe td, .mh-page table.mh-probe th { font-size: 12px; }
+.mh-page .mh-meta, .mh-page .mh-note { color: #555; }
+.mh-page .mh-detail td:first-child { text-align: left; }
+"""
+
+
+
+def _sparse_rows(maps: Tensor, k: int) -> tuple[str, str, int]:
+    """Top-k of every row of (L, H, T, T) as base64 uint16 indices and uint8 values."""
+    T = maps.shape[-1]
+    k = min(k, T)
+    values, index = maps.float().topk(k, dim=-1)  # (L, H, T, k)
+    q = (values.clamp(0, 1) * 255).round().to(torch.uint8)
+    idx = index.to(torch.int32).numpy().astype("<u2")
+    return base64.b64encode(idx.tobytes()).decode(), base64.b64encode(q.numpy().tobytes()).decode(), k
+
+
+def _bytes(values: Tensor) -> str:
+    """Values in [0, 1] as base64 bytes (0..255)."""
+    return base64.b64encode((values.clamp(0, 1) * 255).round().to(torch.uint8).numpy().tobytes()).decode()
+
+
+def _pack(raw: bytes) -> str:
+    """gzip, then base64: the page inflates it with DecompressionStream("gzip")."""
+    return base64.b64encode(gzip.compress(raw, compresslevel=6, mtime=0)).decode()
+
+
+def _pooled_entry(view: TextView, pooled: Pooled) -> dict:
+    """A long text's pooled attention as the page reads it: each row's k largest weights and the
+    block-pooled mass and max, quantised to a byte (the pooled maps on a square-root scale, so
+    faint long-range mass stays visible), gzip-compressed."""
+    mass, largest = pooled.mass, pooled.largest
+    scale = mass.flatten(2).amax(-1).clamp_min(1e-12)  # (L, H) each head's largest block mass
+    mass_q = (mass / scale[..., None, None]).sqrt().mul(255).round().to(torch.uint8)
+    largest_q = largest.clamp(0, 1).sqrt().mul(255).round().to(torch.uint8)
+    return {"text": view.text, "tokens": view.tokens, "k": pooled.k, "gzip": True,
+            "index": _pack(pooled.index.numpy().astype("<u2").tobytes()),
+            "values": _pack(pooled.values.numpy().tobytes()),
+            "pooled": {"block": pooled.block, "cells": pooled.cells, "mass": _pack(mass_q.numpy().tobytes()),
+                       "max": _pack(largest_q.numpy().tobytes()),
+                       "mass_scale": [round(float(s), 6) for s in scale.flatten()]}}
+
+
+def _dense_entry(view: TextView, top_k: int | None) -> dict:
+    maps = view.maps
+    L, H, T = maps.shape[0], maps.shape[1], maps.shape[-1]
+    k = top_k or (16 if L * H * T > 20_000 else 32)
+    idx, val, k = _sparse_rows(maps, k)
+    entry = {"text": view.text, "tokens": list(view.tokens), "k": k, "index": idx, "values": val}
+    if view.rollout is not None:
+        entry["rollout"] = _bytes(view.rollout)  # (L, T, T)
+    if view.flow is not None:
+        entry["flow"] = _bytes(view.flow)  # (T, T)
+    return entry
+
+
+def page_data(views: Sequence[TextView | tuple], report: Report | None = None, num_layers: int | None = None,
+              num_heads: int | None = None, *, top_k: int | None = None) -> dict:
+    """The page's data: the texts' views (:class:`TextView`, or ``(text, tokens, maps (L, H, T, T))``)
+    and an optional report (labels, metrics, similarity, the overview's sections)."""
+    if not views:
+        raise ValueError("a page needs at least one sentence")
+    views = [v if isinstance(v, TextView) else TextView(v[0], list(v[1]), maps=v[2]) for v in views]
+    shapes = {tuple((v.maps if v.maps is not None else v.pooled.mass).shape[:2]) for v in views}
+    L, H = shapes.pop() if len(shapes) == 1 else (num_layers, num_heads)
+    if shapes or L is None:
+        raise ValueError("every text's maps must have the same (L, H)")
+    if report is not None and (report.num_layers, report.num_heads) != (L, H):
+        raise ValueError(f"the report is for {report.num_layers} x {report.num_heads} heads; the maps are {L} x {H}")
+    rows = []
+    for view in views:
+        if view.pooled is not None:
+            rows.append(_pooled_entry(view, view.pooled))
+            continue
+        maps = view.maps
+        if maps.dim() != 4 or maps.shape[:2] != (L, H) or maps.shape[2] != maps.shape[3] != len(view.tokens):
+            raise ValueError(f"maps must be (L, H, T, T) with T = {len(view.tokens)} tokens; got {tuple(maps.shape)}")
+        rows.append(_dense_entry(view, top_k))
+    data: dict = {"version": PAGE_DATA_VERSION, "num_layers": L, "num_heads": H, "sentences": rows,
+                  "metric_names": [], "heads": [], "long_text": LONG_TEXT, **legend()}
+    if report is not None:
+        data.update(_report_data(report))
+    return data
+
+
+def _report_data(report: Report) -> dict:
+    data: dict = {"model": report.model, "labels": [r.label for r in report.heads],
+                  "codes": label_codes(r.label for r in report.heads)}
+    marks = report.marks()
+    if marks:  # labels tested by ablation (multihead.analysis.interventions.evidence)
+        data["evidence"] = [marks.get((r.layer, r.head)) for r in report.heads]
+    data["metric_names"] = report.metric_names
+    data["heads"] = [{"layer": r.layer, "head": r.head, "label": r.label, "flags": list(r.flags),
+                      "metrics": {k: json_number(v, 4) for k, v in r.metrics.items()}} for r in report.heads]
+    red = report.redundancy
+    if red is not None and red.js_distance is not None:
+        js = torch.as_tensor(red.js_distance, dtype=torch.float64).nan_to_num(1.0).clamp(0, 1)
+        data["similarity"] = (js * 255).round().to(torch.uint8).flatten().tolist()
+        data["clusters"] = [list(map(list, g)) for g in red.clusters_js]
+        if red.groups_js:
+            data["groups"] = {**red.groups_js, "groups": [list(map(list, g)) for g in red.groups_js["groups"]]}
+        data["pairs"] = [[list(a), list(b), json_number(v, 4)] for a, b, v in red.pairs_js]
+    data["overview"] = _overview(report)
+    return data
+
+
+def _overview(report: Report) -> dict:
+    """What the overview tab shows beside the label map: the run and the probes' summaries (the
+    per-head matrices stay out: the table has every head's metrics)."""
+    out: dict = {"model": report.model, "causal": report.causal, "sentences": report.sentences,
+                 "tokens": report.tokens, "written": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                 "version": __version__, "flags": [[r.layer, r.head, list(r.flags)] for r in report.heads if r.flags]}
+    out.update(legend())
+    sections = report.sections
+    if sections.syntax is not None:
+        out["syntax"] = {"min_count": sections.syntax.min_count, "relations": {
+            rel: {"count": d.count, "baseline": json_number(d.baseline), "baseline_offset": d.baseline_offset,
+                  "best": json_value(d.best)}
+            for rel, d in sections.syntax.relations.items()}}
+    for key in ("coreference", "induction", "ablation", "evidence", "long_context", "retrieval", "corpus", "typical"):
+        section = getattr(sections, key)
+        if section is not None:
+            out[key] = section.to_dict()
+    return out
+
+
+def _json_for_script(value: object) -> str:
+    """JSON that cannot end the script element it sits in."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def page_body(data: dict) -> str:
+    """The page as a fragment: a container with its own id, its data and its script."""
+    root = f"mh-{uuid.uuid4().hex[:12]}"
+    script = page_script(root)
+    title = html.escape(str(data.get("model", "attention")))
+    glyphs = embedded_font_css(t for s in data["sentences"] for t in (s["text"], *s["tokens"]))
+    return (f'<div class="mh-page" id="{root}"><style>{glyphs}{_CSS}</style>'
+            f"<h2>{title}: {data['num_layers']} layers × {data['num_heads']} heads</h2>"
+            '<div class="mh-controls"></div>'
+            '<div class="mh-tabs">'
+            + ('<button class="mh-tab" data-view="overview">overview</button>' if data.get("overview") else "") +
+            '<button class="mh-tab" data-view="model">model</button>'
+            '<button class="mh-tab" data-view="head">head</button>'
+            '<button class="mh-tab" data-view="matrix">matrix</button>'
+            '<button class="mh-tab" data-view="rollout">rollout</button>'
+            '<button class="mh-tab" data-view="table">table</button>'
+            '<button class="mh-tab" data-view="similarity">similarity</button>'
+            ' <button class="mh-export-png">export PNG</button>'
+            ' <button class="mh-export-svg">export SVG</button>'
+            ' <button class="mh-export-csv">export table CSV</button></div>'
+            '<div class="mh-info"></div>'
+            '<div class="mh-view" data-view="overview" style="display:none"><div class="mh-overview"></div></div>'
+            '<div class="mh-view" data-view="model" style="display:none"><canvas class="mh-modelview"></canvas></div>'
+            '<div class="mh-view" data-view="head" style="display:none"><canvas class="mh-headview"></canvas></div>'
+            '<div class="mh-view" data-view="matrix" style="display:none"><div class="mh-matrix-title"></div>'
+            '<div class="mh-zoom" style="display:none"><select class="mh-pool-mode" aria-label="pooled value">'
+            '<option value="mass">block mass</option><option value="max">block max</option></select>'
+            ' <button class="mh-zoom-out">zoom out</button> <button class="mh-zoom-all">whole map</button></div>'
+            '<canvas class="mh-matrix"></canvas><div class="mh-detail"></div></div>'
+            '<div class="mh-view" data-view="rollout" style="display:none"><div class="mh-rollout-title"></div>'
+            '<select class="mh-rollout-mode" aria-label="rollout or flow"><option value="rollout">attention rollout'
+            '</option><option value="flow">attention flow</option></select><br>'
+            '<canvas class="mh-rollout"></canvas></div>'
+            '<div class="mh-view" data-view="table" style="display:none"><table class="mh-table"></table></div>'
+            '<div class="mh-view" data-view="similarity" style="display:none">'
+            '<select class="mh-sim-order" aria-label="order of the heads"><option value="layer">layer order'
+            '</option><option value="group">grouped (Ward groups on the diagonal)</option></select><br>'
+            '<canvas class="mh-similarity"></canvas><ul class="mh-clusters"></ul></div>'
+            f'<script type="application/json" id="{root}-data">{_json_for_script(data)}</script>'
+            f"<script>{script}</script></div>")
+
+
+def page_html(data: dict) -> str:
+    """A whole HTML document: everything inline, and a policy that forbids any network load."""
+    csp = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; font-src data:"
+    title = html.escape(str(data.get("model", "attention")))
+    return (f'<!DOCTYPE html><html><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+            f"<title>multihead: {title}</title></head><body>{page_body(data)}</body></html>\n")
+
+
+class AttentionPage:
+    """The page's data, shown inline in Jupyter (each display is its own independent instance)."""
+
+    def __init__(self, data: dict) -> None:
+        self.data = data
+
+    def _repr_html_(self) -> str:
+        return page_body(self.data)
+
+    def html(self) -> str:
+        return page_html(self.data)
+
+    def save(self, path: str | Path) -> Path:
+        return write_page(self.html(), path)
+
+
+def write_page(page: str, path: str | Path) -> Path:
+    return write_atomically(path, page)

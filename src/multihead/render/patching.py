@@ -1,0 +1,75 @@
+"""The page of one activation-patching run: the layer x head map of restored shares (and of
+direct logit attribution for decoders), self-contained and escaped like every page we write."""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor
+
+from ..analysis.interventions.patching import Patching
+from .html import escape, static_document
+
+__all__ = ["patching_page"]
+
+_STYLE = """
+body { font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }
+table.map { border-collapse: collapse; font: 11px ui-monospace, monospace; }
+table.map td, table.map th { border: 1px solid #ddd; padding: 2px 4px; text-align: right; }
+table.map th { background: #f3f3f3; }
+.tokens span { border: 1px solid #ccc; border-radius: 3px; padding: 0 3px; margin: 0 1px; white-space: pre; }
+.tokens span.diff { background: #fde0c5; }
+.legend { font-size: 12px; color: #555; }
+"""
+
+
+def _cell_colour(value: float, limit: float) -> str:
+    """Diverging: red where patching restores the clean answer, blue where it pushes the wrong way."""
+    if math.isnan(value) or limit <= 0:
+        return "#ffffff"
+    t = max(-1.0, min(1.0, value / limit))
+    fade = int(255 * (1 - abs(t)))
+    return f"rgb(255,{fade},{fade})" if t >= 0 else f"rgb({fade},{fade},255)"
+
+
+def _map(values: Tensor, caption: str) -> str:
+    L, H = values.shape
+    limit = float(values.abs().max()) if values.numel() else 0.0
+    head = "".join(f"<th>H{h}</th>" for h in range(H))
+    rows = []
+    for layer in range(L):
+        cells = "".join(f'<td style="background:{_cell_colour(float(v), limit)}" title="L{layer}.H{h}: '
+                        f'{float(v):+.4f}">{float(v):+.3f}</td>' for h, v in enumerate(values[layer]))
+        rows.append(f"<tr><th>L{layer}</th>{cells}</tr>")
+    return (f"<figure><figcaption>{escape(caption)}</figcaption><table class=\"map\"><tr><th></th>{head}</tr>"
+            f"{''.join(rows)}</table><p class=\"legend\">red: toward the clean answer; blue: toward the wrong one; "
+            f"full colour = ±{limit:.3g}</p></figure>")
+
+
+def _tokens(tokens: list[str], other: list[str]) -> str:
+    return "".join(f'<span class="{"diff" if t != o else ""}">{escape(t)}</span>' for t, o in zip(tokens, other,
+                                                                                            strict=True))
+
+
+def patching_page(result: Patching, model: str) -> str:
+    """A whole HTML document for ``result`` (nothing loaded from the network, every token escaped)."""
+    gap = result.gap
+    parts = [f"<h1>Activation patching: {escape(model)}</h1>",
+             f'<p>Clean <span class="tokens">{_tokens(result.tokens, result.corrupt_tokens)}</span></p>',
+             f'<p>Corrupt <span class="tokens">{_tokens(result.corrupt_tokens, result.tokens)}</span></p>',
+             f"<p>Answer {escape(repr(result.answer))} vs wrong {escape(repr(result.wrong))}, read at token "
+             f"{result.position}. Logit difference: clean {result.clean_diff:+.4f}, corrupt "
+             f"{result.corrupt_diff:+.4f} (gap {gap:+.4f}); method: {escape(result.method)}.</p>"]
+    try:
+        restored = result.restored
+        parts.append(_map(restored, "Share of the gap restored by patching each head's clean output (before W^O, "
+                                    "every position) into the corrupt run"))
+        top = ", ".join(f"L{layer}.H{h} {v:+.3f}" for (layer, h), v in result.top(5))
+        parts.append(f"<p>Top 5: {escape(top)}</p>")
+    except ValueError as err:
+        parts.append(f"<p>{escape(err)}</p>")
+        parts.append(_map(result.change, "Change of the logit difference by patching each head"))
+    if result.direct is not None:
+        parts.append(_map(result.direct, "Direct logit attribution in the clean run (logits; the final norm's scale "
+                                         "frozen): each head's output projected on W_U[answer] − W_U[wrong]"))
+    return static_document(f"multihead patching: {model}", "".join(parts), style=_STYLE)

@@ -1,0 +1,241 @@
+"""The terminal text of every command: what ``multihead analyze``, ``patch``, ``compare`` print (a renderer).
+
+Each function takes the data a command produced — a :class:`~multihead.Report`, a
+:class:`~multihead.analysis.interventions.patching.Patching`, a
+:class:`~multihead.analysis.compare.Comparison` — and returns the lines to print; labels, marks and
+thresholds come from :mod:`multihead.analysis.labels`, as in every other view.
+"""
+
+from __future__ import annotations
+
+from ..analysis.compare import Comparison, cell_name, dead_heads
+from ..analysis.interventions.patching import Patching
+from ..analysis.labels import MARKS, SINK_HEAD, WINDOW_KEPT
+from ..analysis.report import Report
+from ..analysis.sections import WhatIf
+
+__all__ = ["analyze_text", "comparison_text", "patching_table", "patching_text", "prune_text", "what_if_text"]
+
+
+def analyze_text(report: Report, *, model_name: str | None = None, files: list | None = None) -> str:
+    """What ``multihead analyze`` prints: the shape, the label map, then each section's summary
+    (and the files written, when given)."""
+    name = model_name or report.model
+    shape = f"{report.num_layers} layers x {report.num_heads} heads" + (" (causal)" if report.causal else "")
+    if report.stacks:
+        shape = "; ".join(f"{r.stack} {r.num_layers} x {r.num_heads}" for r in (report, *report.stacks.values()))
+    if report.sections.images is not None:
+        parts = [f"{name}: {report.num_layers} layers x {report.num_heads} heads; {report.sections.images.count} "
+                 f"images, {report.tokens} patch rows\n", report.label_map()]
+    else:
+        parts = [f"{name}: {shape}; {report.sentences} sentences, {report.tokens} tokens\n", report.label_map()]
+        if report.sections.what_if is not None:
+            parts.append("\n" + what_if_text(report.sections.what_if))
+        parts += [text for text in (_flags_and_redundancy(report), _probes(report), _ablation(report),
+                                    _evidence(report), _long_context(report)) if text]
+    if files:
+        parts.append(f"\nwrote {', '.join(str(p) for p in files[:-1])} and {files[-1]}")
+    return "\n".join(parts)
+
+
+def _flags_and_redundancy(report: Report) -> str:
+    flagged = report.flagged()
+    lines = [f"\nDegenerate heads ({len(flagged)}):" if flagged else "\nNo degenerate heads."]
+    for r in flagged:
+        lines.append(f"  L{r.layer}.H{r.head}: {', '.join(r.flags)} (entropy_norm {r.metrics['entropy_norm']:.2f}, "
+                     f"self {r.metrics['self']:.2f}, sep {r.metrics['sep']:.2f})")
+    red = report.redundancy
+    if red is not None and red.pairs_js:
+        lines.append("\nMost redundant head pairs (Jensen-Shannon distance of their attention, 0 = identical; "
+                     "cosine of their outputs after W^O):")
+        for a, b, js in red.pairs_js[:5]:
+            lines.append(f"  L{a[0]}.H{a[1]} ~ L{b[0]}.H{b[1]}: JS {js:.3f}, cosine "
+                         f"{red.cosine_of(a, b, report.num_heads):.2f}")
+        groups = red.clusters_js or []
+        if groups:
+            def names(group: list) -> str:
+                heads = " ".join(f"L{x[0]}.H{x[1]}" for x in group[:8])
+                return heads + (f" … ({len(group)} heads)" if len(group) > 8 else "")
+
+            shown = "; ".join(names(g) for g in groups[:3])
+            lines.append(f"  {len(groups)} clusters (JS <= {red.cluster_threshold}), largest first: {shown}")
+    return "\n".join(lines)
+
+
+def _probes(report: Report) -> str:
+    lines = []
+    by_metric = {}
+    for key in ("induction", "coreference"):
+        if report.heads and key in report.heads[0].metrics:
+            by_metric[key] = sorted(report.heads, key=lambda r, k=key: -(r.metrics[k] or 0))[:3]
+    if "induction" in by_metric:
+        top = ", ".join(f"L{r.layer}.H{r.head} {r.metrics['induction']:.2f}" for r in by_metric["induction"])
+        lines.append(f"\nInduction (attention to the token after the earlier copy, repeated random tokens): {top}")
+    coref = report.sections.coreference
+    if "coreference" in by_metric and coref is not None:
+        skipped = coref.skipped_unknown_tokens
+        note = f", {skipped} skipped: pronoun or antecedent unknown to the tokenizer" if skipped else ""
+        top = ", ".join(f"L{r.layer}.H{r.head} {r.metrics['coreference']:.2f}" for r in by_metric["coreference"])
+        lines.append(f"Coreference (pronoun -> antecedent among candidates, {coref.examples} examples{note}): {top}; "
+                     f"nearest-mention baseline {coref.baseline_nearest:.2f}")
+    syntax = report.sections.syntax
+    if syntax:
+        rows = [(rel, d) for rel, d in syntax.relations.items() if d.count >= syntax.min_count]
+        rows = sorted(rows, key=lambda kv: kv[1].baseline - kv[1].best["accuracy"])[:8]
+        lines.append("Syntax (dependent -> governor; rel> is governor -> dependent), the relations whose best head "
+                     "beats the best fixed offset most:")
+        for rel, d in rows:
+            b = d.best
+            lines.append(f"  {rel:10s} n={d.count:<5d} L{b['layer']}.H{b['head']} {b['accuracy']:.2f}  "
+                         f"baseline {d.baseline:.2f} (offset {d.baseline_offset:+d})")
+    return "\n".join(lines)
+
+
+def _ablation(report: Report) -> str:
+    """The heads whose removal changes the model's own objective most."""
+    section = report.sections.ablation
+    if section is None or not report.heads:
+        return ""
+    if section.skipped:
+        return f"\nAblation skipped: {section.skipped}."
+    intact = "" if section.objective.startswith("1 - cosine") else f"; intact {section.intact:.4f}"
+    lines = [f"\nAblation ({section.objective}, {section.texts} texts{intact}), "
+             "the heads whose removal changes it most:"]
+    for key in section.modes:
+        heads = sorted(report.heads, key=lambda r, k=key: -abs(r.metrics.get(k) or 0))[:6]
+        lines.append(f"  {key}: " + ", ".join(f"L{r.layer}.H{r.head} {r.metrics[key]:+.4f}" for r in heads))
+    return "\n".join(lines)
+
+
+def _evidence(report: Report) -> str:
+    """The labels tested by ablation, confirmed or attention-only, with the measured values."""
+    section = report.sections.evidence
+    if section is None or not section.heads:
+        return ""
+    lines = [f"\nLabels tested by ablation ({MARKS['confirmed']} confirmed: the behaviour needs the head; "
+             f"{MARKS['attention-only']} attention-only):"]
+    for label in sorted({e.label for e in section.heads}):
+        rows = [e for e in section.heads if e.label == label]
+        syntactic = label.startswith("syntactic:")
+
+        def cell(e, syntactic: bool = syntactic) -> str:
+            return f"L{e.layer}.H{e.head} {MARKS[e.mark]} {e.value:+.4f}" + (
+                f" (random heads of its layer {e.threshold:+.4f})" if syntactic else "")
+
+        head = "" if syntactic else f" (threshold {rows[0].threshold:.3g})"
+        lines.append(f"  {label}{head}: " + ", ".join(cell(e) for e in rows))
+    return "\n".join(lines)
+
+
+def _long_context(report: Report) -> str:
+    """The long-context heads: sinks, retrieval, long-range, windowable."""
+    section = report.sections.long_context
+    if section is None or not report.heads:
+        return ""
+
+    def top(metric: str, n: int = 6, floor: float = 0.0) -> str:
+        heads = sorted((r for r in report.heads if (r.metrics.get(metric) or 0) > floor),
+                       key=lambda r: -(r.metrics[metric] or 0))[:n]
+        return ", ".join(f"L{r.layer}.H{r.head} {r.metrics[metric]:.2f}" for r in heads) or "none"
+
+    sinks = [r for r in report.heads if (r.metrics.get("sink_first") or 0) >= SINK_HEAD]
+    kept = [r for r in report.heads
+            if (r.metrics.get("window_256") or 0) + (r.metrics.get("sink_first4") or 0) >= WINDOW_KEPT]
+    how = f"streamed in chunks of {section.chunk} rows" if section.chunk else "streamed where a layer's map passes " \
+        f"{(section.budget_bytes or 0) >> 20} MiB"
+    lines = [f"\nLong context ({section.longest_tokens} tokens, {how}):",
+             f"  attention sinks (>= {SINK_HEAD:.0%} on the first token): {len(sinks)} of {len(report.heads)} heads; "
+             f"most: {top('sink_first')}"]
+    if "retrieval" in report.heads[0].metrics:
+        lines.append(f"  retrieval heads (copy a needle from far back): {top('retrieval', floor=0.5)}")
+    lines.append(f"  long-range heads (mass beyond 1,024 tokens, the first 4 aside): "
+                 f"{top('long_1024_past_sinks', floor=0.05)}")
+    lines.append(f"  heads a window of ±256 with 4 sinks would keep >= {WINDOW_KEPT:.0%} of: {len(kept)} of "
+                 f"{len(report.heads)}")
+    return "\n".join(lines)
+
+
+def what_if_text(change: WhatIf) -> str:
+    """The what-if section as a table: the loss with every layer, and with each layer alone, windowed."""
+    every = change.loss_all_layers
+    lines = [f"What if the model attended with {change.mask}? Mean next-token loss over {change.tokens} tokens "
+             f"(nats): intact {change.loss:.4f}, every layer {every:.4f} ({change.delta_all_layers:+.4f})",
+             "layer alone | loss   | change"]
+    lines += [f"{layer:11d} | {change.loss + d:.4f} | {d:+.4f}" for layer, d in enumerate(change.delta_per_layer)]
+    return "\n".join(lines)
+
+
+def patching_text(result: Patching, model: str, answer: str, wrong: str) -> str:
+    """What ``multihead patch`` prints: the texts, the logit differences, the head map, the top DLA."""
+    lines = [f"{model}: clean {'|'.join(result.tokens)}; corrupt {'|'.join(result.corrupt_tokens)}",
+             f"logit({answer!r}) - logit({wrong!r}): clean {result.clean_diff:+.4f}, "
+             f"corrupt {result.corrupt_diff:+.4f}\n", patching_table(result)]
+    if result.direct is not None:
+        top = sorted(((float(result.direct[layer, h]), layer, h) for layer in range(result.direct.shape[0])
+                      for h in range(result.direct.shape[1])), reverse=True)[:5]
+        lines.append("direct logit attribution (clean run), largest: " + ", ".join(f"L{layer}.H{h} {v:+.3f}"
+                                                                                for v, layer, h in top))
+    return "\n".join(lines)
+
+
+def patching_table(result: Patching) -> str:
+    """The layer x head map of restored shares (or of the change in logits when the runs leave no
+    gap), with the five heads that restore most."""
+    try:
+        values, what = result.restored, "share of the clean-vs-corrupt logit difference restored"
+    except ValueError:
+        values, what = result.change, "change of the logit difference (the runs leave no gap to share)"
+    L, H = values.shape
+    lines = [f"patching each head's clean output into the corrupt run: {what}",
+             "layer | " + " ".join(f"h{h:<5d}" for h in range(H))]
+    for layer in range(L):
+        lines.append(f"{layer:5d} | " + " ".join(f"{float(v):+.3f}" if abs(float(v)) >= 0.0005 else "   .  "
+                                                  for v in values[layer]))
+    if what.startswith("share"):
+        lines.append("top: " + ", ".join(f"L{layer}.H{h} {v:+.3f}" for (layer, h), v in result.top(5)))
+    return "\n".join(lines)
+
+
+def comparison_text(c: Comparison, deltas: int = 10) -> str:
+    """What ``multihead compare`` prints."""
+    lines = [f"A: {c.a_name} ({c.a.model}, {c.a.num_layers} x {c.a.num_heads})",
+             f"B: {c.b_name} ({c.b.model}, {c.b.num_layers} x {c.b.num_heads})",
+             f"heads matched by {c.matching}: {len(c.pairs)} pairs"
+             + (f"; unmatched: {len(c.unmatched_a)} of A, {len(c.unmatched_b)} of B"
+                if c.unmatched_a or c.unmatched_b else "")]
+    lines += [f"warning: {w}" for w in c.warnings]
+    changes = c.label_changes()
+    lines.append(f"\nlabels changed: {len(changes)} of {len(c.pairs)} heads")
+    for ca, cb, la, lb in changes[:30]:
+        lines.append(f"  {cell_name(ca)}{'' if ca == cb else ' ~ ' + cell_name(cb)}: {la} -> {lb}")
+    if len(changes) > 30:
+        lines.append(f"  ... and {len(changes) - 30} more (compare.json)")
+    if dead_heads(c.a) is None or dead_heads(c.b) is None:
+        lines.append("\nheads died / appeared: needs ablation effects in both reports (analyze --ablation N)")
+    else:
+        lines.append(f"\nheads died (alive in A, removing them changes nothing in B): "
+                     f"{', '.join(cell_name(cb) for _, cb in c.died()) or 'none'}")
+        shown = ", ".join(cell_name(cb) for _, cb in c.appeared()) or "none"
+        lines.append(f"heads appeared (dead in A, alive in B): {shown}")
+    lines.append("\nlargest metric changes (B - A; in units of the metric's spread over A's heads):")
+    for d in c.metric_deltas(deltas):
+        lines.append(f"  {cell_name(d['a'])}{'' if d['a'] == d['b'] else ' ~ ' + cell_name(d['b'])} {d['metric']}: "
+                     f"{d['before']:.4g} -> {d['after']:.4g} ({d['delta']:+.4g}, {d['spread_units']:+.2f})")
+    return "\n".join(lines)
+
+
+def prune_text(job, threshold: float) -> str:
+    """What ``multihead prune`` prints (``job``: :class:`multihead.jobs.PruneJob`): the curve's table,
+    the largest fraction prunable within ``threshold`` of the unpruned metric, what was written."""
+    metric, curve = job.task.metric_name, job.curve
+    lines = [f"{job.model.name}, task {job.task.name} ({metric}), {curve.total_heads} heads\n", curve.table()]
+    if job.best is None:
+        lines.append(f"\nNo step kept {metric} within {threshold:.0%} of the unpruned {curve.baseline:.4f}.")
+    else:
+        lines.append(f"\nLargest fraction prunable within {threshold:.0%} of the unpruned {metric}: "
+                     f"{job.best.fraction_pruned:.2f} ({job.best.heads_pruned} of {curve.total_heads} heads; "
+                     f"{job.best.metric:.4f} vs {curve.baseline:.4f})")
+    if job.saved is not None:
+        lines.append(f"saved the pruned model to {job.saved}")
+    lines.append(f"wrote {job.folder / 'curve.json'} and {job.folder / 'curve.png'}")
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""The one reducer protocol: every statistic implements it, streams (chunks of rows give the whole
+maps' numbers), never keeps a chunk, and merges shards (what torchrun's ranks do) into the whole."""
+
+import pytest
+import torch
+
+from multihead.analysis.probes.syntax import Parse
+from multihead.analysis.stats import REDUCERS, Reducer
+from multihead.analysis.stats.cross import CrossStatistics
+from multihead.analysis.stats.heads import HeadStatistics
+from multihead.analysis.stats.longcontext import LongContextStatistics
+from multihead.analysis.stats.maps import TextViews, WholeMaps
+from multihead.analysis.stats.patches import PatchStatistics
+from multihead.analysis.stats.redundancy import RedundancyStatistics
+from multihead.analysis.stats.syntax import SyntaxStatistics
+from multihead.analysis.stats.typical import TypicalTexts
+from multihead.inputs import Batch, TokenInfo
+from reducing import feed
+
+L, H, B, T = 2, 3, 3, 10
+LENGTHS = [10, 7, 4]
+#: "The cat sat on the mat ." — word spans and a parse
+TEXT = "The cat sat on the mat ."
+WORDS = ((0, 3), (4, 7), (8, 11), (12, 14), (15, 18), (19, 22), (23, 24))
+PARSE = Parse(TEXT, WORDS, (1, 2, -1, 2, 5, 3, 2), ("det", "nsubj", "ROOT", "prep", "det", "pobj", "punct"))
+
+
+class WordTokenizer:
+    """Just enough of a tokenizer for the views: each id is a word."""
+
+    is_fast = False
+    all_special_ids = (0,)
+
+    def convert_ids_to_tokens(self, ids):
+        return [f"w{i}" for i in ids]
+
+    def convert_tokens_to_string(self, tokens):
+        return " ".join(tokens)
+
+
+def _tokens(lengths=LENGTHS, T=T, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    valid = torch.arange(T)[None] < torch.tensor(lengths)[:, None]
+    first = torch.zeros_like(valid)
+    first[:, 0] = True
+    sep = (torch.rand(len(lengths), T, generator=g) < 0.2) & valid & ~first
+    punct = (torch.rand(len(lengths), T, generator=g) < 0.2) & valid
+    ids = torch.randint(1, 6, (len(lengths), T), generator=g) * valid  # few ids: texts repeat tokens
+    return TokenInfo(valid, first, sep, punct, ids)
+
+
+def _maps(tokens, *, causal=True, layers=L, heads=H, S=None, seed=1):
+    """Soft-maxed maps over each text's real keys (causal or not), zero on padding."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = tokens.valid.shape
+    S = T if S is None else S
+    visible = tokens.valid[:, None, None, :S] if S == T else torch.ones(B, 1, 1, S, dtype=torch.bool)
+    if causal:
+        visible = visible & torch.ones(T, S, dtype=torch.bool).tril()[None, None]
+    out = []
+    for _ in range(layers):
+        scores = torch.randn(B, heads, T, S, generator=g) * 3
+        out.append(torch.softmax(scores.masked_fill(~visible, float("-inf")), -1).nan_to_num(0.0))
+    return out, visible.expand(B, 1, T, S)
+
+
+def _batch(tokens, texts=None, **extra):
+    return Batch(tokens, list(range(tokens.valid.shape[0])) if texts is None else texts, **extra)
+
+
+def _outputs(seed=2):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, T, 4, generator=g) for _ in range(L)]
+
+
+W_O = torch.randn(5, H * 4, generator=torch.Generator().manual_seed(3))
+
+
+def _syntax_batch(texts=None):
+    """Three copies of the parsed sentence, one word per token, right-padded."""
+    tokens = _tokens([7, 7, 7], T=7)
+    offsets = [list(WORDS)] * 3
+    return _batch(tokens, texts, parses=[PARSE] * 3, offsets=offsets)
+
+
+def _close(a, b):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _close(a[k], b[k])
+    elif isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, equal_nan=True)
+    else:
+        assert a == b
+
+
+# each: (make the reducer, make its batch, its maps and feed options, what its result is compared by)
+CASES = {
+    "HeadStatistics": (lambda: HeadStatistics(L, H), _tokens, {}, lambda r: r.result()),
+    "LongContextStatistics": (lambda: LongContextStatistics(L, H), _tokens, {}, lambda r: r.result()),
+    "RedundancyStatistics": (lambda: RedundancyStatistics(L, H), _tokens, {"outputs": True},
+                             lambda r: {"js": r.result().js(), "cosine": r.cosine()}),
+    "SyntaxStatistics": (lambda: SyntaxStatistics(L, H), None, {}, lambda r: r.result().accuracy),
+    "TypicalTexts": (lambda: TypicalTexts(L, H), _tokens, {},
+                     lambda r: r.result().section({(la, h): "previous" for la in range(L) for h in range(H)},
+                                                  [f"t{i}" for i in range(6)]).to_dict()),
+    "CrossStatistics": (lambda: CrossStatistics(L, H), "cross", {"causal": False}, lambda r: r.result()),
+    "PatchStatistics": (lambda: PatchStatistics(L, H), "patches", {"causal": False}, lambda r: r.result()),
+    "TextViews": (lambda: TextViews(L, H, {0: "a", 2: "b c"}, WordTokenizer(), long=6), _tokens, {},
+                  lambda r: {f"{v.text}-{k}": getattr(v, k) if k != "pooled" else v.pooled.mass
+                             for v in r.result() for k in ("maps", "pooled", "tokens") if getattr(v, k) is not None}),
+    "WholeMaps": (lambda: WholeMaps(L, H, [0, 1]), _tokens, {}, lambda r: r.result()),
+}
+
+
+def _run(name, rows_per_chunk=None, texts=None, seed=1, reducer=None):
+    """One batch of the case's maps (from ``seed``) through ``reducer`` (default: a new one)."""
+    make, tokens_of, options, _ = CASES[name]
+    reducer = make() if reducer is None else reducer
+    causal = options.get("causal", True)
+    if tokens_of is None:  # syntax: parsed texts
+        batch = _syntax_batch(texts)
+        maps, visible = _maps(batch.tokens, seed=seed)
+    elif tokens_of == "cross":  # decoder queries (T) over encoder keys (S = 6)
+        queries, keys = _tokens(), _tokens([6, 5, 3], T=6, seed=4)
+        batch = _batch(queries, texts, keys=keys)
+        maps, visible = _maps(queries, causal=False, S=6, seed=seed)
+        visible = keys.valid[:, None, None, :].expand(B, 1, T, 6)
+    elif tokens_of == "patches":  # [CLS] and a 3 x 3 grid of patches
+        tokens = _tokens([10, 10, 10])
+        batch = _batch(tokens, texts)
+        maps, visible = _maps(tokens, causal=False, seed=seed)
+    else:
+        batch = _batch(tokens_of(), texts)
+        maps, visible = _maps(batch.tokens, causal=causal, seed=seed)
+    outputs = _outputs(seed) if options.get("outputs") else None
+    return feed(reducer, batch, maps, visible=visible, outputs=outputs, w_o=W_O if outputs else None,
+                rows_per_chunk=rows_per_chunk, causal_keys=causal and rows_per_chunk is not None)
+
+
+def test_every_reducer_implements_the_protocol():
+    assert {cls.__name__ for cls in REDUCERS} == set(CASES)
+    for cls in REDUCERS:
+        assert all(callable(getattr(cls, step, None)) for step in ("begin_batch", "update", "end_batch", "merge",
+                                                                  "result")), cls
+        assert isinstance(CASES[cls.__name__][0](), Reducer)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("rows", [1, 3, 7])
+def test_chunks_of_rows_give_the_whole_maps_result(name, rows):
+    whole, streamed = _run(name), _run(name, rows_per_chunk=rows)
+    compare = CASES[name][3]
+    _close(compare(streamed), compare(whole))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_reducer_keeps_no_chunk(name):
+    reducer = _run(name, rows_per_chunk=3)
+    kept = [v for v in vars(reducer).values() if isinstance(v, torch.Tensor) and v.dim() == 4
+            and v.shape[-2:] == (3, T)]  # a (B, H, c, K) chunk would look like this
+    assert kept == []
+    for attr in ("_columns", "_per_text", "_maps", "_outputs", "_kept"):  # cross-chunk state is released
+        assert not getattr(reducer, attr, None), attr
+
+
+@pytest.mark.parametrize("name", ["HeadStatistics", "LongContextStatistics", "RedundancyStatistics",
+                                  "SyntaxStatistics", "CrossStatistics", "PatchStatistics", "WholeMaps"])
+def test_shards_merged_equal_one_pass_over_both(name):
+    """Two batches through one reducer, or each through its own and merged (as torchrun's ranks)."""
+    compare = CASES[name][3]
+    first, second = _run(name, seed=1), _run(name, texts=[3, 4, 5], seed=5)
+    first.merge(second)
+    both = _run(name, texts=[3, 4, 5], seed=5, reducer=_run(name, seed=1))
+    _close(compare(first), compare(both))
