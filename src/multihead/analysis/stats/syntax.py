@@ -44,6 +44,18 @@ class Alignment:
     #: per group: (source word, target words, words with a token in the text) for the offset baseline
     offsets: list[tuple[int, frozenset[int], int]]
 
+    def __post_init__(self) -> None:
+        self._by_key = {key: torch.tensor([k == key for k in self.keys]) for key in sorted(set(self.keys))}
+        self._by_text = {int(b): (self.batch == b).nonzero().squeeze(1) for b in self.batch.unique()}
+
+    def rows_of(self, b: int) -> Tensor:
+        """(S,) the groups of text b."""
+        return self._by_text[b]
+
+    def of_key(self, key: str) -> Tensor:
+        """(G,) bool: the groups of relation ``key``."""
+        return self._by_key[key]
+
 
 def alignment(batch: Batch) -> Alignment | None:
     """The batch's :class:`Alignment` (None when it has no parse), computed once per batch."""
@@ -112,21 +124,25 @@ def _add_chunk(chunk: AttentionChunk, found: Alignment) -> Tensor | None:
     running = chunk.call_memo.get("syntax-to-word")
     if running is None:
         running = chunk.call_memo["syntax-to-word"] = {}
+    c = stop - start
     for b in found.batch.unique().tolist():
         to_keys = found.owner[b, :K].to(p.device)  # (K,) each key's word
         from_rows = found.owner[b, start:stop].to(p.device)  # (c,) each row's word
         keys, rows = to_keys >= 0, from_rows >= 0
-        by_key = p.new_zeros(H, stop - start, W).index_add_(2, to_keys[keys], p[b][..., keys])  # (H, c, W)
-        part = p.new_zeros(H, W, W).index_add_(1, from_rows[rows], by_key[:, rows])  # (H, W from, W to)
-        running[b] = part if b not in running else running[b].add_(part)
+        # index_add_ along dim 0 adds whole contiguous rows: the keys into their words, then the rows
+        by_key = p.new_zeros(W, H * c).index_add_(0, to_keys[keys], p[b].permute(2, 0, 1)[keys].reshape(-1, H * c))
+        by_key = by_key.view(W, H, c).permute(2, 1, 0)[rows]  # (c', H, W to): the rows that are in a word
+        words = running.get(b)
+        if words is None:  # (W from, H, W to), one per text and layer call
+            words = running[b] = p.new_zeros(W, H, W)
+        words.view(W, H * W).index_add_(0, from_rows[rows], by_key.reshape(-1, H * W))
     if not chunk.last:
         return None
     picked = torch.empty(G, H, dtype=torch.long)  # (G, H) each head's predicted word
     for b, words in running.items():
-        rows = (found.batch == b).nonzero().squeeze(1)  # (S,) groups of text b
-        to_word = words[:, found.source[rows].to(words.device)]  # (H, S, W)
-        to_word = to_word.masked_fill(~found.has_word[b].to(to_word.device), -1.0)
-        picked[rows] = to_word.argmax(-1).T.cpu()  # (S, H)
+        best = words.masked_fill_(~found.has_word[b].to(words.device), -1.0).argmax(-1)  # (W from, H)
+        rows = found.rows_of(b)  # (S,) groups of text b
+        picked[rows] = best[found.source[rows].to(best.device)].cpu()  # (S, H)
     return picked
 
 
@@ -176,8 +192,7 @@ class SyntaxStatistics(ReducerBase):
         found = alignment(self.batch)
         hit = found.targets.gather(1, picked).to(torch.float64)  # (G, H)
         for key in set(found.keys):
-            rows = torch.tensor([k == key for k in found.keys])
-            self.correct[key][chunk.layer] += hit[rows].sum(0)
+            self.correct[key][chunk.layer] += hit[found.of_key(key)].sum(0)
 
     def merge(self, other: SyntaxStatistics) -> None:
         for key, value in other.correct.items():

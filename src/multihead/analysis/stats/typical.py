@@ -129,7 +129,7 @@ class TypicalTexts(ReducerBase):
             hit = found_syntax.targets.gather(1, picked).to(torch.float64)  # (G, H)
             B, H = len(batch.texts), hit.shape[1]
             for key in sorted(set(found_syntax.keys)):
-                rows = torch.tensor([k == key for k in found_syntax.keys])
+                rows = found_syntax.of_key(key)
                 text = found_syntax.batch[rows]  # (G_key,)
                 hits = torch.zeros(B, H, dtype=torch.float64).index_add_(0, text, hit[rows])  # (B, H)
                 count = torch.bincount(text, minlength=B).to(torch.float64)  # (B,) its dependents
