@@ -46,3 +46,36 @@ def test_two_ranks_under_torchrun_give_the_one_process_report(tmp_path, capsys):
         best = two["sections"]["syntax"]["relations"][rel]["best"]["accuracy"]
         assert best == pytest.approx(d["best"]["accuracy"], abs=1e-6)
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["report.csv", "report.html", "report.json"]
+
+
+SCRIPT = """
+import json, sys
+import torch.distributed as dist
+import multihead as mh
+texts = [line for line in open(sys.argv[1], encoding="utf-8").read().splitlines() if line]
+report = mh.analyze(mh.hf.load("minilm"), texts, batch_size=2, coreference=False, views=())
+assert not dist.is_initialized()  # joined for the pass, left after it
+if int(__import__("os").environ["RANK"]) == 0:
+    report.to_json(sys.argv[2])
+"""
+
+
+@pytest.mark.slow
+def test_mh_analyze_under_torchrun_needs_no_set_up_of_its_own(tmp_path):
+    """A script calling mh.analyze, run with torchrun: the library joins the process group itself."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT, encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                           str(script), str(corpus), str(tmp_path / "two.json")],
+                          capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import multihead as mh
+
+    two = json.loads((tmp_path / "two.json").read_text())
+    one = mh.analyze(mh.hf.load("minilm"), TEXTS, batch_size=2, coreference=False, views=())
+    assert two["sentences"] == one.sentences == 7  # the ranks' halves merged
+    for a, b in zip(one.heads, two["heads"], strict=True):
+        assert a.label == b["label"]
+        assert b["metrics"]["entropy"] == pytest.approx(a.metrics["entropy"], abs=1e-5)

@@ -115,10 +115,11 @@ def _dense_entry(view: TextView, top_k: int | None) -> dict:
     k = top_k or (16 if L * H * T > 20_000 else 32)
     idx, val, k = _sparse_rows(maps, k)
     entry = {"text": view.text, "tokens": list(view.tokens), "k": k, "index": idx, "values": val}
-    if view.rollout is not None:
-        entry["rollout"] = _bytes(view.rollout)  # (L, T, T)
-    if view.flow is not None:
-        entry["flow"] = _bytes(view.flow)  # (T, T)
+    rollout, flow = view.rollout_and_flow()
+    if rollout is not None:
+        entry["rollout"] = _bytes(rollout)  # (L, T, T)
+    if flow is not None:
+        entry["flow"] = _bytes(flow)  # (T, T)
     return entry
 
 

@@ -43,8 +43,7 @@ from ..stats.maps import LONG_TEXT, TextViews
 from ..stats.redundancy import RedundancyStatistics, clusters, informative_groups, most_redundant
 from ..stats.syntax import SyntaxStatistics
 from ..stats.typical import TypicalTexts
-from .common import all_ranks, corpus_fingerprint, encode_corpus, run_pass, shard, text_batches
-from .views import finish_views
+from .common import all_ranks, corpus_fingerprint, encode_corpus, process_group, run_pass, shard, text_batches
 
 __all__ = ["CLUSTER_JS", "INDUCTION_PROBE", "LONG_CONTEXT_TOKENS", "PAGE_TEXTS", "CorpusStatistics", "analyze",
            "collect_statistics", "default_views"]
@@ -209,7 +208,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     return Report(model=model.name, causal=model.is_causal, num_layers=model.num_layers, num_heads=model.num_heads,
                   sentences=corpus.heads.sentences, tokens=corpus.heads.tokens, heads=heads, sections=sections,
                   stack=main_stack(find_sites(model.model)),
-                  views=finish_views(corpus.views.result()) if corpus.views is not None else [])
+                  views=corpus.views.result() if corpus.views is not None else [])
 
 
 def _records(model: HFModel, means: dict, syntax, coref_baseline: float | None) -> list[HeadRecord]:
@@ -253,7 +252,9 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
     """One pass of the model over ``texts`` feeding every reducer :func:`analyze` reads.
 
     Under ``torch.distributed`` (e.g. ``torchrun``) the corpus is sharded across the ranks — rank
-    r takes texts r, r + world, ... — and every rank returns the merged statistics of all.
+    r takes texts r, r + world, ... — and every rank returns the merged statistics of all; under
+    ``torchrun`` with no process group yet, one is joined for the pass (gloo on the CPU, nccl with
+    CUDA) and left after it, so a script calling ``mh.analyze`` needs no set-up of its own.
     ``parses="spacy"`` parses each rank's own texts, and only the part of each that is analysed
     (with ``truncate``, the tokens the model keeps).
     """
@@ -266,6 +267,14 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
         parses = parses_for(texts, parses)
     encoded = encode_corpus(model, texts, truncate=truncate, offsets=parses is not None)
     unknown = count_unknown_tokens(encoded.ids, model.tokenizer)
+    with process_group():  # under torchrun: its ranks share the corpus (joined here when no group exists yet)
+        return _collect(model, texts, encoded, unknown, batch_size=batch_size, progress=progress, parses=parses,
+                        redundancy=redundancy, chunk=chunk, views=views, long_context=long_context, budget=budget)
+
+
+def _collect(model: HFModel, texts: list[str], encoded, unknown: UnknownTokens, *, batch_size: int,
+             progress: bool | None, parses, redundancy: bool, chunk: int | None, views: Sequence[int],
+             long_context: bool | None, budget: int) -> CorpusStatistics:
     mine, sharded = shard(range(len(texts)))
     if parses == "spacy":
         with step(f"parsing {len(mine)} texts with spaCy", progress=progress):

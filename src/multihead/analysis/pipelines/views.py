@@ -1,8 +1,8 @@
 """A few texts as the page and the figures show them: their maps (or pooled attention), rollout and flow.
 
 :func:`text_views` runs one pass over the texts with a :class:`~multihead.analysis.stats.maps.TextViews`
-reducer — the same one :func:`~multihead.analysis.analyze` runs beside its statistics — and adds
-each short text's attention rollout and flow (:mod:`multihead.analysis.rollout`).
+reducer — the same one :func:`~multihead.analysis.analyze` runs beside its statistics; a short
+text's view solves its attention rollout and flow when asked (:mod:`multihead.analysis.rollout`).
 :func:`attention_maps` and :func:`rollout` are the one-text forms.
 """
 
@@ -20,19 +20,12 @@ from ..rollout import FLOW_TOKENS, attention_flow, attention_rollout
 from ..stats.maps import LONG_TEXT, TextView, TextViews
 from .common import Encoded, encode_corpus, run_pass, text_batches
 
-__all__ = ["FLOW_BUDGET", "ROLLOUT_TOKENS", "Rollout", "attention_maps", "finish_views", "rollout", "text_views"]
-
-#: Rollout is kept for texts up to this many tokens (L·T² values each).
-ROLLOUT_TOKENS = 64
-#: Attention flow (after the last layer) is solved for a text when L·T⁴ stays within this: the cost
-#: of its T² maximum flows on a graph of L·T² edges (about 3 s at the budget on one core).
-FLOW_BUDGET = 2_000_000
-
+__all__ = ["Rollout", "attention_maps", "rollout", "text_views"]
 
 def text_views(model: HFModel, texts: Sequence[str], *, long: int = LONG_TEXT, top_k: int | None = None,
                chunk: int | None = None) -> list[TextView]:
-    """The :class:`TextView` of each text (its whole maps, or pooled above ``long`` tokens), with
-    rollout and flow for short ones. Texts longer than the model's positions are refused."""
+    """The :class:`TextView` of each text (its whole maps, or pooled above ``long`` tokens; rollout
+    and flow for short ones, solved when asked). Texts longer than the model's positions are refused."""
     model = require_loaded(model, "text_views")
     texts = check_texts(texts)
     encoded = encode_corpus(model, texts)
@@ -40,22 +33,7 @@ def text_views(model: HFModel, texts: Sequence[str], *, long: int = LONG_TEXT, t
                       top_k=top_k)
     run_pass(model, text_batches(model, encoded, range(len(texts)), 1), [views], chunk=chunk, desc="views",
              progress=False)
-    return finish_views(views.result())
-
-
-def finish_views(views: list[TextView]) -> list[TextView]:
-    """Add rollout (texts of at most :data:`ROLLOUT_TOKENS`) and flow after the last layer (while
-    L·T⁴ stays within :data:`FLOW_BUDGET`) to the views that hold whole maps."""
-    for view in views:
-        if view.maps is None or view.rollout is not None:
-            continue
-        L, T = view.maps.shape[0], view.maps.shape[-1]
-        if T > ROLLOUT_TOKENS:
-            continue
-        view.rollout = attention_rollout(view.maps)  # (L, T, T)
-        if L * T ** 4 <= FLOW_BUDGET:
-            view.flow = attention_flow(view.maps, layers=[L - 1])[L - 1]  # (T, T)
-    return views
+    return views.result()
 
 
 def attention_maps(model: HFModel, text: str, *, max_tokens: int | None = None) -> tuple[list[str], Tensor]:

@@ -27,9 +27,11 @@ from torch import Tensor
 
 from ...hf.route import AttentionChunk
 from ...inputs import Batch, readable_tokens
+from ..rollout import attention_flow, attention_rollout
 from .base import ReducerBase
 
-__all__ = ["LONG_TEXT", "POOLED_CELLS", "Pooled", "TextView", "TextViews", "WholeMaps", "pooled_maps", "top_k_for"]
+__all__ = ["FLOW_BUDGET", "LONG_TEXT", "POOLED_CELLS", "ROLLOUT_TOKENS", "Pooled", "TextView", "TextViews",
+           "WholeMaps", "pooled_maps", "top_k_for"]
 
 #: Above this many tokens a text is kept pooled (the head view's lines and the plain matrix stop
 #: being readable long before).
@@ -62,19 +64,39 @@ class Pooled:
     largest: Tensor
 
 
+#: Rollout is kept for texts up to this many tokens (L·T² values each).
+ROLLOUT_TOKENS = 64
+#: Attention flow (after the last layer) is solved for a text when L·T⁴ stays within this: the cost
+#: of its T² maximum flows on a graph of L·T² edges (about 3 s at the budget on one core).
+FLOW_BUDGET = 2_000_000
+
+
 @dataclass
 class TextView:
     """One text as the page's views draw it: its tokens as people read them and either its whole
-    maps ``maps`` (L, H, T, T) or its :class:`Pooled` attention; ``rollout`` (L, T, T) and
-    ``flow`` (T, T) when computed (short texts, :mod:`multihead.analysis.rollout`)."""
+    maps ``maps`` (L, H, T, T) or its :class:`Pooled` attention. Its rollout and flow
+    (:meth:`rollout_and_flow`) are solved the first time a view asks."""
 
     text: str
     tokens: list[str]
     maps: Tensor | None = None
     pooled: Pooled | None = None
-    rollout: Tensor | None = None
-    flow: Tensor | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    _flows: tuple | None = field(default=None, repr=False, compare=False)
+
+    def rollout_and_flow(self) -> tuple[Tensor | None, Tensor | None]:
+        """Rollout at every layer (L, T, T) for texts of at most :data:`ROLLOUT_TOKENS`, and flow
+        after the last layer (T, T) while L·T⁴ stays within :data:`FLOW_BUDGET`
+        (:mod:`multihead.analysis.rollout`); None where the text is too long for them."""
+        if self._flows is None:
+            rollout = flow = None
+            if self.maps is not None and self.maps.shape[-1] <= ROLLOUT_TOKENS:
+                L, T = self.maps.shape[0], self.maps.shape[-1]
+                rollout = attention_rollout(self.maps)
+                if L * T ** 4 <= FLOW_BUDGET:
+                    flow = attention_flow(self.maps, layers=[L - 1])[L - 1]
+            self._flows = (rollout, flow)
+        return self._flows
 
 
 def pooled_maps(weights: Tensor, start: int, block: int, cells: int) -> tuple[Tensor, Tensor, Tensor]:
