@@ -12,9 +12,11 @@ from importlib.resources import files
 __all__ = ["MODULES", "page_script"]
 
 #: The page's modules, in the order the script defines them (each imports only those before it).
-MODULES = ("scales.js", "decode.js", "labels.js", "zoom.js", "layout.js", "page.js")
+MODULES = ("scales.js", "decode.js", "labels.js", "zoom.js", "layout.js", "dom.js", "canvas.js", "view-head.js",
+           "view-model.js", "view-matrix.js", "view-detail.js", "view-rollout.js", "view-similarity.js",
+           "view-table.js", "view-overview.js", "exports.js", "page.js")
 
-_IMPORT = re.compile(r'^import \{[^}]*\} from "\./([a-z]+\.js)";\n', re.MULTILINE)
+_IMPORT = re.compile(r'^import \{[^}]*\} from "\./([a-z-]+\.js)";\n', re.MULTILINE)
 _EXPORT = re.compile(r"^export ", re.MULTILINE)
 
 

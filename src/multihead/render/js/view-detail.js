@@ -1,0 +1,69 @@
+// The head detail under the matrix: the head's metrics against its layer and the model, its most
+// typical corpus texts, and the page's texts ranked by how typical the head is of its label on each.
+import { fmt } from "./scales.js";
+import { el, tableOf } from "./dom.js";
+
+export function detailView(page) {
+  const { data, state, H, q, pooled, eachStored, label, mark, draw, sentenceSelect } = page;
+  // --- head detail (under the matrix): this head's metrics against its layer and the model, and the
+  // page's sentences ranked by how typical the head's attention is of its label on each ---
+  function measure(s, l, h, lab) {
+    if (pooled(s)) return null;
+    const T = data.sentences[s].tokens.length;
+    let total = 0;
+    for (let i = 0; i < T; i++) eachStored(s, l, h, i, (j, w) => {
+      if (lab === "previous" ? j === i - 1 : lab === "next" ? j === i + 1 : lab === "self" ? j === i :
+          lab === "special-token" ? (j === 0 || j === T - 1) : lab === "local" ? Math.abs(i - j) <= 2 : false) total += w;
+    });
+    if (!["previous", "next", "self", "special-token", "local"].includes(lab)) {  // otherwise: how peaked its rows are
+      total = 0;
+      for (let i = 0; i < T; i++) { let top = 0; eachStored(s, l, h, i, (j, w) => { top = Math.max(top, w); }); total += top; }
+    }
+    return total / T;
+  }
+  function drawDetail() {
+    const box = q(".mh-detail");
+    box.textContent = "";
+    const l = state.layer, h = state.head, lab = label(l, h);
+    if (data.heads.length) {
+      const me = data.heads[l * H + h], rows = [];
+      data.metric_names.forEach((m) => {
+        const v = me.metrics[m];
+        if (v === null || v === undefined) return;
+        const layer = data.heads.filter((r) => r.layer === l && r.metrics[m] !== null).map((r) => r.metrics[m]);
+        const all = data.heads.filter((r) => r.metrics[m] !== null).map((r) => r.metrics[m]);
+        const mean = layer.reduce((a, b) => a + b, 0) / layer.length, below = all.filter((x) => x < v).length;
+        rows.push([m, fmt(v, 4), fmt(mean, 4), fmt(Math.min(...layer), 3) + " – " + fmt(Math.max(...layer), 3), Math.round(100 * below / all.length) + "%"]);
+      });
+      box.appendChild(el("h4", {}, "L" + l + ".H" + h + " (" + lab + mark(l, h) + "): its metrics against its layer and the model"));
+      box.appendChild(tableOf(["metric", "this head", "layer mean", "layer range", "model percentile"], rows));
+    }
+    const typical = data.overview && data.overview.typical;
+    const mine = typical && typical.heads.find((e) => e.layer === l && e.head === h);
+    if (mine && mine.texts.length) {  // over the whole corpus, kept while it was analysed
+      const syntax = mine.measure.startsWith("syntax:");
+      const words = { repeat_successor: "attention to the token after an earlier occurrence", "cls+sep": "attention to [CLS]/[SEP]",
+                      entropy_norm: "normalised entropy", max_weight: "largest weight per row" };
+      const name = syntax ? "share of its " + mine.measure.slice(7) + " dependents on their governor" : "mean " + (words[mine.measure] || mine.measure.replace("_token", "-token attention"));
+      box.appendChild(el("h4", {}, "The corpus texts where it is most typical of its label (" + name + ", of " + data.overview.sentences + " texts)"));
+      box.appendChild(tableOf(["text", name, syntax ? "dependents" : "tokens"], mine.texts.map(([i, v, n]) => {
+        const text = typical.texts[String(i)] || "", s = data.sentences.findIndex((d) => d.text === text);
+        if (s < 0) return [text, fmt(v), n];
+        const a = el("a", { href: "#s=" + s + "&l=" + l + "&h=" + h + "&v=matrix" }, text);
+        a.addEventListener("click", (ev) => { ev.preventDefault(); state.sentence = s; sentenceSelect.value = String(s); state.zoom = null; draw(); });
+        return [a, fmt(v), n];
+      })));
+    }
+    const what = ["previous", "next", "self", "special-token", "local"].includes(lab) ? lab.replace("-token", "") + " attention" : "mean largest weight per row";
+    const ranked = data.sentences.map((d, s) => [s, measure(s, l, h, lab)]).filter((x) => x[1] !== null).sort((a, b) => b[1] - a[1]);
+    if (ranked.length) {
+      box.appendChild(el("h4", {}, "The page's texts, most typical first (" + what + ")"));
+      box.appendChild(tableOf(["text", what], ranked.map(([s, v]) => {
+        const a = el("a", { href: "#s=" + s + "&l=" + l + "&h=" + h + "&v=matrix" }, data.sentences[s].text.slice(0, 80));
+        a.addEventListener("click", (ev) => { ev.preventDefault(); state.sentence = s; sentenceSelect.value = String(s); state.zoom = null; draw(); });
+        return [a, fmt(v)];
+      })));
+    }
+  }
+  return { draw: drawDetail };
+}

@@ -1,0 +1,107 @@
+// The overview: what was analysed, the label map with its legend, flags, redundancy and the probes.
+import { fmt } from "./scales.js";
+import { el, escSVG, tableOf } from "./dom.js";
+
+export function overviewView(page) {
+  const { data, L, H, q, label, mark, code, colour, headLink, openHead } = page;
+  // --- overview: what was analysed, the label map with its legend, flags, redundancy, the probes ---
+  function topHeads(metric, n, desc) {
+    return data.heads.filter((r) => r.metrics[metric] !== null && r.metrics[metric] !== undefined)
+      .sort((a, b) => (desc === false ? 1 : -1) * (a.metrics[metric] - b.metrics[metric])).slice(0, n);
+  }
+  let overviewBuilt = false;
+  function drawOverview() {
+    if (overviewBuilt) return;
+    overviewBuilt = true;
+    const o = data.overview, box = q(".mh-overview");
+    const corpus = o.corpus ? ", corpus " + o.corpus.sha256.slice(0, 12) : "";
+    box.appendChild(el("p", { "class": "mh-meta" }, o.model + ": " + L + " layers × " + H + " heads" + (o.causal ? " (causal)" : "") +
+      "; " + o.sentences + " sentences, " + o.tokens + " tokens" + corpus + "; page written " + o.written + " by multihead " + o.version));
+    box.appendChild(el("h3", {}, "Heads by label (click a head to open it)"));
+    const map = el("table", { "class": "mh-labelmap" }), head = el("tr");
+    head.appendChild(el("th", {}, ""));
+    for (let h = 0; h < H; h++) head.appendChild(el("th", {}, "H" + h));
+    map.appendChild(head);
+    const flagged = {};
+    (o.flags || []).forEach(([l, h, f]) => { flagged[l * H + h] = f; });
+    for (let l = 0; l < L; l++) {
+      const tr = el("tr");
+      tr.appendChild(el("th", {}, "L" + l));
+      for (let h = 0; h < H; h++) {
+        const lab = label(l, h), td = el("td", { "class": "mh-mapcell", "data-layer": String(l), "data-head": String(h),
+                                                   title: "L" + l + ".H" + h + ": " + lab + (flagged[l * H + h] ? " — " + flagged[l * H + h].join(", ") : "") });
+        td.style.background = colour(lab);
+        td.textContent = code(lab) + mark(l, h) + (flagged[l * H + h] ? " !" : "");
+        td.addEventListener("click", () => openHead(l, h));
+        tr.appendChild(td);
+      }
+      map.appendChild(tr);
+    }
+    box.appendChild(map);
+    const legend = el("dl", { "class": "mh-legend" }), used = new Set(data.labels.map((x) => x.startsWith("syntactic:") ? "syntactic:REL" : x));
+    Object.entries(o.legend).forEach(([lab, rule]) => {
+      if (!used.has(lab)) return;
+      const dt = el("dt", {}, lab); dt.style.background = colour(lab === "syntactic:REL" ? "syntactic" : lab);
+      legend.append(dt, el("dd", {}, rule));
+    });
+    Object.entries(o.flag_legend).forEach(([flag, rule]) => legend.append(el("dt", {}, "! " + flag), el("dd", {}, "flag: " + rule)));
+    if (data.evidence) {
+      Object.entries(data.marks || {}).forEach(([m, sign]) => legend.append(el("dt", {}, sign), el("dd", {}, (data.mark_words || {})[m] || m)));
+    }
+    box.appendChild(legend);
+    const flags = el("p");
+    flags.appendChild(document.createTextNode("Degenerate heads (flags): "));
+    if (!(o.flags || []).length) flags.appendChild(document.createTextNode("none"));
+    (o.flags || []).forEach(([l, h, f], k) => { if (k) flags.appendChild(document.createTextNode(", ")); flags.appendChild(headLink(l, h)); flags.appendChild(document.createTextNode(" " + f.join("/"))); });
+    box.appendChild(flags);
+    if (data.pairs && data.pairs.length) {
+      box.appendChild(el("h3", {}, "Most redundant pairs (Jensen–Shannon distance of their attention)"));
+      box.appendChild(tableOf(["head", "head", "JS distance"], data.pairs.slice(0, 8).map(([a, b, v]) => [headLink(a[0], a[1]), headLink(b[0], b[1]), fmt(v)])));
+    }
+    if (o.syntax) {
+      box.appendChild(el("h3", {}, "Syntax: best head per relation against the best fixed offset"));
+      const rows = Object.entries(o.syntax.relations).filter(([, d]) => d.count >= o.syntax.min_count)
+        .sort((a, b) => (b[1].best.accuracy - b[1].baseline) - (a[1].best.accuracy - a[1].baseline)).slice(0, 15);
+      box.appendChild(tableOf(["relation", "count", "best head", "accuracy", "baseline (offset)"],
+        rows.map(([rel, d]) => [rel, d.count, headLink(d.best.layer, d.best.head), fmt(d.best.accuracy), fmt(d.baseline) + " (" + (d.baseline_offset > 0 ? "+" : "") + d.baseline_offset + ")"])));
+    }
+    if (o.coreference) {
+      box.appendChild(el("h3", {}, "Coreference: pronoun → antecedent (" + o.coreference.examples + " examples), against the nearest mention (" + fmt(o.coreference.baseline_nearest) + ")"));
+      box.appendChild(tableOf(["head", "accuracy", "baseline"], topHeads("coreference", 5).map((r) => [headLink(r.layer, r.head), fmt(r.metrics.coreference), fmt(o.coreference.baseline_nearest)])));
+    }
+    if (o.induction) {
+      const uniform = 1 / (1.5 * o.induction.length);
+      box.appendChild(el("h3", {}, "Induction (repeated random tokens), against uniform attention (" + fmt(uniform) + ")"));
+      box.appendChild(tableOf(["head", "induction", "duplicate token", "uniform"], topHeads("induction", 6).map((r) => [headLink(r.layer, r.head), fmt(r.metrics.induction), fmt(r.metrics.duplicate_token), fmt(uniform)])));
+    }
+    if (o.ablation) {
+      box.appendChild(el("h3", {}, "Ablation: the heads whose removal changes " + o.ablation.objective + " most (" + o.ablation.texts + " texts)"));
+      box.appendChild(tableOf(["head", "zero ablation", "mean ablation"], topHeads("zero_ablation", 6).map((r) => [headLink(r.layer, r.head), fmt(r.metrics.zero_ablation, 4), fmt(r.metrics.mean_ablation, 4)])));
+    }
+    if (o.evidence && o.evidence.heads.length) {
+      box.appendChild(el("h3", {}, "Labels tested by ablation"));
+      box.appendChild(tableOf(["head", "label", "measured", "confirmed at", "mark"], o.evidence.heads.map((e) => [headLink(e.layer, e.head), e.label, fmt(e.value, 4), fmt(e.threshold, 4), e.mark])));
+      box.appendChild(el("p", { "class": "mh-note" }, Object.entries(o.evidence.tests).map(([k, v]) => k + ": " + v).join(" · ")));
+    }
+    if (o.long_context) {
+      box.appendChild(el("h3", {}, "Long context (" + o.long_context.longest_tokens + " tokens): attention sinks and long-range heads"));
+      box.appendChild(tableOf(["head", "on the first token", "beyond 1,024 tokens (sinks aside)"], topHeads("sink_first", 6).map((r) => [headLink(r.layer, r.head), fmt(r.metrics.sink_first), fmt(r.metrics.long_1024_past_sinks)])));
+    }
+  }
+
+  function mapSVG() {  // the layer x head label map, labelled
+    const cw = 64, ch = 18, M = 34, parts = ['<svg xmlns="http://www.w3.org/2000/svg" width="' + (M + H * cw) + '" height="' + (M + L * ch + 4) +
+      '" font-family="sans-serif, mh-glyphs" font-size="9">', '<text x="2" y="12" font-size="11">' + escSVG((data.model || "") + ": heads by label") + '</text>'];
+    for (let h = 0; h < H; h++) parts.push('<text x="' + (M + h * cw + cw / 2) + '" y="' + (M - 4) + '" text-anchor="middle">H' + h + '</text>');
+    for (let l = 0; l < L; l++) {
+      parts.push('<text x="' + (M - 4) + '" y="' + (M + l * ch + 12) + '" text-anchor="end">L' + l + '</text>');
+      for (let h = 0; h < H; h++) {
+        parts.push('<rect x="' + (M + h * cw) + '" y="' + (M + l * ch) + '" width="' + cw + '" height="' + ch + '" fill="' + colour(label(l, h)) + '" stroke="#ccc"/>');
+        parts.push('<text x="' + (M + h * cw + cw / 2) + '" y="' + (M + l * ch + 12) + '" text-anchor="middle">' + escSVG(code(label(l, h)) + mark(l, h)) + '</text>');
+      }
+    }
+    parts.push("</svg>");
+    return parts.join("");
+  }
+  return { draw: drawOverview, svg: mapSVG };
+}
