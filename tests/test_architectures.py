@@ -302,3 +302,25 @@ def test_an_encoder_decoder_report_has_three_stacks_equal_to_a_direct_computatio
             assert got["entropy"] == pytest.approx(float(entropy[h]), abs=1e-5)
             assert got["source_special"] == pytest.approx(float(special[h]), abs=1e-5)
             assert report.head(layer, h).metrics["self"] == pytest.approx(float(enc_self[h]), abs=1e-5)
+
+
+def test_every_site_has_a_name_people_can_guess_for_our_layers_and_transformers_alike():
+    from multihead.models import build as build_ours
+
+    assert mh.hf.site_names(build("llama (GQA)")) == ["decoder.0", "decoder.1"]
+    assert mh.hf.site_names(build("bert")) == ["encoder.0", "encoder.1"]
+    assert sorted(set(n.split(".")[0] for n in mh.hf.site_names(build("t5")))) == ["cross", "decoder", "encoder"]
+    ours = build_ours("transformer-base", device="meta")  # our encoder-decoder: the same three stacks
+    names = mh.hf.site_names(ours)
+    assert names[:2] == ["encoder.0", "encoder.1"] and "decoder.5" in names and "cross.5" in names
+    assert {s.stack: s.causal for s in mh.hf.find_sites(ours)} == {"encoder": False, "decoder": True, "cross": False}
+    assert mh.hf.site_names(build_ours("gpt2-small", device="meta"))[-1] == "decoder.11"
+    model = build("llama (GQA)")
+    ((site, layer),) = mh.hf.select(model, "decoder.1")
+    assert layer == 1 and site.layer == 1
+    with pytest.raises(ValueError, match=r"no attention site 'decoder\.7'.*decoder\.0\.\.decoder\.1"):
+        mh.hf.select(model, "decoder.7")
+    seen = []
+    with torch.no_grad(), mh.hf.AttentionCapture(model, lambda c: seen.append(c.name), at="decoder.1"):
+        model(**inputs("llama (GQA)", model))
+    assert seen == ["decoder.1"]  # a reader attached at one name reads that layer only

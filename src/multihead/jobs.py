@@ -158,14 +158,19 @@ def _corpus(texts: Sequence[str], file: str | None, document: bool, conllu: str 
         if not file or texts or conllu:
             raise InputError("--document reads one --file as a single text: give --file and no TEXT or --conllu")
         texts = [read_text(file, "--file").strip()]
-    elif file:
-        texts += read_lines(file)
-    if not texts:
-        if file or conllu:
-            raise InputError("no text to analyze: every given text is empty")
-        texts = sample_sentences(sample)
-    check_texts(texts)  # before the model loads: bad input fails at once
-    return texts, parses
+        file = None
+    return _given(texts, file, conllu, "analyze", lambda: sample_sentences(sample)), parses
+
+
+def _given(texts: Sequence[str], file: str | None, other: object, what: str, default) -> list[str]:
+    """The TEXT arguments and the lines of --file, or ``default()`` when none was given; checked
+    before any model loads (bad input fails at once)."""
+    given = [*texts, *(read_lines(file) if file else [])]
+    if not given:
+        if texts or file or other:
+            raise InputError(f"no text to {what}: every given text is empty")
+        given = list(default())
+    return check_texts(given)
 
 
 def _folder(path: str, flag: str) -> Path:
@@ -179,14 +184,7 @@ def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | No
              report: str | None = None, out: str = "attention.html", force: bool = False) -> tuple[Path, HFModel, int]:
     """``multihead view``: the page of a few texts (default: the articles' examples); returns the
     page's path, the model and the number of texts."""
-    shown = list(texts)
-    if file:
-        shown += read_lines(file)
-    if not shown:
-        if texts or file:
-            raise InputError("no text to show: every given text is empty")
-        shown = list(ARTICLE_SENTENCES)
-    check_texts(shown)
+    shown = _given(texts, file, None, "show", lambda: ARTICLE_SENTENCES)
     page = Path(out)
     if page.suffix.lower() not in (".html", ".htm"):
         raise InputError(f"--out {page} should end in .html")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from torch import Tensor
 
 from .model import ModelLike, as_module
-from .route import MAP_BUDGET, Attachment, AttentionChunk, Handle, attach
+from .route import MAP_BUDGET, Attachment, AttentionChunk
 from .sites import AttentionSite, find_sites, select
 
 __all__ = ["AttentionCapture", "LayerCallback"]
@@ -61,7 +61,6 @@ class AttentionCapture(Attachment):
         if stack is not None and stack not in stacks:
             raise ValueError(f"the model has no {stack!r} stack; it has {stacks}")
         self.where = select(self.model, at if at is not None else stack, sites=self.sites)
-        self._handle: Handle | None = None
 
     @property
     def stack(self) -> str:
@@ -80,12 +79,3 @@ class AttentionCapture(Attachment):
 
     def read(self, chunk: AttentionChunk) -> None:
         self.callback(chunk)
-
-    def __enter__(self) -> AttentionCapture:
-        self._handle = attach(self.model, self, self.where)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..masks import Mask
 from .model import ModelLike, as_module
-from .route import Attachment, Handle, attach
+from .route import Attachment
 from .sites import AttentionSite, find_sites, main_stack, select
 
 __all__ = ["HeadGates", "gate_gradients_only", "replace_attention", "replica_gates", "self_attention_sites"]
@@ -89,7 +89,8 @@ class HeadGates(Attachment):
             raise ValueError(f"replacement must be (L, H, Dv) or (L, B, H, T, Dv) with L, H = {self.num_layers}, "
                              f"{self.num_heads}; got {tuple(replacement.shape)}")
         self.fill = replacement
-        self._handle: Handle | None = attach(self.model, self, [(s, layer) for s in self.sites for layer in s.layers])
+        self.where = [(s, layer) for s in self.sites for layer in s.layers]
+        self.__enter__()  # the gates act from here on (also without a with block) until removed
 
     def gates(self, site: AttentionSite, layer: int) -> Tensor:
         v = self.values
@@ -103,18 +104,6 @@ class HeadGates(Attachment):
 
     def replacement(self, site: AttentionSite, layer: int) -> Tensor | None:
         return None if self.fill is None else self.fill[layer]
-
-    def remove(self) -> None:
-        """Take the gates off (and the model's own attention implementation back)."""
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
-
-    def __enter__(self) -> HeadGates:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
 
 
 class replace_attention(Attachment):  # noqa: N801 - used as a context manager, like torch.no_grad
@@ -140,16 +129,6 @@ class replace_attention(Attachment):  # noqa: N801 - used as a context manager, 
             names = [f"{stack}.{x}" if isinstance(x, int) else str(x) for x in chosen]
             self.where = select(self.model, names, sites=sites)
         self.extra = mask
-        self._handle: Handle | None = None
 
     def mask(self, site: AttentionSite, layer: int) -> Mask:
         return self.extra
-
-    def __enter__(self) -> replace_attention:
-        self._handle = attach(self.model, self, self.where)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None

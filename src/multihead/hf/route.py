@@ -138,6 +138,25 @@ class Attachment:
     def read(self, chunk: AttentionChunk) -> None:
         """Receive one chunk of the layer's map (:class:`AttentionChunk`); never keep it."""
 
+    # As a context manager: attached at ``self.where`` of ``self.model`` inside the block.
+    model: nn.Module
+    where: list[tuple[AttentionSite, int]]
+    _handle: Handle | None = None
+
+    def __enter__(self):
+        if self._handle is None:
+            self._handle = attach(self.model, self, self.where)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        """Take it off (and the model's own attention implementation back, once nothing is attached)."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
 
 class _SiteState:
     """What is attached at one module: (attachment, the layers it is attached at) pairs."""

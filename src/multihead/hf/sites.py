@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..attn.layer import MultiHeadAttention
+from ..models.blocks import DecoderBlock
 from .model import ModelLike, as_module
 
 __all__ = ["STACKS", "AttentionSite", "UnsupportedModelError", "find_sites", "main_stack", "select", "site_names"]
@@ -120,7 +121,7 @@ def find_sites(model: ModelLike) -> list[AttentionSite]:
     module = as_module(model)
     ours = [(n, m) for n, m in module.named_modules() if isinstance(m, MultiHeadAttention)]
     if ours:
-        return _our_sites(ours)
+        return _our_sites(module, ours)
     config = getattr(module, "config", None)
     found = [(n, m) for n, m in module.named_modules() if _computes_through_interface(type(m))]
     blind = _blind_attention(module, {id(m) for _, m in found})
@@ -320,14 +321,20 @@ def _config_heads(config, stack: str) -> int:
     raise UnsupportedModelError(f"cannot tell how many heads {type(config).__name__} has")
 
 
-def _our_sites(layers: list[tuple[str, MultiHeadAttention]]) -> list[AttentionSite]:
+def _our_sites(model: nn.Module, layers: list[tuple[str, MultiHeadAttention]]) -> list[AttentionSite]:
+    """Our own layers as sites: a layer of one of our decoder blocks is ``decoder`` (causal), its
+    cross-attention ``cross``; any other layer ``encoder`` (a ``cross…`` name: ``cross``)."""
     sites = []
     counts: dict[str, int] = {}
     for name, m in layers:
-        kind = "cross" if any(p.startswith("cross") for p in name.lower().split(".")) else "self"
-        stack = "cross" if kind == "cross" else "encoder"
+        parent_name, _, own = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if name and parent_name else None
+        in_decoder = isinstance(parent, DecoderBlock)
+        kind = "cross" if (in_decoder and own == "cross") or (
+            not in_decoder and any(p.startswith("cross") for p in name.lower().split("."))) else "self"
+        stack = "cross" if kind == "cross" else "decoder" if in_decoder else "encoder"
         layer = counts.get(stack, 0)
         counts[stack] = layer + 1
-        sites.append(AttentionSite(name, m, stack, layer, kind, m.num_heads, m.num_kv_heads, m.head_dim, False,
-                                   q=m.q_proj, k=m.k_proj, v=m.v_proj, o=m.out_proj, ours=True))
+        sites.append(AttentionSite(name, m, stack, layer, kind, m.num_heads, m.num_kv_heads, m.head_dim,
+                                   stack == "decoder", q=m.q_proj, k=m.k_proj, v=m.v_proj, o=m.out_proj, ours=True))
     return sites

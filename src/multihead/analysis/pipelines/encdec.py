@@ -6,16 +6,8 @@ source. In the same forward pass the encoder's self-attention, the decoder's (ca
 self-attention and the decoder's cross-attention over the encoder are captured as three stacks:
 the report's own heads are the encoder's, ``report.stacks["decoder"]`` and
 ``report.stacks["cross"]`` the others. Self-attention stacks get the usual metrics and labels
-(:mod:`multihead.analysis.stats.heads`); cross-attention gets its own:
-
-| key | definition for one decoder query row ``p_i`` over the source tokens |
-|---|---|
-| ``entropy`` / ``entropy_norm`` | as for self-attention, over the real source tokens |
-| ``max_weight`` | ``max_j p_ij`` |
-| ``diagonal_distance`` | ``Σ_j p_ij · |j − a(i)|``, ``a(i) = i · (n_src − 1)/(n_tgt − 1)`` the aligned position |
-| ``aligned`` | ``Σ_{|j − a(i)| ≤ 1} p_ij``: mass within one token of the aligned position |
-| ``source_special`` | mass on the source's special tokens (first token, separators / EOS) |
-
+(:mod:`multihead.analysis.stats.heads`); cross-attention gets its own
+(:mod:`multihead.analysis.stats.cross`: entropy, alignment, mass on the source's special tokens).
 Positions count real tokens only. Cross-attention labels: :data:`multihead.analysis.labels.CROSS_RULES`.
 """
 

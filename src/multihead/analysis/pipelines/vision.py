@@ -4,17 +4,7 @@ Images go through the model folder's own image processor; each image becomes ``P
 ([CLS], and DeiT's distillation token) followed by a ``g × g`` grid of patches, row by row. The
 metrics are means over the patch query rows (the prefix tokens' own rows are not patches):
 
-Metrics (:mod:`multihead.analysis.stats.patches`):
-
-| key | definition for one patch row ``p_i`` |
-|---|---|
-| ``entropy`` / ``entropy_norm`` | ``-Σ_j p_ij log p_ij``; divided by ``log S`` (1 is uniform) |
-| ``max_weight`` | ``max_j p_ij`` |
-| ``cls`` | mass on the prefix tokens ([CLS] / distillation) |
-| ``self`` | ``p_ii`` |
-| ``grid_distance`` | ``Σ_j p_ij · ‖g(i) − g(j)‖`` over patches ``j``: mean Euclidean distance on the grid, in patches |
-| ``local_3x3`` | mass on the 3 × 3 neighbourhood of the patch (itself included) |
-
+Metrics: :mod:`multihead.analysis.stats.patches` (entropy, [CLS] mass, grid distance, 3 × 3 locality).
 Labels: :data:`multihead.analysis.labels.PATCH_RULES`. The report keeps the first image's maps
 (``report.views``) for its page.
 """
