@@ -124,9 +124,8 @@ def _one_line_warnings(name: list[str]):
 
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
-    from .analysis.interventions.patching import EXAMPLES
-    from .experiments import EXPERIMENTS, TASKS
-    from .jobs import ABLATION_TEXTS
+    from .data import PATCHING_EXAMPLES as EXAMPLES
+    from .experiments.names import EXPERIMENTS, TASKS
 
     parser = _Parser(prog="multihead", description="Multi-head attention you can trust and run "
                      "long, and a clear view into every head of a real model.")
@@ -183,9 +182,9 @@ def _parser() -> argparse.ArgumentParser:
     an.add_argument("--coreference", metavar="JSONL",
                     help="pronoun/antecedent examples (default: the shipped English + Chinese set)")
     an.add_argument("--no-coreference", action="store_true", help="skip the coreference scores")
-    an.add_argument("--ablation", type=_count(0), default=ABLATION_TEXTS, metavar="N",
+    an.add_argument("--ablation", type=_count(0), default=None, metavar="N",
                     help="measure each head's zero- and mean-ablation effect on the model's own objective over the "
-                         f"first N texts (default {ABLATION_TEXTS}; 0: off; texts of at most 512 tokens)")
+                         "first N texts (default 16; 0: off; texts of at most 512 tokens)")
 
     vw = command("view", _run_view, "an interactive, offline attention page for a few texts")
     vw.add_argument("texts", nargs="*", metavar="TEXT", help="texts to show (default: the articles' examples)")

@@ -89,9 +89,11 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
                 coreference: str | None = None, no_coreference: bool = False, what_if: str | None = None,
                 images: str | None = None, target: str | None = None, out: str = "multihead-report",
                 force: bool = False, batch_size: int = 32, truncate: bool = False,
-                ablation: int = ABLATION_TEXTS) -> AnalyzeJob:
+                ablation: int | None = None) -> AnalyzeJob:
     """``multihead analyze``: the corpus from its flags, checked before the model loads; the
-    analysis (sharded under torchrun); the report folder, written by rank 0."""
+    analysis (sharded under torchrun); the report folder, written by rank 0. ``ablation``: texts
+    whose every head is ablated (default :data:`ABLATION_TEXTS`)."""
+    ablation = ABLATION_TEXTS if ablation is None else ablation
     from .analysis.pipelines.analyze import analyze
 
     notes: list[str] = []

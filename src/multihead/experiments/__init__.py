@@ -17,18 +17,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .common import SETTINGS, Setting
-from .tasks import TASKS
+from .names import EXPERIMENTS, TASKS
 
-__all__ = ["EXPERIMENTS", "SETTINGS", "TASKS", "Setting", "run_experiment", "run_experiments", "setting_for"]
+if TYPE_CHECKING:
+    from .common import Setting
 
-EXPERIMENTS = ("heads", "one-vs-many", "induction", "specialise", "prune-trained")
+__all__ = ["EXPERIMENTS", "TASKS", "run_experiment", "run_experiments", "setting_for"]
 
 
 def setting_for(quick: bool, *, tasks: list[str] | None = None, seeds: int | None = None,
                 heads: list[int] | None = None) -> Setting:
     """The quick or full setting, with the sweep's tasks, seeds or head counts overridden."""
+    from .common import SETTINGS  # torch and the models load with the experiments, not with the command line
+
     s = SETTINGS["quick" if quick else "full"]
     if tasks:
         bad = [t for t in tasks if t not in TASKS]
@@ -49,6 +52,8 @@ def setting_for(quick: bool, *, tasks: list[str] | None = None, seeds: int | Non
 
 def run_experiment(name: str, out: str | Path, *, setting: Setting | None = None, device: str = "auto") -> Path:
     """Run one experiment; returns the folder with its result.json, result.md and plots."""
+    from .common import SETTINGS
+
     out = Path(out)
     setting = setting or SETTINGS["full"]
     if name == "heads":

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from ..models import DecoderLM, Encoder, ModelConfig
 from ..train import CharData, step_generator
+from .names import TASKS
 
 __all__ = ["TASKS", "CharLM", "ExperimentTask", "MultiRelation", "Sentiment", "make_task"]
 
@@ -336,7 +337,6 @@ class Sentiment(ExperimentTask):
         return float((outputs.argmax(-1) == batch["labels"]).sum()), float(len(batch["labels"]))
 
 
-TASKS = ("lm-hamlet", "lm-treebank", "multi-relation", "sentiment")
 
 
 def make_task(name: str) -> ExperimentTask:
