@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-fast bench lint install clean browser speech js
+.PHONY: demo test test-fast bench lint install clean browser speech permissions js
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,13 @@ speech:
 	  { if [ "$$CI" = true ]; then echo "error: could not install espeak-ng" >&2; exit 1; fi; \
 	    echo "warning: could not install espeak-ng; the speech example's test will be skipped" >&2; }
 
+# capsh (libcap2-bin): run as root, the permission tests drop root's power to bypass file modes with it.
+permissions:
+	@[ "$$(id -u)" != 0 ] || command -v capsh >/dev/null || \
+	  { apt-get update -qq && apt-get install -y -qq libcap2-bin >/dev/null; } || \
+	  { if [ "$$CI" = true ]; then echo "error: could not install libcap2-bin (capsh)" >&2; exit 1; fi; \
+	    echo "warning: could not install libcap2-bin; the permission tests will be skipped" >&2; }
+
 # The page's JavaScript: ESLint and Node's test runner over its pure modules (npm registry packages,
 # pinned by package-lock.json, installed where missing). With CI=true a missing Node is an error.
 NODE_STAMP := node_modules/.installed
@@ -61,7 +68,7 @@ js: $(NODE_STAMP)
 	node --test tests/js/
 
 # The whole suite: what CI runs.
-test: $(STAMP) browser speech js
+test: $(STAMP) browser speech permissions js
 	$(VENV)/bin/ruff check src tests benchmarks examples tools
 	$(PY) tools/imports.py
 	$(PY) -m pytest -q

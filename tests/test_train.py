@@ -102,14 +102,22 @@ def test_bad_configs_fail_clearly(tmp_path, capsys):
     with pytest.raises(ValueError, match="missing 'out'"):
         load_config(bad)
     bad.write_text('out = "x"\nsteps = 0\n')
-    with pytest.raises(ValueError, match="steps must be a positive integer"):
+    with pytest.raises(ValueError, match="steps must be positive; got 0"):
         load_config(bad)
     bad.write_text('out = "x"\n[data]\nsource = "wiki"\n')
     with pytest.raises(ValueError, match=r"data\.source"):
         load_config(bad)
     bad.write_text('out = "x"\nstpes = 3\n')
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="unknown key 'stpes'; did you mean 'steps'"):
         load_config(bad)
+    for section, line, words in (("optim", "learning_rate = 1e9", r"unknown key \[optim\] 'learning_rate'"),
+                                 ("model", "layres = 1", r"unknown key \[model\] 'layres'; did you mean 'layers'"),
+                                 ("model", "layers = 'two'", r"\[model\] layers must be an integer; got 'two'"),
+                                 ("optim", "lr = -1.0", r"\[optim\] lr must be positive"),
+                                 ("run", "fsdp = 1", r"\[run\] fsdp must be true or false")):
+        bad.write_text(f'out = "x"\n[{section}]\n{line}\n')
+        with pytest.raises(ValueError, match=words):  # a typo inside a section is named, never trained around
+            load_config(bad)
     code, _, err = run_cli(["train", str(tmp_path / "none.toml")], capsys)
     assert code == 2 and "none.toml" in err and len(err.strip().splitlines()) == 1, err
 

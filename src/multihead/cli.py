@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import threading
 import warnings
 from collections.abc import Callable
 from typing import NoReturn
@@ -56,50 +54,37 @@ def main(argv: list[str] | None = None) -> int:
     # transformers' own notices ("Token indices sequence length is longer than ...") are not for
     # our users: we check lengths ourselves and say so in one line.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from .files import interrupted
+    from .stops import interrupted, stopped, stopping_on_signals
 
-    # Ctrl-C is ours from the first moment (``import multihead`` itself loads nothing heavy).
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    handler = signal.getsignal(signal.SIGINT)
-    if in_main_thread:
-        signal.signal(signal.SIGINT, _on_interrupt)
     name = ["multihead"]
     previous = _one_line_warnings(name)
-    try:
-        parser = _parser()
-        args = parser.parse_args(argv)
-        if not getattr(args, "command", None):
-            commands = ", ".join(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
-            print(f"multihead: error: choose a command: {commands} (see multihead --help)", file=sys.stderr)
-            return 2
-        name[0] = f"multihead {args.command}"
-        from . import progress
+    # Ctrl-C and SIGTERM are ours from the first moment (``import multihead`` loads nothing heavy):
+    # either stops the run with one line, and nothing half-written is committed.
+    with stopping_on_signals():
+        try:
+            parser = _parser()
+            args = parser.parse_args(argv)
+            if not getattr(args, "command", None):
+                commands = ", ".join(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+                print(f"multihead: error: choose a command: {commands} (see multihead --help)", file=sys.stderr)
+                return 2
+            name[0] = f"multihead {args.command}"
+            from . import progress
 
-        progress.set_enabled(sys.stderr.isatty() and not getattr(args, "quiet", False))
-        return int(args.run(args) or 0)
-    except (ValueError, TypeError, OSError, ImportError) as err:
-        if interrupted.is_set():  # a library turned our interrupt into another error
-            print(f"{name[0]}: interrupted", file=sys.stderr)
-            return 130
-        print(f"{name[0]}: error: {_one_line(err)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{name[0]}: interrupted", file=sys.stderr)
-        return 130
-    finally:
-        interrupted.clear()
-        warnings.showwarning = previous
-        if in_main_thread:
-            signal.signal(signal.SIGINT, handler)
-
-
-def _on_interrupt(signum: int, frame: object) -> None:
-    from .files import interrupted
-
-    # Remembered as well as raised: a library that swallows the KeyboardInterrupt (some do, while
-    # importing) cannot make the run go on to write its results.
-    interrupted.set()
-    raise KeyboardInterrupt
+            progress.set_enabled(sys.stderr.isatty() and not getattr(args, "quiet", False))
+            return int(args.run(args) or 0)
+        except (ValueError, TypeError, OSError, ImportError) as err:
+            if not interrupted.is_set():
+                print(f"{name[0]}: error: {_one_line(err)}", file=sys.stderr)
+                return 2
+            # else: a library turned our interrupt into another error
+        except KeyboardInterrupt:
+            pass
+        finally:
+            warnings.showwarning = previous
+        words, status = stopped()
+        print(f"{name[0]}: {words}", file=sys.stderr)
+        return status
 
 
 def _one_line(err: BaseException) -> str:
@@ -196,6 +181,8 @@ def _parser() -> argparse.ArgumentParser:
 
     tr = command("train", _run_train, "train a model from a TOML config (resumable; torchrun for several processes)")
     tr.add_argument("config", help="the run's TOML file (see docs/training.md)")
+    tr.add_argument("--force", action="store_true", help="train into a non-empty folder that holds no run (never over "
+                    "the names a run writes)")
 
     ps = command("presets", _run_presets, "the model table: layers, heads, d_model, d_k, parameters, attention FLOPs")
     ps.add_argument("--length", type=_count(1), default=2048, help="context length for the FLOPs column (default 2048)")
@@ -314,9 +301,9 @@ def _run_prune(args: argparse.Namespace) -> int:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from .train import load_config, train
+    from .jobs import train_job
 
-    train(load_config(args.config))
+    train_job(args.config, force=args.force)
     return 0
 
 

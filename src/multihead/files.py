@@ -1,18 +1,49 @@
-"""Writing files so that nothing the user had is lost: every file is written beside its target and
-renamed over it, so an interrupted write leaves the earlier file whole; output folders are checked
-before anything is written into them."""
+"""Writing files so that nothing the user had is lost, whatever stops the write.
+
+* One file: written beside its target and renamed over it (:func:`atomic_path`,
+  :func:`write_atomically`), so an interrupted write leaves the earlier file whole.
+* Several files that belong together (a report's JSON, CSV and page): :class:`StagedFiles`. Each
+  is written beside its target; then, with SIGINT and SIGTERM held back, a *commit manifest*
+  (``.multihead-commit.json``: which staged file replaces which target) is written — the commit
+  point — the renames are done and the manifest removed. A kill (even SIGKILL) before the commit
+  point leaves every target as it was; after it, the next :func:`recover` of the folder (every
+  writer and reader of our folders calls it) finishes the renames. Either way the folder ends all
+  old or all new, and the temporary files of killed writers are removed.
+* A folder the writer created and could not fill (a full disk) is removed again: no empty or
+  partial folder is left behind.
+* Output folders are checked before the long work (:func:`check_output_folder`): ours, new or
+  empty — anything else only with ``force`` — and really writable (a probe file is written and
+  removed: ``/proc`` or a read-only mount fail at the door, not after an hour of analysis).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["OutputFolderError", "StagedFiles", "atomic_path", "check_output_folder", "interrupted",
+from .jsonable import read_json
+from .stops import interrupted
+
+__all__ = ["MANIFEST", "OutputFolderError", "StagedFiles", "atomic_path", "check_output_folder", "recover",
            "write_atomically"]
+
+#: The commit manifest of a folder whose staged files are being renamed over their targets.
+MANIFEST = ".multihead-commit.json"
+#: Fault injection for the tests of the commit: ``STEP:SIGNAL`` (e.g. ``2:SIGKILL``) makes the
+#: committing process send itself SIGNAL at step STEP (1: every file staged; 2: the manifest
+#: written; 3, 4, ...: after each rename; then: the manifest removed).
+FAULT = "MULTIHEAD_FAULT_AT_COMMIT"
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
+
+
+def _temp_for(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
 @contextmanager
@@ -20,10 +51,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path`` to write to; renamed over ``path`` when the block ends
     without an exception, removed otherwise (``path`` itself is then untouched)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = _temp_for(path)
     try:
         yield tmp
         os.replace(tmp, path)
+    except OSError as err:
+        raise _named(err, path) from err
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -33,13 +66,24 @@ def write_atomically(path: str | Path, content: str | bytes, *, newline: bool = 
     """Write ``content`` (text as UTF-8, with a final newline unless ``newline=False``) to ``path`` atomically."""
     path = Path(path)
     with atomic_path(path) as tmp:
-        if isinstance(content, bytes):
-            tmp.write_bytes(content)
-        else:
-            if newline and not content.endswith("\n"):
-                content += "\n"
-            tmp.write_text(content, encoding="utf-8")
+        _write(tmp, content, newline)
     return path
+
+
+def _write(tmp: Path, content: str | bytes, newline: bool = True) -> None:
+    data = content if isinstance(content, bytes) else \
+        (content if not newline or content.endswith("\n") else content + "\n").encode("utf-8")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _named(err: OSError, path: Path) -> OSError:
+    """``err`` with the path it is about (a failed write() names no file: "No space left on device")."""
+    if err.filename is not None:
+        return err
+    return type(err)(err.errno, err.strerror or os.strerror(err.errno or 0), str(path))
 
 
 class OutputFolderError(ValueError):
@@ -52,69 +96,209 @@ def check_output_folder(out: str | Path, *, schema: str, marker: str, force: boo
 
     Accepted: a folder that does not exist yet, an empty one, or one holding an earlier result of
     ours (its ``marker`` file, JSON with this ``schema`` or one of the earlier schemas ``also``);
-    anything else only with ``force``.
+    anything else only with ``force``. The folder (or the first existing one above it) must take a
+    file: a probe is written and removed, and a folder made for it is removed again.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OutputFolderError(f"{out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        try:
-            ours = json.loads((out / marker).read_text(encoding="utf-8")).get("schema") in (schema, *also)
-        except (OSError, ValueError, AttributeError):
-            ours = False
-        if not ours:
+    if out.is_dir():
+        recover(out)
+    if out.is_dir() and _has_content(out) and not force:
+        if not _ours(out / marker, (schema, *also)):
             raise OutputFolderError(f"{out} is not empty and holds no earlier multihead {marker}; choose another "
                                     "folder or force writing into it (--force)")
-    probe = out if out.is_dir() else next((p for p in out.parents if p.exists()), None)
-    if probe is None or not os.access(probe, os.W_OK):
-        raise OutputFolderError(f"{out} is not writable")
+    _probe(out)
     return out
 
 
-#: Set (by the CLI's interrupt handler) when the user asked to stop: staged files are then never
-#: committed, even if a library swallowed the KeyboardInterrupt on its way up.
-interrupted = threading.Event()
+def _has_content(folder: Path) -> bool:
+    return any(not _TEMP.match(p.name) and p.name != MANIFEST for p in folder.iterdir())
+
+
+def _ours(marker: Path, schemas: tuple[str, ...]) -> bool:
+    """Whether ``marker`` is a JSON object of one of ``schemas`` (read with a depth limit: a JSON
+    bomb is not ours, and not a RecursionError either)."""
+    if not marker.is_file():
+        return False
+    try:
+        data = read_json(marker, "ours")
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("schema") in schemas
+
+
+def _probe(out: Path) -> None:
+    """Write and remove a file in ``out`` (made, then removed again, when it does not exist)."""
+    made: list[Path] = []
+    try:
+        for folder in (*reversed([p for p in out.parents if not p.exists()]), out):
+            if not folder.exists():
+                folder.mkdir()
+                made.append(folder)
+        probe = out / f".multihead-probe.{os.getpid()}.tmp"
+        with open(probe, "wb") as f:
+            f.write(b"multihead")
+        probe.unlink()
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise OutputFolderError(f"{out} cannot be written ({reason}): choose a folder on a writable file system"
+                                ) from err
+    finally:
+        for folder in reversed(made):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+
+
+def recover(folder: str | Path) -> None:
+    """Bring ``folder`` back to one state: finish a commit a kill interrupted after its commit point
+    (its manifest names what replaces what), and remove the temporary files of writers that are no
+    longer running."""
+    folder = Path(folder)
+    manifest = folder / MANIFEST
+    if manifest.is_file():
+        try:
+            pairs = json.loads(manifest.read_text(encoding="utf-8"))["renames"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pairs = []
+        for tmp_name, target_name in pairs:
+            tmp = folder / tmp_name
+            if tmp.exists() and _TEMP.match(tmp_name):
+                os.replace(tmp, folder / target_name)
+        manifest.unlink(missing_ok=True)
+    try:
+        names = [p for p in folder.iterdir() if _TEMP.match(p.name)]
+    except OSError:
+        return
+    for p in names:
+        if not _alive(int(_TEMP.match(p.name)["pid"])) and p.is_file():
+            p.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # our own leftovers from an earlier, failed write
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class StagedFiles:
-    """Several files that replace their targets together or not at all.
+    """Several files that replace their targets together or not at all (see the module).
 
-    ``stage`` writes each beside its target; :meth:`commit` renames them all over their targets
-    (unless :data:`interrupted` is set); leaving the ``with`` block by an exception, or without a
-    commit, removes what was staged and leaves every target as it was.
+    ``stage`` writes each beside its target; :meth:`commit` makes them the targets (unless
+    :data:`interrupted` is set); leaving the ``with`` block by an exception, or without a commit,
+    removes what was staged — and a folder :meth:`folder` made — and leaves every target as it was.
     """
 
     def __init__(self) -> None:
         self._staged: list[tuple[Path, Path]] = []
+        self._made: list[Path] = []
+
+    def folder(self, path: str | Path) -> Path:
+        """``path`` as a folder to stage into: recovered if it exists, made (and removed again if
+        nothing is committed) if not."""
+        path = Path(path)
+        if path.is_dir():
+            recover(path)
+            return path
+        missing = [p for p in (*reversed(path.parents), path) if not p.exists()]
+        try:
+            for p in missing:
+                p.mkdir()
+                self._made.append(p)
+        except OSError as err:
+            raise _named(err, path) from err
+        return path
 
     def stage(self, path: str | Path, content: str | bytes | None = None) -> Path:
         """Stage ``content`` for ``path``; without content, returns the temporary path to write yourself."""
         path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp = _temp_for(path)
         self._staged.append((tmp, path))
-        if isinstance(content, bytes):
-            tmp.write_bytes(content)
-        elif content is not None:
-            tmp.write_text(content if content.endswith("\n") else content + "\n", encoding="utf-8")
+        if content is not None:
+            try:
+                _write(tmp, content)
+            except OSError as err:
+                raise _named(err, path) from err
         return tmp
 
     def commit(self) -> list[Path]:
-        if interrupted.is_set():
+        """Make every staged file its target (see the module); returns the targets."""
+        if interrupted.is_set():  # the user asked to stop, even if a library swallowed the KeyboardInterrupt
             raise KeyboardInterrupt
-        done = []
+        if not self._staged:
+            return []
+        _fault(1)
+        folders: dict[Path, list[tuple[Path, Path]]] = {}
         for tmp, path in self._staged:
-            os.replace(tmp, path)
-            done.append(path)
+            folders.setdefault(path.parent, []).append((tmp, path))
+        with _signals_held():
+            for folder, pairs in folders.items():
+                manifest = folder / MANIFEST
+                with atomic_path(manifest) as tmp_manifest:  # the commit point of this folder
+                    _write(tmp_manifest, json.dumps({"renames": [[t.name, p.name] for t, p in pairs]}))
+                _fault(2)
+                for n, (tmp, path) in enumerate(pairs):
+                    os.replace(tmp, path)
+                    _fault(3 + n)
+                manifest.unlink()
+            _fault(3 + len(self._staged))
+        done = [path for _, path in self._staged]
         self._staged.clear()
+        self._made.clear()
         return done
 
     def discard(self) -> None:
         for tmp, _ in self._staged:
             tmp.unlink(missing_ok=True)
         self._staged.clear()
+        for folder in reversed(self._made):  # made for this write, and nothing was committed into it
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+        self._made.clear()
 
     def __enter__(self) -> StagedFiles:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.discard()
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back while a commit renames: they take effect once it is complete,
+    so an interrupt never stops it halfway. Python-level handlers, not a thread's signal mask: the
+    kernel may deliver a process signal to any thread (torch's workers), while Python handlers
+    always run in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda sig, _frame: pending.append(sig)) for sig in held}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(pending):  # each once, in the order they came
+            signal.raise_signal(sig)
+
+
+def _fault(step: int) -> None:
+    """The test hook of :data:`FAULT`: send this process the signal named for ``step``."""
+    spec = os.environ.get(FAULT)
+    if not spec:
+        return
+    at, _, name = spec.partition(":")
+    if at.isdigit() and int(at) == step:
+        os.kill(os.getpid(), getattr(signal, name or "SIGKILL"))

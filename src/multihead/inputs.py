@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -128,8 +129,12 @@ def readable_file(path: str | Path, flag: str) -> Path:
     p = Path(path)
     if p.is_dir():
         raise InputError(f"{flag} {p} is a folder, expected a file")
+    if p.exists() and not p.is_file():  # a socket, a FIFO, a device: not a file to read text from
+        raise InputError(f"{flag} {p} is not a regular file, expected a text file")
     if not p.is_file():
         raise InputError(f"{flag} {p}: no such file")
+    if not os.access(p, os.R_OK):
+        raise InputError(f"cannot read {flag} {p}: permission denied")
     return p
 
 

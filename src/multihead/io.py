@@ -6,7 +6,9 @@
 
 Each folder is checked before the long work (:func:`check_report_folder`: new, empty, or an earlier
 result of the same kind; anything else only with ``force``) and its files replace the earlier ones
-together (:class:`~multihead.files.StagedFiles`). Callable from Python::
+together, whatever stops the write — a full disk, Ctrl-C, SIGTERM, even SIGKILL: the folder is
+then all old or, once the next writer or reader has recovered it, all new
+(:class:`~multihead.files.StagedFiles`). Callable from Python::
 
     folder = mh.io.check_report_folder("out")          # before the long run: refuses foreign folders
     report = mh.analyze(model, texts)
@@ -47,8 +49,8 @@ def write_report_folder(report: Report, out: str | Path, *, force: bool = False)
     vision model's with every head's attention over its first image)."""
     folder = check_report_folder(out, force=force)
     page = report_html(report)
-    folder.mkdir(parents=True, exist_ok=True)
     with StagedFiles() as staged:
+        staged.folder(folder)
         staged.stage(folder / "report.json", report.to_json())
         report.to_csv(staged.stage(folder / "report.csv"))
         staged.stage(folder / "report.html", page.rstrip("\n"))
@@ -63,8 +65,8 @@ def write_patching_folder(result: Patching, out: str | Path, *, model: str, forc
     """Write ``patching.json`` and ``patching.html`` into ``out`` together (an earlier patching
     folder is replaced; any other non-empty folder only with ``force``)."""
     folder = check_patching_folder(out, force=force)
-    folder.mkdir(parents=True, exist_ok=True)
     with StagedFiles() as staged:
+        staged.folder(folder)
         staged.stage(folder / "patching.json", json.dumps({**result.to_dict(), "model": model}, indent=1))
         staged.stage(folder / "patching.html", patching_page(result, model).rstrip("\n"))
         return staged.commit()
@@ -77,8 +79,8 @@ def check_compare_folder(out: str | Path, *, force: bool = False) -> Path:
 def write_compare_folder(comparison: Comparison, out: str | Path, *, force: bool = False) -> list[Path]:
     """Write ``compare.json`` and ``compare.html`` into ``out`` together."""
     folder = check_compare_folder(out, force=force)
-    folder.mkdir(parents=True, exist_ok=True)
     with StagedFiles() as staged:
+        staged.folder(folder)
         staged.stage(folder / "compare.json", json.dumps(comparison.to_dict(), indent=1, ensure_ascii=False))
         staged.stage(folder / "compare.html", compare_page(comparison).rstrip("\n"))
         return staged.commit()

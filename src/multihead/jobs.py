@@ -24,7 +24,7 @@ from .analysis.probes.coreference import load_examples
 from .analysis.probes.syntax import read_conllu, spacy_available
 from .analysis.report import Report
 from .data import ARTICLE_SENTENCES, sample_sentences
-from .files import OutputFolderError, check_output_folder, write_atomically
+from .files import OutputFolderError, StagedFiles, check_output_folder, write_atomically
 from .hf.load import load
 from .hf.model import HFModel
 from .inputs import InputError, check_texts, read_lines, read_text, readable_file
@@ -36,6 +36,7 @@ from .io import (
     write_patching_folder,
     write_report_folder,
 )
+from .plotting import figure_png
 from .progress import step
 from .viz import view_page
 
@@ -47,6 +48,7 @@ __all__ = [
     "load_model",
     "patch_job",
     "prune_job",
+    "train_job",
     "view_job",
 ]
 
@@ -177,6 +179,8 @@ def _given(texts: Sequence[str], file: str | None, other: object, what: str, def
 
 def _folder(path: str, flag: str) -> Path:
     p = Path(path)
+    if p.is_file():
+        raise InputError(f"{flag} {p} is a file, expected a folder of images (or 'digits' for the built-in sample)")
     if not p.is_dir():
         raise InputError(f"{flag} {p}: no such folder (or give 'digits' for the built-in sample)")
     return p
@@ -279,9 +283,11 @@ def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10
     else:
         chosen = LanguageModelTask(loaded, **sizes)
     curve = pruning_curve(chosen, steps=steps, per_step=per_step, reestimate=not once, stop_below=stop_below)
-    folder.mkdir(parents=True, exist_ok=True)
-    write_atomically(folder / "curve.json", curve.to_json())
-    curve.plot(folder / "curve.png")
+    with StagedFiles() as staged:  # the curve and its plot replace an earlier run's together
+        staged.folder(folder)
+        staged.stage(folder / "curve.json", curve.to_json())
+        staged.stage(folder / "curve.png", figure_png(curve.figure()))
+        staged.commit()
     job = PruneJob(loaded, chosen, curve, folder, curve.prunable_within(1 - threshold))
     if job.best is not None and save_model:
         heads: dict[int, list[int]] = {}
@@ -291,3 +297,11 @@ def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10
         save_pruned(loaded, folder / "model", heads, base=model)
         job.saved = folder / "model"
     return job
+
+
+def train_job(config: str, *, force: bool = False) -> None:
+    """``multihead train``: the config checked (every section's keys), the run's folder claimed
+    before anything is written, the run trained or resumed."""
+    from .train import load_config, train
+
+    train(load_config(config, force=force))

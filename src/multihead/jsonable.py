@@ -1,11 +1,19 @@
-"""Numbers for JSON: rounded, and NaN (a metric that could not be measured) as ``null``."""
+"""JSON in and out: numbers rounded, NaN (a metric that could not be measured) as ``null``; files
+read with a depth limit, so a JSON bomb is one line, never a RecursionError."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
+import re
+from pathlib import Path
 from typing import Any
 
-__all__ = ["json_matrix", "json_number", "json_value"]
+__all__ = ["MAX_DEPTH", "json_depth", "json_matrix", "json_number", "json_value", "read_json"]
+
+#: The deepest nesting a file of ours may have (a report nests 6 levels; deeper is not ours).
+MAX_DEPTH = 32
 
 
 def json_number(v: float | None, digits: int = 6, *, significant: bool = False) -> float | None:
@@ -35,3 +43,34 @@ def json_value(value: Any, digits: int = 6) -> Any:
     if isinstance(value, float):
         return json_number(value, digits)
     return value
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """The JSON value in ``path``; ValueError (one line naming the file) when it is not UTF-8 JSON
+    or nests deeper than :data:`MAX_DEPTH` (a JSON bomb stays one line, never a RecursionError)."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as err:
+        raise ValueError(f"cannot read {path}: {err.strerror or err}") from err
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not {what}: not UTF-8 text (byte {err.start})") from err
+    if json_depth(text) > MAX_DEPTH:
+        raise ValueError(f"{path} is not {what}: its JSON nests deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not {what}: not JSON ({err.msg}, line {err.lineno})") from err
+    except RecursionError as err:  # pragma: no cover - the depth check comes first
+        raise ValueError(f"{path} is not {what}: its JSON nests too deep") from err
+
+
+def json_depth(text: str) -> int:
+    """The deepest bracket nesting of a JSON text (brackets inside strings do not count)."""
+    brackets = _BRACKETS.sub("", _STRINGS.sub("", text))
+    return max(itertools.accumulate(1 if ch in "[{" else -1 for ch in brackets), default=0)
+
+
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(r"[^\[\]{}]")

@@ -54,7 +54,7 @@ def step(what: str, *, progress: bool | None = None) -> Iterator[None]:
 
 def _stop_if_interrupted() -> None:
     """Raise KeyboardInterrupt if the user interrupted during the step (even if a library swallowed it)."""
-    from .files import interrupted
+    from .stops import interrupted
 
     if interrupted.is_set():
         raise KeyboardInterrupt

@@ -40,9 +40,11 @@ checkpoints hold the gathered weights only, so an FSDP run cannot be resumed yet
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
+import pickle
 import shutil
 import sys
 import tomllib
@@ -54,6 +56,8 @@ import torch
 import torch.nn.functional as F
 
 from .data import TEXT_SOURCES, source_text
+from .files import write_atomically
+from .jsonable import read_json
 from .models import DecoderLM, ModelConfig
 
 __all__ = ["CharData", "TrainConfig", "load_config", "main", "step_generator", "train", "warmup_cosine"]
@@ -68,31 +72,72 @@ class TrainConfig:
     data: dict = field(default_factory=lambda: {"source": "hamlet", "seq_len": 64, "batch_size": 16})
     optim: dict = field(default_factory=lambda: {"lr": 3e-3, "weight_decay": 0.01, "warmup": 10})
     run: dict = field(default_factory=lambda: {"checkpoint_every": 50, "log_every": 10, "grad_monitor": False})
+    #: write into a folder that holds files of another origin (never over this run's own names)
+    force: bool = False
+
+    def identity(self) -> dict:
+        """What makes two runs the same run (a resume must match it): the seed, model, data and optimiser."""
+        return {"seed": self.seed, "model": dict(self.model), "data": dict(self.data), "optim": dict(self.optim)}
 
 
-def load_config(path: str | Path) -> TrainConfig:
-    """Read and check a TOML config; ValueError naming the first bad key."""
+#: Every key a config may set, per section, with the type it must have.
+KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "": {"out": str, "seed": int, "steps": int, "model": dict, "data": dict, "optim": dict, "run": dict},
+    "model": {"layers": int, "heads": int, "dim": int, "hidden": int, "dropout": (int, float)},
+    "data": {"source": str, "seq_len": int, "batch_size": int},
+    "optim": {"lr": (int, float), "weight_decay": (int, float), "warmup": int},
+    "run": {"checkpoint_every": int, "log_every": int, "grad_monitor": bool, "tensorboard": bool, "fsdp": bool},
+}
+#: Keys whose value must be positive (the rest only >= 0 where they are numbers).
+POSITIVE = {"steps", "layers", "heads", "dim", "hidden", "seq_len", "batch_size", "lr", "log_every"}
+
+
+def load_config(path: str | Path, *, force: bool = False) -> TrainConfig:
+    """Read and check a TOML config; ValueError naming the file and the first bad key — an unknown
+    key with the closest known one, a value of the wrong type or range."""
     path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such config file" if not path.exists() else f"{path} is a folder, expected "
+                         "a TOML file")
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start})") from err
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"{path}: not valid TOML ({err})") from err
+    _check_keys(path, "", raw)
     if "out" not in raw:
         raise ValueError(f"{path}: missing 'out' (the run's folder)")
-    c = TrainConfig(out=Path(raw["out"]))
+    for section in ("model", "data", "optim", "run"):
+        _check_keys(path, section, raw.get(section, {}))
+    c = TrainConfig(out=Path(raw["out"]), force=force)
     for key in ("seed", "steps"):
         if key in raw:
             setattr(c, key, raw[key])
     for section in ("model", "data", "optim", "run"):
         getattr(c, section).update(raw.get(section, {}))
-    unknown = set(raw) - {"out", "seed", "steps", "model", "data", "optim", "run"}
-    if unknown:
-        raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
-    if not isinstance(c.steps, int) or c.steps < 1:
-        raise ValueError(f"{path}: steps must be a positive integer; got {c.steps!r}")
     if c.data["source"] not in TEXT_SOURCES:
         raise ValueError(f"{path}: data.source must be 'hamlet' or 'treebank'; got {c.data['source']!r}")
+    if c.model["dim"] % c.model["heads"]:
+        raise ValueError(f"{path}: model.heads ({c.model['heads']}) must divide model.dim ({c.model['dim']})")
     return c
+
+
+def _check_keys(path: Path, section: str, values: dict) -> None:
+    where = f"[{section}] " if section else ""
+    known = KEYS[section]
+    for key, value in values.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(known)}"
+            raise ValueError(f"{path}: unknown key {where}{key!r}{hint}")
+        want = known[key]
+        if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
+            kind = {int: "an integer", str: "a string", dict: "a table", bool: "true or false"}.get(want, "a number")
+            raise ValueError(f"{path}: {where}{key} must be {kind}; got {value!r}")
+        if isinstance(value, int | float) and not isinstance(value, bool) and (
+                value < 0 or (key in POSITIVE and value <= 0)):
+            raise ValueError(f"{path}: {where}{key} must be {'positive' if key in POSITIVE else '>= 0'}; got {value!r}")
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -141,9 +186,12 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
                          int(c.model["hidden"]), vocab=data.vocab, max_len=int(c.data["seq_len"]), norm_first=True,
                          dropout=float(c.model.get("dropout", 0.0)), eps=1e-5)
     model = DecoderLM(config)
+    claim_folder(c)  # before anything is written: a folder of another origin is refused
+    if rank == 0:
+        _recover_checkpoint(c.out)
+    if distributed:
+        torch.distributed.barrier()
     ckpt = c.out / "checkpoint"
-    if not (ckpt / "state.pt").is_file() and (c.out / "checkpoint.old" / "state.pt").is_file():
-        ckpt = c.out / "checkpoint.old"  # killed between the two renames of _save
     resuming = (ckpt / "state.pt").is_file()
     fsdp = bool(c.run.get("fsdp")) and distributed
     if fsdp:  # shard every block's and the rest's parameters, gradients and optimiser state across ranks
@@ -160,14 +208,7 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, int(c.optim.get("warmup", 0)), c.steps))
     start = 0
     if resuming:
-        from safetensors.torch import load_file
-
-        model.load_state_dict(load_file(str(ckpt / "model.safetensors")))
-        state = torch.load(ckpt / "state.pt", weights_only=True)
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"])
-        start = int(state["step"])
+        start = _resume(ckpt, model, opt, sched)
     net = torch.nn.parallel.DistributedDataParallel(model) if distributed and not fsdp else model
     B = int(c.data["batch_size"])
     if B % world:
@@ -177,7 +218,9 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
         from .heads.monitor import GradientMonitor
 
         monitor = GradientMonitor(model, c.out / "grads.jsonl")
-    c.out.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        c.out.mkdir(parents=True, exist_ok=True)
+        _start_log(c, start)
     writer = None
     if rank == 0 and c.run.get("tensorboard"):
         try:  # optional: TensorBoard when installed, JSONL always
@@ -228,20 +271,139 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
 
 
 def _save(model, opt, sched, step: int, folder: Path) -> None:
-    """Write the checkpoint beside and rename, so a kill mid-write leaves the previous one intact."""
+    """Write the checkpoint beside the previous one (``checkpoint.new``, complete with its marker),
+    then swap them: a kill at any moment leaves a complete checkpoint to resume from (the previous
+    one, or the new one), and the previous one is removed only once the new one is in place."""
     from safetensors.torch import save_file
 
-    tmp = folder.with_name(folder.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+    new = folder.with_name(folder.name + ".new")
+    if new.exists():
+        shutil.rmtree(new)
+    new.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(new / "model.safetensors"))
     torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
-                "step": step}, tmp / "state.pt")
+                "step": step}, new / "state.pt")
+    _complete(new)
     old = folder.with_name(folder.name + ".old")
     if folder.exists():
         folder.rename(old)
-    tmp.rename(folder)
+    new.rename(folder)
     if old.exists():
         shutil.rmtree(old)
+
+
+#: The file a checkpoint folder gets last: it is complete (every file written and flushed).
+COMPLETE = "complete"
+RUN_SCHEMA = "multihead.train/1"
+RUN_FILE = "run.json"
+#: The names a run writes in its folder; --force never writes over one of them it did not make.
+OWN = (RUN_FILE, "checkpoint", "checkpoint.old", "checkpoint.new", "metrics.jsonl", "grads.jsonl", "tensorboard")
+
+
+def _complete(folder: Path) -> None:
+    for f in folder.iterdir():
+        with open(f, "rb") as handle:
+            os.fsync(handle.fileno())
+    write_atomically(folder / COMPLETE, "")
+
+
+def claim_folder(c: TrainConfig) -> bool:
+    """Whether ``c.out`` is this run's folder to resume (True) or a new one to start (False);
+    ValueError naming the problem when it is neither: another run's folder, or a non-empty folder of
+    another origin (only with ``force``, and never over a name the run writes)."""
+    out = c.out
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out {out} exists and is not a folder")
+    marker = out / RUN_FILE
+    if marker.is_file():
+        data = read_json(marker, "a multihead run's record")
+        if not isinstance(data, dict) or data.get("schema") != RUN_SCHEMA or not isinstance(data.get("identity"), dict):
+            raise ValueError(f"out {marker} is not a multihead run's record; choose another folder")
+        mine, theirs = c.identity(), data["identity"]
+        for section, values in mine.items():
+            if theirs.get(section) != values:
+                differs = next((k for k in values if theirs.get(section, {}).get(k) != values[k]), None) \
+                    if isinstance(values, dict) else None
+                what = f"{section}.{differs}" if differs else section
+                raise ValueError(f"out {out} holds another run (its {what} is {_value(theirs, section, differs)!r}, "
+                                 f"this config's {_value(mine, section, differs)!r}); choose another folder, or resume "
+                                 "it with its own config")
+        return True
+    if out.is_dir() and any(out.iterdir()):
+        if not c.force:
+            raise ValueError(f"out {out} is not empty and holds no multihead run ({RUN_FILE}); choose another folder "
+                             "or force writing into it (--force)")
+        clash = next((name for name in OWN if (out / name).exists()), None)
+        if clash is not None:
+            raise ValueError(f"out {out / clash} exists and is not this run's; move it away (--force never writes "
+                             "over it)")
+    return False
+
+
+def _value(identity: dict, section: str, key: str | None):
+    value = identity.get(section)
+    return value.get(key) if key is not None and isinstance(value, dict) else value
+
+
+def _recover_checkpoint(out: Path) -> None:
+    """A kill between the two renames of :func:`_save`: the complete checkpoint back in place; an
+    incomplete new one removed."""
+    ckpt, new, old = out / "checkpoint", out / "checkpoint.new", out / "checkpoint.old"
+    if new.exists() and not (new / COMPLETE).is_file():
+        shutil.rmtree(new)
+    if not ckpt.exists():
+        if new.exists():
+            new.rename(ckpt)
+        elif old.exists():
+            old.rename(ckpt)
+    if old.exists() and ckpt.exists():
+        shutil.rmtree(old)
+    if new.exists() and ckpt.exists():
+        shutil.rmtree(new)
+
+
+def _resume(ckpt: Path, model, opt, sched) -> int:
+    """Load the checkpoint; ValueError naming the file when it cannot be resumed from (truncated,
+    empty, or not a multihead checkpoint). Returns its step."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    def refuse(path: Path, err: BaseException):
+        raise ValueError(f"{path} cannot be resumed from: it is truncated or not a multihead checkpoint "
+                         f"({' '.join(str(err).split())[:160] or type(err).__name__}); move the checkpoint away or "
+                         "start a new folder") from err
+
+    try:
+        model.load_state_dict(load_file(str(ckpt / "model.safetensors")))
+    except (SafetensorError, OSError, RuntimeError, ValueError) as err:
+        refuse(ckpt / "model.safetensors", err)
+    try:
+        state = torch.load(ckpt / "state.pt", weights_only=True)
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"])
+        return int(state["step"])
+    except (EOFError, OSError, RuntimeError, ValueError, KeyError, TypeError, pickle.UnpicklingError) as err:
+        refuse(ckpt / "state.pt", err)
+    raise AssertionError("unreachable")
+
+
+def _start_log(c: TrainConfig, start: int) -> None:
+    """The run's record, and its metrics log: a new run's starts empty; a resumed run's keeps only
+    the steps before the checkpoint (those after it are run again), so no line is ever appended to
+    another run's log or twice."""
+    record = {"schema": RUN_SCHEMA, "identity": c.identity(), "steps": c.steps, "run": dict(c.run)}
+    write_atomically(c.out / RUN_FILE, json.dumps(record, indent=1))
+    log = c.out / "metrics.jsonl"
+    kept = []
+    if start and log.is_file():
+        for line in log.read_text(encoding="utf-8").splitlines():
+            try:
+                if int(json.loads(line)["step"]) < start:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):
+                continue
+    write_atomically(log, "".join(line + "\n" for line in kept), newline=False)
 
 
 def _save_weights(state: dict, folder: Path, step: int) -> None:

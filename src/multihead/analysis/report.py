@@ -25,25 +25,21 @@ A report never renders itself: :mod:`multihead.render` draws it (terminal text, 
 from __future__ import annotations
 
 import csv
-import itertools
 import json
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..files import atomic_path, write_atomically
-from ..jsonable import json_number
+from ..jsonable import MAX_DEPTH, json_number, read_json
 from .labels import MARK_WORDS, MARKS, label_codes
 from .sections import SECTION_TYPES, Evidence, Redundancy, Sections
 
 SCHEMA = "multihead.report/2"
 #: Earlier schemas this version reads.
 READS = ("multihead.report/1", SCHEMA)
-#: The deepest nesting a report's JSON may have (a report nests 6 levels; deeper is not a report).
-MAX_DEPTH = 32
 
 __all__ = ["MAX_DEPTH", "READS", "SCHEMA", "HeadRecord", "Report", "head_records", "label_codes", "read_json"]
 
@@ -126,9 +122,9 @@ class Report:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
         """The report of a dict as :meth:`to_dict` writes it (schema 2) or schema 1 did."""
-        heads = [HeadRecord(int(h["layer"]), int(h["head"]), str(h["label"]), list(h["flags"]),
-                 {k: (math.nan if v is None else float(v)) for k, v in h["metrics"].items()})
-                 for h in data["heads"]]
+        if not isinstance(data.get("heads"), list):
+            raise ValueError("its 'heads' is not a list" if "heads" in data else "it lacks 'heads'")
+        heads = [_head(h, n) for n, h in enumerate(data["heads"])]
         if "sections" in data:
             sections = Sections.from_dict(data["sections"])
         else:  # schema 1: the sections beside the heads
@@ -194,35 +190,21 @@ class Report:
         return self.label_map()
 
 
-def read_json(path: str | Path, what: str) -> Any:
-    """The JSON value in ``path``; ValueError (one line naming the file) when it is not UTF-8 JSON
-    or nests deeper than :data:`MAX_DEPTH` (a JSON bomb stays one line, never a RecursionError)."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as err:
-        raise ValueError(f"cannot read {path}: {err.strerror or err}") from err
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not {what}: not UTF-8 text (byte {err.start})") from err
-    if _depth(text) > MAX_DEPTH:
-        raise ValueError(f"{path} is not {what}: its JSON nests deeper than {MAX_DEPTH} levels")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not {what}: not JSON ({err.msg}, line {err.lineno})") from err
-    except RecursionError as err:  # pragma: no cover - the depth check comes first
-        raise ValueError(f"{path} is not {what}: its JSON nests too deep") from err
-
-
-def _depth(text: str) -> int:
-    """The deepest bracket nesting of a JSON text (brackets inside strings do not count)."""
-    brackets = _BRACKETS.sub("", _STRINGS.sub("", text))
-    return max(itertools.accumulate(1 if ch in "[{" else -1 for ch in brackets), default=0)
-
-
-_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
-_BRACKETS = re.compile(r"[^\[\]{}]")
+def _head(h: Any, n: int) -> HeadRecord:
+    """One head of a report's JSON, every field checked: ValueError naming the field."""
+    if not isinstance(h, dict):
+        raise ValueError(f"heads[{n}] is a {type(h).__name__}, expected an object")
+    for key, kind in (("layer", int), ("head", int), ("label", str), ("flags", list), ("metrics", dict)):
+        if key not in h:
+            raise ValueError(f"heads[{n}] lacks {key!r}")
+        if not isinstance(h[key], kind) or isinstance(h[key], bool):
+            raise ValueError(f"heads[{n}].{key} is {h[key]!r}, expected {kind.__name__}")
+    metrics = {}
+    for name, value in h["metrics"].items():
+        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
+            raise ValueError(f"heads[{n}].metrics.{name} is {value!r}, expected a number or null")
+        metrics[name] = math.nan if value is None else float(value)
+    return HeadRecord(h["layer"], h["head"], h["label"], [str(f) for f in h["flags"]], metrics)
 
 
 def head_records(means: dict[str, Any], label: Callable[[dict[str, float]], str],

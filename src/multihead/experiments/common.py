@@ -23,10 +23,10 @@ from torch import Tensor, nn
 from ..analysis.pipelines.analyze import CLUSTER_JS
 from ..analysis.stats import HeadStatistics, RedundancyStatistics, dispatch
 from ..attn.layer import MultiHeadAttention
-from ..files import write_atomically
+from ..files import StagedFiles, write_atomically
 from ..hf.capture import AttentionCapture
 from ..inputs import Batch, TokenInfo
-from ..plotting import save_figure
+from ..plotting import figure_png
 from ..train import warmup_cosine
 from .tasks import ExperimentTask
 
@@ -219,18 +219,20 @@ def welch_t(a: list[float], b: list[float]) -> float:
 
 def write_result(folder: Path, name: str, setting: Setting, data: dict, markdown: str, figures: dict,
                  seconds: float) -> Path:
-    """result.json, result.md and one PNG per figure in ``folder``; returns the folder."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """result.json, result.md and one PNG per figure in ``folder``, replacing an earlier result
+    together (:class:`~multihead.files.StagedFiles`); returns the folder."""
     payload = {"schema": SCHEMA, "experiment": name, "setting": asdict(setting), "seconds": round(seconds, 1),
                "device": str(data.pop("_device", "cpu")), "torch": torch.__version__, **data}
-    for stem, fig in figures.items():
-        save_figure(fig, folder / f"{stem}.png", dpi=120)
     header = (f"# Experiment `{name}` ({setting.name} setting)\n\n"
               f"Produced by `multihead experiment {name}{' --quick' if setting.name == 'quick' else ''}` "
               f"in {seconds / 60:.1f} min on {payload['device']} (torch {torch.__version__}).\n\n")
-    for path, text in ((folder / "result.md", header + markdown.rstrip() + "\n"),
-                       (folder / "result.json", json.dumps(payload, indent=1, default=float) + "\n")):
-        write_atomically(path, text)
+    with StagedFiles() as staged:
+        staged.folder(folder)
+        for stem, fig in figures.items():
+            staged.stage(folder / f"{stem}.png", figure_png(fig, dpi=120))
+        staged.stage(folder / "result.md", header + markdown.rstrip() + "\n")
+        staged.stage(folder / "result.json", json.dumps(payload, indent=1, default=float) + "\n")
+        staged.commit()
     return folder
 
 

@@ -225,10 +225,10 @@ def save_pruned(model: ModelLike, folder: str | Path, heads: Mapping[int, Iterab
 
     model = as_module(model)
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     record = {"base": base, "pruned_heads": {str(k): sorted(int(h) for h in v) for k, v in heads.items()}}
     with StagedFiles() as staged:  # weights and record replace an earlier pruned model together
+        staged.folder(folder)
         save_file(state, str(staged.stage(folder / "model.safetensors")))
         staged.stage(folder / PRUNED_FILE, json.dumps(record, indent=1))
         staged.commit()

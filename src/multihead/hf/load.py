@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,17 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
         raise ValueError(_config_problem(path, err)) from err
     loader = AutoModelForCausalLM if _is_language_model(config) else \
         AutoModelForMaskedLM if _is_masked_language_model(config) else AutoModel
-    model = loader.from_pretrained(path, dtype=dtype or torch.float32).eval()
+    _check_weights(path)
+    try:
+        with warnings.catch_warnings():  # torch's note on a pickle's protocol precedes our own line on it
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            model = loader.from_pretrained(path, dtype=dtype or torch.float32).eval()
+    except (OSError, RuntimeError, pickle.UnpicklingError, EOFError) as err:
+        raise ValueError(_weights_problem(path, err)) from err
+    except Exception as err:  # safetensors' own error type, raised for a truncated or foreign file
+        if type(err).__name__ != "SafetensorError":
+            raise
+        raise ValueError(_weights_problem(path, err)) from err
     sites = find_sites(model)  # one line naming the architecture when its attention cannot be seen exactly
     # the shape fields describe the encoder of an encoder-decoder model; its other stacks come from its sites
     stack = "encoder" if getattr(config, "is_encoder_decoder", False) else main_stack(sites)
@@ -54,6 +66,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
 
         processor = AutoImageProcessor.from_pretrained(path)
     else:
+        _check_tokenizer(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
         if tokenizer.pad_token is None:  # decoders often ship without one; padding is masked anyway
             tokenizer.pad_token = tokenizer.eos_token
@@ -70,6 +83,39 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
         max_positions=_max_positions(config),
         processor=processor,
     )
+
+
+#: Files a tokenizer is saved as (any one of them): a text model's folder without one has no tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.model", "merges.txt")
+#: Weight files transformers reads; a pickle (``.bin``) is read only with ``weights_only=True``.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+def _check_weights(path: Path) -> None:
+    """One line for a folder without weights beside its config."""
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise ValueError(f"{path} holds no weights ({', '.join(WEIGHT_FILES[::2])}) beside its config.json")
+
+
+def _check_tokenizer(path: Path) -> None:
+    """One line for a text model's folder without a tokenizer (transformers would build an empty
+    one, and every token would be [UNK])."""
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"no tokenizer in {path}: a text model's folder needs its tokenizer's files "
+                         "(tokenizer.json, or vocab.txt / vocab.json and merges.txt / a SentencePiece model)")
+
+
+def _weights_problem(path: Path, err: BaseException) -> str:
+    """One line on why the folder's weights cannot be read, naming the file."""
+    first = " ".join(str(err).split())[:200] or type(err).__name__
+    files = [name for name in WEIGHT_FILES if (path / name).is_file()]
+    name = path / (files[0] if files else "weights")
+    if isinstance(err, pickle.UnpicklingError) or "weights_only" in first or "Unpickl" in first:
+        return (f"{name} is a pickle that does not load with weights_only=True (it may run code when loaded): "
+                "multihead reads safetensors, or plain-tensor pickles; refused")
+    return f"{name} cannot be read: it is truncated or not a model's weights ({first})"
 
 
 def _is_language_model(config: Any) -> bool:

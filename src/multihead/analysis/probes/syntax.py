@@ -103,7 +103,10 @@ def read_conllu(path: str | Path) -> list[Parse]:
     path = Path(path)
     parses: list[Parse] = []
     rows: list[list[str]] = []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = path.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start}); a CoNLL-U file is UTF-8") from err
     for n, line in enumerate([*lines, ""], 1):
         if line.startswith("#"):
             continue

@@ -1,0 +1,52 @@
+"""Stopping a run: SIGINT (Ctrl-C) and SIGTERM (a scheduler, ``kill``) end it the same way.
+
+Either signal raises :class:`KeyboardInterrupt` in the main thread and sets :data:`interrupted`,
+so staged results are never committed (:mod:`multihead.files`) — even when a library swallows
+the KeyboardInterrupt on its way up — and the command ends with one line and the exit status a
+shell gives that signal (:func:`stopped`).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["STOPS", "interrupted", "stopped", "stopping_on_signals"]
+
+#: What each stopping signal is called, and the exit status it gives (128 + its number, as a shell says).
+STOPS = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated (SIGTERM)", 143)}
+
+#: Set when the user asked to stop.
+interrupted = threading.Event()
+_stopped_by: list[int] = []
+
+
+def _on_stop(signum: int, frame: object) -> None:
+    # Remembered as well as raised: a library that swallows the KeyboardInterrupt (some do, while
+    # importing) cannot make the run go on to write its results.
+    _stopped_by.append(signum)
+    interrupted.set()
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def stopping_on_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM stop the block (main thread only; elsewhere the block runs as it is);
+    the previous handlers, and a clear :data:`interrupted`, afterwards."""
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {sig: signal.signal(sig, _on_stop) for sig in STOPS}
+    try:
+        yield
+    finally:
+        interrupted.clear()
+        _stopped_by.clear()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def stopped() -> tuple[str, int]:
+    """The words for the signal that stopped the run, and its exit status (Ctrl-C when none was seen)."""
+    return STOPS[_stopped_by[0] if _stopped_by else signal.SIGINT]

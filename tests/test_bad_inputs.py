@@ -1,0 +1,431 @@
+"""Nothing lost, whatever comes in: a corpus of bad input through the real console script.
+
+Every case runs ``multihead …`` as a user would and must end with exit status 2, exactly one line
+on stderr naming the problem (no traceback), and — byte for byte — nothing the user had changed
+(no file written, moved, appended to or removed). Hostile content that is *valid* (a report whose
+labels are script payloads) must be shown as text. The commit of a multi-file result is killed at
+each of its steps by SIGINT, SIGTERM and SIGKILL: the folder ends all old or all new. The report
+reader is fuzzed: any JSON value is a report or one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pickle
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STORED = Path(__file__).parent / "data" / "reports"
+SCRIPT = Path(sys.executable).parent / "multihead"
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+
+pytestmark = pytest.mark.slow
+
+
+def console(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 300,
+            as_user: bool = False) -> subprocess.CompletedProcess:
+    """``multihead ARGS`` through the installed console script, in ``cwd``; ``as_user``: with file
+    permissions enforced even when the suite runs as root (its capabilities to bypass them dropped)."""
+    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "multihead.cli"]
+    command = [*command, *args]
+    if as_user and os.geteuid() == 0:
+        command = ["capsh", "--drop=cap_dac_override,cap_dac_read_search", "--", "-c", shlex.join(command)]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env or ENV, timeout=timeout)
+
+
+def snapshot(root: Path) -> dict[str, bytes | tuple | None]:
+    """Every path below ``root`` with its bytes (None: a folder; a socket or an unreadable file: its
+    mode, size and modification time): what the user had."""
+    found: dict[str, bytes | tuple | None] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_dir():
+            found[rel] = None
+        elif path.is_file() and os.access(path, os.R_OK):
+            found[rel] = path.read_bytes()
+        else:
+            st = path.stat()
+            found[rel] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return found
+
+
+def _report(**change) -> dict:
+    """A real report (schema 1, written before the redesign), as a dict, with ``change`` applied."""
+    data = json.loads(gzip.decompress((STORED / "minilm-demo.schema1.json.gz").read_bytes()))
+    data.update(change)
+    return data
+
+
+def _model(folder: Path, *, weights: str = "safetensors", tokenizer: bool = True) -> Path:
+    """A tiny BERT folder as transformers saves it (its tokenizer a word tokenizer)."""
+    from architectures import build
+    from test_architectures import _word_tokenizer
+
+    model = build("bert")
+    model.save_pretrained(folder)
+    if weights == "bin":  # transformers 5 always saves safetensors: keep only a pickle, as old folders have
+        (folder / "model.safetensors").unlink()
+        (folder / "pytorch_model.bin").write_bytes(b"")
+    if tokenizer:
+        _word_tokenizer(model.config.vocab_size).save_pretrained(folder)
+    return folder
+
+
+class Payload:
+    """A pickle that would create a file if it were ever unpickled with code allowed."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _setup(tmp: Path) -> dict[str, Path]:
+    """The files and folders the cases read, made once: what the user has."""
+    (tmp / "folder").mkdir()
+    socket.socket(socket.AF_UNIX).bind(str(tmp / "a-socket"))  # a path that exists and cannot be read as a file
+    (tmp / "empty.txt").write_text("\n \n")
+    (tmp / "latin1.txt").write_bytes("caf\xe9 na\xefve\n".encode("latin-1"))
+    (tmp / "huge.txt").write_text("word " * 300_000 + "\n")  # 1.5 MB on one line: far past 512 tokens
+    (tmp / "a-file").write_text("a file, not a folder\n")
+    foreign = tmp / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("my notes\n")
+    bombed = tmp / "bombed"
+    bombed.mkdir()
+    (bombed / "report.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp / "bomb.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp / "notjson.json").write_text("{not json")
+    (tmp / "nokeys.json").write_text(json.dumps({"schema": "multihead.report/2", "model": "m"}))
+    (tmp / "badnumber.json").write_text(json.dumps(_report(heads=[
+        {"layer": 0, "head": 0, "label": "x", "flags": [], "metrics": {"entropy": "abc"}}])))
+    (tmp / "otherschema.json").write_text(json.dumps({"schema": "someone.else/3", "heads": []}))
+    (tmp / "good.json").write_text(json.dumps(_report()))
+    (tmp / "latin1.conllu").write_bytes("1\tcaf\xe9\t_\t_\t_\t_\t0\troot\t_\t_\n\n".encode("latin-1"))
+    _model(tmp / "notokenizer", tokenizer=False)
+    truncated = _model(tmp / "truncated")
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    unsafe = _model(tmp / "unsafe", weights="bin")
+    (unsafe / "pytorch_model.bin").write_bytes(pickle.dumps({"weight": Payload(str(tmp / "PWNED"))}))
+    (tmp / "noconfig").mkdir()
+    (tmp / "noconfig" / "model.safetensors").write_bytes(b"")
+    user = tmp / "U"  # the issue's repro: a folder the user keeps notes and metrics in
+    (user / "checkpoint").mkdir(parents=True)
+    (user / "checkpoint" / "notes.txt").write_text("notes\n")
+    (user / "metrics.jsonl").write_text('{"mine":true}\n')
+    for name, out, extra in (("typo-optim", "T1", "[optim]\nlearning_rate = 1e9\n"),
+                             ("typo-model", "T2", "[model]\nlayres = 1\n"),
+                             ("user-folder", "U", "[run]\ncheckpoint_every = 2\n")):
+        (tmp / f"{name}.toml").write_text(f'out = "{tmp / out}"\nsteps = 4\n{extra}')
+    return {"tmp": tmp}
+
+
+#: (name, arguments, words the one stderr line must hold); {tmp} is the folder of _setup.
+CASES = [
+    ("no command", [], "choose a command"),
+    ("unknown command", ["frobnicate"], "invalid choice"),
+    ("empty text", ["analyze", "   "], "empty or only whitespace"),
+    ("missing --file", ["analyze", "--file", "{tmp}/missing.txt"], "--file {tmp}/missing.txt: no such file"),
+    ("--file a folder", ["analyze", "--file", "{tmp}/folder"], "is a folder, expected a file"),
+    ("--file a socket", ["analyze", "--file", "{tmp}/a-socket"], "is not a regular file, expected a text file"),
+    ("--file not UTF-8", ["analyze", "--file", "{tmp}/latin1.txt"], "is not UTF-8 text"),
+    ("--file empty", ["analyze", "--file", "{tmp}/empty.txt"], "has no non-empty line"),
+    ("--file huge", ["analyze", "--file", "{tmp}/huge.txt", "--out", "{tmp}/new"], "the model takes at most 512"),
+    ("--out a file", ["analyze", "hi", "--out", "{tmp}/a-file"], "exists and is not a folder"),
+    ("--out a foreign folder", ["analyze", "hi", "--out", "{tmp}/foreign"], "holds no earlier multihead report.json"),
+    ("--out in /proc", ["analyze", "hi", "--out", "/proc/multihead-report"], "cannot be written"),
+    ("--out holds a JSON bomb", ["analyze", "hi", "--out", "{tmp}/bombed"], "holds no earlier multihead report.json"),
+    ("--batch-size 0", ["analyze", "hi", "--batch-size", "0"], "must be a positive integer; got 0"),
+    ("--batch-size abc", ["analyze", "hi", "--batch-size", "abc"], "must be a positive integer; got 'abc'"),
+    ("--sample -1", ["analyze", "--sample", "-1"], "must be an integer >= 0"),
+    ("--what-if nonsense", ["analyze", "hi", "--what-if", "window=big"], "--what-if"),
+    ("--document without --file", ["analyze", "--document", "x"], "--document reads one --file"),
+    ("--images a file", ["analyze", "--images", "{tmp}/a-file"], "is a file, expected a folder of images"),
+    ("--conllu not UTF-8", ["analyze", "--conllu", "{tmp}/latin1.conllu"], "latin1.conllu is not UTF-8 text"),
+    ("--model nowhere", ["analyze", "hi", "--model", "{tmp}/nowhere"], "neither a known name"),
+    ("--model without config", ["analyze", "hi", "--model", "{tmp}/noconfig", "--out", "{tmp}/new"],
+     "has no config.json"),
+    ("--model without tokenizer", ["analyze", "w5 w6", "--model", "{tmp}/notokenizer", "--out", "{tmp}/new"],
+     "no tokenizer in {tmp}/notokenizer"),
+    ("--model truncated weights", ["analyze", "w5 w6", "--model", "{tmp}/truncated", "--out", "{tmp}/new"],
+     "model.safetensors cannot be read"),
+    ("--model unsafe pickle", ["analyze", "w5 w6", "--model", "{tmp}/unsafe", "--out", "{tmp}/new"],
+     "does not load with weights_only=True"),
+    ("view --report missing keys", ["view", "hi", "--report", "{tmp}/nokeys.json", "--out", "{tmp}/p.html"],
+     "lacks 'heads'"),
+    ("view --report JSON bomb", ["view", "hi", "--report", "{tmp}/bomb.json", "--out", "{tmp}/p.html"],
+     "nests deeper than 32 levels"),
+    ("view --report not JSON", ["view", "hi", "--report", "{tmp}/notjson.json", "--out", "{tmp}/p.html"],
+     "not JSON"),
+    ("view --out exists", ["view", "hi", "--out", "{tmp}/a-file"], "should end in .html"),
+    ("view --out in a missing folder", ["view", "hi", "--out", "{tmp}/nowhere/p.html"], "does not exist"),
+    ("compare a missing report", ["compare", "{tmp}/missing.json", "{tmp}/good.json", "--out", "{tmp}/c"],
+     "no such file"),
+    ("compare a JSON bomb", ["compare", "{tmp}/bomb.json", "{tmp}/good.json", "--out", "{tmp}/c"],
+     "nests deeper than 32 levels"),
+    ("compare a report without heads", ["compare", "{tmp}/nokeys.json", "{tmp}/good.json", "--out", "{tmp}/c"],
+     "lacks 'heads'"),
+    ("compare a metric that is text", ["compare", "{tmp}/badnumber.json", "{tmp}/good.json", "--out", "{tmp}/c"],
+     "heads[0].metrics.entropy is 'abc', expected a number or null"),
+    ("compare another schema", ["compare", "{tmp}/otherschema.json", "{tmp}/good.json", "--out", "{tmp}/c"],
+     "is not a multihead report (schema 'someone.else/3'"),
+    ("compare --matching nonsense", ["compare", "{tmp}/good.json", "{tmp}/good.json", "--matching", "x"],
+     "invalid choice"),
+    ("compare --out a file", ["compare", "{tmp}/good.json", "{tmp}/good.json", "--out", "{tmp}/a-file"],
+     "exists and is not a folder"),
+    ("train a missing config", ["train", "{tmp}/missing.toml"], "no such config file"),
+    ("train a typo in [optim]", ["train", "{tmp}/typo-optim.toml"], "unknown key [optim] 'learning_rate'"),
+    ("train a typo in [model]", ["train", "{tmp}/typo-model.toml"], "'layres'; did you mean 'layers'?"),
+    ("train into the user's folder", ["train", "{tmp}/user-folder.toml"], "holds no multihead run"),
+    ("train --force into the user's folder", ["train", "{tmp}/user-folder.toml", "--force"],
+     "U/checkpoint exists and is not this run's"),
+    ("prune --per-step 2", ["prune", "--per-step", "2"], "must be in (0, 1]"),
+    ("prune --out a foreign folder", ["prune", "--out", "{tmp}/foreign"], "holds no earlier multihead curve.json"),
+    ("patch without its texts", ["patch", "--clean", "a"], "give --corrupt, --answer, --wrong"),
+    ("patch --example nonsense", ["patch", "--example", "x"], "invalid choice"),
+    ("experiment --out a file", ["experiment", "heads", "--out", "{tmp}/a-file"], "exists and is not a folder"),
+    ("presets --length 0", ["presets", "--length", "0"], "must be a positive integer"),
+]
+
+
+@pytest.fixture(scope="module")
+def user_files(tmp_path_factory):
+    return _setup(tmp_path_factory.mktemp("bad"))["tmp"]
+
+
+@pytest.mark.parametrize(("name", "args", "words"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_nothing_of_the_users_changes(name, args, words, user_files):
+    tmp = user_files
+    before = snapshot(tmp)
+    done = console([a.format(tmp=tmp) for a in args], cwd=tmp)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, (name, done.returncode, done.stderr[-2000:])
+    assert len(lines) == 1 and "Traceback" not in done.stderr, (name, done.stderr[-2000:])
+    assert words.format(tmp=tmp) in lines[0], (name, lines[0])
+    assert snapshot(tmp) == before, name  # byte for byte: nothing written, moved, appended or removed
+    assert not (tmp / "PWNED").exists()  # the unsafe pickle was never unpickled
+
+
+def test_hostile_reports_are_shown_as_text(tmp_path):
+    """A valid report whose every string is a script payload: view and compare show it as text."""
+    hostile = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+    data = _report(model=hostile)
+    for h in data["heads"]:
+        h["label"] = hostile
+    (tmp_path / "hostile.json").write_text(json.dumps(data))
+    done = console(["view", "Heads look.", "--report", str(tmp_path / "hostile.json"), "--out",
+                    str(tmp_path / "page.html")], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    page = (tmp_path / "page.html").read_text(encoding="utf-8")
+    assert hostile not in page and "<img src=x" not in page and "\\u003cscript\\u003e" in page
+    (tmp_path / "good.json").write_text(json.dumps(_report()))
+    done = console(["compare", str(tmp_path / "hostile.json"), str(tmp_path / "good.json"), "--out",
+                    str(tmp_path / "c")], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    page = (tmp_path / "c" / "compare.html").read_text(encoding="utf-8")
+    assert hostile not in page and "&lt;script&gt;" in page and "<script" not in page
+
+
+
+def test_unreadable_and_read_only_paths_are_one_line(tmp_path):
+    """A file the user cannot read, and an output folder on which they cannot write: refused at the
+    door (before any model is loaded), naming the path."""
+    if os.geteuid() == 0 and shutil.which("capsh") is None:  # root reads and writes through any permission
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("CI=true but capsh is missing: make permissions installs it (libcap2-bin)")
+        pytest.skip("as root, permissions are enforced only through capsh (make permissions)")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("hi\n")
+    secret.chmod(0)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        before = snapshot(tmp_path)
+        for args, words in ((["analyze", "--file", str(secret)], f"cannot read --file {secret}: permission denied"),
+                            (["analyze", "hi", "--out", str(locked / "r")], f"{locked / 'r'} cannot be written")):
+            done = console(args, cwd=tmp_path, as_user=True)
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode == 2 and len(lines) == 1 and words in lines[0], done.stderr[-2000:]
+        assert snapshot(tmp_path) == before
+    finally:
+        secret.chmod(0o644)
+        locked.chmod(0o755)
+
+def test_train_owns_only_what_it_made(tmp_path):
+    """A resumed run keeps one log (never appended across runs, no step twice); another run's
+    folder, and a truncated or empty checkpoint, are one line each and change nothing."""
+    config = tmp_path / "run.toml"
+    base = ('out = "{out}"\nseed = 1\nsteps = {steps}\n[model]\nlayers = 1\nheads = 2\ndim = 16\nhidden = 32\n'
+            '[data]\nseq_len = 16\nbatch_size = 4\n[run]\ncheckpoint_every = 2\nlog_every = 1\n')
+    config.write_text(base.format(out=tmp_path / "run", steps=4))
+    assert console(["train", str(config)], cwd=tmp_path).returncode == 0
+    log = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in log] == [0, 1, 2, 3]
+    config.write_text(base.format(out=tmp_path / "run", steps=6))  # the same run, further: resumed at step 4
+    assert console(["train", str(config)], cwd=tmp_path).returncode == 0
+    log = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in log] == [0, 1, 2, 3, 4, 5]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoint", "metrics.jsonl", "run.json"]
+    other = tmp_path / "other.toml"
+    other.write_text(base.format(out=tmp_path / "run", steps=6).replace("dim = 16", "dim = 32"))
+    before = snapshot(tmp_path)
+    done = console(["train", str(other)], cwd=tmp_path)
+    assert done.returncode == 2 and "holds another run (its model.dim is 16, this config's 32)" in done.stderr
+    assert snapshot(tmp_path) == before
+    state = tmp_path / "run" / "checkpoint" / "state.pt"
+    weights = tmp_path / "run" / "checkpoint" / "model.safetensors"
+    config.write_text(base.format(out=tmp_path / "run", steps=8))
+    for path, cut in ((state, 100), (state, 0), (weights, 5000), (weights, -1000)):
+        whole = path.read_bytes()
+        path.write_bytes(whole[:cut])  # the header whole, tensors cut (-1000); the header cut (5000)
+        before = snapshot(tmp_path)
+        done = console(["train", str(config)], cwd=tmp_path)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert f"{path} cannot be resumed from" in lines[0], lines[0]
+        assert snapshot(tmp_path) == before
+        path.write_bytes(whole)
+
+
+# --- the commit of a result folder, stopped at each of its steps ---------------------------------
+
+
+def _compare_folder(tmp: Path, a: str, b: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return console(["compare", str(tmp / a), str(tmp / b), "--out", str(tmp / "c"), "--different-corpora"],
+                   cwd=tmp, env=env)
+
+
+def _generation(folder: Path) -> set[str]:
+    """Which comparison each file of the folder holds (by the name of its report A)."""
+    found = set()
+    for name in ("compare.json", "compare.html"):
+        text = (folder / name).read_text(encoding="utf-8")
+        found.add("old" if "old-a.json" in text else "new" if "new-a.json" in text else "?")
+    return found
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_a_result_folder_ends_all_old_or_all_new_whatever_stops_its_commit(stop, tmp_path):
+    for name in ("old-a.json", "new-a.json", "b.json"):
+        (tmp_path / name).write_text(json.dumps(_report()))
+    assert _compare_folder(tmp_path, "old-a.json", "b.json").returncode == 0
+    # steps: 1 every file staged, 2 the manifest written (the commit point), 3-4 each rename, 5 done
+    for step in range(1, 6):
+        assert _compare_folder(tmp_path, "old-a.json", "b.json").returncode == 0  # the old one again
+        env = dict(ENV, MULTIHEAD_FAULT_AT_COMMIT=f"{step}:{stop}")
+        done = _compare_folder(tmp_path, "new-a.json", "b.json", env=env)
+        if stop == "SIGKILL":
+            assert done.returncode == -signal.SIGKILL
+            from multihead.files import recover
+
+            recover(tmp_path / "c")  # what the next writer or reader of the folder does first
+        else:
+            assert done.returncode == {"SIGINT": 130, "SIGTERM": 143}[stop], (step, done.stderr)
+            assert done.stderr.strip().splitlines() == [
+                "multihead compare: " + ("interrupted" if stop == "SIGINT" else "terminated (SIGTERM)")]
+        want = {"old"} if step == 1 else {"new"}  # before the commit point: the old; after: the new, whole
+        assert _generation(tmp_path / "c") == want, (stop, step)
+        assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["compare.html", "compare.json"], step
+
+
+def test_a_report_folder_killed_mid_commit_is_repaired_by_the_next_run(tmp_path):
+    """SIGKILL between the renames of report.json, report.csv and report.html: the next analyze
+    into the folder finds the manifest, finishes the commit, and writes over a whole report."""
+    out = tmp_path / "r"
+    args = ["analyze", "Heads look at words.", "--out", str(out), "--ablation", "0", "--syntax", "off",
+            "--no-coreference"]
+    assert console(args, cwd=tmp_path).returncode == 0
+    old = snapshot(out)
+    done = console([*args[:1], "Other words, other heads.", *args[2:]], cwd=tmp_path,
+                   env=dict(ENV, MULTIHEAD_FAULT_AT_COMMIT="4:SIGKILL"))  # after the first two renames
+    assert done.returncode == -signal.SIGKILL
+    assert (out / ".multihead-commit.json").is_file()  # recognisable: the commit's manifest
+    from multihead.files import recover
+
+    recover(out)
+    new = snapshot(out)
+    assert set(new) == set(old) and all(new[k] != old[k] for k in ("report.json", "report.html"))
+    assert json.loads(new["report.json"])["sentences"] == 1 and b"Other words" in new["report.html"]
+
+
+def test_a_full_disk_leaves_no_partial_or_empty_folder(tmp_path, capsys, monkeypatch):
+    """The disk fills while the report is written: one line naming the file, the earlier report (or
+    no folder at all) left as it was."""
+    import errno
+
+    from conftest import run_cli
+    from multihead import files
+
+    written = []
+    real = files._write
+
+    def full(tmp, content, newline=True):
+        if written:  # the first file fits, the second does not
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written.append(tmp)
+        real(tmp, content, newline)
+
+    monkeypatch.setattr(files, "_write", full)
+    args = ["analyze", "Heads look.", "--ablation", "0", "--syntax", "off", "--no-coreference", "--out"]
+    code, _, err = run_cli([*args, str(tmp_path / "new")], capsys)
+    assert code == 2 and "No space left on device" in err and str(tmp_path / "new" / "report.") in err, err
+    assert not (tmp_path / "new").exists()  # made for the report, removed again
+    monkeypatch.setattr(files, "_write", real)
+    assert run_cli([*args, str(tmp_path / "old")], capsys)[0] == 0
+    before = snapshot(tmp_path / "old")
+    written.clear()
+    monkeypatch.setattr(files, "_write", full)
+    code, _, err = run_cli([*args, str(tmp_path / "old")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert snapshot(tmp_path / "old") == before  # the earlier report, whole; no temporary file left
+
+
+# --- the report reader, fuzzed -------------------------------------------------------------------
+
+
+def test_the_report_reader_answers_any_json_with_a_report_or_one_line(tmp_path):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from multihead.analysis.report import Report
+
+    keys = st.sampled_from(["schema", "model", "causal", "num_layers", "num_heads", "sentences", "tokens",
+                            "heads", "sections", "layer", "head", "label", "flags", "metrics", "stacks",
+                            "redundancy", "evidence", "syntax", "typical", "corpus", "x"])
+    scalars = st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=8)
+    values = st.recursive(scalars | st.sampled_from(["multihead.report/1", "multihead.report/2"]),
+                          lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=6),
+                          max_leaves=30)
+    real = json.loads(gzip.decompress((STORED / "minilm-demo.schema1.json.gz").read_bytes()))
+    real_keys = sorted(real)
+    seen = []
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.one_of(values, st.tuples(st.sampled_from(real_keys), values)))
+    def check(value):
+        if isinstance(value, tuple):  # a real report with one of its parts replaced by anything
+            key, part = value
+            value = {**real, key: part}
+        seen.append(1)
+        path = tmp_path / "r.json"
+        path.write_text(json.dumps(value), encoding="utf-8")
+        try:
+            Report.from_json(path)
+        except ValueError as err:
+            assert "\n" not in str(err) and str(path) in str(err), str(err)
+
+    check()
+    assert len(seen) >= 400
