@@ -121,6 +121,19 @@ def _setup(tmp: Path) -> dict[str, Path]:
     (unsafe / "pytorch_model.bin").write_bytes(pickle.dumps({"weight": Payload(str(tmp / "PWNED"))}))
     (tmp / "noconfig").mkdir()
     (tmp / "noconfig" / "model.safetensors").write_bytes(b"")
+    (tmp / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")  # binary, not text
+    (tmp / "empty.json").write_text("")
+    (tmp / "exp" / "heads").mkdir(parents=True)  # `experiment heads --out exp` writes exp/heads: the user's
+    (tmp / "exp" / "heads" / "notes.txt").write_text("mine\n")
+    configs = {"steps-text": 'steps = "ten"\n', "steps-zero": "steps = 0\n", "lr-negative": "[optim]\nlr = -1.0\n",
+               "heads-dim": "[model]\nheads = 3\ndim = 16\n", "source": '[data]\nsource = "wiki"\n',
+               "abbrev": "[optim]\nlearning_rate = 1.0\n", "top-typo": "stesp = 4\n"}
+    for name, body in configs.items():
+        (tmp / f"{name}.toml").write_text(f'out = "{tmp / "never"}"\n{body}')
+    (tmp / "not-toml.toml").write_text("out = [1\n")
+    (tmp / "out-file.toml").write_text(f'out = "{tmp / "a-file"}"\n')
+    (tmp / "out-proc.toml").write_text('out = "/proc/multihead-run"\n')
+    (tmp / "latin1.toml").write_bytes('out = "caf\xe9"\n'.encode("latin-1"))
     user = tmp / "U"  # the issue's repro: a folder the user keeps notes and metrics in
     (user / "checkpoint").mkdir(parents=True)
     (user / "checkpoint" / "notes.txt").write_text("notes\n")
@@ -197,6 +210,41 @@ CASES = [
     ("patch --example nonsense", ["patch", "--example", "x"], "invalid choice"),
     ("experiment --out a file", ["experiment", "heads", "--out", "{tmp}/a-file"], "exists and is not a folder"),
     ("presets --length 0", ["presets", "--length", "0"], "must be a positive integer"),
+    ("--file binary", ["analyze", "--file", "{tmp}/image.png"], "image.png is not UTF-8 text (byte 0)"),
+    ("--ablation -1", ["analyze", "--ablation", "-1"], "must be an integer >= 0; got -1"),
+    ("--syntax nonsense", ["analyze", "--syntax", "maybe"], "invalid choice: 'maybe'"),
+    ("--images a missing folder", ["analyze", "--images", "{tmp}/nowhere"], "no such folder"),
+    ("--conllu missing", ["analyze", "--conllu", "{tmp}/nowhere.conllu"],
+     "--conllu {tmp}/nowhere.conllu: no such file"),
+    ("--coreference missing", ["analyze", "--coreference", "{tmp}/nowhere.jsonl"], "no such file"),
+    ("--target missing", ["analyze", "--target", "{tmp}/nowhere.txt"], "--target {tmp}/nowhere.txt: no such file"),
+    ("--what-if window=0", ["analyze", "hi", "--what-if", "window=0"], "--what-if: a what-if spec needs window=W"),
+    ("--out on /sys", ["analyze", "hi", "--out", "/sys/multihead-report"], "the kernel's sysfs file system"),
+    ("view --report missing", ["view", "hi", "--report", "{tmp}/nowhere.json"], "--report {tmp}/nowhere.json: no such"),
+    ("view --report another schema", ["view", "hi", "--report", "{tmp}/otherschema.json", "--out", "{tmp}/p.html"],
+     "is not a multihead report (schema 'someone.else/3'"),
+    ("compare an empty file", ["compare", "{tmp}/empty.json", "{tmp}/good.json", "--out", "{tmp}/c"],
+     "the file is empty"),
+    ("compare --out a foreign folder", ["compare", "{tmp}/good.json", "{tmp}/good.json", "--out", "{tmp}/foreign"],
+     "holds no earlier multihead compare.json"),
+    ("train steps as text", ["train", "{tmp}/steps-text.toml"], "steps must be an integer; got 'ten'"),
+    ("train steps 0", ["train", "{tmp}/steps-zero.toml"], "steps must be positive; got 0"),
+    ("train a negative lr", ["train", "{tmp}/lr-negative.toml"], "[optim] lr must be positive; got -1.0"),
+    ("train heads not dividing dim", ["train", "{tmp}/heads-dim.toml"], "model.heads (3) must divide model.dim (16)"),
+    ("train an unknown source", ["train", "{tmp}/source.toml"], "data.source must be 'hamlet' or 'treebank'"),
+    ("train an abbreviation", ["train", "{tmp}/abbrev.toml"], "'learning_rate'; did you mean 'lr'?"),
+    ("train a top-level typo", ["train", "{tmp}/top-typo.toml"], "unknown key 'stesp'; did you mean 'steps'?"),
+    ("train not TOML", ["train", "{tmp}/not-toml.toml"], "not valid TOML"),
+    ("train config not UTF-8", ["train", "{tmp}/latin1.toml"], "latin1.toml is not UTF-8 text"),
+    ("train out a file", ["train", "{tmp}/out-file.toml"], "a-file exists and is not a folder"),
+    ("train out on /proc", ["train", "{tmp}/out-proc.toml"], "the kernel's proc file system"),
+    ("prune --out a file", ["prune", "--out", "{tmp}/a-file"], "exists and is not a folder"),
+    ("patch --out a file", ["patch", "--example", "ioi", "--out", "{tmp}/a-file"], "exists and is not a folder"),
+    ("patch --out a foreign folder", ["patch", "--example", "ioi", "--out", "{tmp}/foreign"],
+     "holds no earlier multihead patching.json"),
+    ("experiment nonsense", ["experiment", "nonsense"], "invalid choice: 'nonsense'"),
+    ("experiment into a foreign folder", ["experiment", "heads", "--out", "{tmp}/exp"],
+     "{tmp}/exp/heads is not empty and holds no earlier multihead result.json"),
 ]
 
 

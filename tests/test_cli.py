@@ -118,9 +118,10 @@ def test_the_head_map_prints_a_legend_for_what_it_abbreviates():
     assert "REL>: the governor attends to its REL dependents" in legend
 
 
-def _interrupt_when(tmp_path, words: str) -> tuple[int, str]:
-    """Run `multihead analyze` with stderr on a terminal (so it reports its steps) and send Ctrl-C
-    when a line containing ``words`` appears; returns (exit status, what it printed on stderr)."""
+def _interrupt_when(tmp_path, words: str, stop: int = signal.SIGINT) -> tuple[int, str]:
+    """Run `multihead analyze` with stderr on a terminal (so it reports its steps) and send ``stop``
+    (Ctrl-C's SIGINT, or SIGTERM) when a line containing ``words`` appears; returns (exit status,
+    what it printed on stderr)."""
     main, follower = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "multihead.cli", "analyze", "--sample", "40", "--out",
                              str(tmp_path / "rep")], stdout=subprocess.DEVNULL, stderr=follower,
@@ -132,7 +133,7 @@ def _interrupt_when(tmp_path, words: str) -> tuple[int, str]:
             chunk = os.read(main, 4096)  # blocks until the next output: no clock involved
             assert chunk, f"the run ended before printing {words!r}: {seen.decode(errors='replace')}"
             seen += chunk
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         while True:
             try:
                 chunk = os.read(main, 4096)
@@ -148,15 +149,17 @@ def _interrupt_when(tmp_path, words: str) -> tuple[int, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("moment", ["loading minilm", "parsing"])
-def test_ctrl_c_at_any_step_exits_130_and_keeps_the_earlier_report(tmp_path, moment):
+@pytest.mark.parametrize(("moment", "stop"), [("loading minilm", signal.SIGINT), ("parsing", signal.SIGINT),
+                                              ("loading minilm", signal.SIGTERM), ("parsing", signal.SIGTERM)])
+def test_a_stop_at_any_step_exits_130_or_143_and_keeps_the_earlier_report(tmp_path, moment, stop):
     out = tmp_path / "rep"
     out.mkdir()
     earlier = '{"schema": "multihead.report/1", "note": "the earlier report"}\n'
     (out / "report.json").write_text(earlier)
-    code, printed = _interrupt_when(tmp_path, moment)
-    assert code == 130, printed
-    assert "multihead analyze: interrupted" in printed and "Traceback" not in printed, printed
+    code, printed = _interrupt_when(tmp_path, moment, stop)
+    words, status = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated (SIGTERM)", 143)}[stop]
+    assert code == status, printed
+    assert f"multihead analyze: {words}" in printed and "Traceback" not in printed, printed
     assert (out / "report.json").read_text() == earlier
     assert sorted(p.name for p in out.iterdir()) == ["report.json"]  # no temporary file left behind
 

@@ -30,8 +30,8 @@ from pathlib import Path
 from .jsonable import read_json
 from .stops import interrupted
 
-__all__ = ["MANIFEST", "OutputFolderError", "StagedFiles", "atomic_path", "check_output_folder", "recover",
-           "write_atomically"]
+__all__ = ["MANIFEST", "OutputFolderError", "StagedFiles", "atomic_path", "check_output_folder", "check_writable",
+           "file_system", "recover", "write_atomically"]
 
 #: The commit manifest of a folder whose staged files are being renamed over their targets.
 MANIFEST = ".multihead-commit.json"
@@ -108,7 +108,7 @@ def check_output_folder(out: str | Path, *, schema: str, marker: str, force: boo
         if not _ours(out / marker, (schema, *also)):
             raise OutputFolderError(f"{out} is not empty and holds no earlier multihead {marker}; choose another "
                                     "folder or force writing into it (--force)")
-    _probe(out)
+    check_writable(out)
     return out
 
 
@@ -128,8 +128,43 @@ def _ours(marker: Path, schemas: tuple[str, ...]) -> bool:
     return isinstance(data, dict) and data.get("schema") in schemas
 
 
-def _probe(out: Path) -> None:
-    """Write and remove a file in ``out`` (made, then removed again, when it does not exist)."""
+#: The kernel's own file systems: a folder there is not storage (and ``/dev``'s takes files in RAM, as root).
+KERNEL_FILE_SYSTEMS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
+                                 "securityfs", "pstore", "bpf", "configfs", "fusectl", "mqueue", "hugetlbfs",
+                                 "binfmt_misc", "efivarfs", "autofs"})
+
+
+def file_system(path: str | Path) -> tuple[str, str] | None:
+    """(mount point, file system type) of the mount holding ``path`` — or the first existing folder
+    above it — from ``/proc/self/mounts``; None where the kernel does not say (not Linux)."""
+    existing = Path(os.path.abspath(path))
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        lines = Path("/proc/self/mounts").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    best: tuple[str, str] | None = None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = str(existing) == point or str(existing).startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best[0])):
+            best = (point, fields[2])
+    return best
+
+
+def check_writable(out: str | Path) -> None:
+    """:class:`OutputFolderError` unless ``out`` is on storage (not the kernel's file systems) and
+    takes a file: one is written and removed (``out`` made for it, and removed again, when it does
+    not exist)."""
+    out = Path(out)
+    mount = file_system(out)
+    if mount is not None and mount[1] in KERNEL_FILE_SYSTEMS:
+        raise OutputFolderError(f"{out} cannot be written: it is on {mount[0]}, the kernel's {mount[1]} file system, "
+                                "not storage; choose a folder on a disk")
     made: list[Path] = []
     try:
         for folder in (*reversed([p for p in out.parents if not p.exists()]), out):

@@ -104,7 +104,7 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
         try:
             parse_what_if(what_if)
         except ValueError as err:
-            raise InputError(f"--what-if {err}") from err
+            raise InputError(f"--what-if: {err}") from err
     if images:
         if texts or file or conllu or target:
             raise InputError("--images gives the corpus itself: do not add TEXT, --file, --conllu or --target")
@@ -200,8 +200,9 @@ def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | No
         raise InputError(f"--out {page}: folder {page.parent} does not exist")
     found = None
     if report:
+        path = readable_file(report, "--report")
         try:
-            found = Report.from_json(readable_file(report, "--report"))
+            found = Report.from_json(path)
         except ValueError as err:
             raise InputError(f"--report {err}") from err
     loaded = load_model(model)

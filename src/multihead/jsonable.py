@@ -56,6 +56,8 @@ def read_json(path: str | Path, what: str) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(f"{path} is not {what}: not UTF-8 text (byte {err.start})") from err
+    if not text.strip():
+        raise ValueError(f"{path} is not {what}: the file is empty")
     if json_depth(text) > MAX_DEPTH:
         raise ValueError(f"{path} is not {what}: its JSON nests deeper than {MAX_DEPTH} levels")
     try:

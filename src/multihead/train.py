@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import TEXT_SOURCES, source_text
-from .files import write_atomically
+from .files import atomic_path, check_writable, write_atomically
 from .jsonable import read_json
 from .models import DecoderLM, ModelConfig
 
@@ -128,7 +128,9 @@ def _check_keys(path: Path, section: str, values: dict) -> None:
     known = KEYS[section]
     for key, value in values.items():
         if key not in known:
-            close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+            # a near spelling ('layres'), or the abbreviation the config uses ('learning_rate' -> 'lr')
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.5) or \
+                [k for k in known if k == "".join(word[:1] for word in key.split("_"))]
             hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(known)}"
             raise ValueError(f"{path}: unknown key {where}{key!r}{hint}")
         want = known[key]
@@ -186,8 +188,8 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
                          int(c.model["hidden"]), vocab=data.vocab, max_len=int(c.data["seq_len"]), norm_first=True,
                          dropout=float(c.model.get("dropout", 0.0)), eps=1e-5)
     model = DecoderLM(config)
-    claim_folder(c)  # before anything is written: a folder of another origin is refused
-    if rank == 0:
+    if rank == 0:  # one rank judges the folder (the others would see its probe file) and repairs it
+        claim_folder(c)  # before anything is written: a folder of another origin is refused
         _recover_checkpoint(c.out)
     if distributed:
         torch.distributed.barrier()
@@ -337,6 +339,10 @@ def claim_folder(c: TrainConfig) -> bool:
         if clash is not None:
             raise ValueError(f"out {out / clash} exists and is not this run's; move it away (--force never writes "
                              "over it)")
+    try:  # before any step: /proc or a read-only disk fail here, not at the first checkpoint
+        check_writable(out)
+    except ValueError as err:
+        raise ValueError(f"out {err}") from err
     return False
 
 
@@ -411,8 +417,9 @@ def _save_weights(state: dict, folder: Path, step: int) -> None:
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
-    (folder / "step.json").write_text(json.dumps({"step": step}) + "\n")
+    with atomic_path(folder / "model.safetensors") as tmp:  # each file whole, whatever stops the write
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp))
+    write_atomically(folder / "step.json", json.dumps({"step": step}))
 
 
 def main(argv: list[str] | None = None) -> int:

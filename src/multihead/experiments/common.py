@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from ..analysis.pipelines.analyze import CLUSTER_JS
 from ..analysis.stats import HeadStatistics, RedundancyStatistics, dispatch
 from ..attn.layer import MultiHeadAttention
-from ..files import StagedFiles, write_atomically
+from ..files import StagedFiles, atomic_path, write_atomically
 from ..hf.capture import AttentionCapture
 from ..inputs import Batch, TokenInfo
 from ..plotting import figure_png
@@ -158,7 +158,8 @@ def trained_run(task: ExperimentTask, setting: Setting, heads: int, seed: int, r
                        sum(p.numel() for p in model.parameters()), round(seconds, 2), metrics, history,
                        redundancy_summary(model, task) if heads > 1 else None, extra)
     runs.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(weights_path))
+    with atomic_path(weights_path) as tmp:  # a kill mid-write leaves no torn weights beside a record
+        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp))
     write_atomically(record_path, json.dumps(asdict(record), indent=1))  # last: a run with a record is complete
     log(f"  {task.name} h={heads} seed {seed}: {task.metric} {metrics[task.metric]:.4f} ({seconds:.1f} s)")
     return record, model

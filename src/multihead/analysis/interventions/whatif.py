@@ -29,11 +29,11 @@ def parse_what_if(spec: str) -> tuple[Mask, str]:
         key, _, value = item.partition("=")
         key = key.strip()
         if key not in ("window", "sinks") or not value.strip().isdigit():
-            raise ValueError(f"what-if must look like 'window=256,sinks=4' (window required, sinks optional); "
+            raise ValueError(f"a what-if spec looks like 'window=256,sinks=4' (window required, sinks optional); "
                              f"got {spec!r}")
         parts[key] = int(value)
     if "window" not in parts or parts["window"] < 1:
-        raise ValueError(f"what-if needs window=W with W >= 1; got {spec!r}")
+        raise ValueError(f"a what-if spec needs window=W with W >= 1; got {spec!r}")
     mask: Mask = window(parts["window"], 0)  # causal models: the last W tokens and the query itself
     name = f"window {parts['window']}"
     if parts.get("sinks"):
