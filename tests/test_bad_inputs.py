@@ -448,7 +448,9 @@ def test_the_report_reader_answers_any_json_with_a_report_or_one_line(tmp_path):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
+    from multihead.analysis.compare import compare
     from multihead.analysis.report import Report
+    from multihead.render import analyze_text, report_html
 
     keys = st.sampled_from(["schema", "model", "causal", "num_layers", "num_heads", "sentences", "tokens",
                             "heads", "sections", "layer", "head", "label", "flags", "metrics", "stacks",
@@ -459,7 +461,7 @@ def test_the_report_reader_answers_any_json_with_a_report_or_one_line(tmp_path):
                           max_leaves=30)
     real = json.loads(gzip.decompress((STORED / "minilm-demo.schema1.json.gz").read_bytes()))
     real_keys = sorted(real)
-    seen = []
+    seen, parsed = [], []
 
     @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(st.one_of(values, st.tuples(st.sampled_from(real_keys), values)))
@@ -471,9 +473,15 @@ def test_the_report_reader_answers_any_json_with_a_report_or_one_line(tmp_path):
         path = tmp_path / "r.json"
         path.write_text(json.dumps(value), encoding="utf-8")
         try:
-            Report.from_json(path)
+            report = Report.from_json(path)
         except ValueError as err:
             assert "\n" not in str(err) and str(path) in str(err), str(err)
+            return
+        parsed.append(1)  # a report: every reader of one takes it (the terminal, the page, compare)
+        analyze_text(report)
+        report_html(report)
+        compare(report, report)
 
     check()
-    assert len(seen) >= 400
+    assert len(seen) >= 400 and parsed  # some of the generated inputs were reports, and went all the way
+    print(f"{len(seen)} inputs generated, {len(parsed)} of them reports")
