@@ -485,3 +485,14 @@ def test_the_report_reader_answers_any_json_with_a_report_or_one_line(tmp_path):
     check()
     assert len(seen) >= 400 and parsed  # some of the generated inputs were reports, and went all the way
     print(f"{len(seen)} inputs generated, {len(parsed)} of them reports")
+
+
+def test_a_warning_is_one_line_named_by_the_command(tmp_path):
+    """Python warnings reach the user as ``multihead COMMAND: warning: ...``, one line each (the
+    issue's repro printed the list ``['multihead analyze']``)."""
+    done = console(["analyze", "研究注意力机制的多头结构。", "The heads.", "--out", str(tmp_path / "r"),
+                    "--ablation", "0", "--syntax", "off", "--no-coreference"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    warned = [line for line in done.stderr.splitlines() if "warning:" in line]
+    assert len(warned) == 1 and warned[0].startswith("multihead analyze: warning: ") and "unknown to the tokenizer" \
+        in warned[0], done.stderr
