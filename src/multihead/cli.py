@@ -128,6 +128,19 @@ def _parser() -> argparse.ArgumentParser:
     def model_flag(p: argparse.ArgumentParser, default: str = "minilm") -> None:
         p.add_argument("--model", default=default,
                        help=f"'minilm', 'smollm2' or a local Hugging Face model folder (default {default})")
+        where = p.add_argument_group("where the model runs")
+        where.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                           help="auto (default): the checkpoint's own dtype on a GPU, float32 on a CPU (bfloat16 "
+                                "on a CPU without bf16 units is slower than float32)")
+        where.add_argument("--device", default="auto", help="auto (default: a CUDA GPU, else MPS, else the CPU), cpu, "
+                           "cuda, cuda:N or mps")
+        where.add_argument("--device-map", choices=("auto", "balanced", "sequential"),
+                           help="spread the model over the GPUs, the CPU and disk with accelerate (instead of "
+                                "--device)")
+        where.add_argument("--max-memory", metavar="SPEC", help="with --device-map: memory per device, e.g. "
+                           "'0=20GiB,cpu=60GiB'")
+        where.add_argument("--offload-folder", metavar="DIR", help="with --device-map: where weights that fit "
+                           "nowhere else go")
 
     def out_flags(p: argparse.ArgumentParser, default: str, what: str = "an earlier result") -> None:
         p.add_argument("--out", default=default, help=f"output folder (default: ./{default})")
@@ -242,7 +255,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _options(args: argparse.Namespace, *names: str) -> dict:
-    return {name: getattr(args, name) for name in names}
+    """The named flags, and where the model runs (``placement``) for the commands that load one."""
+    options = {name: getattr(args, name) for name in names}
+    if "model" in names:
+        from .hf.placement import Placement
+
+        options["placement"] = Placement(args.dtype, args.device, args.device_map, args.max_memory,
+                                         args.offload_folder)
+    return options
 
 
 def _run_analyze(args: argparse.Namespace) -> int:

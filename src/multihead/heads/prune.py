@@ -32,6 +32,7 @@ from ..attn.layer import MultiHeadAttention
 from ..files import StagedFiles
 from ..hf.interventions import self_attention_sites
 from ..hf.model import ModelLike, as_module
+from ..hf.placement import is_offloaded
 from ..hf.sites import AttentionSite
 
 __all__ = ["PRUNED_FILE", "count_heads", "load_pruned", "prune_heads", "save_pruned"]
@@ -171,6 +172,12 @@ def _prune_site(model: nn.Module, site: AttentionSite, pruned: list[int]) -> Non
         attn.num_key_value_heads = len(kv)
 
 
+#: Why a model dispatched with CPU or disk offload is not pruned: accelerate keeps copies of its
+#: weights off the device and swaps them in per forward, so an in-place rewrite is not what runs.
+OFFLOADED = ("pruning rewrites the attention weights in place, but accelerate keeps part of this model offloaded "
+             "(on the CPU or disk, swapped in for each forward); load it without --max-memory/--offload-folder")
+
+
 def prune_heads(model: ModelLike, heads: Mapping[int, Iterable[int]], *, stack: str | None = None) -> nn.Module:
     """Remove ``heads[layer]`` from each layer of one stack (default: the model's only
     self-attention stack), in place; returns the module.
@@ -179,6 +186,8 @@ def prune_heads(model: ModelLike, heads: Mapping[int, Iterable[int]], *, stack: 
     Raises TypeError for attention whose projections are fused (GPT-2's ``c_attn``): gate those.
     """
     model = as_module(model)
+    if is_offloaded(model):
+        raise ValueError(OFFLOADED)
     sites = self_attention_sites(model, stack)
     for layer, hs in heads.items():
         if not 0 <= int(layer) < len(sites):

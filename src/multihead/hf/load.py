@@ -3,21 +3,34 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from .model import HFModel
 from .paths import KNOWN_MODELS, model_path
+from .placement import Placement, PlacementError, resolve
 from .sites import find_sites, main_stack
 
 __all__ = ["load"]
 
 
-def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
+def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: str = "auto",
+         device_map: str | dict | None = None, max_memory: str | dict | None = None,
+         offload_folder: str | Path | None = None, placement: Placement | None = None) -> HFModel:
     """Load ``"minilm"`` (all-MiniLM-L6-v2 from its PyPI package) or a local model folder.
+
+    Where and how (:mod:`multihead.hf.placement`, or all of it as one ``placement``): ``dtype``
+    ``auto`` (the checkpoint's own on an accelerator, float32 on a CPU), ``float32``,
+    ``bfloat16``, ``float16`` or a ``torch.dtype``; ``device`` ``auto`` (a CUDA GPU, else MPS, else
+    the CPU), ``cpu``, ``cuda``, ``cuda:N``, ``mps``; or ``device_map`` (``"auto"`` or accelerate's
+    dict) with ``max_memory`` (``"0=20GiB,cpu=60GiB"``) and ``offload_folder`` to spread a model
+    over GPUs, the CPU and disk. Every problem is one ValueError line before a weight is read.
 
     Encoders (BERT family) load with ``AutoModel``, or with ``AutoModelForMaskedLM`` when the folder
     names a masked-LM architecture (``BertForMaskedLM``...: its LM head is then the objective of
@@ -32,13 +45,13 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        import torch
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
     except ImportError as err:  # pragma: no cover - the hf extra is missing
         raise FileNotFoundError("Hugging Face models need transformers: run `pip install 'multihead[hf]'`") from err
     hf_logging.disable_progress_bar()
     path = model_path(name_or_path)
+    shown = str(name_or_path) if str(name_or_path) in KNOWN_MODELS else path.name
     try:
         config = AutoConfig.from_pretrained(path)
     except (ValueError, KeyError) as err:
@@ -46,10 +59,23 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
     loader = AutoModelForCausalLM if _is_language_model(config) else \
         AutoModelForMaskedLM if _is_masked_language_model(config) else AutoModel
     _check_weights(path)
+    if placement is None:
+        placement = Placement(dtype="auto" if dtype is None else dtype, device=device, device_map=device_map,
+                              max_memory=max_memory, offload_folder=offload_folder)
+    where, _ = resolve(placement, config)
+    if "max_memory" in where:
+        _check_room(loader, config, where, shown)
     try:
-        with warnings.catch_warnings():  # torch's note on a pickle's protocol precedes our own line on it
+        # torch's note on a pickle's protocol precedes our own line on it; accelerate's note that
+        # offloaded weights sit on the meta device is what offloading means (the placement says so)
+        with warnings.catch_warnings(), _quiet("accelerate.big_modeling"):
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            model = loader.from_pretrained(path, dtype=dtype or torch.float32).eval()
+            model = loader.from_pretrained(path, **where).eval()
+    except ValueError as err:  # accelerate's word for a map that leaves weights nowhere
+        if "offload" not in str(err):
+            raise
+        raise PlacementError("max_memory", f"{placement.max_memory!r} does not hold {shown}: give an offload "
+                             "folder (--offload-folder DIR) for the rest, or more memory") from err
     except (OSError, RuntimeError, pickle.UnpicklingError, EOFError) as err:
         raise ValueError(_weights_problem(path, err)) from err
     except Exception as err:  # safetensors' own error type, raised for a truncated or foreign file
@@ -73,7 +99,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = None) -> HFModel:
     return HFModel(
         model=model,
         tokenizer=tokenizer,
-        name=str(name_or_path) if str(name_or_path) in KNOWN_MODELS else path.name,
+        name=shown,
         path=path,
         # causality as the model's own attention modules declare it, not from a class name
         is_causal=all(s.causal for s in layers),
@@ -91,6 +117,39 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voca
 #: Weight files transformers reads; a pickle (``.bin``) is read only with ``weights_only=True``.
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
+
+
+@contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    """Inside, the named logger says only errors."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _check_room(loader: Any, config: Any, where: dict, shown: str) -> None:
+    """One line when ``max_memory`` leaves no device (disk aside) room for even one of the model's
+    blocks (accelerate never splits one): the model is built on the meta device to measure them."""
+    from accelerate import init_empty_weights
+    from accelerate.utils import compute_module_sizes
+
+    with init_empty_weights(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        empty = loader.from_config(config, dtype=where["dtype"])
+    blocks = set(getattr(empty, "_no_split_modules", None) or ())
+    sizes = compute_module_sizes(empty, dtype=where["dtype"])
+    candidates = [(sizes[name], type(m).__name__) for name, m in empty.named_modules() if type(m).__name__ in blocks]
+    largest, kind = max(candidates, default=(0, ""))
+    room = max((size for device, size in where["max_memory"].items() if device != "disk"), default=0)
+    if largest and room < largest:
+        raise PlacementError("max_memory", f"gives no device room for the largest block of {shown} that "
+                             f"accelerate never splits ({kind}: {largest / 2**20:.1f} MiB in "
+                             f"{str(where['dtype']).removeprefix('torch.')}); the most any device gets is "
+                             f"{room / 2**20:.1f} MiB")
 
 
 def _check_weights(path: Path) -> None:

@@ -11,6 +11,8 @@ from typing import Any
 
 from torch import nn
 
+from .placement import input_device
+
 __all__ = ["HFModel", "ModelLike", "as_module", "require_loaded", "right_padding"]
 
 
@@ -34,6 +36,31 @@ class HFModel:
     def body(self) -> nn.Module:
         """The base model (``model.base_model``): what reading attention needs, without an LM head."""
         return getattr(self.model, "base_model", self.model)
+
+    @property
+    def device(self) -> Any:
+        """Where the model's inputs go (:func:`~multihead.hf.placement.input_device`)."""
+        return input_device(self.model)
+
+    @property
+    def dtype(self) -> Any:
+        """The dtype of the model's floating-point weights (the first one's)."""
+        return next((p.dtype for p in self.model.parameters() if p.is_floating_point()), None)
+
+    @property
+    def placement(self) -> str:
+        """Where and in what precision the model runs, in words: ``bfloat16 on cuda:0``, ``float32
+        on cpu + disk (device map)``."""
+        device_map = getattr(self.model, "hf_device_map", None)
+        dtype = str(self.dtype).removeprefix("torch.")
+        if device_map and (len(set(device_map.values())) > 1 or "disk" in device_map.values()):
+            places = []
+            for d in device_map.values():
+                name = f"cuda:{d}" if isinstance(d, int) else str(d)
+                if name not in places:
+                    places.append(name)
+            return f"{dtype} on {' + '.join(places)} (device map)"
+        return f"{dtype} on {self.device}"
 
     @property
     def is_encoder_decoder(self) -> bool:

@@ -44,6 +44,9 @@ __all__ = ["CHUNK_BYTES", "IMPLEMENTATION", "MAP_BUDGET", "Attachment", "Attenti
 
 IMPLEMENTATION = "multihead_capture"
 
+#: The dtype the readers get a map in whatever the model's dtype: the softmax's own (float32; a
+#: float64 model's maps stay float64).
+READ_DTYPE = torch.float32
 #: The most bytes of one streamed chunk's map (float32): glibc serves blocks below 32 MiB from its
 #: heap once it has seen them freed, larger ones are mapped afresh and page-faulted on every call —
 #: measured 4-5x slower per pass over a 37 MB map than over two of 19 MB.
@@ -395,8 +398,10 @@ def routed(state: _SiteState, query: Tensor, key: Tensor, value: Tensor, mask: M
                        gates, fill, call_memo)
         return out, None
     want = bool(readers) or need_weights
+    # the readers get the softmax's float32 weights, not a half-precision rounding of them
     out, weights = attention(query, key, value, mask, scale=scale, need_weights=want, dropout_p=dropout_p,
-                             backend="math" if readers else backend, softcap=softcap, sinks=sinks)
+                             backend="math" if readers else backend, softcap=softcap, sinks=sinks,
+                             weights_dtype=READ_DTYPE if readers and query.dtype != torch.float64 else None)
     if heads:  # these heads attend uniformly to the keys they may see
         visible = _visible(mask, T, S, query.device).to(value.dtype)
         flat = visible / visible.sum(-1, keepdim=True).clamp_min(1)  # (B|1, 1, T, S)
@@ -410,7 +415,7 @@ def routed(state: _SiteState, query: Tensor, key: Tensor, value: Tensor, mask: M
         chunk = AttentionChunk(site, layer, 0, T, S, weights, out, _visible(mask, T, S, query.device), call_memo)
         for a in readers:
             a.read(chunk)
-    return out, weights
+    return out, (weights.to(query.dtype) if weights is not None else None)
 
 
 def _product(a: Tensor, b: Tensor) -> Tensor:
@@ -478,8 +483,9 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
         # the chunk's mask evaluated once, over its K keys: the kernel and the visible keys read the same tensor
         chunk_mask = None if rows is None else _evaluated(rows, stop - start, K, query)
         out, weights = attention(query[:, :, start:stop], key[:, :, :K], value[:, :, :K], chunk_mask,
-                                 scale=scaling, need_weights=True, backend="math", softcap=softcap,
-                                 sinks=sinks)  # (B, H, c, Dv), (B, H, c, K)
+                                 scale=scaling, need_weights=True, backend="math", softcap=softcap, sinks=sinks,
+                                 weights_dtype=READ_DTYPE if query.dtype != torch.float64 else None
+                                 )  # (B, H, c, Dv), (B, H, c, K)
         if gates is not None:
             out = _gated(out, gates, fill)
         chunk = AttentionChunk(site, layer, start, T, S, weights, out,

@@ -44,6 +44,7 @@ from torch import nn
 from ..attn.layer import MultiHeadAttention
 from ..models.blocks import DecoderBlock
 from .model import ModelLike, as_module
+from .placement import weights_of
 
 __all__ = ["STACKS", "AttentionSite", "UnsupportedModelError", "find_sites", "main_stack", "select", "site_names"]
 
@@ -99,11 +100,14 @@ class AttentionSite:
         """W^O as (D, H·Dv) — an nn.Linear's weight, or the transpose of transformers' Conv1D (GPT-2) —
         or None when the site has no output projection multihead can find."""
         o = self.o
-        if isinstance(o, nn.Linear):
-            return o.weight
-        if o is not None and type(o).__name__ == "Conv1D":
-            return o.weight.T
-        return None
+        if not isinstance(o, nn.Linear) and (o is None or type(o).__name__ != "Conv1D"):
+            return None
+        if o.weight.device.type == "meta":  # offloaded by accelerate: a copy, read in for the moment
+            with weights_of(o):
+                weight = o.weight.detach().clone()
+        else:
+            weight = o.weight
+        return weight if isinstance(o, nn.Linear) else weight.T
 
     def __repr__(self) -> str:
         kv = f" / {self.num_kv_heads} kv" if self.num_kv_heads != self.num_heads else ""

@@ -249,6 +249,7 @@ def _mlm_inputs(model: HFModel, batch: dict[str, Tensor]) -> tuple[Tensor, Tenso
 
 def _run(model: HFModel, batch: dict[str, Tensor]) -> Tensor:
     """The model's per-example objective terms for ``batch``: (B,) summed losses, or (B, D) pooled states."""
+    batch = {key: value.to(model.device) for key, value in batch.items()}  # where the model's inputs go
     ids, attention = batch["input_ids"], batch["attention_mask"]
     kind = _objective(model)
     if kind == "cosine":

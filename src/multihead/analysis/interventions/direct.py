@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ...hf.interventions import self_attention_sites
 from ...hf.model import HFModel, require_loaded
+from ...hf.placement import weights_of
 from ...hf.sites import UnsupportedModelError
 from .final import final_norm, frozen_norm
 from .runs import clean_run, single_token, text_ids
@@ -49,16 +50,18 @@ def head_attribution(model: HFModel, heads: Tensor, residual: Tensor, a: int, b:
         raise UnsupportedModelError(f"{type(model.model).__name__} has no output embedding (LM head) to attribute to")
     w_of = {layer: site.output_weight() for site in self_attention_sites(model.model) for layer in site.layers}
     with torch.inference_mode():
-        gain, centred, scale = frozen_norm(final_norm(model), residual.float())
-        direction = (unembed.weight[a] - unembed.weight[b]).double() * gain.double()  # (D,)
+        gain, centred, scale = frozen_norm(final_norm(model), residual)
+        with weights_of(unembed):  # an offloaded LM head is read here, not run
+            answer_row, wrong_row = unembed.weight[a].cpu(), unembed.weight[b].cpu()  # (D,) each
+        direction = (answer_row - wrong_row).double() * gain.double()  # (D,)
         found = torch.zeros(model.num_layers, model.num_heads, dtype=torch.float64)
         for layer in range(model.num_layers):
             w_o = w_of.get(layer)
             if w_o is None:
                 raise UnsupportedModelError(f"layer {layer} has no output projection W^O to follow")
-            out = heads[layer].double()  # (H, Dv)
+            out = heads[layer].double().cpu()  # (H, Dv)
             H, Dv = out.shape
-            written = torch.einsum("dhv,hv->hd", w_o.double().view(-1, H, Dv), out)  # (H, D)
+            written = torch.einsum("dhv,hv->hd", w_o.double().cpu().view(-1, H, Dv), out)  # (H, D)
             if centred:
                 written = written - written.mean(-1, keepdim=True)
             found[layer, :H] = written @ direction / scale  # (H,)

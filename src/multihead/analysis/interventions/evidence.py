@@ -203,6 +203,7 @@ def _syntax_batches(model: HFModel, texts: list[str], parses: list[Parse | None]
 def _terms(model: HFModel, ids: Tensor, attention: Tensor) -> Tensor:
     """Per token: a causal model's loss on predicting it (B, T), NaN where nothing predicts it; an
     encoder's last hidden state (B, T, D)."""
+    ids, attention = ids.to(model.device), attention.to(model.device)
     if not model.is_causal:
         return model.body(input_ids=ids, attention_mask=attention).last_hidden_state.float()  # (B, T, D)
     logits = model.model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()  # (B, T, V)
@@ -263,7 +264,7 @@ def _induction_under_ablation(model: HFModel, ids: Tensor, prefix: int, length: 
             score = rows.gather(-1, target).double().mean(dim=(2, 3))  # (R·N, H)
             out[s:s + len(part), layer] = score.view(len(part), N, H).mean(1)
 
-        batch = ids.repeat(len(part), 1)
+        batch = ids.repeat(len(part), 1).to(model.device)
         with torch.inference_mode(), HeadGates(model.model, gates), AttentionCapture(model.model, on_layer):
             model.body(input_ids=batch, attention_mask=torch.ones_like(batch))
     return out

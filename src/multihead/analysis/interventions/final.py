@@ -7,6 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from ...hf.model import HFModel
+from ...hf.placement import weights_of
 from ...hf.sites import UnsupportedModelError
 from .ablation import blocks_of
 
@@ -30,15 +31,20 @@ def frozen_norm(norm: nn.Module, x: Tensor) -> tuple[Tensor, bool, float]:
     """The final norm as a linear map at ``x`` (D,): (gain (D,), centred, scale) such that
     norm(v) ≈ gain ⊙ P(v) / scale + bias for the actual residual stream — checked against the
     module's own output, so a norm of another form is refused rather than misread."""
-    with torch.no_grad():
-        want = norm(x[None].to(next(norm.parameters(), x).dtype)).float()[0]  # (D,)
+    x = x.float().cpu()
+    with weights_of(norm):  # an offloaded norm's weights are read here, not only run
+        param = next(norm.parameters(), x)
+        device, dtype = param.device, param.dtype
+        weight, bias = getattr(norm, "weight", None), getattr(norm, "bias", None)
+        weight = weight.detach().float().cpu() if isinstance(weight, Tensor) else None
+        bias = bias.detach().float().cpu() if isinstance(bias, Tensor) else None
+    with torch.no_grad():  # run after the read: an offloading hook puts the weights away after each forward
+        want = norm(x[None].to(device, dtype)).float()[0].cpu()  # (D,)
     D = x.shape[0]
-    weight = getattr(norm, "weight", None)
-    bias = getattr(norm, "bias", None)
     eps = next((float(getattr(norm, n)) for n in ("eps", "variance_epsilon", "epsilon") if hasattr(norm, n)), 1e-6)
     ones = torch.ones(D)
-    gains = [ones] if weight is None else [weight.detach().float(), 1 + weight.detach().float()]  # Gemma: 1 + w
-    shift = bias.detach().float() if isinstance(bias, Tensor) else torch.zeros(D)
+    gains = [ones] if weight is None else [weight, 1 + weight]  # Gemma: 1 + w
+    shift = bias if bias is not None else torch.zeros(D)
     tolerance = 1e-4 * (1 + float(want.abs().max()))
     for centred in (False, True):
         v = x - x.mean() if centred else x

@@ -72,7 +72,7 @@ def text_ids(model: HFModel, text: str) -> Tensor:
     ids = model.tokenizer(text, return_tensors="pt")["input_ids"]  # (1, T)
     if model.max_positions and ids.shape[1] > model.max_positions:
         raise ValueError(f"the text is {ids.shape[1]} tokens; {model.name} reads at most {model.max_positions}")
-    return ids
+    return ids.to(model.device)
 
 
 def logit_diff(model: HFModel, ids: Tensor, position: int, a: int, b: int) -> Tensor:

@@ -66,7 +66,7 @@ def what_if(model: HFModel, texts: Sequence[str], spec: str, *, per_layer: bool 
                          "(an encoder, or a decoder loaded without its language-model head)")
     tok = model.tokenizer
     with right_padding(tok):
-        batches = [tok([t], return_tensors="pt", verbose=False) for t in texts]
+        batches = [tok([t], return_tensors="pt", verbose=False).to(model.device) for t in texts]
 
     def loss() -> tuple[float, int]:
         total, count = 0.0, 0

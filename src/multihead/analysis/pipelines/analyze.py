@@ -126,7 +126,9 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     if model.processor is not None:  # a vision model: ``texts`` are its images
         from .vision import analyze_images
 
-        return analyze_images(model, texts, batch_size=batch_size, progress=progress)
+        report = analyze_images(model, texts, batch_size=batch_size, progress=progress)
+        report.placement = model.placement
+        return report
     texts = check_texts(texts)
     if model.is_encoder_decoder:  # three stacks; the probes and redundancy read single-stack models
         from .encdec import analyze_encoder_decoder
@@ -134,6 +136,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
         report = analyze_encoder_decoder(model, texts, targets, batch_size=batch_size, truncate=truncate,
                                          progress=progress)
         _warn_unknown(report.sections.unknown_tokens)
+        report.placement = model.placement
         return report
     if targets is not None:
         raise ValueError("targets are read by encoder-decoder models only; this model has one stack")
@@ -207,7 +210,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
         sections.redundancy = redundancy_section(corpus.redundancy.result(), model.num_heads)
     return Report(model=model.name, causal=model.is_causal, num_layers=model.num_layers, num_heads=model.num_heads,
                   sentences=corpus.heads.sentences, tokens=corpus.heads.tokens, heads=heads, sections=sections,
-                  stack=main_stack(find_sites(model.model)),
+                  stack=main_stack(find_sites(model.model)), placement=model.placement,
                   views=corpus.views.result() if corpus.views is not None else [])
 
 

@@ -83,8 +83,10 @@ def run_pass(model: HFModel, batches: Iterable[Batch], reducers: Sequence[Reduce
     """Run the model's base once over ``batches``, every chunk of every captured layer (``at``:
     :func:`~multihead.hf.sites.select`) handed to every reducer."""
     capture = AttentionCapture(model.model, dispatch(reducers), at=at, chunk=chunk, budget=budget)
+    device = model.device
     with capture, torch.inference_mode():
         for batch in bar(batches, desc=desc, unit="batch", progress=progress, total=total):
+            batch = batch.to(device)  # the maps are captured where the model runs: so are the tokens' flags
             for reducer in reducers:
                 reducer.begin_batch(batch)
             # The base model: attention is all we read, so a language-model head is skipped.

@@ -70,8 +70,9 @@ def analyze_encoder_decoder(model: HFModel, texts: Sequence[str], targets: Seque
             reducers["encoder"].begin_batch(Batch(src_info, rows))
             reducers["decoder"].begin_batch(Batch(dec_info, rows))
             reducers["cross"].begin_batch(Batch(dec_info, rows, keys=src_info))
-            model.body(input_ids=src["input_ids"], attention_mask=src["attention_mask"],
-                       decoder_input_ids=dec["input_ids"], decoder_attention_mask=dec["attention_mask"])
+            to = model.device
+            model.body(input_ids=src["input_ids"].to(to), attention_mask=src["attention_mask"].to(to),
+                       decoder_input_ids=dec["input_ids"].to(to), decoder_attention_mask=dec["attention_mask"].to(to))
             for reducer in reducers.values():
                 reducer.end_batch()
             return_freed_memory()

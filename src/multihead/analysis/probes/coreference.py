@@ -173,7 +173,8 @@ def coreference_scores(model: HFModel, examples: Sequence[CoreferenceExample] | 
                     real[b, c] = True
             state.update(pronoun=pronoun, candidates=candidates, real=real,
                          answer=torch.tensor([e.antecedent for e in chunk]))
-            model.body(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
+            to = model.device
+            model.body(input_ids=enc["input_ids"].to(to), attention_mask=enc["attention_mask"].to(to))
     n = len(examples)
     baseline = sum(e.nearest() == e.antecedent for e in examples) / n
     return CoreferenceScores(correct / n, mass / n, baseline, n, total - n)

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ...hf.capture import AttentionCapture
 from ...hf.model import HFModel
+from ...hf.placement import input_device
 from ...hf.route import AttentionChunk
 
 __all__ = ["NEEDLE", "RetrievalScores", "retrieval_from_argmax", "retrieval_scores"]
@@ -106,5 +107,5 @@ def _top_keys(lm, ids: list[int], lo: int, chunk: int, num_layers: int) -> tuple
             top.setdefault(layer, []).append(weights[0][:, wanted].argmax(-1).cpu())  # (H, n)
 
     with AttentionCapture(lm, keep, chunk=chunk), torch.inference_mode():
-        logits = lm(input_ids=torch.tensor([ids])).logits[0, lo:T - 1]  # (N, V)
+        logits = lm(input_ids=torch.tensor([ids], device=input_device(lm))).logits[0, lo:T - 1]  # (N, V)
     return torch.stack([torch.cat(top[layer], 1) for layer in range(num_layers)]), logits.float().cpu()

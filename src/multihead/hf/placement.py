@@ -1,0 +1,290 @@
+"""Where a model runs and in what precision: dtype, device, an accelerate device map, memory limits
+and offload — each checked before any weight is read, every problem one line.
+
+:class:`Placement` is what a user asks for (strings, as the command line gives them);
+:func:`resolve` turns it, with the model's config, into the arguments of transformers'
+``from_pretrained``. ``dtype="auto"`` is the checkpoint's own dtype on an accelerator and float32
+on a CPU (bfloat16 on a CPU without bf16 units is slower than float32, and every analysis sums in
+float32 anyway). A model dispatched by accelerate (``device_map``) runs where its map says; its
+inputs go to :func:`input_device`, and weights read directly (direct logit attribution reads the
+unembedding) are brought in from the CPU or disk for the read by :func:`weights_of`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEVICE_MAPS", "DTYPES", "Placement", "PlacementError", "input_device", "is_offloaded", "parse_max_memory",
+           "resolve", "resolve_device", "resolve_dtype", "weights_of"]
+
+#: The dtypes a model may be loaded in ("auto": see the module).
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: accelerate's strategies for a device map computed from the free memory.
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"^\s*(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[a-zA-Z]+)\s*$")
+
+
+class PlacementError(ValueError):
+    """A placement that cannot run here: ``parameter`` (dtype, device, device_map, max_memory or
+    offload_folder) and what is wrong with it, read as one line: ``device 'cuda' is not available ...``."""
+
+    def __init__(self, parameter: str, detail: str) -> None:
+        super().__init__(f"{parameter} {detail}")
+        self.parameter, self.detail = parameter, detail
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and how a model is loaded, as a user names it.
+
+    ``dtype``: one of :data:`DTYPES` or a ``torch.dtype``; ``device``: ``auto``, ``cpu``,
+    ``cuda``, ``cuda:N`` or ``mps``; ``device_map``: one of :data:`DEVICE_MAPS` or accelerate's
+    dict (module name -> device), instead of ``device``; ``max_memory``: per device, e.g.
+    ``"0=20GiB,cpu=60GiB"`` or ``{0: "20GiB", "cpu": "60GiB"}`` (with ``device_map``);
+    ``offload_folder``: where weights that fit nowhere go (with ``device_map``).
+    """
+
+    dtype: Any = "auto"
+    device: str = "auto"
+    device_map: str | dict | None = None
+    max_memory: str | dict | None = None
+    offload_folder: str | Path | None = None
+
+
+def resolve_device(name: str | Any) -> Any:
+    """``name`` as a ``torch.device`` that is there; ValueError naming what is available otherwise.
+    ``auto``: the first CUDA GPU, else Apple's MPS, else the CPU."""
+    import torch
+
+    text = str(name).strip()
+    if text == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        if _mps_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise PlacementError("device", f"{text!r} is not a device: expected auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise PlacementError("device", f"{text!r} is not available: torch {torch.__version__} sees no CUDA GPU "
+                                 "on this machine; use cpu (or auto)")
+        if device.index is not None and device.index >= count:
+            raise PlacementError("device", f"{text!r} is not there: this machine has {count} CUDA GPU(s), cuda:0 to "
+                             f"cuda:{count - 1}")
+        return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+    if device.type == "mps":
+        if not _mps_available():
+            raise PlacementError("device", f"{text!r} is not available: this machine has no Apple GPU (MPS); use cpu "
+                                 "(or auto)")
+        return device
+    if device.type != "cpu":
+        raise PlacementError("device", f"{text!r} is not one multihead runs models on: expected auto, cpu, cuda, "
+                             "cuda:N or mps")
+    return device
+
+
+def _mps_available() -> bool:
+    import torch
+
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def checkpoint_dtype(config: Any) -> Any:
+    """The dtype the checkpoint's config names (``dtype`` / ``torch_dtype``), or None."""
+    import torch
+
+    for name in ("dtype", "torch_dtype"):
+        value = getattr(config, name, None)
+        if isinstance(value, torch.dtype):
+            return value
+        if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
+            return getattr(torch, value)
+    return None
+
+
+def resolve_dtype(dtype: Any, device: Any, config: Any = None, *, accelerated: bool | None = None) -> Any:
+    """``dtype`` as a ``torch.dtype`` the device can run; ValueError naming the choices otherwise.
+
+    ``auto``: the checkpoint's own dtype (its config's) when the model runs on an accelerator
+    (``accelerated``; by default: ``device`` is not the CPU), float32 on a CPU.
+    """
+    import torch
+
+    on_accelerator = device.type != "cpu" if accelerated is None else accelerated
+    if isinstance(dtype, torch.dtype):
+        chosen = dtype
+    elif dtype is None or dtype == "auto":
+        chosen = (checkpoint_dtype(config) or torch.float32) if on_accelerator else torch.float32
+        if chosen not in (torch.float32, torch.bfloat16, torch.float16):
+            chosen = torch.float32  # a checkpoint in float64 or float8 is read in float32
+    elif isinstance(dtype, str) and dtype in DTYPES:
+        chosen = getattr(torch, dtype)
+    else:
+        raise PlacementError("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")
+    if chosen not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise PlacementError("dtype", f"{chosen} is not one multihead loads models in: expected "
+                             f"{', '.join(DTYPES[1:])}")
+    if device.type == "cuda" and chosen == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        major, minor = torch.cuda.get_device_capability(device)
+        raise PlacementError("dtype", "bfloat16 needs a GPU with bfloat16 units (compute capability 8.0, Ampere, or "
+                             f"newer); {torch.cuda.get_device_name(device)} has {major}.{minor}: use float16 or "
+                             "float32")
+    return chosen
+
+
+def parse_max_memory(spec: str | dict | None) -> dict[int | str, int] | None:
+    """``"0=20GiB,cpu=60GiB"`` (or a dict of the same) as accelerate's ``max_memory``: GPU index or
+    ``cpu``/``mps``/``disk`` -> bytes. ValueError naming the entry and the expected form."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        pairs = []
+        for item in spec.split(","):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip() or not value.strip():
+                raise PlacementError("max_memory", f"{spec!r}: expected DEVICE=SIZE pairs such as '0=20GiB,cpu=60GiB'")
+            pairs.append((key.strip(), value.strip()))
+    elif isinstance(spec, dict):
+        pairs = [(str(k), v) for k, v in spec.items()]
+    else:
+        raise PlacementError("max_memory", f"is a {type(spec).__name__}: expected '0=20GiB,cpu=60GiB' or a dict")
+    out: dict[int | str, int] = {}
+    for key, value in pairs:
+        device: int | str
+        if key.isdigit():
+            device = int(key)
+        elif key.startswith("cuda:") and key[5:].isdigit():
+            device = int(key[5:])
+        elif key in ("cpu", "mps", "disk"):
+            device = key
+        else:
+            raise PlacementError("max_memory", f"names device {key!r}: expected a GPU index (0, 1, ...), cpu, mps or "
+                                 "disk")
+        out[device] = _bytes(key, value)
+    gpus = [d for d in out if isinstance(d, int)]
+    if gpus:
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        missing = [g for g in gpus if g >= count]
+        if missing:
+            have = f"{count} CUDA GPU(s)" if count else "no CUDA GPU"
+            raise PlacementError("max_memory", f"names GPU {missing[0]}, but this machine has {have}")
+    return out
+
+
+def _bytes(key: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    match = _SIZE.match(str(value))
+    unit = match["unit"].lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise PlacementError("max_memory", f"{key}={value!r}: expected a size such as 20GiB or 500MB (units B, KB, "
+                             "MB, GB, TB, KiB, MiB, GiB, TiB)")
+    size = int(float(match["number"]) * _UNITS[unit])
+    if size <= 0:
+        raise PlacementError("max_memory", f"{key}={value!r}: a size must be positive")
+    return size
+
+
+def resolve(placement: Placement, config: Any) -> tuple[dict[str, Any], Any]:
+    """``from_pretrained``'s placement arguments for ``placement`` (dtype, device_map, max_memory,
+    offload_folder) and the device the model's inputs go to; ValueError (one line) for a
+    combination that cannot run here."""
+    import torch
+
+    if placement.device_map is None:
+        if placement.max_memory is not None or placement.offload_folder is not None:
+            what = "max_memory" if placement.max_memory is not None else "offload_folder"
+            raise PlacementError(what, "places a model across devices: give device_map='auto' (--device-map auto) too")
+        device = resolve_device(placement.device)
+        dtype = resolve_dtype(placement.dtype, device, config)
+        # straight onto the device (no float32 copy on the CPU first); the CPU loads as it always has
+        kwargs: dict[str, Any] = {"dtype": dtype}
+        if device.type != "cpu":
+            kwargs["device_map"] = {"": device}
+        return kwargs, device
+    if str(placement.device).strip() not in ("auto", ""):
+        raise PlacementError("device", f"{placement.device!r} and a device_map ({placement.device_map!r}) both place "
+                             "the model: give one of them")
+    device_map = placement.device_map
+    if isinstance(device_map, str) and device_map not in DEVICE_MAPS:
+        raise PlacementError("device_map", f"{device_map!r} is not one of {', '.join(DEVICE_MAPS)} (or accelerate's "
+                             "dict of module -> device)")
+    try:
+        import accelerate  # noqa: F401  (transformers dispatches through it)
+    except ImportError:
+        raise PlacementError("device_map", "needs accelerate: pip install 'multihead[scale]'") from None
+    max_memory = parse_max_memory(placement.max_memory)
+    accelerated = torch.cuda.is_available() or _mps_available() or any(isinstance(d, int) for d in max_memory or {})
+    dtype = resolve_dtype(placement.dtype, torch.device("cpu"), config, accelerated=accelerated)
+    kwargs = {"dtype": dtype, "device_map": device_map}
+    if max_memory is not None:
+        kwargs["max_memory"] = max_memory
+    if placement.offload_folder is not None:
+        from ..files import check_writable
+
+        folder = Path(placement.offload_folder)
+        if folder.exists() and not folder.is_dir():
+            raise PlacementError("offload_folder", f"{folder} exists and is not a folder")
+        try:
+            check_writable(folder)
+        except ValueError as err:
+            raise PlacementError("offload_folder", str(err)) from err
+        kwargs["offload_folder"] = str(folder)
+    return kwargs, None
+
+
+def input_device(model: Any) -> Any:
+    """The device a model's inputs go to: its input embeddings' (for a dispatched model, where its
+    map puts them; the CPU for weights offloaded to disk), else its first parameter's."""
+    import torch
+
+    device_map = getattr(model, "hf_device_map", None)
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    for p in (embeddings.parameters() if embeddings is not None else ()):
+        if p.device.type != "meta":
+            return p.device
+    if device_map:
+        first = next(iter(device_map.values()))
+        return torch.device("cuda", first) if isinstance(first, int) else \
+            torch.device("cpu" if first in ("cpu", "disk") else first)
+    for p in model.parameters():
+        if p.device.type != "meta":
+            return p.device
+    return torch.device("cpu")
+
+
+def is_offloaded(model: Any) -> bool:
+    """Whether accelerate keeps some of the model's weights off their execution device (on the CPU
+    or disk, brought in for each forward): those weights cannot be edited in place."""
+    return any(getattr(getattr(m, "_hf_hook", None), "offload", False) for m in model.modules())
+
+
+@contextmanager
+def weights_of(module: Any) -> Iterator[None]:
+    """Inside, the weights of ``module`` and its submodules are real tensors even when accelerate
+    offloads them (each offloading hook's weights brought to its execution device for the read,
+    then released again)."""
+    offloaded = [m for m in module.modules() if getattr(getattr(m, "_hf_hook", None), "offload", False)]
+    if not offloaded:
+        yield
+        return
+    from accelerate.utils import align_module_device
+
+    with ExitStack() as stack:
+        for m in offloaded:
+            stack.enter_context(align_module_device(m))
+        yield

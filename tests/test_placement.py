@@ -1,0 +1,186 @@
+"""Where a model runs: dtype, device, accelerate's device map with CPU/disk offload (issue 27).
+
+An offloaded model runs the same kernels on the same weights, so every feature must give what the
+plain model gives; a model in bfloat16 must give its own outputs under capture, and every reader
+gets float32 maps.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import multihead as mh
+from architectures import build, inputs
+from multihead.analysis.interventions.ablation import ablation_effects
+from multihead.analysis.interventions.direct import direct_logit_attribution
+from multihead.analysis.interventions.patching import EXAMPLES, patch_heads
+from multihead.hf.placement import (
+    Placement,
+    PlacementError,
+    is_offloaded,
+    parse_max_memory,
+    resolve,
+    resolve_device,
+    resolve_dtype,
+)
+
+TEXTS = ["The cat sat on the mat because it was tired.", "Heads look at words; some look back.",
+         "A longer sentence about how every head of a model looks at the words around it, and why."]
+
+
+# -- the placement itself ------------------------------------------------------------------------------------------
+
+@given(number=st.integers(1, 10**6), unit=st.sampled_from(["B", "KB", "MB", "GB", "KiB", "MiB", "GiB", "gib", "mb"]))
+def test_max_memory_sizes_read_in_every_unit(number, unit):
+    factor = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}[unit.lower()]
+    assert parse_max_memory(f"cpu={number}{unit}") == {"cpu": number * factor}
+    assert parse_max_memory({"cpu": f"{number} {unit}"}) == {"cpu": number * factor}
+
+
+@pytest.mark.parametrize(("spec", "words"), [
+    ("cpu=20furlongs", "expected a size such as 20GiB"),
+    ("cpu=", "expected DEVICE=SIZE pairs"),
+    ("0=1GiB", "names GPU 0, but this machine has no CUDA GPU"),
+    ("tpu=1GiB", "cpu"),
+])
+def test_a_wrong_max_memory_names_the_part_and_the_form(spec, words):
+    if torch.cuda.is_available() and spec.startswith("0="):
+        pytest.skip("this machine has a GPU 0")
+    with pytest.raises(PlacementError) as caught:
+        parse_max_memory(spec)
+    assert caught.value.parameter == "max_memory" and words in str(caught.value)
+
+
+def test_auto_is_float32_on_the_cpu_and_a_missing_device_is_named():
+    config = build("llama (GQA)").config
+    config.torch_dtype = torch.bfloat16  # a checkpoint saved in bfloat16: still float32 on a CPU
+    assert resolve_dtype("auto", torch.device("cpu"), config) == torch.float32
+    assert resolve_dtype("bfloat16", torch.device("cpu"), config) == torch.bfloat16
+    assert resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert resolve_device("auto").type in ("cpu", "mps")
+        with pytest.raises(PlacementError, match="sees no CUDA GPU on this machine; use cpu"):
+            resolve_device("cuda:1")
+    with pytest.raises(PlacementError, match="is not a device: expected auto, cpu, cuda, cuda:N or mps"):
+        resolve_device("tpu")
+
+
+def test_conflicting_placements_are_refused_before_any_weight():
+    config = build("llama (GQA)").config
+    with pytest.raises(PlacementError, match="both place the model"):
+        resolve(Placement(device="cpu", device_map="auto"), config)
+    with pytest.raises(PlacementError, match="give device_map='auto'"):
+        resolve(Placement(max_memory="cpu=1GiB"), config)
+    with pytest.raises(PlacementError, match="offload_folder"):
+        resolve(Placement(offload_folder="/tmp/x"), config)
+    where, device = resolve(Placement(dtype="bfloat16"), config)
+    assert where["dtype"] == torch.bfloat16 and device == torch.device("cpu")
+
+
+# -- low precision -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_low_precision_model_gives_its_own_outputs_under_capture_and_readers_get_float32(dtype):
+    """Scores and P·V in the model's dtype as its eager path computes them: the outputs under capture
+    are the eager outputs within a few of the dtype's rounding steps (the gap between transformers'
+    own eager and SDPA paths is the yardstick); the maps readers see are float32 and sum to 1."""
+    model = build("llama (GQA)").to(dtype)
+    batch = inputs("llama (GQA)", model)
+    with torch.no_grad():
+        eager = model(**batch).last_hidden_state.float()
+        model.config._attn_implementation = "sdpa"
+        sdpa = model(**batch).last_hidden_state.float()
+        model.config._attn_implementation = "eager"
+    seen = {}
+    with torch.no_grad(), mh.hf.AttentionCapture(model, lambda c: seen.__setitem__(c.layer, c.weights)):
+        captured = model(**batch).last_hidden_state.float()
+    assert torch.isfinite(captured).all()
+    rows = batch["attention_mask"].bool()
+    gap = float((eager - sdpa)[rows].abs().max())
+    ours = float((captured - eager)[rows].abs().max())
+    assert ours <= max(gap, 4 * torch.finfo(dtype).eps * float(eager[rows].abs().max())), (ours, gap)
+    for weights in seen.values():
+        assert weights.dtype == torch.float32
+        sums = weights.sum(-1)[rows[:, None, :].expand(-1, weights.shape[1], -1)]
+        torch.testing.assert_close(sums, torch.ones_like(sums), atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_smollm2_in_bfloat16_keeps_its_outputs_and_its_metrics_near_float32(smollm2):
+    bf16 = mh.hf.load("smollm2", dtype="bfloat16")
+    assert bf16.dtype == torch.bfloat16 and bf16.placement == "bfloat16 on cpu"
+    ids = bf16.tokenizer(TEXTS[0], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        sdpa = bf16.model(input_ids=ids).logits.float()
+        bf16.model.config._attn_implementation = "eager"
+        eager = bf16.model(input_ids=ids).logits.float()
+        bf16.model.config._attn_implementation = "sdpa"
+        with mh.hf.AttentionCapture(bf16.model, lambda c: None):
+            captured = bf16.model(input_ids=ids).logits.float()
+        reference = smollm2.model(input_ids=ids).logits
+    # capture computes as transformers' eager path does (scores and P·V in bfloat16, softmax in
+    # float32): its logits are eager's; no farther from float32 than bfloat16's own SDPA
+    torch.testing.assert_close(captured, eager, atol=2 * torch.finfo(torch.bfloat16).eps * float(eager.abs().max()),
+                               rtol=0)
+    assert float((captured - reference).abs().max()) <= float((sdpa - reference).abs().max())
+    low = mh.analyze(bf16, TEXTS, coreference=False, redundancy=False, progress=False)
+    high = mh.analyze(smollm2, TEXTS, coreference=False, redundancy=False, progress=False)
+    assert low.placement == "bfloat16 on cpu" and high.placement == "float32 on cpu"
+    for name in ("entropy_norm", "previous_token", "cls", "induction", "max_weight"):
+        a = torch.tensor([h.metrics[name] for h in low.heads])
+        b = torch.tensor([h.metrics[name] for h in high.heads])
+        assert torch.isfinite(a).all() and float((a - b).abs().max()) < 0.05, name
+
+
+# -- accelerate's device map, with CPU and disk offload ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def offloaded(tmp_path_factory):
+    pytest.importorskip("accelerate")
+    folder = tmp_path_factory.mktemp("offload")
+    model = mh.hf.load("smollm2", device_map="auto", max_memory="cpu=200MiB", offload_folder=folder)
+    assert is_offloaded(model.model) and "disk" in set(model.model.hf_device_map.values())
+    return model
+
+
+@pytest.mark.slow
+def test_an_offloaded_model_gives_what_the_plain_one_gives(offloaded, smollm2):
+    """Capture, gates (zero/mean ablation), patching, direct logit attribution, what-if and gradient
+    importance of SmolLM2 with 60 % of its weights on disk equal those of the model in memory."""
+    assert offloaded.placement.startswith("float32 on cpu + disk")
+    exact = dict(atol=1e-5, rtol=1e-5)
+    a = mh.analyze(offloaded, TEXTS, coreference=False, progress=False)
+    b = mh.analyze(smollm2, TEXTS, coreference=False, progress=False)
+    assert [h.label for h in a.heads] == [h.label for h in b.heads]
+    for name in a.heads[0].metrics:
+        got = torch.tensor([h.metrics[name] for h in a.heads], dtype=torch.float64)
+        want = torch.tensor([h.metrics[name] for h in b.heads], dtype=torch.float64)
+        torch.testing.assert_close(got, want, equal_nan=True, **exact, msg=name)
+    heads = [(0, 0), (18, 6), (29, 8)]
+    torch.testing.assert_close(ablation_effects(offloaded, TEXTS, heads=heads).zero,
+                               ablation_effects(smollm2, TEXTS, heads=heads).zero, equal_nan=True, **exact)
+    clean, corrupt, answer, wrong = EXAMPLES["capital"]
+    assert patch_heads(offloaded, clean, corrupt, answer, wrong, [(18, 6)]) == \
+        pytest.approx(patch_heads(smollm2, clean, corrupt, answer, wrong, [(18, 6)]), abs=1e-4)
+    torch.testing.assert_close(direct_logit_attribution(offloaded, clean, answer, wrong),
+                               direct_logit_attribution(smollm2, clean, answer, wrong), **exact)
+    got, want = (mh.analysis.what_if(m, TEXTS[:1], "window=4") for m in (offloaded, smollm2))
+    assert (got.loss, got.replaced) == pytest.approx((want.loss, want.replaced), abs=1e-5)
+
+    def batches(model):
+        yield dict(model.tokenizer(TEXTS[:2], return_tensors="pt", padding=True))
+
+    def loss(outputs, batch):
+        return outputs.logits[:, :-1].float().logsumexp(-1).mean(-1)  # (B,)
+
+    torch.testing.assert_close(mh.head_importance(offloaded, batches(offloaded), loss).scores,
+                               mh.head_importance(smollm2, batches(smollm2), loss).scores, **exact)
+
+
+@pytest.mark.slow
+def test_pruning_an_offloaded_model_is_refused_in_one_line(offloaded):
+    with pytest.raises(ValueError, match="accelerate keeps part of this model offloaded"):
+        mh.prune_heads(offloaded, {0: [0]})
