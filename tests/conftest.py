@@ -57,6 +57,16 @@ def cast_mask(mask, dtype):
     return mask
 
 
+def pytest_collection_modifyitems(config, items):
+    """``cuda`` tests run where a CUDA GPU is (never required by ``make test``), skipped elsewhere."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU on this machine")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def minilm():
     """all-MiniLM-L6-v2 as mh.hf.load gives it, loaded once for the whole run (tests must not modify it)."""

@@ -127,7 +127,8 @@ def _setup(tmp: Path) -> dict[str, Path]:
     (tmp / "exp" / "heads" / "notes.txt").write_text("mine\n")
     configs = {"steps-text": 'steps = "ten"\n', "steps-zero": "steps = 0\n", "lr-negative": "[optim]\nlr = -1.0\n",
                "heads-dim": "[model]\nheads = 3\ndim = 16\n", "source": '[data]\nsource = "wiki"\n',
-               "abbrev": "[optim]\nlearning_rate = 1.0\n", "top-typo": "stesp = 4\n"}
+               "abbrev": "[optim]\nlearning_rate = 1.0\n", "top-typo": "stesp = 4\n",
+               "precision": '[run]\nprecision = "float16"\n', "device": '[run]\ndevice = "cuda:9"\n'}
     for name, body in configs.items():
         (tmp / f"{name}.toml").write_text(f'out = "{tmp / "never"}"\n{body}')
     (tmp / "not-toml.toml").write_text("out = [1\n")
@@ -235,6 +236,8 @@ CASES = [
     ("train an abbreviation", ["train", "{tmp}/abbrev.toml"], "'learning_rate'; did you mean 'lr'?"),
     ("train a top-level typo", ["train", "{tmp}/top-typo.toml"], "unknown key 'stesp'; did you mean 'steps'?"),
     ("train not TOML", ["train", "{tmp}/not-toml.toml"], "not valid TOML"),
+    ("train in float16", ["train", "{tmp}/precision.toml"], "[run] precision must be one of float32, bfloat16"),
+    ("train on a device that is not there", ["train", "{tmp}/device.toml"], "[run] device 'cuda:9' is not available"),
     ("train config not UTF-8", ["train", "{tmp}/latin1.toml"], "latin1.toml is not UTF-8 text"),
     ("train out a file", ["train", "{tmp}/out-file.toml"], "a-file exists and is not a folder"),
     ("train out on /proc", ["train", "{tmp}/out-proc.toml"], "the kernel's proc file system"),

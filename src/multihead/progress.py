@@ -52,6 +52,12 @@ def step(what: str, *, progress: bool | None = None) -> Iterator[None]:
         print(f"multihead: {what}: done in {seconds:.1f} s", file=sys.stderr, flush=True)
 
 
+def note(what: str, *, progress: bool | None = None) -> None:
+    """Say ``what`` on stderr, one line, when progress is on."""
+    if enabled(progress):
+        print(f"multihead: {what}", file=sys.stderr, flush=True)
+
+
 def _stop_if_interrupted() -> None:
     """Raise KeyboardInterrupt if the user interrupted during the step (even if a library swallowed it)."""
     from .stops import interrupted

@@ -57,6 +57,7 @@ import torch.nn.functional as F
 
 from .data import TEXT_SOURCES, source_text
 from .files import atomic_path, check_writable, write_atomically
+from .hf.placement import PlacementError, resolve_device
 from .jsonable import read_json
 from .models import DecoderLM, ModelConfig
 
@@ -76,8 +77,12 @@ class TrainConfig:
     force: bool = False
 
     def identity(self) -> dict:
-        """What makes two runs the same run (a resume must match it): the seed, model, data and optimiser."""
-        return {"seed": self.seed, "model": dict(self.model), "data": dict(self.data), "optim": dict(self.optim)}
+        """What makes two runs the same run (a resume must match it): the seed, model, data and
+        optimiser — and the precision when it is not float32 (the device may change on a resume)."""
+        found = {"seed": self.seed, "model": dict(self.model), "data": dict(self.data), "optim": dict(self.optim)}
+        if self.run.get("precision", "float32") != "float32":
+            found["precision"] = self.run["precision"]
+        return found
 
 
 #: Every key a config may set, per section, with the type it must have.
@@ -86,8 +91,12 @@ KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "model": {"layers": int, "heads": int, "dim": int, "hidden": int, "dropout": (int, float)},
     "data": {"source": str, "seq_len": int, "batch_size": int},
     "optim": {"lr": (int, float), "weight_decay": (int, float), "warmup": int},
-    "run": {"checkpoint_every": int, "log_every": int, "grad_monitor": bool, "tensorboard": bool, "fsdp": bool},
+    "run": {"checkpoint_every": int, "log_every": int, "grad_monitor": bool, "tensorboard": bool, "fsdp": bool,
+            "device": str, "precision": str},
 }
+#: ``[run] precision``: float32 throughout, or bfloat16 mixed precision (autocast; the weights and
+#: the optimiser stay float32). float16 would need loss scaling: bfloat16 does not.
+PRECISIONS = ("float32", "bfloat16")
 #: Keys whose value must be positive (the rest only >= 0 where they are numbers).
 POSITIVE = {"steps", "layers", "heads", "dim", "hidden", "seq_len", "batch_size", "lr", "log_every"}
 
@@ -118,6 +127,12 @@ def load_config(path: str | Path, *, force: bool = False) -> TrainConfig:
         getattr(c, section).update(raw.get(section, {}))
     if c.data["source"] not in TEXT_SOURCES:
         raise ValueError(f"{path}: data.source must be 'hamlet' or 'treebank'; got {c.data['source']!r}")
+    if c.run.get("precision", "float32") not in PRECISIONS:
+        raise ValueError(f"{path}: [run] precision must be one of {', '.join(PRECISIONS)}; got {c.run['precision']!r}")
+    try:
+        resolve_device(c.run.get("device", "auto"))
+    except PlacementError as err:
+        raise ValueError(f"{path}: [run] {err}") from None
     if c.model["dim"] % c.model["heads"]:
         raise ValueError(f"{path}: model.heads ({c.model['heads']}) must divide model.dim ({c.model['dim']})")
     return c
@@ -178,8 +193,9 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
     checkpoint, when one is due) with the number of steps done — for logging, or to stop a run.
     """
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    device = _device(c, distributed)
     if distributed:
-        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank = torch.distributed.get_rank() if distributed else 0
     world = torch.distributed.get_world_size() if distributed else 1
     torch.manual_seed(c.seed)
@@ -187,7 +203,8 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
     config = ModelConfig("decoder", int(c.model["layers"]), int(c.model["heads"]), int(c.model["dim"]),
                          int(c.model["hidden"]), vocab=data.vocab, max_len=int(c.data["seq_len"]), norm_first=True,
                          dropout=float(c.model.get("dropout", 0.0)), eps=1e-5)
-    model = DecoderLM(config)
+    model = DecoderLM(config).to(device)
+    precision = getattr(torch, c.run.get("precision", "float32"))
     if rank == 0:  # one rank judges the folder (the others would see its probe file) and repairs it
         claim_folder(c)  # before anything is written: a folder of another origin is refused
         _recover_checkpoint(c.out)
@@ -238,9 +255,10 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
     steps = bar(range(start, c.steps), desc="train", unit="step", initial=start, total=c.steps,
                 progress=rank == 0 and sys.stderr.isatty())
     for step in steps:
-        batch = data.batch(step, B)[rank * (B // world):(rank + 1) * (B // world)]  # this rank's slice
-        logits = net(batch[:, :-1])  # (b, T, V)
-        loss = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:])
+        batch = data.batch(step, B)[rank * (B // world):(rank + 1) * (B // world)].to(device)  # this rank's slice
+        with torch.autocast(device.type, dtype=precision, enabled=precision != torch.float32):
+            logits = net(batch[:, :-1])  # (b, T, V)
+        loss = F.cross_entropy(logits.float().transpose(1, 2), batch[:, 1:])  # the loss in float32
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if monitor is not None:
@@ -272,6 +290,22 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
     return model
 
 
+def _device(c: TrainConfig, distributed: bool) -> torch.device:
+    """``[run] device`` (default auto: a CUDA GPU, else the CPU); under torchrun on CUDA, each rank
+    its own GPU (``LOCAL_RANK``)."""
+    device = resolve_device(c.run.get("device", "auto"))
+    if device.type == "mps":  # auto on a Mac: the CPU trains these small models as well, and DDP needs gloo
+        device = torch.device("cpu")
+    if distributed and device.type == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if local >= torch.cuda.device_count():
+            raise ValueError(f"process {local} of this machine has no GPU of its own ({torch.cuda.device_count()} "
+                             "here): start as many processes as GPUs, or set [run] device = \"cpu\"")
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    return device
+
+
 def _save(model, opt, sched, step: int, folder: Path) -> None:
     """Write the checkpoint beside the previous one (``checkpoint.new``, complete with its marker),
     then swap them: a kill at any moment leaves a complete checkpoint to resume from (the previous
@@ -282,9 +316,12 @@ def _save(model, opt, sched, step: int, folder: Path) -> None:
     if new.exists():
         shutil.rmtree(new)
     new.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(new / "model.safetensors"))
-    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
-                "step": step}, new / "state.pt")
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(new / "model.safetensors"))
+    state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
+             "step": step}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # dropout draws on the GPU's generators too
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    torch.save(state, new / "state.pt")
     _complete(new)
     old = folder.with_name(folder.name + ".old")
     if folder.exists():
@@ -384,10 +421,12 @@ def _resume(ckpt: Path, model, opt, sched) -> int:
     except (SafetensorError, OSError, RuntimeError, ValueError) as err:
         refuse(ckpt / "model.safetensors", err)
     try:
-        state = torch.load(ckpt / "state.pt", weights_only=True)
+        state = torch.load(ckpt / "state.pt", weights_only=True, map_location="cpu")  # any device may resume
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
+        if "cuda_rng" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"][:torch.cuda.device_count()])
         return int(state["step"])
     except (EOFError, OSError, RuntimeError, ValueError, KeyError, TypeError, pickle.UnpicklingError) as err:
         refuse(ckpt / "state.pt", err)

@@ -12,10 +12,13 @@ from .interventions import ablation_effects, attribution_effects, direct_logit_a
 from .labels import flags_for, label_for
 from .pipelines import (
     CorpusStatistics,
+    MemoryPlan,
+    PlanError,
     Rollout,
     analyze,
     attention_maps,
     collect_statistics,
+    plan,
     rollout,
     text_views,
 )
@@ -30,6 +33,8 @@ __all__ = [
            "GradientMonitor",
            "HeadRecord",
            "HeadStatistics",
+           "MemoryPlan",
+           "PlanError",
            "RedundancyStatistics",
            "Report",
            "Rollout",
@@ -47,6 +52,7 @@ __all__ = [
            "most_redundant",
            "patch",
            "patch_heads",
+           "plan",
            "rollout",
            "text_views",
            "what_if",

@@ -10,16 +10,20 @@ estimate and a remedy before allocating anything.
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from ..masks import FULL, Mask, as_mask, split_topk
 from .dispatch import HALF, choose
 from .plans import plan_cost
 
-__all__ = ["AttentionMemoryError", "MemoryEstimate", "available_memory", "check_memory", "estimate_memory"]
+__all__ = ["AttentionMemoryError", "LiveBytes", "MemoryEstimate", "available_memory", "check_memory",
+           "estimate_memory"]
 
 #: Below this an estimate is not checked against the free memory (reading it costs a syscall).
 CHECK_ABOVE = 256 * 2**20
@@ -153,3 +157,37 @@ def _human(n: float) -> str:
 
 def _dtype_name(nbytes: int) -> str:
     return {2: "16-bit floats", 4: "float32", 8: "float64"}.get(nbytes, f"{nbytes}-byte values")
+
+
+class LiveBytes(TorchDispatchMode):
+    """Context manager: the bytes of tensor storage that every op inside creates, while alive —
+    ``peak`` is the most held at once. On the ``meta`` device nothing is allocated, so a model's
+    whole pass can be measured from its config alone (tensors made before entering, such as the
+    weights, are not counted). Storage shared by views counts once; caching allocators' slack and
+    kernels' private scratch are not tensors and are not seen. ``device``: count only tensors on
+    devices of this type (``"cpu"``, ``"meta"``...; None: every device)."""
+
+    def __init__(self, device: str | None = None) -> None:
+        super().__init__()
+        self.device = device
+        self.live = 0
+        self.peak = 0
+        self._sizes: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)}
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, Tensor) and (self.device is None or tensor.device.type == self.device):
+                storage = tensor.untyped_storage()
+                key = storage._cdata
+                if key in self._sizes or key in inputs:  # a view (of a weight: W.t() in every Linear), or in place
+                    continue
+                self._sizes[key] = storage.nbytes()
+                self.live += self._sizes[key]
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(storage, self._freed, key)
+        return out
+
+    def _freed(self, key: int) -> None:
+        self.live -= self._sizes.pop(key, 0)

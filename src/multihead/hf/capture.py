@@ -37,15 +37,17 @@ class AttentionCapture(Attachment):
 
     ``budget``: map bytes (B·H·T·S float32) above which a layer is streamed in chunks of query
     rows (default :data:`~multihead.hf.route.MAP_BUDGET`); ``chunk``: stream every layer in
-    chunks of at most this many rows whatever its size (chunks also stay within
-    :data:`~multihead.hf.route.CHUNK_BYTES`). A streamed chunk's keys end after the last one any of
-    its rows may see (K <= S; the keys after it have weight 0).
+    chunks of at most this many rows whatever its size; ``chunk_bytes``: the most map bytes of one
+    streamed chunk (default :func:`~multihead.hf.route.chunk_bytes` of the layer's device: the
+    CPU's heap rule, a share of the free memory on CUDA). A streamed chunk's keys end after the
+    last one any of its rows may see (K <= S; the keys after it have weight 0).
     """
 
     reads = True
 
     def __init__(self, model: ModelLike, callback: LayerCallback, *, at: str | Sequence[str] | None = None,
-                 stack: str | None = None, chunk: int | None = None, budget: int = MAP_BUDGET) -> None:
+                 stack: str | None = None, chunk: int | None = None, budget: int = MAP_BUDGET,
+                 chunk_bytes: int | None = None) -> None:
         if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
             raise ValueError(f"chunk must be a positive number of query rows; got {chunk!r}")
         if not isinstance(budget, int) or budget < 1:
@@ -54,8 +56,11 @@ class AttentionCapture(Attachment):
             raise ValueError("give at= or stack=, not both")
         self.model = as_module(model)
         self.callback = callback
+        if chunk_bytes is not None and (not isinstance(chunk_bytes, int) or chunk_bytes < 1):
+            raise ValueError(f"chunk_bytes must be a positive number of bytes; got {chunk_bytes!r}")
         self.rows = chunk
         self.budget = budget
+        self.chunk_bytes = chunk_bytes
         self.sites = find_sites(self.model)
         stacks = sorted({s.stack for s in self.sites})
         if stack is not None and stack not in stacks:

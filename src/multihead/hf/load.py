@@ -17,7 +17,7 @@ from .paths import KNOWN_MODELS, model_path
 from .placement import Placement, PlacementError, resolve
 from .sites import find_sites, main_stack
 
-__all__ = ["load"]
+__all__ = ["empty_model", "load", "model_class", "wrap"]
 
 
 def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: str = "auto",
@@ -45,7 +45,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
         from transformers.utils import logging as hf_logging
     except ImportError as err:  # pragma: no cover - the hf extra is missing
         raise FileNotFoundError("Hugging Face models need transformers: run `pip install 'multihead[hf]'`") from err
@@ -56,15 +56,14 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
         config = AutoConfig.from_pretrained(path)
     except (ValueError, KeyError) as err:
         raise ValueError(_config_problem(path, err)) from err
-    loader = AutoModelForCausalLM if _is_language_model(config) else \
-        AutoModelForMaskedLM if _is_masked_language_model(config) else AutoModel
+    loader = model_class(config)
     _check_weights(path)
     if placement is None:
         placement = Placement(dtype="auto" if dtype is None else dtype, device=device, device_map=device_map,
                               max_memory=max_memory, offload_folder=offload_folder)
     where, _ = resolve(placement, config)
     if "max_memory" in where:
-        _check_room(loader, config, where, shown)
+        _check_room(config, where, shown)
     try:
         # torch's note on a pickle's protocol precedes our own line on it; accelerate's note that
         # offloaded weights sit on the meta device is what offloading means (the placement says so)
@@ -82,10 +81,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
         if type(err).__name__ != "SafetensorError":
             raise
         raise ValueError(_weights_problem(path, err)) from err
-    sites = find_sites(model)  # one line naming the architecture when its attention cannot be seen exactly
-    # the shape fields describe the encoder of an encoder-decoder model; its other stacks come from its sites
-    stack = "encoder" if getattr(config, "is_encoder_decoder", False) else main_stack(sites)
-    layers = [s for s in sites if s.stack == stack]
+    stack = _stack(model)
     tokenizer, processor = None, None
     if stack == "vision":  # images in, through the folder's image processor
         from transformers import AutoImageProcessor
@@ -96,19 +92,33 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
         tokenizer = AutoTokenizer.from_pretrained(path)
         if tokenizer.pad_token is None:  # decoders often ship without one; padding is masked anyway
             tokenizer.pad_token = tokenizer.eos_token
+    return wrap(model, tokenizer, name=shown, path=path, processor=processor)
+
+
+def wrap(model: Any, tokenizer: Any, *, name: str, path: Path | None = None, processor: Any = None) -> HFModel:
+    """A transformers model already in memory (built from a config, random weights, fine-tuned in
+    this process) as :func:`load` gives one: its shape read from its attention sites."""
+    sites = find_sites(model)  # one line naming the architecture when its attention cannot be seen exactly
+    layers = [s for s in sites if s.stack == _stack(model, sites)]
     return HFModel(
         model=model,
         tokenizer=tokenizer,
-        name=shown,
-        path=path,
+        name=name,
+        path=path if path is not None else Path(name),
         # causality as the model's own attention modules declare it, not from a class name
         is_causal=all(s.causal for s in layers),
         num_layers=sum(len(s.layers) for s in layers),
         num_heads=max(s.num_heads for s in layers),
         num_kv_heads=max(s.num_kv_heads for s in layers),
-        max_positions=_max_positions(config),
+        max_positions=_max_positions(model.config),
         processor=processor,
     )
+
+
+def _stack(model: Any, sites: Any = None) -> str:
+    """The stack the shape fields describe: the encoder of an encoder-decoder model, else the main one."""
+    sites = find_sites(model) if sites is None else sites
+    return "encoder" if getattr(model.config, "is_encoder_decoder", False) else main_stack(sites)
 
 
 #: Files a tokenizer is saved as (any one of them): a text model's folder without one has no tokenizer.
@@ -131,15 +141,32 @@ def _quiet(logger_name: str) -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _check_room(loader: Any, config: Any, where: dict, shown: str) -> None:
+def model_class(config: Any) -> Any:
+    """The transformers auto class :func:`load` builds a model of ``config`` with: a causal
+    language model with its LM head, an encoder with its masked-LM head, else the base model."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    return AutoModelForCausalLM if _is_language_model(config) else \
+        AutoModelForMaskedLM if _is_masked_language_model(config) else AutoModel
+
+
+def empty_model(config: Any, dtype: Any, *, base: bool = False) -> Any:
+    """A model of ``config`` on the ``meta`` device, in ``dtype`` — shapes without weights (what
+    plans and checks measure); ``base``: the base model only (no LM head)."""
+    import torch
+    from transformers import AutoModel
+
+    with torch.device("meta"), warnings.catch_warnings(), _quiet("transformers.modeling_utils"):
+        warnings.simplefilter("ignore")
+        return (AutoModel if base else model_class(config)).from_config(config, dtype=dtype).eval()
+
+
+def _check_room(config: Any, where: dict, shown: str) -> None:
     """One line when ``max_memory`` leaves no device (disk aside) room for even one of the model's
     blocks (accelerate never splits one): the model is built on the meta device to measure them."""
-    from accelerate import init_empty_weights
     from accelerate.utils import compute_module_sizes
 
-    with init_empty_weights(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        empty = loader.from_config(config, dtype=where["dtype"])
+    empty = empty_model(config, where["dtype"])
     blocks = set(getattr(empty, "_no_split_modules", None) or ())
     sizes = compute_module_sizes(empty, dtype=where["dtype"])
     candidates = [(sizes[name], type(m).__name__) for name, m in empty.named_modules() if type(m).__name__ in blocks]
@@ -180,10 +207,17 @@ def _weights_problem(path: Path, err: BaseException) -> str:
 def _is_language_model(config: Any) -> bool:
     """Whether the folder holds a causal language model (loaded with its LM head): a decoder config,
     or an architecture transformers lists among its causal-LM classes (GPT2LMHeadModel, LlamaForCausalLM...)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
 
     if getattr(config, "is_encoder_decoder", False):
         return False
+    if not getattr(config, "architectures", None):  # a config made in code names no class: its type decides
+        kind = getattr(config, "model_type", None)
+        return bool(getattr(config, "is_decoder", False)) or (
+            kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES)
     return bool(getattr(config, "is_decoder", False)) or _names_one_of(config, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 

@@ -80,8 +80,8 @@ def resolve_device(name: str | Any) -> Any:
             raise PlacementError("device", f"{text!r} is not available: torch {torch.__version__} sees no CUDA GPU "
                                  "on this machine; use cpu (or auto)")
         if device.index is not None and device.index >= count:
-            raise PlacementError("device", f"{text!r} is not there: this machine has {count} CUDA GPU(s), cuda:0 to "
-                             f"cuda:{count - 1}")
+            raise PlacementError("device", f"{text!r} is not available: this machine has {count} CUDA GPU(s), "
+                             f"cuda:0 to cuda:{count - 1}")
         return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
     if device.type == "mps":
         if not _mps_available():

@@ -35,12 +35,13 @@ from torch import Tensor, nn
 
 from ..attn import attention
 from ..attn.layer import MultiHeadAttention, scale_heads
+from ..attn.memory import available_memory
 from ..masks import Mask, Rows, as_mask, causal, from_tensor, split_topk, window
 from .model import ModelLike, as_module
 from .sites import AttentionSite
 
 __all__ = ["CHUNK_BYTES", "IMPLEMENTATION", "MAP_BUDGET", "Attachment", "AttentionChunk", "Handle", "attach",
-           "routed"]
+           "chunk_bytes", "routed"]
 
 IMPLEMENTATION = "multihead_capture"
 
@@ -55,6 +56,11 @@ CHUNK_BYTES = 24 << 20
 #: query rows (at most :data:`CHUNK_BYTES` each) instead of being formed whole: 16 sentences of
 #: 512 tokens of a 12-head model stay whole, one 4,096-token document of SmolLM2 (604 MB) streams.
 MAP_BUDGET = 256 << 20
+#: On a CUDA device the caching allocator has no page-fault cliff: a chunk may take this share of
+#: the memory free when the layer runs (larger chunks, fewer kernel launches), within the bounds
+#: below — a small share, as the readers' work on a chunk takes a few times its size again.
+CUDA_CHUNK_SHARE = 1 / 32
+CUDA_CHUNK_MAX = 512 << 20
 
 #: the one attribute routing keeps on a module: its :class:`_SiteState`
 _STATE = "_multihead_route"
@@ -110,6 +116,19 @@ class AttentionChunk:
         return self.site.output_weight()
 
 
+def chunk_bytes(device: Any, free: int | None = None) -> int:
+    """The most bytes of one streamed chunk's map (float32) on ``device``: :data:`CHUNK_BYTES` on a
+    CPU (the heap rule) and any other device, :data:`CUDA_CHUNK_SHARE` of the free memory on CUDA
+    (``free``: bytes, default ``torch.cuda.mem_get_info``), between :data:`CHUNK_BYTES` and
+    :data:`CUDA_CHUNK_MAX`."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return CHUNK_BYTES
+    if free is None:  # the driver's free memory and what PyTorch's cache holds unused: both are ours to take
+        free = available_memory(device) or 0
+    return int(min(CUDA_CHUNK_MAX, max(CHUNK_BYTES, free * CUDA_CHUNK_SHARE)))
+
+
 class Attachment:
     """A reader or an intervention, attached at sites by :func:`attach`. Every method answers for
     one call of one layer (``layer``: the layer within the site's stack); the defaults change nothing."""
@@ -120,6 +139,8 @@ class Attachment:
     rows: int | None = None
     #: map bytes above which a read layer is streamed in chunks
     budget: int = MAP_BUDGET
+    #: the most map bytes of one streamed chunk (None: :func:`chunk_bytes` of the layer's device)
+    chunk_bytes: int | None = None
 
     def mask(self, site: AttentionSite, layer: int) -> Mask | None:
         """A mask this layer's attention is intersected with (True = may attend)."""
@@ -392,10 +413,14 @@ def routed(state: _SiteState, query: Tensor, key: Tensor, value: Tensor, mask: M
     readers = [a for a in here if a.reads]
     call_memo: dict = {}
     B, H = query.shape[:2]
-    streamed = _stream_rows(readers, mask, B, H, T, S) if readers and not heads else None
+    limit = 0
+    if readers and not heads:
+        given = [a.chunk_bytes for a in readers if a.chunk_bytes is not None]
+        limit = min(given) if given else chunk_bytes(query.device)  # once per layer call, not per chunk
+    streamed = _stream_rows(readers, mask, B, H, T, S, limit) if readers and not heads else None
     if streamed is not None:
-        out = _chunked(site, layer, readers, query, key, value, as_mask(mask), streamed, scale, softcap, sinks,
-                       gates, fill, call_memo)
+        out = _chunked(site, layer, readers, query, key, value, as_mask(mask), streamed, limit, scale, softcap,
+                       sinks, gates, fill, call_memo)
         return out, None
     want = bool(readers) or need_weights
     # the readers get the softmax's float32 weights, not a half-precision rounding of them
@@ -423,11 +448,11 @@ def _product(a: Tensor, b: Tensor) -> Tensor:
     return a * b if a.dim() == b.dim() else (a if a.dim() == 2 else a[None]) * (b if b.dim() == 2 else b[None])
 
 
-def _stream_rows(readers: list[Attachment], mask: Mask | Tensor | None, B: int, H: int, T: int, S: int
-                 ) -> int | None:
+def _stream_rows(readers: list[Attachment], mask: Mask | Tensor | None, B: int, H: int, T: int, S: int,
+                 limit: int) -> int | None:
     """Query rows per chunk when the readers' layer is streamed, or None to form it whole: the
     smallest row limit any reader asks for, or — when the map passes the smallest budget — as
-    many rows as :data:`CHUNK_BYTES` holds. A mask that depends on the scores (top-k) is formed whole."""
+    many rows as ``limit`` bytes of map hold. A mask that depends on the scores (top-k) is formed whole."""
     rows = [a.rows for a in readers if a.rows is not None]
     budget = min(a.budget for a in readers)
     if not rows and B * H * T * S * 4 <= budget:
@@ -436,17 +461,18 @@ def _stream_rows(readers: list[Attachment], mask: Mask | Tensor | None, B: int, 
         return None
     if rows:
         return max(1, min(rows))
-    return max(1, CHUNK_BYTES // (B * H * S * 4))
+    return max(1, limit // (B * H * S * 4))
 
 
 def _gated(out: Tensor, gates: Tensor, fill: Tensor | None) -> Tensor:
     """Head outputs (B, H, T, Dv) times their gates (H,) or (B, H) — plus, with a replacement,
     (1 − ξ) times it: (H, Dv) the same at every position (mean ablation) or (B, H, T, Dv) per
     example and position (activation patching: another run's outputs)."""
+    gates = gates.to(out.device)  # gates and replacements may be made on the CPU for a model elsewhere
     gated = scale_heads(out, gates)
     if fill is None:
         return gated
-    fill = fill.to(out.dtype)  # (H, Dv) or (B, H, T, Dv)
+    fill = fill.to(out.device, out.dtype)  # (H, Dv) or (B, H, T, Dv)
     if fill.dim() == 2:
         fill = fill[:, None, :]  # (H, 1, Dv)
     elif fill.shape[-2] != out.shape[-2]:  # a streamed chunk of rows: the same rows of the replacement
@@ -457,7 +483,7 @@ def _gated(out: Tensor, gates: Tensor, fill: Tensor | None) -> Tensor:
 
 
 def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: Tensor, key: Tensor, value: Tensor,
-             mask: Mask | None, rows_per_chunk: int, scaling: float | None, softcap: float | None,
+             mask: Mask | None, rows_per_chunk: int, limit: int, scaling: float | None, softcap: float | None,
              sinks: Tensor | None, gates: Tensor | None, fill: Tensor | None, call_memo: dict) -> Tensor:
     """The attention of ``query`` rows in chunks, each chunk's maps handed to the readers;
     returns the head outputs (B, H, T, Dv), equal to the unchunked ones row for row.
@@ -474,9 +500,9 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
     while start < T:
         stop = min(T, start + rows_per_chunk)
         rows = None if mask is None else Rows(mask, start, T, S)  # this chunk's rows of the mask
-        while True:  # as many rows as fit CHUNK_BYTES of map (at least one)
+        while True:  # as many rows as fit ``limit`` bytes of map (at least one)
             K = S if rows is None else _last_key(rows, stop, query.device) + 1
-            fit = max(1, CHUNK_BYTES // (B * H * K * 4))
+            fit = max(1, limit // (B * H * K * 4))
             if stop - start <= fit:
                 break
             stop = start + fit
@@ -505,6 +531,8 @@ def _last_key(rows: Rows, stop: int, device: torch.device) -> int:
     found = rows.last_key(stop)
     if found is not None:
         return found if found >= 0 else rows.S - 1
+    if device.type == "meta":  # a memory plan's trace: no values to read, so every key (the most it can take)
+        return rows.S - 1
     seen = rows.materialize(stop - rows.start, rows.S, device=device)  # (…, c, S)
     columns = seen.reshape(-1, seen.shape[-1]).any(0).nonzero()  # (n, 1)
     return int(columns[-1]) if len(columns) else rows.S - 1

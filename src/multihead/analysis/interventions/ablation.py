@@ -253,7 +253,7 @@ def _run(model: HFModel, batch: dict[str, Tensor]) -> Tensor:
     ids, attention = batch["input_ids"], batch["attention_mask"]
     kind = _objective(model)
     if kind == "cosine":
-        hidden = model.body(input_ids=ids, attention_mask=attention).last_hidden_state  # (B, T, D)
+        hidden = model.body(input_ids=ids, attention_mask=attention, **model.no_cache).last_hidden_state  # (B, T, D)
         keep = attention[..., None].to(hidden.dtype)
         return (hidden * keep).sum(1) / keep.sum(1).clamp_min(1)  # (B, D)
     if kind == "next-token":  # position t predicts token t + 1

@@ -266,5 +266,5 @@ def _induction_under_ablation(model: HFModel, ids: Tensor, prefix: int, length: 
 
         batch = ids.repeat(len(part), 1).to(model.device)
         with torch.inference_mode(), HeadGates(model.model, gates), AttentionCapture(model.model, on_layer):
-            model.body(input_ids=batch, attention_mask=torch.ones_like(batch))
+            model.body(input_ids=batch, attention_mask=torch.ones_like(batch), **model.no_cache)
     return out

@@ -21,10 +21,10 @@ from typing import Any
 
 from ...data import ARTICLE_SENTENCES
 from ...hf.model import HFModel, require_loaded
-from ...hf.route import MAP_BUDGET
+from ...hf.route import chunk_bytes
 from ...hf.sites import find_sites, main_stack
 from ...inputs import UnknownTokens, check_texts, count_unknown_tokens
-from ...progress import step
+from ...progress import note, step
 from .. import sections as S
 from ..interventions.ablation import ablation_effects, objective_name
 from ..interventions.evidence import PROBE as EVIDENCE_PROBE
@@ -44,6 +44,7 @@ from ..stats.redundancy import RedundancyStatistics, clusters, informative_group
 from ..stats.syntax import SyntaxStatistics
 from ..stats.typical import TypicalTexts
 from .common import all_ranks, corpus_fingerprint, encode_corpus, process_group, run_pass, shard, text_batches
+from .memory_plan import check_plan, plan
 
 __all__ = ["CLUSTER_JS", "INDUCTION_PROBE", "LONG_CONTEXT_TOKENS", "PAGE_TEXTS", "CorpusStatistics", "analyze",
            "collect_statistics", "default_views"]
@@ -94,7 +95,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
             coreference: bool | Sequence[CoreferenceExample] = True, induction: bool = True,
             redundancy: bool = True, targets: Sequence[str] | None = None, chunk: int | None = None,
             ablation: int = 0, what_if: str | None = None, views: Sequence[int] | None = None,
-            long_context: bool | None = None, budget: int = MAP_BUDGET) -> Report:
+            long_context: bool | None = None, budget: int | None = None) -> Report:
     """Metrics, a label and flags for every (layer, head) of ``model`` over ``texts`` (a vision
     model's images: :func:`multihead.analysis.pipelines.vision.analyze_images`; an
     encoder-decoder model's three stacks: :func:`~multihead.analysis.pipelines.encdec.analyze_encoder_decoder`,
@@ -143,6 +144,8 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     if not isinstance(ablation, int) or isinstance(ablation, bool) or ablation < 0:
         raise ValueError(f"ablation is a number of texts (0: off); got {ablation!r}")
     chosen = default_views(texts) if views is None else list(views)
+    if budget is None:  # the pipelines' rule, resolved here so the report can say it
+        budget = chunk_bytes(model.device)
     corpus = collect_statistics(model, texts, batch_size=batch_size, truncate=truncate, progress=progress,
                                 parses=parses, redundancy=redundancy, chunk=chunk, views=chosen,
                                 long_context=long_context, budget=budget)
@@ -251,7 +254,7 @@ def redundancy_section(red: RedundancyStatistics, H: int) -> S.Redundancy:
 def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
                        progress: bool | None = None, parses: Sequence[Parse] | str | None = None,
                        redundancy: bool = True, chunk: int | None = None, views: Sequence[int] = (),
-                       long_context: bool | None = None, budget: int = MAP_BUDGET) -> CorpusStatistics:
+                       long_context: bool | None = None, budget: int | None = None) -> CorpusStatistics:
     """One pass of the model over ``texts`` feeding every reducer :func:`analyze` reads.
 
     Under ``torch.distributed`` (e.g. ``torchrun``) the corpus is sharded across the ranks — rank
@@ -277,7 +280,7 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
 
 def _collect(model: HFModel, texts: list[str], encoded, unknown: UnknownTokens, *, batch_size: int,
              progress: bool | None, parses, redundancy: bool, chunk: int | None, views: Sequence[int],
-             long_context: bool | None, budget: int) -> CorpusStatistics:
+             long_context: bool | None, budget: int | None) -> CorpusStatistics:
     mine, sharded = shard(range(len(texts)))
     if parses == "spacy":
         with step(f"parsing {len(mine)} texts with spaCy", progress=progress):
@@ -288,6 +291,16 @@ def _collect(model: HFModel, texts: list[str], encoded, unknown: UnknownTokens, 
     L, H = model.num_layers, model.num_heads
     longest = max(len(ids) for ids in encoded.ids)
     long = longest >= LONG_CONTEXT_TOKENS if long_context is None else long_context
+    if longest >= LONG_CONTEXT_TOKENS:  # a long run: what it will hold, said first, and refused if it cannot fit
+        kept = sum(i in set(mine) for i in views)
+        try:
+            found = plan(model, longest, batch=min(batch_size, len(mine)), redundancy=redundancy, views=kept,
+                         probes=False, chunk=chunk, budget=budget)
+        except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:  # a model the trace cannot follow
+            note(f"no memory plan for {model.name}: {' '.join(str(err).split())[:200]}", progress=progress)
+        else:
+            note(str(found), progress=progress)
+            check_plan(found)
     corpus = CorpusStatistics(
         heads=HeadStatistics(L, H), typical=TypicalTexts(L, H),
         redundancy=RedundancyStatistics(L, H) if redundancy else None,

@@ -2,8 +2,8 @@
 
 :func:`run_pass` is the one flow of the design: one capture over the model's named layers feeding
 any set of reducers (:mod:`multihead.analysis.stats`), batch by batch; whether a layer is
-streamed in chunks of query rows is the memory budget's decision
-(:data:`~multihead.hf.route.MAP_BUDGET`), not the caller's.
+streamed in chunks of query rows is the memory budget's decision (by default one chunk's bytes on
+the model's device, :func:`~multihead.hf.route.chunk_bytes`), not the caller's.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 
 from ...hf.capture import AttentionCapture
 from ...hf.model import HFModel, right_padding
-from ...hf.route import MAP_BUDGET
+from ...hf.route import chunk_bytes
 from ...inputs import Batch, token_info
 from ...progress import bar
 from ..stats.base import Reducer, dispatch
@@ -78,19 +78,21 @@ def text_batches(model: HFModel, encoded: Encoded, indices: Sequence[int], batch
 
 
 def run_pass(model: HFModel, batches: Iterable[Batch], reducers: Sequence[Reducer], *,
-             at: str | Sequence[str] | None = None, budget: int = MAP_BUDGET, chunk: int | None = None,
+             at: str | Sequence[str] | None = None, budget: int | None = None, chunk: int | None = None,
              progress: bool | None = None, desc: str = "analyze", total: int | None = None) -> None:
     """Run the model's base once over ``batches``, every chunk of every captured layer (``at``:
     :func:`~multihead.hf.sites.select`) handed to every reducer."""
-    capture = AttentionCapture(model.model, dispatch(reducers), at=at, chunk=chunk, budget=budget)
     device = model.device
+    if budget is None:  # maps above one chunk's bytes stream: on a CPU a larger one is slower, not faster
+        budget = chunk_bytes(device)
+    capture = AttentionCapture(model.model, dispatch(reducers), at=at, chunk=chunk, budget=budget)
     with capture, torch.inference_mode():
         for batch in bar(batches, desc=desc, unit="batch", progress=progress, total=total):
             batch = batch.to(device)  # the maps are captured where the model runs: so are the tokens' flags
             for reducer in reducers:
                 reducer.begin_batch(batch)
             # The base model: attention is all we read, so a language-model head is skipped.
-            model.body(**batch.inputs)
+            model.body(**batch.inputs, **model.no_cache)
             for reducer in reducers:
                 reducer.end_batch()
             return_freed_memory()

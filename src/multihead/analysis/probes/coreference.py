@@ -174,7 +174,7 @@ def coreference_scores(model: HFModel, examples: Sequence[CoreferenceExample] | 
             state.update(pronoun=pronoun, candidates=candidates, real=real,
                          answer=torch.tensor([e.antecedent for e in chunk]))
             to = model.device
-            model.body(input_ids=enc["input_ids"].to(to), attention_mask=enc["attention_mask"].to(to))
+            model.body(input_ids=enc["input_ids"].to(to), attention_mask=enc["attention_mask"].to(to), **model.no_cache)
     n = len(examples)
     baseline = sum(e.nearest() == e.antecedent for e in examples) / n
     return CoreferenceScores(correct / n, mass / n, baseline, n, total - n)

