@@ -22,8 +22,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import table
-
 
 def timed(fn, repeat: int = 3) -> float:
     import torch
@@ -42,6 +40,8 @@ def timed(fn, repeat: int = 3) -> float:
 def kernels() -> None:
     import torch
     from torch.nn.attention.flex_attention import flex_attention
+
+    from _common import table
 
     flex = torch.compile(flex_attention)
     rows = [row for T in (8192, 32768) for row in _kernels_at(T, flex)]
@@ -88,6 +88,8 @@ def analysis() -> None:
                          max_position_embeddings=65536)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to("cuda").eval()
     hf = mh.hf.wrap(model, tokenizer, name="qwen2-1.5b-shaped")
+    from _common import table
+
     rows = [_analysis_at(hf, tokenizer, T) for T in (8192, 32768)]
     print("Qwen2-1.5B-shaped (random, bfloat16) on CUDA: plain forward vs streamed analysis")
     print(table(["tokens", "plain s", "analysis s", "ratio", "plain peak MiB", "analysis peak MiB",
@@ -120,8 +122,11 @@ def _analysis_at(hf, tokenizer, T: int) -> list:
 
 
 def main() -> int:
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        print(f"gpu-check: no PyTorch in {sys.executable}; run it on the GPU machine with its own Python")
+        return 0
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA GPU on this machine; nothing to check")
         return 0
