@@ -517,3 +517,12 @@ def test_a_warning_is_one_line_named_by_the_command(tmp_path):
     warned = [line for line in done.stderr.splitlines() if "warning:" in line]
     assert len(warned) == 1 and warned[0].startswith("multihead analyze: warning: ") and "unknown to the tokenizer" \
         in warned[0], done.stderr
+
+
+def test_view_warns_on_unknown_tokens_as_analyze_does(tmp_path):
+    """MiniLM's WordPiece knows few Chinese characters: the page is drawn, and stderr says, in one
+    line, how much of the text is [UNK] (issue 28)."""
+    done = console(["view", "研究注意力机制的人越来越多了", "--out", str(tmp_path / "page.html")], cwd=tmp_path)
+    assert done.returncode == 0 and (tmp_path / "page.html").is_file(), done.stderr[-2000:]
+    warned = [line for line in done.stderr.splitlines() if "warning:" in line]
+    assert len(warned) == 1 and warned[0].startswith("multihead view: warning: 79% of the 14 tokens are unknown")

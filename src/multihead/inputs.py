@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import unicodedata
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -192,6 +193,20 @@ class UnknownTokens:
     @property
     def share(self) -> float:
         return self.count / self.total if self.total else 0.0
+
+
+#: Above this share of unknown tokens (the tokenizer's [UNK]) analyze and view warn: the heads'
+#: statistics then describe how the model treats [UNK] more than how it reads the texts.
+UNKNOWN_WARN = 0.05
+
+
+def warn_unknown_tokens(found: Any) -> None:
+    """A warning when more than :data:`UNKNOWN_WARN` of the tokens are unknown (``found``: an
+    :class:`UnknownTokens` or the report section of the same fields; None: nothing to say)."""
+    if found is not None and found.share > UNKNOWN_WARN:
+        warnings.warn(f"{found.share:.0%} of the {found.total} tokens are unknown to the tokenizer "
+                      f"({found.token}); above {UNKNOWN_WARN:.0%} the heads' statistics describe how the model "
+                      f"treats {found.token} more than how it reads the texts", stacklevel=3)
 
 
 def count_unknown_tokens(encoded: Sequence[Sequence[int]], tok: Any) -> UnknownTokens:

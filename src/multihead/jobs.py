@@ -28,7 +28,15 @@ from .files import OutputFolderError, StagedFiles, check_output_folder, write_at
 from .hf.load import load
 from .hf.model import HFModel
 from .hf.placement import Placement, PlacementError, is_offloaded
-from .inputs import InputError, check_texts, read_lines, read_text, readable_file
+from .inputs import (
+    InputError,
+    check_texts,
+    count_unknown_tokens,
+    read_lines,
+    read_text,
+    readable_file,
+    warn_unknown_tokens,
+)
 from .io import (
     check_compare_folder,
     check_patching_folder,
@@ -216,11 +224,12 @@ def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | No
     if found is not None and (found.num_layers, found.num_heads) != (loaded.num_layers, loaded.num_heads):
         raise InputError(f"--report is for {found.num_layers} x {found.num_heads} heads; {loaded.name} has "
                          f"{loaded.num_layers} x {loaded.num_heads}")
+    encoded = loaded.tokenizer(shown, verbose=False)["input_ids"]
     if loaded.max_positions:
-        lengths = [len(ids) for ids in loaded.tokenizer(shown, verbose=False)["input_ids"]]
-        for i, n in enumerate(lengths):
+        for i, n in enumerate(len(ids) for ids in encoded):
             if n > loaded.max_positions:
                 raise InputError(f"text {i + 1} has {n} tokens; the model takes at most {loaded.max_positions}")
+    warn_unknown_tokens(count_unknown_tokens(encoded, loaded.tokenizer))  # as analyze does
     with step("drawing the page"):
         write_atomically(page, view_page(loaded, shown, found).rstrip("\n"))
     return page, loaded, len(shown)

@@ -14,7 +14,6 @@ length. Every reducer streams: a 4,096-token line gets redundancy and syntax lik
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ from ...data import ARTICLE_SENTENCES
 from ...hf.model import HFModel, require_loaded
 from ...hf.route import chunk_bytes
 from ...hf.sites import find_sites, main_stack
-from ...inputs import UnknownTokens, check_texts, count_unknown_tokens
+from ...inputs import UnknownTokens, check_texts, count_unknown_tokens, warn_unknown_tokens
 from ...progress import note, step
 from .. import sections as S
 from ..interventions.ablation import ablation_effects, objective_name
@@ -51,9 +50,6 @@ __all__ = ["CLUSTER_JS", "INDUCTION_PROBE", "LONG_CONTEXT_TOKENS", "PAGE_TEXTS",
 
 #: Heads whose attention rows differ by at most this JS distance (base 2) on average are clustered.
 CLUSTER_JS = 0.2
-#: Above this share of unknown tokens (the tokenizer's [UNK]) analyze warns: the heads' statistics
-#: then describe how the model treats [UNK] more than how it reads the texts.
-UNKNOWN_WARN = 0.05
 #: The induction probe of causal models: sequences, random tokens repeated once, seed.
 INDUCTION_PROBE = {"count": 32, "length": 40, "seed": 0}
 #: A corpus whose longest text has at least this many tokens gets the long-context statistics
@@ -120,7 +116,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
 
     Raises ValueError for an empty corpus, an empty text, a text longer than the model's
     positions (unless ``truncate``), or texts of which the tokenizer knows no token; warns when
-    more than :data:`UNKNOWN_WARN` of the tokens are unknown (the report's ``unknown_tokens``
+    more than :data:`~multihead.inputs.UNKNOWN_WARN` of the tokens are unknown (the report's ``unknown_tokens``
     section records the share).
     """
     model = require_loaded(model, "analyze")
@@ -136,7 +132,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
 
         report = analyze_encoder_decoder(model, texts, targets, batch_size=batch_size, truncate=truncate,
                                          progress=progress)
-        _warn_unknown(report.sections.unknown_tokens)
+        warn_unknown_tokens(report.sections.unknown_tokens)
         report.placement = model.placement
         return report
     if targets is not None:
@@ -175,7 +171,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     unknown = corpus.unknown
     if unknown is not None and unknown.token is not None:
         sections.unknown_tokens = S.UnknownTokens(unknown.count, unknown.total, round(unknown.share, 6), unknown.token)
-        _warn_unknown(sections.unknown_tokens)
+        warn_unknown_tokens(sections.unknown_tokens)
     if induction and model.is_causal:
         with step("induction probe", progress=progress):
             probe = INDUCTION_PROBE
@@ -228,13 +224,6 @@ def _records(model: HFModel, means: dict, syntax, coref_baseline: float | None) 
             label = label_for(metrics, syntax=per_relation, coreference_baseline=coref_baseline)
             heads.append(HeadRecord(layer, head, label, flags_for(metrics), metrics))
     return heads
-
-
-def _warn_unknown(section: S.UnknownTokens | None) -> None:
-    if section is not None and section.share > UNKNOWN_WARN:
-        warnings.warn(f"{section.share:.0%} of the {section.total} tokens are unknown to the tokenizer "
-                      f"({section.token}); above {UNKNOWN_WARN:.0%} the heads' statistics describe how the model "
-                      f"treats {section.token} more than how it reads the texts", stacklevel=3)
 
 
 def redundancy_section(red: RedundancyStatistics, H: int) -> S.Redundancy:
