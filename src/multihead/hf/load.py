@@ -81,7 +81,8 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
         if type(err).__name__ != "SafetensorError":
             raise
         raise ValueError(_weights_problem(path, err)) from err
-    stack = _stack(model)
+    sites = find_sites(model)  # one line naming the architecture when its attention cannot be seen exactly
+    stack = _stack(model, sites)
     tokenizer, processor = None, None
     if stack == "vision":  # images in, through the folder's image processor
         from transformers import AutoImageProcessor
@@ -92,14 +93,19 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
         tokenizer = AutoTokenizer.from_pretrained(path)
         if tokenizer.pad_token is None:  # decoders often ship without one; padding is masked anyway
             tokenizer.pad_token = tokenizer.eos_token
-    return wrap(model, tokenizer, name=shown, path=path, processor=processor)
+    return _wrapped(model, tokenizer, sites, stack, name=shown, path=path, processor=processor)
 
 
 def wrap(model: Any, tokenizer: Any, *, name: str, path: Path | None = None, processor: Any = None) -> HFModel:
     """A transformers model already in memory (built from a config, random weights, fine-tuned in
     this process) as :func:`load` gives one: its shape read from its attention sites."""
     sites = find_sites(model)  # one line naming the architecture when its attention cannot be seen exactly
-    layers = [s for s in sites if s.stack == _stack(model, sites)]
+    return _wrapped(model, tokenizer, sites, _stack(model, sites), name=name, path=path, processor=processor)
+
+
+def _wrapped(model: Any, tokenizer: Any, sites: list, stack: str, *, name: str, path: Path | None,
+             processor: Any) -> HFModel:
+    layers = [s for s in sites if s.stack == stack]
     return HFModel(
         model=model,
         tokenizer=tokenizer,
@@ -115,9 +121,8 @@ def wrap(model: Any, tokenizer: Any, *, name: str, path: Path | None = None, pro
     )
 
 
-def _stack(model: Any, sites: Any = None) -> str:
+def _stack(model: Any, sites: list) -> str:
     """The stack the shape fields describe: the encoder of an encoder-decoder model, else the main one."""
-    sites = find_sites(model) if sites is None else sites
     return "encoder" if getattr(model.config, "is_encoder_decoder", False) else main_stack(sites)
 
 

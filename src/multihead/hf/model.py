@@ -14,7 +14,12 @@ from torch import nn
 
 from .placement import input_device
 
-__all__ = ["HFModel", "ModelLike", "as_module", "require_loaded", "right_padding"]
+__all__ = ["HFModel", "ModelLike", "as_module", "require_loaded", "right_padding", "takes"]
+
+
+def takes(module: nn.Module, argument: str) -> bool:
+    """Whether ``module``'s forward takes ``argument`` (``use_cache``, ``logits_to_keep``...)."""
+    return argument in inspect.signature(module.forward).parameters
 
 
 @dataclass
@@ -43,7 +48,7 @@ class HFModel:
         """``{"use_cache": False}`` for a model whose forward takes it, else ``{}``: a reading pass
         generates nothing, and a decoder's KV cache would keep every layer's keys and values alive
         to the end of the pass (377 MB for SmolLM2 at 8k tokens, 4 GiB for Llama-3-8B at 32k)."""
-        return {"use_cache": False} if "use_cache" in inspect.signature(self.body.forward).parameters else {}
+        return {"use_cache": False} if takes(self.body, "use_cache") else {}
 
     @property
     def device(self) -> Any:
@@ -62,11 +67,7 @@ class HFModel:
         device_map = getattr(self.model, "hf_device_map", None)
         dtype = str(self.dtype).removeprefix("torch.")
         if device_map and (len(set(device_map.values())) > 1 or "disk" in device_map.values()):
-            places = []
-            for d in device_map.values():
-                name = f"cuda:{d}" if isinstance(d, int) else str(d)
-                if name not in places:
-                    places.append(name)
+            places = dict.fromkeys(f"cuda:{d}" if isinstance(d, int) else str(d) for d in device_map.values())
             return f"{dtype} on {' + '.join(places)} (device map)"
         return f"{dtype} on {self.device}"
 

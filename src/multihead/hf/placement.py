@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEVICE_MAPS", "DTYPES", "Placement", "PlacementError", "input_device", "is_offloaded", "parse_max_memory",
-           "resolve", "resolve_device", "resolve_dtype", "weights_of"]
+__all__ = ["DEVICE_MAPS", "DTYPES", "Placement", "PlacementError", "auto_dtype", "input_device", "is_offloaded",
+           "parse_max_memory", "resolve", "resolve_device", "resolve_dtype", "weights_of"]
 
 #: The dtypes a model may be loaded in ("auto": see the module).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -114,6 +114,15 @@ def checkpoint_dtype(config: Any) -> Any:
     return None
 
 
+def auto_dtype(config: Any, *, accelerated: bool) -> Any:
+    """``dtype="auto"``: the checkpoint's own dtype (its config's) on an accelerator, float32 on a
+    CPU — and float32 for a checkpoint in a dtype models are not loaded in (float64, float8)."""
+    import torch
+
+    chosen = (checkpoint_dtype(config) or torch.float32) if accelerated else torch.float32
+    return chosen if chosen in (torch.float32, torch.bfloat16, torch.float16) else torch.float32
+
+
 def resolve_dtype(dtype: Any, device: Any, config: Any = None, *, accelerated: bool | None = None) -> Any:
     """``dtype`` as a ``torch.dtype`` the device can run; ValueError naming the choices otherwise.
 
@@ -126,9 +135,7 @@ def resolve_dtype(dtype: Any, device: Any, config: Any = None, *, accelerated: b
     if isinstance(dtype, torch.dtype):
         chosen = dtype
     elif dtype is None or dtype == "auto":
-        chosen = (checkpoint_dtype(config) or torch.float32) if on_accelerator else torch.float32
-        if chosen not in (torch.float32, torch.bfloat16, torch.float16):
-            chosen = torch.float32  # a checkpoint in float64 or float8 is read in float32
+        chosen = auto_dtype(config, accelerated=on_accelerator)
     elif isinstance(dtype, str) and dtype in DTYPES:
         chosen = getattr(torch, dtype)
     else:
@@ -270,7 +277,7 @@ def input_device(model: Any) -> Any:
 def is_offloaded(model: Any) -> bool:
     """Whether accelerate keeps some of the model's weights off their execution device (on the CPU
     or disk, brought in for each forward): those weights cannot be edited in place."""
-    return any(getattr(getattr(m, "_hf_hook", None), "offload", False) for m in model.modules())
+    return any(_offloading(m) for m in model.modules())
 
 
 @contextmanager
@@ -278,7 +285,7 @@ def weights_of(module: Any) -> Iterator[None]:
     """Inside, the weights of ``module`` and its submodules are real tensors even when accelerate
     offloads them (each offloading hook's weights brought to its execution device for the read,
     then released again)."""
-    offloaded = [m for m in module.modules() if getattr(getattr(m, "_hf_hook", None), "offload", False)]
+    offloaded = [m for m in module.modules() if _offloading(m)]
     if not offloaded:
         yield
         return
@@ -288,3 +295,8 @@ def weights_of(module: Any) -> Iterator[None]:
         for m in offloaded:
             stack.enter_context(align_module_device(m))
         yield
+
+
+def _offloading(module: Any) -> bool:
+    """Whether accelerate's hook on ``module`` swaps its weights in for each forward."""
+    return bool(getattr(getattr(module, "_hf_hook", None), "offload", False))

@@ -281,7 +281,7 @@ def _collect(model: HFModel, texts: list[str], encoded, unknown: UnknownTokens, 
     longest = max(len(ids) for ids in encoded.ids)
     long = longest >= LONG_CONTEXT_TOKENS if long_context is None else long_context
     if longest >= LONG_CONTEXT_TOKENS:  # a long run: what it will hold, said first, and refused if it cannot fit
-        kept = sum(i in set(mine) for i in views)
+        kept = len(set(views) & set(mine))
         try:
             found = plan(model, longest, batch=min(batch_size, len(mine)), redundancy=redundancy, views=kept,
                          probes=False, chunk=chunk, budget=budget)

@@ -26,7 +26,6 @@ kind the config names (full and sliding attention) and holds for any depth.
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +36,9 @@ import torch
 from ...attn.memory import LiveBytes, available_memory
 from ...hf.capture import AttentionCapture
 from ...hf.load import empty_model
-from ...hf.model import HFModel
+from ...hf.model import HFModel, takes
 from ...hf.paths import model_path
-from ...hf.placement import resolve_dtype
+from ...hf.placement import auto_dtype
 from ...hf.route import AttentionChunk, chunk_bytes
 from ..probes.retrieval import NEEDLE
 from ..probes.retrieval import PROBE as RETRIEVAL
@@ -124,7 +123,7 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     config = loaded.model.config if loaded else _config(model)
     device = torch.device(device if device is not None else (loaded.device if loaded else "cpu"))
     if dtype is None:
-        dtype = loaded.dtype if loaded else resolve_dtype("auto", device, config)
+        dtype = loaded.dtype if loaded else auto_dtype(config, accelerated=device.type != "cpu")
     dtype = _dtype(dtype)
     name = loaded.name if loaded else str(model) if isinstance(model, (str, Path)) else \
         f"a {config.model_type} config"
@@ -133,7 +132,7 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
         free = available_memory(device)
         available = None if free is None else free + (weights if loaded is not None else 0)
     room = None if available is None else max(available - weights, 0)
-    limit = chunk_bytes(device, free=room) if device.type == "cuda" else chunk_bytes(device)
+    limit = chunk_bytes(device, free=room)
     budget = limit if budget is None else budget  # as the pipelines stream
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     L = _depth(text)
@@ -178,7 +177,7 @@ def _traced(body: Any, batch: int, tokens: int, *, chunk: int | None, budget: in
         torch.empty(work, dtype=torch.uint8, device="meta")  # freed at once, as theirs are
 
     ids = torch.zeros(batch, tokens, dtype=torch.long, device="meta")
-    extra = {"use_cache": False} if "use_cache" in _parameters(body) else {}
+    extra = {"use_cache": False} if takes(body, "use_cache") else {}
     with torch.inference_mode(), AttentionCapture(body, reader, chunk=chunk, budget=budget, chunk_bytes=limit), \
             _FullBatch("meta") as live:
         body(input_ids=ids, attention_mask=torch.ones_like(ids), **extra)
@@ -251,10 +250,6 @@ def _bytes(model: Any) -> int:
     for tensor in [*model.parameters(), *model.buffers()]:
         seen[id(tensor)] = tensor.numel() * tensor.element_size()
     return sum(seen.values())
-
-
-def _parameters(module: Any) -> set[str]:
-    return set(inspect.signature(module.forward).parameters)
 
 
 def _gib(n: int) -> str:

@@ -13,14 +13,13 @@ haystack, so the head reaches back hundreds of tokens.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ...hf.capture import AttentionCapture
-from ...hf.model import HFModel
+from ...hf.model import HFModel, takes
 from ...hf.placement import input_device
 from ...hf.route import AttentionChunk
 
@@ -109,7 +108,6 @@ def _top_keys(lm, ids: list[int], lo: int, chunk: int, num_layers: int) -> tuple
 
     with AttentionCapture(lm, keep, chunk=chunk), torch.inference_mode():
         # the logits of the needle's rows only, without a cache: the haystack's (T, V) would dwarf the rest
-        extra = {k: v for k, v in (("use_cache", False), ("logits_to_keep", T - lo))
-                 if k in inspect.signature(lm.forward).parameters}
+        extra = {k: v for k, v in (("use_cache", False), ("logits_to_keep", T - lo)) if takes(lm, k)}
         logits = lm(input_ids=torch.tensor([ids], device=input_device(lm)), **extra).logits[0, -(T - lo):-1]  # (N, V)
     return torch.stack([torch.cat(top[layer], 1) for layer in range(num_layers)]), logits.float().cpu()
