@@ -48,7 +48,7 @@ def test_max_memory_sizes_read_in_every_unit(number, unit):
 ])
 def test_a_wrong_max_memory_names_the_part_and_the_form(spec, words):
     if torch.cuda.is_available() and spec.startswith("0="):
-        pytest.skip("this machine has a GPU 0")
+        pytest.skip("GPU 0 exists on this machine: the case is a GPU index that is not there")
     with pytest.raises(PlacementError) as caught:
         parse_max_memory(spec)
     assert caught.value.parameter == "max_memory" and words in str(caught.value)
