@@ -164,12 +164,49 @@ def test_a_stop_at_any_step_exits_130_or_143_and_keeps_the_earlier_report(tmp_pa
     assert sorted(p.name for p in out.iterdir()) == ["report.json"]  # no temporary file left behind
 
 
+def test_progress_off_a_terminal_is_lines_with_the_time_left(monkeypatch, capsys):
+    from multihead import progress
+
+    monkeypatch.setattr(progress, "EVERY", 0.0)
+    monkeypatch.setattr(progress, "HOLD", 0.0)
+    progress.set_enabled(True, terminal=False)
+    try:
+        with progress.step("loading a model"):
+            pass
+        assert list(progress.bar(range(4), desc="analysis pass", unit="batch")) == [0, 1, 2, 3]
+    finally:
+        progress.set_enabled(False)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "multihead: loading a model …"
+    assert lines[1] == "multihead: analysis pass: 4 batches …"
+    assert any(line.startswith("multihead: analysis pass: 2 of 4 batches in") and "left" in line for line in lines)
+    assert lines[-1].startswith("multihead: analysis pass: done in"), lines
+    assert all("\r" not in line for line in lines)  # no bar
+
+
+def test_progress_lines_of_a_quick_run_stay_held(monkeypatch, capsys):
+    """Off a terminal, a run's first HOLD seconds are held back: a quick command (or one that fails
+    on bad input at once) writes no progress; a longer one writes them once it passes HOLD."""
+    from multihead import progress
+
+    progress.set_enabled(True, terminal=False)
+    try:
+        progress.note("quick")
+        assert capsys.readouterr().err == ""
+        monkeypatch.setattr(progress, "HOLD", 0.0)
+        progress.note("later")
+        assert capsys.readouterr().err.splitlines() == ["multihead: quick", "multihead: later"]
+    finally:
+        progress.set_enabled(False)
+
+
 @pytest.mark.slow
 def test_progress_goes_to_a_terminal_only_and_quiet_silences_it(tmp_path):
     done = subprocess.run([sys.executable, "-m", "multihead.cli", "analyze", "Heads look.", "--no-coreference",
                            "--syntax", "off", "--ablation", "0", "--out", str(tmp_path / "a")],
                           capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and done.stderr == "", done.stderr  # not a terminal: nothing on stderr
+    assert done.returncode == 0, done.stderr  # not a terminal and quick: its progress lines stay held
+    assert all(line.startswith("multihead: ") and "\r" not in line for line in done.stderr.splitlines()), done.stderr
     main, follower = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "multihead.cli", "analyze", "Heads look.", "--no-coreference",
                              "--syntax", "off", "--ablation", "0", "--out", str(tmp_path / "b"), "--quiet"],

@@ -572,3 +572,94 @@ def test_a_4096_token_document_page_is_under_20_mb_pooled_and_zooms_to_full_reso
     assert "blocks of 32 x 32" in root.find_element("css selector", ".mh-matrix-title").text
     root.find_element("css selector", '.mh-tab[data-view="head"]').click()  # says why it draws nothing
     assert root.find_element("css selector", "canvas.mh-headview").size["height"] > 0
+
+
+def test_the_matrix_has_a_head_picker_and_its_boxes_pick_the_head(browser, page):
+    root = _open(browser, page)
+    root.find_element("css selector", '.mh-tab[data-view="matrix"]').click()
+    from selenium.webdriver.support.ui import Select
+
+    Select(root.find_element("css selector", "select.mh-head")).select_by_value("5")
+    assert root.find_element("css selector", ".mh-matrix-title").text.startswith("layer 0, head 5:")
+    boxes = root.find_elements("css selector", ".mh-headbox")
+    boxes[3].click()  # in a one-head view a box picks that head
+    assert root.find_element("css selector", ".mh-matrix-title").text.startswith("layer 0, head 3:")
+    assert [b.get_attribute("class").endswith(" on") for b in boxes] == [h == 3 for h in range(len(boxes))]
+    assert root.find_element("css selector", "select.mh-head").get_attribute("value") == "3"
+    root.find_element("css selector", '.mh-tab[data-view="head"]').click()  # the head view: boxes toggle again
+    assert all(b.get_attribute("class").endswith(" on") for b in root.find_elements("css selector", ".mh-headbox"))
+
+
+def test_the_label_map_and_the_table_are_shaded_by_value(browser, page):
+    from selenium.webdriver.support.ui import Select
+
+    root = _open(browser, page)
+    root.find_element("css selector", '.mh-tab[data-view="overview"]').click()
+    Select(root.find_element("css selector", "select.mh-map-shade")).select_by_value("entropy_norm")
+    cells = root.find_elements("css selector", "td.mh-mapcell")
+    values = [float(c.get_attribute("data-value")) for c in cells]
+    shade = [c.value_of_css_property("background-color") for c in cells]
+    lightest, darkest = shade[values.index(min(values))], shade[values.index(max(values))]
+    assert "255, 255, 255" in lightest and "0, 0, 255" in darkest, (lightest, darkest)
+    root.find_element("css selector", '.mh-tab[data-view="table"]').click()
+    metric = root.find_elements("css selector", "table.mh-table td.mh-metric")
+    assert len({c.value_of_css_property("background-color") for c in metric}) > 10
+
+
+@pytest.fixture(scope="module")
+def evidence_page(tmp_path_factory, smollm2):
+    """SmolLM2's report page with the inputs that define its labels (the induction probe, typical texts)."""
+    from multihead.data import ARTICLE_SENTENCES
+
+    texts = [*ARTICLE_SENTENCES[:3], "The cat sat on the mat because the mat was warm.",
+             "She gave him the book, and he read the book twice."]
+    report = mh.analyze(smollm2, texts, coreference=False, ablation=0)
+    path = tmp_path_factory.mktemp("evidence") / "page.html"
+    write_page(page_html(page_data(report.views, report)), path)
+    return path, report
+
+
+def test_a_head_opens_on_the_induction_probe_and_its_typical_text(browser, evidence_page):
+    from selenium.webdriver.support.ui import Select
+
+    path, report = evidence_page
+    root = _open(browser, path)
+    options = [o.text for o in Select(root.find_element("css selector", "select.mh-sentence")).options]
+    probe = next(i for i, o in enumerate(options) if o.startswith("[induction probe"))
+    assert any(o.startswith("[typical of ") for o in options), options
+    best = max(report.heads, key=lambda r: r.metrics["induction"])
+    root.find_element("css selector", '.mh-tab[data-view="matrix"]').click()
+    Select(root.find_element("css selector", "select.mh-layer")).select_by_value(str(best.layer))
+    Select(root.find_element("css selector", "select.mh-head")).select_by_value(str(best.head))
+    link = next(a for a in root.find_elements("css selector", "a.mh-evidence-link")
+                if a.get_attribute("data-sentence") == str(probe))
+    link.click()
+    assert root.find_element("css selector", "select.mh-sentence").get_attribute("value") == str(probe)
+    title = root.find_element("css selector", ".mh-matrix-title").text
+    assert title.startswith(f"layer {best.layer}, head {best.head}: induction"), title
+    typical = [a for a in root.find_elements("css selector", "a.mh-evidence-link") if "typical" in a.text]
+    typical[0].click()
+    chosen = int(root.find_element("css selector", "select.mh-sentence").get_attribute("value"))
+    assert options[chosen].startswith("[typical of ") and chosen != probe
+
+
+def test_a_long_documents_map_has_a_position_axis_and_only_the_mode_that_applies(browser, document_page):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    root = _open(browser, document_page)
+    root.find_element("css selector", '.mh-tab[data-view="matrix"]').click()
+    matrix = root.find_element("css selector", "canvas.mh-matrix")
+    assert float(matrix.get_attribute("data-x0")) >= 40  # room for the positions along the left and the top
+    ink = browser.execute_script(
+        "const c = arguments[0], x0 = +c.getAttribute('data-x0');"
+        "const d = c.getContext('2d').getImageData(0, 20, x0 - 2, c.height - 20).data; let n = 0;"
+        "for (let k = 0; k < d.length; k += 4) if (d[k] < 128) n++; return n;", matrix)
+    assert ink > 100, ink  # the axis's ticks and numbers are drawn
+    mode = root.find_element("css selector", "select.mh-pool-mode")
+    assert mode.is_displayed()
+    for _ in range(3):  # 4,096 -> 128 tokens a side: stored weights, where block mass / max does not apply
+        x0, y0, side = (float(matrix.get_attribute(a)) for a in ("data-x0", "data-y0", "data-size"))
+        ActionChains(browser).move_to_element_with_offset(matrix, *_offset(matrix, x0 + side / 2, y0 + side / 2)) \
+            .click().perform()
+    assert "at full resolution" in root.find_element("css selector", ".mh-matrix-title").text
+    assert not mode.is_displayed()

@@ -1,6 +1,10 @@
 """The numbers do not move: reports written before the redesign of the analysis (issue 25, commit
 8d354c5), stored in tests/data/reports, against what the same commands write now — every metric of
-every head within 1e-6, and labels, flags and evidence marks identical."""
+every head within 1e-6 (ablation exact), and the labels and flags the same but for the changes of
+issue 28's rules (a decoder's first-token heads are ``sink``, ``mixed`` names its two largest
+components, a syntax win needs a margin beyond the sampling interval and a causal head is scored only
+where it can look, a head with an input-dependent role carries no pattern flag). Evidence marks
+moved with the baseline's spread (tested in test_trust.py)."""
 
 import gzip
 import json
@@ -25,7 +29,7 @@ def _differences(before: dict, after: dict) -> list[str]:
     assert len(new) == len(before["heads"])
     for a in before["heads"]:
         b, name = new[(a["layer"], a["head"])], f"L{a['layer']}.H{a['head']}"
-        if (a["label"], sorted(a["flags"])) != (b["label"], sorted(b["flags"])):
+        if not _intended(a["label"], b["label"], after["causal"]) or not set(b["flags"]) <= set(a["flags"]):
             problems.append(f"{name}: {a['label']} {a['flags']} -> {b['label']} {b['flags']}")
         if set(a["metrics"]) != set(b["metrics"]):
             problems.append(f"{name}: metrics {sorted(set(a['metrics']) ^ set(b['metrics']))} in one report only")
@@ -33,17 +37,26 @@ def _differences(before: dict, after: dict) -> list[str]:
             y = b["metrics"].get(metric)
             if (x is None) != (y is None) or (x is not None and not math.isclose(x, y, rel_tol=0, abs_tol=1e-6)):
                 problems.append(f"{name} {metric}: {x} -> {y}")
-    marks = [{(e["layer"], e["head"]): e["mark"] for e in (r or {}).get("heads", [])}
-             for r in (before["evidence"], after["sections"].get("evidence"))]
-    if marks[0] != marks[1]:
-        problems.append(f"evidence marks: {sorted(set(marks[0].items()) ^ set(marks[1].items()))}")
     return problems
+
+
+def _intended(old: str, new: str, causal: bool) -> bool:
+    """Is a label change one issue 28's rules make?"""
+    if old == new:
+        return True
+    if old == "mixed":  # its two largest components; or a relation scored only where a causal head can look
+        return "+" in new or (causal and new.startswith("syntactic:"))
+    if old == "special-token":
+        return (causal and new in ("sink", "mixed")) or "+" in new
+    if old.startswith("syntactic:"):  # no longer a win beyond the sampling interval, or not visible causally
+        return not new.startswith("syntactic:") or causal
+    return False
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "options"), [
     ("minilm-demo", {}),  # `multihead analyze`: the demo corpus (304 texts), every default
-    ("smollm2-sample100", {"model": "smollm2", "sample": 100, "ablation": 2}),
+    ("smollm2-sample100", {"model": "smollm2", "sample": 100, "ablation": 2, "exact_ablation": True}),
 ])
 def test_a_report_equals_the_one_written_before_the_redesign(name, options, tmp_path):
     before = _stored(name)

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             name[0] = f"multihead {args.command}"
             from . import progress
 
-            progress.set_enabled(sys.stderr.isatty() and not getattr(args, "quiet", False))
+            progress.set_enabled(not getattr(args, "quiet", False))
             return int(args.run(args) or 0)
         except (ValueError, TypeError, OSError, ImportError, MemoryError) as err:  # MemoryError: a plan refused
             if not interrupted.is_set():
@@ -118,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     common = _Parser(add_help=False)
     common.add_argument("--quiet", "-q", action="store_true",
-                        help="no progress on stderr (it is shown only when stderr is a terminal anyway)")
+                        help="no progress on stderr (a bar on a terminal, else a line per stage with the time left)")
 
     def command(name: str, run: Callable, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common], help=help)
@@ -182,7 +182,10 @@ def _parser() -> argparse.ArgumentParser:
     an.add_argument("--no-coreference", action="store_true", help="skip the coreference scores")
     an.add_argument("--ablation", type=_count(0), default=None, metavar="N",
                     help="measure each head's zero- and mean-ablation effect on the model's own objective over the "
-                         "first N texts (default 16; 0: off; texts of at most 512 tokens)")
+                         "first N texts (default 16; 0: off; texts of at most 512 tokens): exactly for the heads whose "
+                         "labels are tested, estimated by attribution patching for the others")
+    an.add_argument("--exact-ablation", action="store_true",
+                    help="ablate every head exactly (slower: the run prints how long it would take)")
 
     vw = command("view", _run_view, "an interactive, offline attention page for a few texts")
     vw.add_argument("texts", nargs="*", metavar="TEXT", help="texts to show (default: the articles' examples)")
@@ -271,7 +274,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
 
     job = analyze_job(**_options(args, "model", "texts", "file", "document", "conllu", "sample", "syntax",
                                  "coreference", "no_coreference", "what_if", "images", "target", "out", "force",
-                                 "batch_size", "truncate", "ablation"))
+                                 "batch_size", "truncate", "ablation", "exact_ablation"))
     if job.rank == 0:  # under torchrun every rank holds the merged report; one prints it
         for note in job.notes:
             print(f"multihead analyze: {note}", file=sys.stderr)

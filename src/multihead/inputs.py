@@ -8,7 +8,7 @@
   corpus indices of its texts, the model's inputs, optional parses and character offsets), with a
   ``memo`` for what several reducers derive from it once;
 * :func:`readable_tokens`: byte-level BPE pieces decoded, WordPiece's ``##`` kept, a character
-  split over several byte tokens shown on each;
+  split over several byte tokens shown on each with its piece's number (``研₁ 研₂``);
 * :func:`count_unknown_tokens`: how many tokens are the tokenizer's ``[UNK]``.
 """
 
@@ -75,7 +75,7 @@ class Batch:
     ``inputs``: what the model is called with; ``keys``: for cross-attention, the keys' tokens;
     ``parses`` and ``offsets``: per row, a dependency parse (or None) and the tokens' character
     spans, when syntax is scored; ``memo``: derived data several reducers
-    read, computed once by whichever asks first.
+    read, computed once by whichever asks first; ``causal``: the model attends causally.
     """
 
     tokens: TokenInfo
@@ -86,12 +86,15 @@ class Batch:
     parses: Sequence[Any] | None = None
     offsets: Sequence[Sequence[tuple[int, int]]] | None = None
     memo: dict = field(default_factory=dict)
+    #: the model attends causally: a query sees no later token (syntax scores only what it can see)
+    causal: bool = False
 
     def to(self, device: Any) -> Batch:
         """The batch with its tokens and the model's inputs on ``device`` (where the model takes its
         inputs, and the captured maps are): the reducers then never mix devices."""
         return Batch(self.tokens.to(device), self.texts, to_device(self.inputs, device),
-                     None if self.keys is None else self.keys.to(device), self.parses, self.offsets, self.memo)
+                     None if self.keys is None else self.keys.to(device), self.parses, self.offsets, self.memo,
+                     self.causal)
 
 
 def to_device(inputs: dict[str, Any], device: Any) -> dict[str, Any]:
@@ -241,11 +244,13 @@ def encode_text(tokenizer: Any, text: str, *, max_tokens: int | None = None) -> 
 
 def readable_tokens(tok: Any, ids: list[int], text: str, offsets: list | None = None) -> list[str]:
     """Tokens as people read them: byte-level BPE pieces decoded ("å°" -> "小"; a character split
-    over several byte tokens is shown on each of them), WordPiece's "##" kept, specials as named.
+    over several byte tokens is shown on each of them with its piece's number, "研₁" "研₂", so it
+    reads as one character in two tokens), WordPiece's "##" kept, specials as named.
     ``offsets``: the tokens' character spans in ``text`` (fast tokenizers)."""
     raw = tok.convert_ids_to_tokens(ids)
     special = set(getattr(tok, "all_special_ids", ()) or ())
     out = []
+    split: list[int] = []  # the tokens of the character being split, while it goes on
     for n, (i, t) in enumerate(zip(ids, raw, strict=True)):
         if i in special or t.startswith("##"):
             out.append(t)
@@ -253,5 +258,24 @@ def readable_tokens(tok: Any, ids: list[int], text: str, offsets: list | None = 
         decoded = tok.convert_tokens_to_string([t])
         if "\ufffd" in decoded and offsets is not None and offsets[n][1] > offsets[n][0]:
             decoded = text[offsets[n][0]:offsets[n][1]]  # part of a multi-byte character: show the character
+            if split and tuple(offsets[split[-1]]) != tuple(offsets[n]):
+                _number(out, split)
+                split = []
+            split.append(n)
+        elif split:
+            _number(out, split)
+            split = []
         out.append(decoded if decoded.strip() else t.replace("Ġ", " ").replace("▁", " "))
+    if split:
+        _number(out, split)
     return out
+
+
+_SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
+
+
+def _number(out: list[str], pieces: list[int]) -> None:
+    """Mark the byte pieces of one character with their number (a character in one token: no mark)."""
+    if len(pieces) > 1:
+        for k, n in enumerate(pieces, start=1):
+            out[n] = out[n] + str(k).translate(_SUBSCRIPTS)

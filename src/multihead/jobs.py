@@ -104,10 +104,12 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
                 coreference: str | None = None, no_coreference: bool = False, what_if: str | None = None,
                 images: str | None = None, target: str | None = None, out: str = "multihead-report",
                 force: bool = False, batch_size: int = 32, truncate: bool = False,
-                ablation: int | None = None, placement: Placement | None = None) -> AnalyzeJob:
+                ablation: int | None = None, exact_ablation: bool = False,
+                placement: Placement | None = None) -> AnalyzeJob:
     """``multihead analyze``: the corpus from its flags, checked before the model loads; the
     analysis (sharded under torchrun); the report folder, written by rank 0. ``ablation``: texts
-    whose every head is ablated (default :data:`ABLATION_TEXTS`)."""
+    whose every head is ablated (default :data:`ABLATION_TEXTS`): exactly for the tested heads, by
+    attribution for the others unless ``exact_ablation``."""
     ablation = ABLATION_TEXTS if ablation is None else ablation
     from .analysis.pipelines.analyze import analyze
 
@@ -155,7 +157,8 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
         if what_if and not loaded.is_causal:
             raise InputError(f"--what-if measures a causal language model's loss; {loaded.name} is not one")
         report = analyze(loaded, corpus, batch_size=batch_size, truncate=truncate, parses=parses,
-                         coreference=refs, targets=targets, ablation=ablation, what_if=what_if, progress=None)
+                         coreference=refs, targets=targets, ablation=ablation, what_if=what_if, progress=None,
+                         exact_ablation=exact_ablation)
         if rank == 0:  # every rank holds the merged report; one writes it
             with step("writing the report and its page"):
                 write_report_folder(report, folder, force=force)

@@ -1,6 +1,11 @@
-"""Progress on stderr for long work: a bar where the amount of work is known, a line per step
-otherwise. Quiet unless asked for (the CLI asks when stderr is a terminal and ``--quiet`` is not
-given), so libraries, pipes and logs stay clean."""
+"""Progress on stderr for long work: on a terminal a bar where the amount of work is known (with
+its time left), a line per step otherwise; in a pipe or a log, lines only — one when a step starts,
+one when it ends, and for counted work a line at most every :data:`EVERY` seconds with the time
+left. Quiet unless asked for (the CLI asks unless ``--quiet`` is given), so libraries stay clean.
+
+Off a terminal the lines of a run's first :data:`HOLD` seconds are held back and written once it
+passes them: a command that fails at once on bad input says so in its one error line, and a
+quick command writes nothing but its output."""
 
 from __future__ import annotations
 
@@ -12,16 +17,39 @@ from typing import Any, TypeVar
 
 from tqdm.auto import tqdm
 
-__all__ = ["bar", "enabled", "set_enabled", "step"]
+__all__ = ["EVERY", "HOLD", "bar", "enabled", "note", "set_enabled", "step"]
 
 T = TypeVar("T")
 
-_state = {"on": False}
+#: Off a terminal: seconds between two lines of counted work, and seconds of a run held back.
+EVERY, HOLD = 30.0, 10.0
+
+_state: dict[str, Any] = {"on": False, "terminal": True, "since": 0.0, "held": []}
 
 
-def set_enabled(on: bool) -> None:
-    """Show progress (True) or stay quiet (False) from now on, for every step and bar."""
+def set_enabled(on: bool, *, terminal: bool | None = None) -> None:
+    """Show progress (True) or stay quiet (False) from now on, for every step and bar.
+    ``terminal``: stderr is a terminal (bars) or not (lines, the first :data:`HOLD` seconds held
+    back); default: ask stderr."""
     _state["on"] = bool(on)
+    _state["terminal"] = sys.stderr.isatty() if terminal is None else bool(terminal)
+    _state["since"] = time.perf_counter()
+    _state["held"] = []
+
+
+def _say(line: str) -> None:
+    """Write one progress line (held back during a run's first seconds off a terminal)."""
+    if not _state["terminal"] and time.perf_counter() - _state["since"] < HOLD:
+        _state["held"].append(line)
+        return
+    for earlier in _state["held"]:
+        print(earlier, file=sys.stderr)
+    _state["held"] = []
+    print(line, file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
 def enabled(progress: bool | None = None) -> bool:
@@ -31,9 +59,31 @@ def enabled(progress: bool | None = None) -> bool:
 
 def bar(items: Iterable[T], *, desc: str, unit: str = "it", progress: bool | None = None,
         **options: Any) -> Iterable[T]:
-    """``items``, with a tqdm bar on stderr while progress is shown (``options`` go to tqdm)."""
+    """``items``, with a tqdm bar on stderr while progress is shown on a terminal (``options`` go to
+    tqdm), lines with the time left off one."""
+    if enabled(progress) and not _state["terminal"]:
+        return _lines(items, desc, unit, options.get("total"))
     return tqdm(items, desc=desc, unit=unit, disable=not enabled(progress), file=sys.stderr, leave=False,
                 dynamic_ncols=True, **options)
+
+
+def _lines(items: Iterable[T], desc: str, unit: str, total: int | None) -> Iterator[T]:
+    """``items``, saying how far along they are in a line every :data:`EVERY` seconds, and when done."""
+    if total is None:
+        total = len(items) if hasattr(items, "__len__") else None  # type: ignore[arg-type]
+    start = last = time.perf_counter()
+    of = f" of {total}" if total else ""
+    _say(f"multihead: {desc}: {total or 'some'} {_plural(unit)} …")
+    done = 0
+    for item in items:
+        yield item
+        done += 1
+        now = time.perf_counter()
+        if now - last >= EVERY and (total is None or done < total):
+            left = f", about {_duration((now - start) / done * (total - done))} left" if total else ""
+            _say(f"multihead: {desc}: {done}{of} {_plural(unit)} in {_duration(now - start)}{left}")
+            last = now
+    _say(f"multihead: {desc}: done in {_duration(time.perf_counter() - start)}")
 
 
 @contextmanager
@@ -44,18 +94,18 @@ def step(what: str, *, progress: bool | None = None) -> Iterator[None]:
         _stop_if_interrupted()
         return
     start = time.perf_counter()
-    print(f"multihead: {what} …", file=sys.stderr, flush=True)
+    _say(f"multihead: {what} …")
     yield
     _stop_if_interrupted()
     seconds = time.perf_counter() - start
     if seconds >= 1:
-        print(f"multihead: {what}: done in {seconds:.1f} s", file=sys.stderr, flush=True)
+        _say(f"multihead: {what}: done in {seconds:.1f} s")
 
 
 def note(what: str, *, progress: bool | None = None) -> None:
     """Say ``what`` on stderr, one line, when progress is on."""
     if enabled(progress):
-        print(f"multihead: {what}", file=sys.stderr, flush=True)
+        _say(f"multihead: {what}")
 
 
 def _stop_if_interrupted() -> None:
@@ -64,3 +114,7 @@ def _stop_if_interrupted() -> None:
 
     if interrupted.is_set():
         raise KeyboardInterrupt
+
+
+def _plural(unit: str) -> str:
+    return {"batch": "batches", "it": "items"}.get(unit, unit + "s")

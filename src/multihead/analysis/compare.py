@@ -15,6 +15,16 @@
 * **heads that died or appeared** — with ablation effects in both reports: a head is *dead* when
   its ``zero_ablation`` effect is at most :data:`DEAD_SHARE` of the largest effect of its report
   (removing it changes nearly nothing); died = alive in A, dead in B; appeared = the reverse.
+  Each is named as its pair, ``A ~ B``.
+
+Only what compares is compared (:meth:`Comparison.excluded` says what was left out and why):
+
+* reports whose ablation effects are in different units (one model's objective is a loss in
+  nats/token, the other's 1 − cos of a pooled state) compare them only normalised — each head's
+  effect as a share of its report's largest (``zero_ablation_share``, ``mean_ablation_share``);
+* an encoder against a causal decoder leaves out the metrics whose meaning differs between them:
+  ``next_token`` (always 0 under a causal mask), ``sep`` (separators vs end-of-sequence tokens that
+  a decoder's texts rarely hold) and ``cls`` ([CLS] vs the first word, a decoder's sink).
 
 Reports of different corpora describe different things: they are refused (each report records
 its corpus: the number of texts and a SHA-256 of them) unless ``different_corpora=True``, and then
@@ -31,13 +41,18 @@ import numpy as np
 
 from .report import Report
 
-__all__ = ["DEAD_SHARE", "SCHEMA", "Comparison", "assignment", "cell_name", "compare", "dead_heads"]
+__all__ = ["CAUSAL_MEANING", "DEAD_SHARE", "SCHEMA", "Comparison", "assignment", "cell_name", "compare", "dead_heads",
+           "excluded_metrics", "pair_name"]
 
 SCHEMA = "multihead.compare/1"
 #: A head whose zero-ablation effect is at most this share of its report's largest is dead.
 DEAD_SHARE = 0.01
 #: Metrics that are not attention statistics (they measure the model's objective) stay out of profiles.
-_NOT_ATTENTION = ("zero_ablation", "mean_ablation")
+_NOT_ATTENTION = ("zero_ablation", "mean_ablation", "zero_ablation_share", "mean_ablation_share")
+#: Metrics whose meaning differs between an encoder and a causal decoder, and why.
+CAUSAL_MEANING = {"next_token": "always 0 under a causal mask",
+                  "sep": "an encoder's [SEP] against end-of-sequence tokens a decoder's texts rarely hold",
+                  "cls": "an encoder's [CLS] against a decoder's first word (its attention sink)"}
 
 Cell = tuple[int, int]
 
@@ -57,6 +72,22 @@ class Comparison:
     unmatched_a: list[Cell] = field(default_factory=list)
     unmatched_b: list[Cell] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+    def excluded(self) -> dict[str, str]:
+        """{metric: why it is not compared} (see the module)."""
+        return excluded_metrics(self.a, self.b)
+
+    def _metrics_of(self, report: Report, cell: Cell) -> dict[str, float]:
+        """A head's metrics as compared: its ablation effects as shares of its report's largest when
+        the two reports' effects are in different units."""
+        metrics = dict(report.head(*cell).metrics)
+        if _units_differ(self.a, self.b):
+            for name in ("zero_ablation", "mean_ablation"):
+                if name in metrics:
+                    largest = max((abs(r.metrics.get(name, math.nan)) for r in report.heads
+                                   if math.isfinite(r.metrics.get(name, math.nan))), default=0.0)
+                    metrics[f"{name}_share"] = metrics[name] / largest if largest > 0 else math.nan
+        return metrics
 
     def label_changes(self) -> list[tuple[Cell, Cell, str, str]]:
         """(head of A, head of B, label in A, label in B) for every pair whose label differs."""
@@ -79,11 +110,16 @@ class Comparison:
     def metric_deltas(self, limit: int | None = None) -> list[dict]:
         """Every (pair, metric) change, B − A, largest first in units of the metric's spread over A's
         heads: [{"a": cell, "b": cell, "metric", "before", "after", "delta", "spread_units"}]."""
-        names = _common_metrics(self.a, self.b)
-        spread = {n: _spread([r.metrics.get(n, math.nan) for r in self.a.heads]) for n in names}
+        skip = self.excluded()
+        names = [n for n in _common_metrics(self.a, self.b) if n not in skip]
+        if _units_differ(self.a, self.b):
+            names += [f"{n}_share" for n in ("zero_ablation", "mean_ablation") if n in skip]
+        cells = [(r.layer, r.head) for r in self.a.heads]
+        compared = {c: self._metrics_of(self.a, c) for c in cells}
+        spread = {n: _spread([compared[c].get(n, math.nan) for c in cells]) for n in names}
         out = []
         for ca, cb, _ in self.pairs:
-            ma, mb = self.a.head(*ca).metrics, self.b.head(*cb).metrics
+            ma, mb = compared[ca], self._metrics_of(self.b, cb)
             for n in names:
                 before, after = ma.get(n, math.nan), mb.get(n, math.nan)
                 if math.isnan(before) or math.isnan(after):
@@ -115,6 +151,7 @@ class Comparison:
                 "pairs": [{"a": list(ca), "b": list(cb), "distance": None if d is None else round(d, 6)}
                           for ca, cb, d in self.pairs],
                 "unmatched_a": [list(c) for c in self.unmatched_a], "unmatched_b": [list(c) for c in self.unmatched_b],
+                "excluded": self.excluded(),
                 "label_changes": [{"a": list(ca), "b": list(cb), "before": la, "after": lb}
                                   for ca, cb, la, lb in self.label_changes()],
                 "flag_changes": [{"a": list(ca), "b": list(cb), "gained": g, "lost": lost}
@@ -156,7 +193,7 @@ def compare(a: Report | str | Path, b: Report | str | Path, *, different_corpora
     cells_b = [(r.layer, r.head) for r in rb.heads]
     if matching == "index" or (matching == "auto" and same_shape):
         return Comparison(ra, rb, na, nb, "index", [(c, c, None) for c in cells_a], warnings=warnings)
-    names = [n for n in _common_metrics(ra, rb) if n not in _NOT_ATTENTION]
+    names = [n for n in _common_metrics(ra, rb) if n not in _NOT_ATTENTION and n not in excluded_metrics(ra, rb)]
     if not names:
         raise ValueError("the reports share no attention metric to match heads by")
     pa, pb = _profiles(ra, names), _profiles(rb, names)  # (Na, M), (Nb, M)
@@ -247,6 +284,31 @@ def _corpus_problem(a: Report, b: Report) -> str | None:
     return None
 
 
+def _unit(report: Report) -> str | None:
+    section = report.sections.ablation
+    if section is None or section.skipped:
+        return None
+    return section.unit or ("1 - cos" if section.objective.startswith("1 - cosine") else "nats/token")
+
+
+def _units_differ(a: Report, b: Report) -> bool:
+    ua, ub = _unit(a), _unit(b)
+    return ua is not None and ub is not None and ua != ub
+
+
+def excluded_metrics(a: Report, b: Report) -> dict[str, str]:
+    """{metric: why} for the metrics of both reports that do not compare (see the module)."""
+    out = {}
+    if _units_differ(a, b):
+        why = (f"ablation effects in different units ({_unit(a)} in A, {_unit(b)} in B): compared as shares of "
+               f"each report's largest effect")
+        out.update({name: why for name in ("zero_ablation", "mean_ablation")})
+    if a.causal != b.causal:
+        out.update({name: f"means different things in an encoder and a causal decoder: {why}"
+                    for name, why in CAUSAL_MEANING.items()})
+    return out
+
+
 def _common_metrics(a: Report, b: Report) -> list[str]:
     first_a = a.heads[0].metrics if a.heads else {}
     first_b = set(b.heads[0].metrics) if b.heads else set()
@@ -273,6 +335,11 @@ def dead_heads(report: Report) -> set[Cell] | None:
 
 def cell_name(cell: Cell) -> str:
     return f"L{cell[0]}.H{cell[1]}"
+
+
+def pair_name(a: Cell, b: Cell) -> str:
+    """A matched pair as people read it: ``L3.H2`` (the same head) or ``L3.H2 ~ L5.H1``."""
+    return cell_name(a) if a == b else f"{cell_name(a)} ~ {cell_name(b)}"
 
 
 def _finite(value: float) -> float | None:

@@ -34,7 +34,7 @@ from typing import Any
 
 from ..files import atomic_path, write_atomically
 from ..jsonable import MAX_DEPTH, json_number, read_json
-from .labels import MARK_WORDS, MARKS, label_codes
+from .labels import MARK_WORDS, MARKS, describe, label_codes, label_value, traits_for
 from .sections import SECTION_TYPES, Evidence, Redundancy, Sections
 
 SCHEMA = "multihead.report/2"
@@ -46,11 +46,45 @@ __all__ = ["MAX_DEPTH", "READS", "SCHEMA", "HeadRecord", "Report", "head_records
 
 @dataclass
 class HeadRecord:
+    """One head: its label (with the ``value`` its rule read), secondary ``traits``, pattern
+    ``flags``, whether it is ``degenerate`` (None: not tested by ablation), its metrics, their
+    bootstrap ``intervals`` over texts ({metric: (low, high)}) and the label's ``stability``
+    (share of resampled corpora giving the same label); see :mod:`multihead.analysis.labels`."""
+
     layer: int
     head: int
     label: str
     flags: list[str]
     metrics: dict[str, float]
+    traits: list[str] = field(default_factory=list)
+    value: float | None = None
+    degenerate: bool | None = None
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    stability: float | None = None
+
+    def describe(self) -> str:
+        """The label with its defining value (``induction 0.88``) and traits (``, trait sink 0.91``)."""
+        words = describe(self.label, self.metrics, self.value)
+        for trait in self.traits:
+            mass = self.metrics.get("cls", math.nan) + (self.metrics.get("sep", 0.0) if trait == "special" else 0.0)
+            words += f"; trait {trait} {mass:.2f}"
+        return words
+
+    def to_dict(self, stack: str) -> dict[str, Any]:
+        data: dict[str, Any] = {"stack": stack, "layer": self.layer, "head": self.head, "label": self.label,
+                                "flags": list(self.flags),
+                                "metrics": {k: json_number(v) for k, v in self.metrics.items()}}
+        if self.traits:
+            data["traits"] = list(self.traits)
+        if self.value is not None:
+            data["value"] = json_number(self.value)
+        if self.degenerate is not None:
+            data["degenerate"] = self.degenerate
+        if self.intervals:
+            data["intervals"] = {k: [json_number(lo), json_number(hi)] for k, (lo, hi) in self.intervals.items()}
+        if self.stability is not None:
+            data["stability"] = json_number(self.stability)
+        return data
 
 
 @dataclass(kw_only=True)
@@ -92,9 +126,7 @@ class Report:
             "schema": SCHEMA, "model": self.model, "causal": self.causal, "num_layers": self.num_layers,
             "num_heads": self.num_heads, "sentences": self.sentences, "tokens": self.tokens,
             "metrics": self.metric_names, "stack": self.stack,
-            "heads": [{"stack": self.stack, "layer": r.layer, "head": r.head, "label": r.label,
-                       "flags": list(r.flags), "metrics": {k: json_number(v) for k, v in r.metrics.items()}}
-                      for r in self.heads],
+            "heads": [r.to_dict(self.stack) for r in self.heads],
             "sections": self.sections.to_dict(),
         }
         if self.placement:
@@ -189,7 +221,13 @@ class Report:
         return "\n".join([*lines, *(["(" + "; ".join(legend) + ")"] if legend else [])])
 
     def flagged(self) -> list[HeadRecord]:
-        return [r for r in self.heads if r.flags]
+        """The degenerate heads: a pattern flag, and removing them changes nothing."""
+        return [r for r in self.heads if r.degenerate]
+
+    def untested(self) -> list[HeadRecord]:
+        """Heads whose attention looks input-independent (a pattern flag) but whose removal was not
+        measured: not called degenerate (a head that matters never is)."""
+        return [r for r in self.heads if r.flags and r.degenerate is None]
 
     def __str__(self) -> str:
         return self.label_map()
@@ -209,18 +247,39 @@ def _head(h: Any, n: int) -> HeadRecord:
         if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
             raise ValueError(f"heads[{n}].metrics.{name} is {value!r}, expected a number or null")
         metrics[name] = math.nan if value is None else float(value)
-    return HeadRecord(h["layer"], h["head"], h["label"], [str(f) for f in h["flags"]], metrics)
+    intervals = {}
+    for name, pair in (h.get("intervals") or {}).items():
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise ValueError(f"heads[{n}].intervals.{name} is {pair!r}, expected [low, high]")
+        intervals[name] = tuple(math.nan if x is None else float(x) for x in pair)
+    degenerate = h.get("degenerate")
+    if degenerate is not None and not isinstance(degenerate, bool):
+        raise ValueError(f"heads[{n}].degenerate is {degenerate!r}, expected true, false or absent")
+
+    def number(key: str) -> float | None:
+        value = h.get(key)
+        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
+            raise ValueError(f"heads[{n}].{key} is {value!r}, expected a number")
+        return None if value is None else float(value)
+
+    return HeadRecord(h["layer"], h["head"], h["label"], [str(f) for f in h["flags"]], metrics,
+                      traits=[str(t) for t in h.get("traits") or []], value=number("value"), degenerate=degenerate,
+                      intervals=intervals, stability=number("stability"))
 
 
 def head_records(means: dict[str, Any], label: Callable[[dict[str, float]], str],
-                 flags: Callable[[dict[str, float]], list[str]] | None = None) -> list[HeadRecord]:
-    """One record per (layer, head) of (L, H) metric tensors, labelled (and flagged) from its metrics
-    (a metric that could not be measured for a head stays NaN: ``null`` in JSON)."""
+                 flags: Callable[..., list[str]] | None = None, *, causal: bool = False) -> list[HeadRecord]:
+    """One record per (layer, head) of (L, H) metric tensors, labelled (and flagged: ``flags(metrics,
+    label)``) from its metrics, with the label's value and traits (a metric that could not be measured
+    for a head stays NaN: ``null`` in JSON). ``causal``: the stack is a causal decoder's."""
     first = next(iter(means.values()))
     L, H = first.shape
     records = []
     for layer in range(L):
         for head in range(H):
             metrics = {name: float(v[layer, head]) for name, v in means.items()}
-            records.append(HeadRecord(layer, head, label(metrics), flags(metrics) if flags else [], metrics))
+            name = label(metrics)
+            records.append(HeadRecord(layer, head, name, flags(metrics, name) if flags else [], metrics,
+                                      traits=traits_for(name, metrics, causal=causal) if flags else [],
+                                      value=label_value(name, metrics) if flags else None))
     return records

@@ -8,6 +8,7 @@ renderer reads ``report.sections.evidence.heads[0].mark`` rather than a string k
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -36,6 +37,14 @@ __all__ = [
 ]
 
 Cell = tuple[int, int]
+
+
+def sampling_margin(accuracy: float, baseline: float, count: int) -> float:
+    """How far an accuracy must beat a baseline on the same ``count`` instances to be beyond sampling
+    noise: Z95 (1.96) standard errors of the difference of two proportions (unpaired: conservative)."""
+    if count <= 0:
+        return math.inf
+    return 1.96 * math.sqrt((accuracy * (1 - accuracy) + baseline * (1 - baseline)) / count)
 
 
 class Section:
@@ -153,6 +162,14 @@ class Relation:
     accuracy: list[list[float | None]]
     best: dict[str, Any]
 
+    def margin_needed(self) -> float:
+        """How far the best head must beat the fixed offset to be beyond sampling noise."""
+        return sampling_margin(float(self.best["accuracy"]), self.baseline, self.count)
+
+    def beats(self) -> bool:
+        """Does the best head beat the best fixed offset beyond the sampling interval?"""
+        return float(self.best["accuracy"]) - self.baseline > self.margin_needed()
+
 
 @dataclass
 class Syntax(Section):
@@ -184,6 +201,12 @@ class Ablation(Section):
     modes: list[str]
     #: why no head was ablated (the per-head metrics are then absent)
     skipped: str | None = None
+    #: the unit of every effect: "nats/token" (a loss) or "1 - cos" (a pooled state's change)
+    unit: str = ""
+    #: "exact": each head removed and the objective rerun; "attribution": a first-order estimate
+    #: for every head (attribution patching), exact for the heads in ``exact``
+    method: str = "exact"
+    exact: list[Cell] | None = None
 
 
 @dataclass
@@ -196,6 +219,13 @@ class HeadEvidence:
     value: float
     threshold: float
     mark: str  # "confirmed" | "attention-only"
+    #: the unit of ``value`` and ``threshold`` ("nats/token", "relative drop", "1 - cos")
+    unit: str = ""
+    #: the random-head baseline: the same measurement with each of ``baseline_heads`` other heads
+    #: removed instead, its mean and standard deviation (``threshold`` is its upper bound)
+    baseline_heads: int = 0
+    baseline_mean: float | None = None
+    baseline_sd: float | None = None
 
 
 @dataclass
@@ -210,8 +240,7 @@ class Evidence(Section):
 
     def to_dict(self) -> dict[str, Any]:
         return {"tests": dict(self.tests), "syntax_texts": self.syntax_texts, "probe": json_value(self.probe),
-                "heads": [{"layer": e.layer, "head": e.head, "label": e.label, "value": round(e.value, 6),
-                           "threshold": round(e.threshold, 6), "mark": e.mark} for e in self.heads]}
+                "heads": [{k: json_value(v) for k, v in dataclasses.asdict(e).items()} for e in self.heads]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Evidence:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..analysis.compare import Comparison
+from ..analysis.compare import Comparison, pair_name
 from .html import escape, static_document
 
 __all__ = ["compare_page"]
@@ -66,8 +66,13 @@ def compare_page(comparison: Comparison) -> str:
         parts.append("<p>None" + ("" if "zero_ablation" in (c.a.heads[0].metrics if c.a.heads else {}) else
                                  " measured: both reports need ablation effects (analyze --ablation N)") + ".</p>")
     else:
-        parts.append("<p>died: " + escape(", ".join(_cell(cb) for _, cb in c.died()) or "none") + "; appeared: "
-                     + escape(", ".join(_cell(cb) for _, cb in c.appeared()) or "none") + "</p>")
+        parts.append("<p>died: " + escape(", ".join(pair_name(ca, cb) for ca, cb in c.died()) or "none")
+                     + "; appeared: " + escape(", ".join(pair_name(ca, cb) for ca, cb in c.appeared()) or "none")
+                     + " (each head's effect against its own report's largest)</p>")
+    excluded = c.excluded()
+    if excluded:
+        parts.append("<h2>Not compared</h2><ul>" + "".join(f"<li>{escape(name)}: {escape(why)}</li>"
+                                                          for name, why in excluded.items()) + "</ul>")
     flags = c.flag_changes()
     if flags:
         parts.append("<h2>Flags changed</h2><table><tr><th>A</th><th>B</th><th>gained</th><th>lost</th></tr>")

@@ -50,11 +50,11 @@ def report_body(report: Report) -> str:
         parts.append(f"<tr><th>{layer}</th>")
         for h in range(report.num_heads):
             r = report.head(layer, h)
-            flags = f' <span class="flag">{escape(", ".join(r.flags))}</span>' if r.flags else ""
+            flags = f' <span class="flag">degenerate: {escape(", ".join(r.flags))}</span>' if r.degenerate else ""
             mark = marks.get((layer, h))
             sign = f" {MARKS[mark]}" if mark else ""
             parts.append(f'<td class="label" style="background:{colour_of(r.label)}" '
-                         f'title="L{layer}.H{h}">{escape(r.label)}{sign}{flags}</td>')
+                         f'title="L{layer}.H{h}: {escape(r.describe())}">{escape(r.label)}{sign}{flags}</td>')
         parts.append("</tr>")
     parts.append("</table>")
     evidence = report.sections.evidence
@@ -63,13 +63,16 @@ def report_body(report: Report) -> str:
                      "behaviour tested with the head removed — "
                      + "; ".join(f"{escape(k)}: {escape(v)}" for k, v in evidence.tests.items()) + ".</p>")
     names = list(report.heads[0].metrics) if report.heads else []
-    parts.append("<h3>Every head</h3><table><tr><th>layer</th><th>head</th><th>label</th><th>flags</th>")
+    parts.append("<h3>Every head</h3><table><tr><th>layer</th><th>head</th><th>label (its defining value)</th>"
+                 "<th>stability</th><th>flags</th>")
     parts += [f"<th>{escape(n)}</th>" for n in names]
     parts.append("</tr>")
     for r in report.heads:
         cells = "".join(f"<td>{_num(r.metrics[n])}</td>" for n in names)
-        parts.append(f"<tr><td>{r.layer}</td><td>{r.head}</td><td>{escape(r.label)}</td>"
-                     f"<td>{escape(', '.join(r.flags))}</td>{cells}</tr>")
+        stability = "–" if r.stability is None else f"{r.stability:.0%}"
+        flagged = ", ".join(r.flags) + (" (degenerate)" if r.degenerate else "")
+        parts.append(f"<tr><td>{r.layer}</td><td>{r.head}</td><td>{escape(r.describe())}</td><td>{stability}</td>"
+                     f"<td>{escape(flagged)}</td>{cells}</tr>")
     parts.append("</table>")
     red = report.redundancy
     if red is not None and red.pairs_js:

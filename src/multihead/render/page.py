@@ -115,6 +115,8 @@ def _dense_entry(view: TextView, top_k: int | None) -> dict:
     k = top_k or (16 if L * H * T > 20_000 else 32)
     idx, val, k = _sparse_rows(maps, k)
     entry = {"text": view.text, "tokens": list(view.tokens), "k": k, "index": idx, "values": val}
+    if view.extra.get("purpose"):  # an input that defines a label (a probe, a head's typical text)
+        entry["purpose"] = str(view.extra["purpose"])
     rollout, flow = view.rollout_and_flow()
     if rollout is not None:
         entry["rollout"] = _bytes(rollout)  # (L, T, T)
@@ -160,6 +162,8 @@ def _report_data(report: Report) -> dict:
         data["evidence"] = [marks.get((r.layer, r.head)) for r in report.heads]
     data["metric_names"] = report.metric_names
     data["heads"] = [{"layer": r.layer, "head": r.head, "label": r.label, "flags": list(r.flags),
+                      "describe": r.describe(), "stability": json_number(r.stability, 3),
+                      "degenerate": r.degenerate,
                       "metrics": {k: json_number(v, 4) for k, v in r.metrics.items()}} for r in report.heads]
     red = report.redundancy
     if red is not None and red.js_distance is not None:
@@ -178,13 +182,14 @@ def _overview(report: Report) -> dict:
     per-head matrices stay out: the table has every head's metrics)."""
     out: dict = {"model": report.model, "causal": report.causal, "sentences": report.sentences,
                  "tokens": report.tokens, "written": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                 "version": __version__, "flags": [[r.layer, r.head, list(r.flags)] for r in report.heads if r.flags]}
+                 "version": __version__, "flags": [[r.layer, r.head, list(r.flags)] for r in report.flagged()],
+                 "untested": [[r.layer, r.head, list(r.flags)] for r in report.untested()]}
     out.update(legend())
     sections = report.sections
     if sections.syntax is not None:
         out["syntax"] = {"min_count": sections.syntax.min_count, "relations": {
             rel: {"count": d.count, "baseline": json_number(d.baseline), "baseline_offset": d.baseline_offset,
-                  "best": json_value(d.best)}
+                  "best": json_value(d.best), "margin_needed": json_number(d.margin_needed()), "beats": d.beats()}
             for rel, d in sections.syntax.relations.items()}}
     for key in ("coreference", "induction", "ablation", "evidence", "long_context", "retrieval", "corpus", "typical"):
         section = getattr(sections, key)

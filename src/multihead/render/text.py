@@ -8,11 +8,15 @@ thresholds come from :mod:`multihead.analysis.labels`, as in every other view.
 
 from __future__ import annotations
 
-from ..analysis.compare import Comparison, cell_name, dead_heads
+from collections import Counter
+from statistics import median
+
+from ..analysis.compare import Comparison, dead_heads, pair_name
 from ..analysis.interventions.patching import Patching
-from ..analysis.labels import MARKS, SINK_HEAD, WINDOW_KEPT
+from ..analysis.labels import FLAG_RULES, MARKS, SINK_HEAD, WINDOW_KEPT
 from ..analysis.report import Report
 from ..analysis.sections import WhatIf
+from ..analysis.stats.bootstrap import RESAMPLES
 
 __all__ = ["analyze_text", "comparison_text", "patching_table", "patching_text", "prune_text", "what_if_text"]
 
@@ -31,19 +35,63 @@ def analyze_text(report: Report, *, model_name: str | None = None, files: list |
         parts = [f"{name}: {shape}; {report.sentences} sentences, {report.tokens} tokens\n", report.label_map()]
         if report.sections.what_if is not None:
             parts.append("\n" + what_if_text(report.sections.what_if))
-        parts += [text for text in (_flags_and_redundancy(report), _probes(report), _ablation(report),
+        parts += [text for text in (_labels(report), _flags_and_redundancy(report), _probes(report), _ablation(report),
                                     _evidence(report), _long_context(report)) if text]
     if files:
         parts.append(f"\nwrote {', '.join(str(p) for p in files[:-1])} and {files[-1]}")
     return "\n".join(parts)
 
 
+#: the metric each pattern flag is about (shown with the flag)
+_FLAG_METRIC = {flag: key for flag, key, _ in FLAG_RULES}
+
+
+def _flag_values(r) -> str:
+    return ", ".join(f"{flag} ({_FLAG_METRIC.get(flag, flag)} {r.metrics.get(_FLAG_METRIC.get(flag, ''), 0):.2f})"
+                     for flag in r.flags)
+
+
+def _labels(report: Report) -> str:
+    """How many heads have each label, the stability of the labels, and the sink trait."""
+    if not report.heads:
+        return ""
+    counts = Counter(r.label for r in report.heads)
+    lines = ["\nLabels (heads per label): " + ", ".join(f"{label} {n}" for label, n in counts.most_common())]
+    traits = Counter(t for r in report.heads for t in r.traits)
+    if traits:
+        lines.append("Traits beside the label: " + ", ".join(f"{t} {n}" for t, n in traits.most_common()))
+    stable = [r.stability for r in report.heads if r.stability is not None]
+    if stable:
+        shaky = sorted((r for r in report.heads if r.stability is not None and r.stability < 0.8),
+                       key=lambda r: r.stability)
+        named = ", ".join(f"L{r.layer}.H{r.head} {r.label} {r.stability:.0%}" for r in shaky[:6])
+        lines.append(f"Label stability (share of {RESAMPLES} corpora resampled from the texts that give the same "
+                     f"label): median {median(stable):.0%}; {len(shaky)} heads below 80%" + (f": {named}" if named
+                                                                                           else ""))
+    return "\n".join(lines)
+
+
 def _flags_and_redundancy(report: Report) -> str:
     flagged = report.flagged()
-    lines = [f"\nDegenerate heads ({len(flagged)}):" if flagged else "\nNo degenerate heads."]
+    unit = report.sections.ablation.unit if report.sections.ablation is not None else ""
+    lines = [f"\nDegenerate heads ({len(flagged)}: attention input-independent and removing the head changes "
+             f"nothing):" if flagged else "\nNo degenerate heads (input-independent attention whose removal changes "
+                                          "nothing)."]
     for r in flagged:
-        lines.append(f"  L{r.layer}.H{r.head}: {', '.join(r.flags)} (entropy_norm {r.metrics['entropy_norm']:.2f}, "
-                     f"self {r.metrics['self']:.2f}, sep {r.metrics['sep']:.2f})")
+        effect = r.metrics.get("zero_ablation", float("nan"))
+        low, high = r.intervals.get("zero_ablation", (float("nan"), float("nan")))
+        lines.append(f"  L{r.layer}.H{r.head}: {_flag_values(r)}; zero-ablation {effect:+.4f} {unit} "
+                     f"[{low:+.4f}, {high:+.4f}]")
+    mattering = [r for r in report.heads if r.flags and r.degenerate is False]
+    if mattering:
+        shown = ", ".join(f"L{r.layer}.H{r.head} {r.metrics.get('zero_ablation', 0):+.4f}" for r in mattering[:6])
+        lines.append(f"  not degenerate though input-independent, removing them matters ({len(mattering)}): {shown}"
+                     + (" …" if len(mattering) > 6 else ""))
+    untested = report.untested()
+    if untested:
+        shown = ", ".join(f"L{r.layer}.H{r.head} {_flag_values(r)}" for r in untested[:6])
+        lines.append(f"  input-independent attention, not tested by ablation ({len(untested)}; --ablation N tests "
+                     f"them): {shown}" + (" …" if len(untested) > 6 else ""))
     red = report.redundancy
     if red is not None and red.pairs_js:
         lines.append("\nMost redundant head pairs (Jensen-Shannon distance of their attention, 0 = identical; "
@@ -80,14 +128,19 @@ def _probes(report: Report) -> str:
                      f"nearest-mention baseline {coref.baseline_nearest:.2f}")
     syntax = report.sections.syntax
     if syntax:
-        rows = [(rel, d) for rel, d in syntax.relations.items() if d.count >= syntax.min_count]
+        rows = [(rel, d) for rel, d in syntax.relations.items() if d.count >= syntax.min_count and d.beats()]
         rows = sorted(rows, key=lambda kv: kv[1].baseline - kv[1].best["accuracy"])[:8]
-        lines.append("Syntax (dependent -> governor; rel> is governor -> dependent), the relations whose best head "
-                     "beats the best fixed offset most:")
+        if rows:
+            lines.append("Syntax (dependent -> governor; rel> is governor -> dependent), the relations whose best "
+                         "head beats the best fixed offset by more than the sampling interval (95%):")
+        else:
+            lines.append("Syntax: no relation's best head beats the best fixed offset by more than the sampling "
+                         "interval (95%)")
         for rel, d in rows:
             b = d.best
             lines.append(f"  {rel:10s} n={d.count:<5d} L{b['layer']}.H{b['head']} {b['accuracy']:.2f}  "
-                         f"baseline {d.baseline:.2f} (offset {d.baseline_offset:+d})")
+                         f"baseline {d.baseline:.2f} (offset {d.baseline_offset:+d}), margin needed "
+                         f"{d.margin_needed():.2f}")
     return "\n".join(lines)
 
 
@@ -99,11 +152,23 @@ def _ablation(report: Report) -> str:
     if section.skipped:
         return f"\nAblation skipped: {section.skipped}."
     intact = "" if section.objective.startswith("1 - cosine") else f"; intact {section.intact:.4f}"
-    lines = [f"\nAblation ({section.objective}, {section.texts} texts{intact}), "
-             "the heads whose removal changes it most:"]
+    how = ""
+    if section.method == "attribution":
+        how = (f"; exact for {len(section.exact or [])} heads (tested labels, input-independent attention), "
+               f"estimated by attribution patching (a first-order gradient estimate) for the others: * marks exact")
+    exact = {tuple(c) for c in section.exact or []}
+    lines = [f"\nAblation ({section.objective}, {section.texts} texts{intact}{how}), "
+             f"the heads whose removal changes it most (in {section.unit or 'the objective'}):"]
     for key in section.modes:
         heads = sorted(report.heads, key=lambda r, k=key: -abs(r.metrics.get(k) or 0))[:6]
-        lines.append(f"  {key}: " + ", ".join(f"L{r.layer}.H{r.head} {r.metrics[key]:+.4f}" for r in heads))
+
+        def shown(r, key=key) -> str:
+            star = "*" if section.method == "attribution" and (r.layer, r.head) in exact else ""
+            low, high = r.intervals.get(key, (None, None))
+            band = f" [{low:+.4f}, {high:+.4f}]" if low is not None else ""
+            return f"L{r.layer}.H{r.head}{star} {r.metrics[key]:+.4f}{band}"
+
+        lines.append(f"  {key}: " + ", ".join(shown(r) for r in heads))
     return "\n".join(lines)
 
 
@@ -116,14 +181,14 @@ def _evidence(report: Report) -> str:
              f"{MARKS['attention-only']} attention-only):"]
     for label in sorted({e.label for e in section.heads}):
         rows = [e for e in section.heads if e.label == label]
-        syntactic = label.startswith("syntactic:")
 
-        def cell(e, syntactic: bool = syntactic) -> str:
-            return f"L{e.layer}.H{e.head} {MARKS[e.mark]} {e.value:+.4f}" + (
-                f" (random heads of its layer {e.threshold:+.4f})" if syntactic else "")
+        def cell(e) -> str:
+            spread = "" if e.baseline_mean is None else \
+                f" vs {e.baseline_heads} random heads {e.baseline_mean:+.4f} ± {e.baseline_sd:.4f}"
+            return f"L{e.layer}.H{e.head} {MARKS[e.mark]} {e.value:+.4f} (needs > {e.threshold:+.4f}{spread})"
 
-        head = "" if syntactic else f" (threshold {rows[0].threshold:.3g})"
-        lines.append(f"  {label}{head}: " + ", ".join(cell(e) for e in rows))
+        unit = f" ({rows[0].unit})" if rows[0].unit else ""
+        lines.append(f"  {label}{unit}: " + ", ".join(cell(e) for e in rows))
     return "\n".join(lines)
 
 
@@ -207,19 +272,22 @@ def comparison_text(c: Comparison, deltas: int = 10) -> str:
     changes = c.label_changes()
     lines.append(f"\nlabels changed: {len(changes)} of {len(c.pairs)} heads")
     for ca, cb, la, lb in changes[:30]:
-        lines.append(f"  {cell_name(ca)}{'' if ca == cb else ' ~ ' + cell_name(cb)}: {la} -> {lb}")
+        lines.append(f"  {pair_name(ca, cb)}: {la} -> {lb}")
     if len(changes) > 30:
         lines.append(f"  ... and {len(changes) - 30} more (compare.json)")
     if dead_heads(c.a) is None or dead_heads(c.b) is None:
         lines.append("\nheads died / appeared: needs ablation effects in both reports (analyze --ablation N)")
     else:
-        lines.append(f"\nheads died (alive in A, removing them changes nothing in B): "
-                     f"{', '.join(cell_name(cb) for _, cb in c.died()) or 'none'}")
-        shown = ", ".join(cell_name(cb) for _, cb in c.appeared()) or "none"
+        lines.append(f"\nheads died (alive in A, removing them changes nothing in B; each effect against its own "
+                     f"report's largest): {', '.join(pair_name(ca, cb) for ca, cb in c.died()) or 'none'}")
+        shown = ", ".join(pair_name(ca, cb) for ca, cb in c.appeared()) or "none"
         lines.append(f"heads appeared (dead in A, alive in B): {shown}")
+    excluded = c.excluded()
+    if excluded:
+        lines.append("\nnot compared: " + "; ".join(f"{name} ({why})" for name, why in excluded.items()))
     lines.append("\nlargest metric changes (B - A; in units of the metric's spread over A's heads):")
     for d in c.metric_deltas(deltas):
-        lines.append(f"  {cell_name(d['a'])}{'' if d['a'] == d['b'] else ' ~ ' + cell_name(d['b'])} {d['metric']}: "
+        lines.append(f"  {pair_name(d['a'], d['b'])} {d['metric']}: "
                      f"{d['before']:.4g} -> {d['after']:.4g} ({d['delta']:+.4g}, {d['spread_units']:+.2f})")
     return "\n".join(lines)
 

@@ -39,9 +39,10 @@ from ...hf.model import HFModel, require_loaded, right_padding
 from ...hf.route import AttentionChunk
 from ...progress import bar
 from ..sections import Ablation
+from ..stats.bootstrap import LEVEL, intervals
 
 __all__ = ["ABLATION_TOKENS", "AblationEffects", "ablation_effects", "attribution_effects", "blocks_of",
-           "objective_name", "passes", "recorded", "replayed"]
+           "has_gradient", "objective_name", "passes", "recorded", "replayed", "unit_of"]
 
 #: Tokens per forward pass (R replicas x B texts x T positions) the batched ablation aims for.
 ABLATION_TOKENS = 8192
@@ -51,7 +52,10 @@ MLM_SHARE, MLM_SEED = 0.15, 0
 
 @dataclass
 class AblationEffects:
-    """Per head (L, H): the objective's change when that head alone is removed (NaN: not measured)."""
+    """Per head (L, H): the objective's change when that head alone is removed (NaN: not measured).
+
+    ``per_text``: {mode: (L, H, N) summed change per text} and ``text_counts`` (N,) the terms each
+    text adds to the objective's mean, for the bootstrap intervals over texts (:meth:`intervals`)."""
 
     zero: Tensor
     mean: Tensor | None
@@ -59,6 +63,12 @@ class AblationEffects:
     intact: float
     texts: int
     tokens: int
+    per_text: dict[str, Tensor] | None = None
+    text_counts: Tensor | None = None
+    #: "exact" (every head ablated), or how the heads not ablated were estimated ("attribution")
+    method: str = "exact"
+    #: with method "attribution": the heads ablated exactly
+    exact: list[tuple[int, int]] | None = None
 
     def metrics(self) -> dict[str, Tensor]:
         out = {"zero_ablation": self.zero}
@@ -66,8 +76,28 @@ class AblationEffects:
             out["mean_ablation"] = self.mean
         return out
 
+    def intervals(self, *, level: float = LEVEL) -> dict[str, tuple[Tensor, Tensor]]:
+        """{"zero_ablation": ((L, H) low, (L, H) high), ...}: bootstrap over the ablated texts (NaN
+        for heads not ablated one by one)."""
+        if self.per_text is None or self.text_counts is None:
+            return {}
+        out = {}
+        for mode, change in self.per_text.items():  # (L, H, N)
+            sums = change.permute(2, 0, 1)  # (N, L, H)
+            measured = ~torch.isnan(sums[0])  # (L, H)
+            counts = self.text_counts.double()[:, None, None].expand_as(sums) * measured  # (N, L, H)
+            low, high = intervals(torch.nan_to_num(sums), counts, level=level)
+            out[f"{mode}_ablation"] = (low, high)
+        return out
+
     def section(self) -> Ablation:
-        return Ablation(self.objective, round(self.intact, 6), self.texts, self.tokens, sorted(self.metrics()))
+        return Ablation(self.objective, round(self.intact, 6), self.texts, self.tokens, sorted(self.metrics()),
+                        unit=unit_of(self.objective), method=self.method, exact=self.exact)
+
+
+def unit_of(objective: str) -> str:
+    """The unit an objective's changes are in: "nats/token" or "1 - cos"."""
+    return "1 - cos" if objective.startswith("1 - cosine") else "nats/token"
 
 
 def objective_name(model: HFModel) -> str:
@@ -101,35 +131,45 @@ def ablation_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence[st
     for layer, h in cells:
         if not (0 <= layer < L and 0 <= h < H):
             raise ValueError(f"head ({layer}, {h}) is outside the model's {L} x {H} heads")
-    batches = _batches(model, texts, batch_size)
-    tokens = sum(_count(model, batch) for batch in batches)
+    batches, rows = _batches(model, texts, batch_size, with_indices=True)
+    counts = torch.zeros(len(texts), dtype=torch.float64)  # the terms each text adds to the mean
+    for batch, indices in zip(batches, rows, strict=True):
+        counts[indices] = _counts(model, batch)
+    tokens = int(counts.sum())
     blocks = blocks_of(model)
-    totals = {mode: torch.zeros(len(cells), dtype=torch.float64) for mode in modes}
+    per_text = {mode: torch.zeros(len(cells), len(texts), dtype=torch.float64) for mode in modes}
     intact_sum = 0.0
     with torch.inference_mode():
         means = _head_means(model, batches) if "mean" in modes else None
-        for batch in bar(batches, desc="ablation", unit="batch", progress=progress):
+        for batch, indices in bar(list(zip(batches, rows, strict=True)), desc="ablation", unit="batch",
+                                  progress=progress):
             B, T = batch["input_ids"].shape
             R = heads_per_pass or max(1, ABLATION_TOKENS // (B * T))
             with recorded(blocks) as outputs:  # the intact run; its block outputs are replayed below each pass
                 intact = _run(model, batch)  # (B,) summed losses or (B, D) pooled states
             if intact.dim() == 1:
                 intact_sum += float(intact.sum())
+            index = torch.tensor(indices)
             for mode in modes:
                 for group in passes(cells, R):  # [(index into cells, (layer, head)), ...]
                     change = _ablated(model, batch, [cell for _, cell in group], intact, blocks, outputs,
-                                      means if mode == "mean" else None)
-                    totals[mode][[n for n, _ in group]] += change
+                                      means if mode == "mean" else None)  # (R, B)
+                    picked = torch.tensor([n for n, _ in group])
+                    per_text[mode][picked[:, None], index[None, :]] += change
             del outputs
     denominator = len(texts) if _objective(model) == "cosine" else tokens
     found: dict[str, Tensor] = {}
-    for mode, total in totals.items():
+    kept: dict[str, Tensor] = {}
+    for mode, changes in per_text.items():
         effect = torch.full((L, H), float("nan"), dtype=torch.float64)
+        by_text = torch.full((L, H, len(texts)), float("nan"), dtype=torch.float64)
         for n, (layer, h) in enumerate(cells):
-            effect[layer, h] = total[n] / denominator
-        found[mode] = effect
+            effect[layer, h] = changes[n].sum() / denominator
+            by_text[layer, h] = changes[n]
+        found[mode], kept[mode] = effect, by_text
     return AblationEffects(found.get("zero", torch.full((L, H), float("nan"), dtype=torch.float64)),
-                           found.get("mean"), objective_name(model), intact_sum / denominator, len(texts), tokens)
+                           found.get("mean"), objective_name(model), intact_sum / denominator, len(texts), tokens,
+                           per_text=kept, text_counts=counts)
 
 
 def attribution_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence[str] = ("zero", "mean"),
@@ -174,6 +214,11 @@ def passes(cells: list[tuple[int, int]], R: int) -> list[list[tuple[int, tuple[i
     return [heads[s:s + R] for _, heads in sorted(by_layer.items()) for s in range(0, len(heads), R)]
 
 
+def has_gradient(model: HFModel) -> bool:
+    """Whether the model's objective has a gradient to estimate ablations with (a loss; not 1 − cos)."""
+    return _objective(model) != "cosine"
+
+
 def _objective(model: HFModel) -> str:
     if model.is_causal:
         return "next-token"
@@ -185,18 +230,20 @@ def _has_mlm_head(model: HFModel) -> bool:
     return head is not None and getattr(model.tokenizer, "mask_token_id", None) is not None
 
 
-def _batches(model: HFModel, texts: list[str], batch_size: int) -> list[dict[str, Tensor]]:
+def _batches(model: HFModel, texts: list[str], batch_size: int, *, with_indices: bool = False):
+    """The texts in padded batches of similar length; with ``with_indices``, also each batch's text indices."""
     tok = model.tokenizer
     limit = model.max_positions
     encoded = tok(texts, truncation=bool(limit), max_length=limit, verbose=False)["input_ids"]
-    out = []
+    out, rows = [], []
     with right_padding(tok):
         for indices in _buckets([len(ids) for ids in encoded], batch_size):
             batch = dict(tok.pad({"input_ids": [encoded[i] for i in indices]}, return_tensors="pt"))
             if _objective(model) == "masked-lm":
                 batch["labels"], batch["input_ids"] = _mlm_inputs(model, batch)
             out.append(batch)
-    return out
+            rows.append(indices)
+    return (out, rows) if with_indices else out
 
 
 #: A batch closes before padding would exceed this share of its real tokens: every ablation pass
@@ -298,12 +345,17 @@ def _scored_rows_only(model: HFModel, scored: Tensor):
 
 def _count(model: HFModel, batch: dict[str, Tensor]) -> int:
     """Terms the objective averages over in this batch: predicted tokens, masked tokens, or texts."""
+    return int(_counts(model, batch).sum())
+
+
+def _counts(model: HFModel, batch: dict[str, Tensor]) -> Tensor:
+    """(B,) the terms each text of the batch adds: its predicted tokens, masked tokens, or 1."""
     kind = _objective(model)
     if kind == "next-token":
-        return int(batch["attention_mask"][:, 1:].sum())
+        return batch["attention_mask"][:, 1:].sum(-1).double()
     if kind == "masked-lm":
-        return int((batch["labels"] != -100).sum())
-    return int(batch["input_ids"].shape[0])
+        return (batch["labels"] != -100).sum(-1).double()
+    return torch.ones(batch["input_ids"].shape[0], dtype=torch.float64)
 
 
 def _head_means(model: HFModel, batches: list[dict[str, Tensor]]) -> Tensor:
@@ -328,7 +380,8 @@ def _head_means(model: HFModel, batches: list[dict[str, Tensor]]) -> Tensor:
 
 def _ablated(model: HFModel, batch: dict[str, Tensor], group: list[tuple[int, int]], intact: Tensor,
              blocks: list[nn.Module] | None, outputs: list, means: Tensor | None) -> Tensor:
-    """The objective change, summed over the batch, for each head of ``group`` removed alone: (len(group),).
+    """The objective change of each text of the batch (its summed terms) for each head of ``group``
+    removed alone: (len(group), B).
 
     The blocks below the group's lowest layer compute what they computed in the intact run, for
     every replica: they are not run again — each returns its intact output, repeated R times.
@@ -345,7 +398,7 @@ def _ablated(model: HFModel, batch: dict[str, Tensor], group: list[tuple[int, in
         change = 1 - F.cosine_similarity(terms.double(), intact.double().repeat(R, 1), dim=-1)
     else:
         change = terms - intact.repeat(R)
-    return change.view(R, B).sum(-1)
+    return change.view(R, B)
 
 
 def blocks_of(model: HFModel) -> list[nn.Module] | None:

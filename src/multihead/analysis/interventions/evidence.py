@@ -1,19 +1,21 @@
 """Labels with evidence: does the behaviour a head's label names depend on that head?
 
 A label says where a head *looks*. For three labels there is a test of what the head *does*,
-each removing the head (its output multiplied by 0 before W^O, every other head intact):
+each removing the head (its output multiplied by 0 before W^O, every other head intact), and
+each against a random-head baseline: the same measurement with each of up to
+:data:`BASELINE_HEADS` other heads (drawn with a seed, none carrying the label) removed instead.
+A label is confirmed only when the head's effect lies above the baseline's upper bound
+``mean + Z · sd`` (:data:`Z`: one-sided, at level :data:`LEVEL`) and above the test's floor:
 
-* ``induction`` — the next-token loss on the induction probe (repeated random tokens). Confirmed
-  when removing the head raises the loss on the probe's repeated half at least
-  :data:`INDUCTION_MARGIN` nats per token more than on its first half.
+* ``induction`` — the next-token loss on the induction probe (repeated random tokens), in
+  nats/token: removing the head raises the loss on the probe's repeated half more than on its first
+  half (floor :data:`INDUCTION_MARGIN`); baseline heads from the whole model.
 * ``previous`` — the mean induction score of the model's induction heads in later layers
   (K-composition: an induction head finds the earlier copy through a previous-token head's output,
-  Elhage et al. 2021). Confirmed when removing the head lowers it by at least :data:`PREVIOUS_DROP`
-  of its value.
+  Elhage et al. 2021), as a relative drop (floor :data:`PREVIOUS_DROP`); baseline heads of its layer.
 * ``syntactic:REL`` — the model's fit to the relation's tokens (its dependents; for ``REL>`` its
-  governors): a causal model's loss on predicting them, an encoder's change of their last hidden
-  states (1 − cos). Confirmed when removing the head changes it more than removing a random other
-  head of its layer does (the mean over :data:`BASELINE_HEADS` of them, drawn with a seed).
+  governors): a causal model's loss on predicting them (nats/token), an encoder's change of their
+  last hidden states (1 − cos); baseline heads of its layer.
 
 A label that passes its test is ``confirmed``; one that fails it is ``attention-only``: the head
 looks that way, but the behaviour does not need it (others may do the same job). The other labels,
@@ -23,6 +25,7 @@ induction probe; fewer than :data:`MIN_TOKENS` tokens of a relation), get no mar
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,8 +42,20 @@ from ..probes.syntax import Parse, parse_with_spacy, word_of_tokens
 from ..sections import HeadEvidence
 from .ablation import blocks_of, passes, recorded, replayed
 
-__all__ = ["BASELINE_HEADS", "INDUCTION_MARGIN", "MIN_TOKENS", "PREVIOUS_DROP", "PROBE", "SYNTAX_TEXTS", "TESTS",
-           "LabelEvidence", "label_evidence"]
+__all__ = [
+    "BASELINE_HEADS",
+    "INDUCTION_MARGIN",
+    "LEVEL",
+    "MIN_TOKENS",
+    "PREVIOUS_DROP",
+    "PROBE",
+    "SYNTAX_TEXTS",
+    "TESTS",
+    "LabelEvidence",
+    "Z",
+    "label_evidence",
+    "upper_bound",
+]
 
 #: Nats per token the repeated half must lose beyond the first half for an induction head to be confirmed.
 INDUCTION_MARGIN = 0.01
@@ -50,20 +65,25 @@ PREVIOUS_DROP = 0.1
 MIN_TOKENS = 10
 #: Texts the syntax tests read (the first of the analysed ones).
 SYNTAX_TEXTS = 32
-#: Other heads of a layer, drawn at random (seeded by the layer), whose mean is the syntax tests' baseline.
-BASELINE_HEADS = 3
+#: Other heads, drawn at random (seeded), whose effects are a test's baseline (fewer where fewer exist).
+BASELINE_HEADS = 8
+#: A label is confirmed above mean + Z·sd of its baseline heads' effects: one-sided, level LEVEL.
+LEVEL, Z = 0.95, 1.645
 #: The induction probe the tests read (smaller than the scoring probe: every tested head runs it).
 PROBE = {"count": 8, "length": 40, "seed": 1}
 #: Tokens one pass holds (replicas x batch x length).
 PASS_TOKENS = 4096
 
+_ABOVE = (f"and more than the upper bound (mean + {Z}·sd, one-sided {LEVEL:.0%}) of the same effect with each of "
+          f"up to {BASELINE_HEADS} random other heads removed instead")
 TESTS = {
     "induction": "zero-ablating the head raises the next-token loss on the repeated half of the induction probe "
-                 f"at least {INDUCTION_MARGIN} nats/token more than on its first half",
+                 f"more than on its first half (nats/token): at least {INDUCTION_MARGIN}, {_ABOVE} (any layer)",
     "previous": "zero-ablating the head lowers the mean induction score of the induction heads in later layers "
-                f"by at least {PREVIOUS_DROP:.0%} (K-composition)",
+                f"(relative drop, K-composition): at least {PREVIOUS_DROP:.0%}, {_ABOVE} (its layer)",
     "syntactic": "zero-ablating the head changes the model's fit to the relation's tokens (dependents; governors "
-                 f"for REL>) more than zero-ablating a random other head of its layer (mean of {BASELINE_HEADS})",
+                 f"for REL>; nats/token for a causal model, 1 - cos of the hidden states for an encoder) {_ABOVE} "
+                 "(its layer)",
 }
 
 
@@ -77,6 +97,8 @@ class LabelEvidence:
     value: float
     threshold: float
     confirmed: bool
+    unit: str = ""
+    baseline: tuple[float, ...] = ()
 
     @property
     def mark(self) -> str:
@@ -84,8 +106,35 @@ class LabelEvidence:
 
     def record(self) -> HeadEvidence:
         """As the report's evidence section holds it."""
+        mean, sd = _spread(self.baseline)
         return HeadEvidence(self.layer, self.head, self.label, round(self.value, 6), round(self.threshold, 6),
-                            self.mark)
+                            self.mark, self.unit, len(self.baseline), mean, sd)
+
+
+def _spread(values: Sequence[float]) -> tuple[float | None, float | None]:
+    """Mean and (sample) standard deviation; None where there are too few values."""
+    if not values:
+        return None, None
+    t = torch.tensor(list(values), dtype=torch.float64)
+    return float(t.mean()), float(t.std()) if len(values) > 1 else 0.0
+
+
+def upper_bound(baseline: Sequence[float], floor: float = -math.inf) -> float:
+    """What a head's effect must pass: the baseline's mean + Z·sd, and at least ``floor``."""
+    mean, sd = _spread(baseline)
+    return floor if mean is None else max(floor, mean + Z * (sd or 0.0))
+
+
+def _test(cell: tuple[int, int], label: str, value: float, baseline: list[float], unit: str,
+          floor: float = -math.inf) -> LabelEvidence:
+    threshold = upper_bound(baseline, floor)
+    return LabelEvidence(*cell, label, value, threshold, value > threshold, unit, tuple(baseline))
+
+
+def _draw(candidates: list[tuple[int, int]], seed: int, k: int = BASELINE_HEADS) -> list[tuple[int, int]]:
+    """``k`` of ``candidates`` in a seeded random order (the same in every run)."""
+    order = torch.randperm(len(candidates), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [candidates[i] for i in order[:k]]
 
 
 def label_evidence(model: HFModel, labels: dict[tuple[int, int], str], texts: Sequence[str], *,
@@ -111,16 +160,19 @@ def _induction_tests(model: HFModel, cells: list[tuple[int, int]]) -> list[Label
         return []
     ids, prefix = repeated_sequences(model.tokenizer, **PROBE)  # (N, prefix + 2·length)
     n = PROBE["length"]
-    changes = _token_changes(model, [(ids, torch.ones_like(ids))], cells)  # {cell: [(N, T)]}
+    L, H = model.num_layers, model.num_heads
+    others = _draw([(layer, h) for layer in range(L) for h in range(H) if (layer, h) not in set(cells)], seed=L)
+    changes = _token_changes(model, [(ids, torch.ones_like(ids))], sorted({*cells, *others}))  # {cell: [(N, T)]}
     # predicted tokens: the first half's after its first, the repeated half's after its first
     first = slice(prefix + 1, prefix + n)
     repeated = slice(prefix + n + 1, prefix + 2 * n)
-    out = []
-    for cell in cells:
+
+    def effect(cell: tuple[int, int]) -> float:
         change = changes[cell][0]
-        value = float(change[:, repeated].mean() - change[:, first].mean())
-        out.append(LabelEvidence(*cell, "induction", value, INDUCTION_MARGIN, value >= INDUCTION_MARGIN))
-    return out
+        return float(change[:, repeated].mean() - change[:, first].mean())
+
+    baseline = [effect(c) for c in others]
+    return [_test(cell, "induction", effect(cell), baseline, "nats/token", INDUCTION_MARGIN) for cell in cells]
 
 
 def _previous_tests(model: HFModel, cells: list[tuple[int, int]],
@@ -130,14 +182,24 @@ def _previous_tests(model: HFModel, cells: list[tuple[int, int]],
     if not tested:
         return []
     ids, prefix = repeated_sequences(model.tokenizer, **PROBE)
-    groups = [[]] + [[cell] for cell, _ in tested]  # the intact run first
+    H = model.num_heads
+    labelled = {cell for cell, _ in tested}
+    baseline = {layer: _draw([(layer, h) for h in range(H) if (layer, h) not in labelled], seed=layer)
+                for layer in sorted({cell[0] for cell in labelled})}
+    removed = sorted(labelled | {c for heads in baseline.values() for c in heads})
+    groups = [[]] + [[cell] for cell in removed]  # the intact run first
     scores = _induction_under_ablation(model, ids, prefix, PROBE["length"], groups)  # (G, L, H)
+    row = {cell: g for g, cell in enumerate(removed, start=1)}
     out = []
-    for g, (cell, fed) in enumerate(tested, start=1):
+    for cell, fed in tested:
         index = tuple(zip(*fed, strict=True))
-        intact, ablated = float(scores[0][index].mean()), float(scores[g][index].mean())
-        drop = 1 - ablated / intact if intact > 0 else 0.0
-        out.append(LabelEvidence(*cell, "previous", drop, PREVIOUS_DROP, drop >= PREVIOUS_DROP))
+        intact = float(scores[0][index].mean())
+
+        def drop(c: tuple[int, int], index=index, intact=intact) -> float:
+            return 1 - float(scores[row[c]][index].mean()) / intact if intact > 0 else 0.0
+
+        out.append(_test(cell, "previous", drop(cell), [drop(c) for c in baseline[cell[0]]], "relative drop",
+                         PREVIOUS_DROP))
     return out
 
 
@@ -147,8 +209,11 @@ def _syntax_tests(model: HFModel, labels: dict[tuple[int, int], str], texts: lis
         parses = parse_with_spacy(texts)
     batches, where = _syntax_batches(model, texts, list(parses)[:len(texts)], batch_size)
     H = model.num_heads
-    baseline = {layer: _baseline_heads(layer, H) for layer in sorted({layer for layer, _ in labels})}
-    cells = sorted({*labels, *((layer, h) for layer, heads in baseline.items() for h in heads)})
+    unit = "nats/token" if model.is_causal else "1 - cos"
+    # per layer, the random heads of the baseline: one spare (a tested head drawn among them is skipped)
+    baseline = {layer: _draw([(layer, h) for h in range(H)], seed=layer, k=BASELINE_HEADS + 1)
+                for layer in sorted({layer for layer, _ in labels})}
+    cells = sorted({*labels, *(c for heads in baseline.values() for c in heads)})
     changes = _token_changes(model, batches, cells)
     out = []
     for (layer, h), label in sorted(labels.items()):
@@ -160,18 +225,9 @@ def _syntax_tests(model: HFModel, labels: dict[tuple[int, int], str], texts: lis
         def fit(cell: tuple[int, int], positions=positions) -> float:
             return float(torch.stack([changes[cell][b][r, t] for b, r, t in positions]).nanmean())
 
-        value = fit((layer, h))
-        others = [fit((layer, o)) for o in [o for o in baseline[layer] if o != h][:BASELINE_HEADS]]
-        threshold = sum(others) / len(others)
-        out.append(LabelEvidence(layer, h, label, value, threshold, value > threshold))
+        others = [c for c in baseline[layer] if c != (layer, h) and labels.get(c) != label][:BASELINE_HEADS]
+        out.append(_test((layer, h), label, fit((layer, h)), [fit(c) for c in others], unit))
     return out
-
-
-def _baseline_heads(layer: int, H: int) -> list[int]:
-    """BASELINE_HEADS + 1 heads of ``layer`` in a seeded random order (one spare: a tested head drawn
-    among them is replaced by the next), the same in every run."""
-    order = torch.randperm(H, generator=torch.Generator().manual_seed(layer)).tolist()
-    return order[:BASELINE_HEADS + 1]
 
 
 def _syntax_batches(model: HFModel, texts: list[str], parses: list[Parse | None], batch_size: int):

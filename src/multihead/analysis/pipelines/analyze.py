@@ -14,9 +14,13 @@ length. Every reducer streams: a 4,096-token line gets redundancy and syntax lik
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from ...data import ARTICLE_SENTENCES
 from ...hf.model import HFModel, require_loaded
@@ -25,17 +29,25 @@ from ...hf.sites import find_sites, main_stack
 from ...inputs import UnknownTokens, check_texts, count_unknown_tokens, warn_unknown_tokens
 from ...progress import note, step
 from .. import sections as S
-from ..interventions.ablation import ablation_effects, objective_name
+from ..interventions.ablation import (
+    AblationEffects,
+    ablation_effects,
+    attribution_effects,
+    has_gradient,
+    objective_name,
+    unit_of,
+)
 from ..interventions.evidence import PROBE as EVIDENCE_PROBE
 from ..interventions.evidence import SYNTAX_TEXTS, TESTS, label_evidence
 from ..interventions.whatif import what_if as what_if_loss
-from ..labels import SYNTAX_RULE, flags_for, label_for
+from ..labels import SYNTAX_RULE, degenerate, flags_for, label_for, label_value, traits_for
 from ..probes.coreference import CoreferenceExample, coreference_scores
-from ..probes.induction import induction_scores
+from ..probes.induction import induction_scores, repeated_sequences
 from ..probes.retrieval import PROBE as RETRIEVAL_PROBE
 from ..probes.retrieval import retrieval_scores
 from ..probes.syntax import Parse, parse_with_spacy, parses_for
 from ..report import HeadRecord, Report
+from ..stats.bootstrap import resample_weights, used_groups
 from ..stats.heads import HeadStatistics
 from ..stats.longcontext import LongContextStatistics
 from ..stats.maps import LONG_TEXT, TextViews
@@ -44,6 +56,10 @@ from ..stats.syntax import SyntaxStatistics
 from ..stats.typical import TypicalTexts
 from .common import all_ranks, corpus_fingerprint, encode_corpus, process_group, run_pass, shard, text_batches
 from .memory_plan import check_plan, plan
+from .views import text_views, token_views
+
+#: Labels with an evidence test: their heads' ablation effects are measured exactly.
+TESTED = ("induction", "previous", "syntactic")
 
 __all__ = ["CLUSTER_JS", "INDUCTION_PROBE", "LONG_CONTEXT_TOKENS", "PAGE_TEXTS", "CorpusStatistics", "analyze",
            "collect_statistics", "default_views"]
@@ -91,7 +107,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
             coreference: bool | Sequence[CoreferenceExample] = True, induction: bool = True,
             redundancy: bool = True, targets: Sequence[str] | None = None, chunk: int | None = None,
             ablation: int = 0, what_if: str | None = None, views: Sequence[int] | None = None,
-            long_context: bool | None = None, budget: int | None = None) -> Report:
+            long_context: bool | None = None, budget: int | None = None, exact_ablation: bool = False) -> Report:
     """Metrics, a label and flags for every (layer, head) of ``model`` over ``texts`` (a vision
     model's images: :func:`multihead.analysis.pipelines.vision.analyze_images`; an
     encoder-decoder model's three stacks: :func:`~multihead.analysis.pipelines.encdec.analyze_encoder_decoder`,
@@ -103,10 +119,14 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     ``redundancy``: the head x head similarity (its all-pairs JS is the costliest part of a run).
     ``ablation``: also measure, on the first this many texts, every head's ``zero_ablation`` and
     ``mean_ablation`` effect on the model's own objective, and test the labels that have a test
-    (section ``evidence``); texts of more than :data:`~multihead.analysis.stats.maps.LONG_TEXT`
-    tokens are not ablated (the section says why). ``what_if``: a causal LM's loss change with
-    its layers attending through ``"window=W,sinks=N"`` (section ``what_if``). ``views``: corpus
-    indices of the texts whose maps the page keeps (default :func:`default_views`; ``()``: none).
+    (section ``evidence``): exactly (each head removed, the objective rerun) for the heads whose
+    label is tested or whose attention looks input-independent (is it degenerate?), estimated by
+    attribution patching for the others (``exact_ablation``: every head exactly; an objective without
+    a gradient, an encoder's 1 − cos, is always exact); texts of more than
+    :data:`~multihead.analysis.stats.maps.LONG_TEXT` tokens are not ablated (the section says why).
+    ``what_if``: a causal LM's loss change with its layers attending through ``"window=W,sinks=N"``
+    (section ``what_if``). ``views``: corpus indices of the texts whose maps the page keeps
+    (default :func:`default_views`; ``()``: none).
     ``long_context``: the long-context statistics (default: when a text passes
     :data:`LONG_CONTEXT_TOKENS` tokens). ``budget``: map bytes above which a layer is streamed in
     query chunks (``chunk``: at most this many rows per chunk, whatever the budget).
@@ -155,19 +175,6 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
                 found = retrieval_scores(model, chunk=chunk)
             means["retrieval"] = found.score
             sections.retrieval = S.Retrieval(**RETRIEVAL_PROBE, copy_steps=found.copy_steps, steps=found.steps)
-    ablated = texts[:ablation]
-    longest_ablated = max((len(ids) for ids in encode_corpus(model, ablated, truncate=True).ids), default=0) \
-        if ablated else 0
-    if ablated and longest_ablated > LONG_TEXT:
-        sections.ablation = S.Ablation(objective_name(model), float("nan"), 0, 0, [],
-                                       skipped=f"the ablated texts reach {longest_ablated} tokens; each of "
-                                               f"{model.num_layers * model.num_heads} heads removed alone would "
-                                               f"rerun them (ablation reads texts of at most {LONG_TEXT} tokens)")
-        ablated = []
-    if ablated:
-        effects = ablation_effects(model, ablated, batch_size=batch_size, progress=progress)
-        means.update(effects.metrics())
-        sections.ablation = effects.section()
     unknown = corpus.unknown
     if unknown is not None and unknown.token is not None:
         sections.unknown_tokens = S.UnknownTokens(unknown.count, unknown.total, round(unknown.share, 6), unknown.token)
@@ -192,6 +199,21 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
             for rel in syntax.accuracy})
     heads = _records(model, means, syntax, coref_baseline)
     labels = {(r.layer, r.head): r.label for r in heads}
+    ablated = texts[:ablation]
+    longest_ablated = max((len(ids) for ids in encode_corpus(model, ablated, truncate=True).ids), default=0) \
+        if ablated else 0
+    if ablated and longest_ablated > LONG_TEXT:
+        sections.ablation = S.Ablation(objective_name(model), float("nan"), 0, 0, [],
+                                       skipped=f"the ablated texts reach {longest_ablated} tokens; each of "
+                                               f"{model.num_layers * model.num_heads} heads removed alone would "
+                                               f"rerun them (ablation reads texts of at most {LONG_TEXT} tokens)",
+                                       unit=unit_of(objective_name(model)))
+        ablated = []
+    if ablated:
+        effects = _ablation(model, ablated, heads, exact=exact_ablation, batch_size=batch_size, progress=progress)
+        sections.ablation = effects.section()
+        _add_effects(heads, effects)
+    _add_intervals(heads, corpus.heads, model.is_causal, syntax, coref_baseline)
     sections.typical = corpus.typical.result().section(labels, texts)
     if ablated:  # labels with evidence: each label's behaviour, with its head removed
         n = max(ablation, SYNTAX_TEXTS)  # relations need more tokens than the ablation's texts hold
@@ -206,33 +228,162 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
         with step(f"what if: {what_if}, every layer and each alone", progress=progress):
             sections.what_if = what_if_loss(model, texts, what_if).section()
     if corpus.redundancy is not None:
-        sections.redundancy = redundancy_section(corpus.redundancy.result(), model.num_heads)
+        sinks = {(r.layer, r.head) for r in heads if r.label == "sink" or "sink" in r.traits}
+        sections.redundancy = redundancy_section(corpus.redundancy.result(), model.num_heads, sinks=sinks)
+    shown = corpus.views.result() if corpus.views is not None else []
+    if shown:  # the page also holds the inputs that define the labels: each can be opened on its evidence
+        with step("the labels' evidence texts for the page", progress=progress):
+            shown += evidence_views(model, texts, sections.typical, heads, {v.text for v in shown},
+                                    induction=induction and model.is_causal)
     return Report(model=model.name, causal=model.is_causal, num_layers=model.num_layers, num_heads=model.num_heads,
                   sentences=corpus.heads.sentences, tokens=corpus.heads.tokens, heads=heads, sections=sections,
-                  stack=main_stack(find_sites(model.model)), placement=model.placement,
-                  views=corpus.views.result() if corpus.views is not None else [])
+                  stack=main_stack(find_sites(model.model)), placement=model.placement, views=shown)
+
+
+#: Corpus texts the page adds as its heads' typical texts (those typical of the most heads first).
+EVIDENCE_TEXTS = 6
+
+
+def evidence_views(model: HFModel, texts: Sequence[str], typical: S.Typical | None, heads: list[HeadRecord],
+                   shown: set[str], *, induction: bool) -> list:
+    """The views of the inputs that define the labels, for the page: the induction probe's first
+    sequence (its repeated random tokens; causal models) and the corpus texts most typical of the
+    labelled heads (the syntax heads' texts are their relations' examples), at most
+    :data:`EVIDENCE_TEXTS` of them, each marked with what it is (``extra["purpose"]``)."""
+    out = []
+    if induction:
+        ids, _ = repeated_sequences(model.tokenizer, count=1, length=INDUCTION_PROBE["length"],
+                                    seed=INDUCTION_PROBE["seed"])
+        probe = token_views(model, ids.tolist())
+        for view in probe:
+            view.extra["purpose"] = "induction probe: random tokens, repeated"
+        out += probe
+    if typical is not None:
+        labelled = {(r.layer, r.head): r.label for r in heads if r.label != "mixed"}
+        serves: dict[int, list[str]] = {}
+        for entry in typical.heads:
+            label = labelled.get((entry.layer, entry.head))
+            if label is not None and entry.texts:
+                serves.setdefault(int(entry.texts[0][0]), []).append(label)
+        ranked = sorted(serves, key=lambda i: (-len(serves[i]), i))
+        fits = [i for i in ranked if texts[i] not in shown
+                and len(model.tokenizer(texts[i], verbose=False)["input_ids"]) <= LONG_TEXT]
+        chosen = fits[:EVIDENCE_TEXTS]
+        if chosen:
+            for i, view in zip(chosen, text_views(model, [texts[i] for i in chosen]), strict=True):
+                kinds = sorted(set(serves[i]))
+                view.extra["purpose"] = f"typical of {len(serves[i])} heads ({', '.join(kinds[:3])}" + \
+                    (" …)" if len(kinds) > 3 else ")")
+                out.append(view)
+    return out
+
+
+def _ablation(model: HFModel, texts: list[str], heads: list[HeadRecord], *, exact: bool, batch_size: int,
+              progress: bool | None) -> AblationEffects:
+    """Every head's ablation effect: exactly for all (``exact``, or an objective without a gradient),
+    else estimated by attribution patching and exact for the heads whose labels are tested or whose
+    attention looks input-independent (the degenerate test needs their exact effect and its interval)."""
+    L, H = model.num_layers, model.num_heads
+    if exact or not has_gradient(model):
+        return ablation_effects(model, texts, batch_size=batch_size, progress=progress)
+    with step(f"estimating every head's ablation effect (attribution patching, {len(texts)} texts)",
+              progress=progress):
+        estimate = attribution_effects(model, texts, batch_size=batch_size)
+    cells = sorted({(r.layer, r.head) for r in heads if r.flags or r.label.split(":")[0] in TESTED})
+    start = time.perf_counter()
+    effects = ablation_effects(model, texts, heads=cells, batch_size=batch_size, progress=progress) if cells else \
+        AblationEffects(torch.full((L, H), math.nan, dtype=torch.float64), None, objective_name(model), math.nan,
+                        len(texts), 0)
+    if cells:
+        seconds = (time.perf_counter() - start) / len(cells) * L * H
+        note(f"exact ablation of {len(cells)} heads (tested labels, input-independent patterns); of all {L * H} "
+             f"heads it would take about {seconds / 60:.1f} min: --exact-ablation", progress=progress)
+    for mode, value in estimate.items():
+        measured = getattr(effects, mode.removesuffix("_ablation"))
+        if measured is None:
+            measured = torch.full((L, H), math.nan, dtype=torch.float64)
+            setattr(effects, mode.removesuffix("_ablation"), measured)
+        missing = torch.isnan(measured)
+        measured[missing] = value[missing]
+    effects.method, effects.exact = "attribution", cells
+    return effects
+
+
+def _add_effects(heads: list[HeadRecord], effects: AblationEffects) -> None:
+    """Each head's ablation effects and their intervals, and whether it is degenerate."""
+    found = effects.metrics()
+    bounds = effects.intervals()
+    largest = float(torch.nan_to_num(found["zero_ablation"].abs()).max())
+    for r in heads:
+        for name, value in found.items():
+            r.metrics[name] = float(value[r.layer, r.head])
+            if name in bounds:
+                low, high = (float(b[r.layer, r.head]) for b in bounds[name])
+                if math.isfinite(low):
+                    r.intervals[name] = (low, high)
+        r.degenerate = degenerate(r.flags, r.metrics["zero_ablation"], r.intervals.get("zero_ablation"), largest)
+
+
+def _add_intervals(heads: list[HeadRecord], stats: HeadStatistics, causal: bool, syntax,
+                   coref_baseline: float | None) -> None:
+    """Each metric's bootstrap interval over texts and each label's stability: the share of
+    resampled corpora (the probes' scores held) on which the head gets the same label."""
+    for name, (low, high) in stats.intervals().items():
+        for r in heads:
+            lo, hi = float(low[r.layer, r.head]), float(high[r.layer, r.head])
+            if math.isfinite(lo) and math.isfinite(hi):
+                r.intervals[name] = (lo, hi)
+    weights = resample_weights(int(used_groups(stats.group_counts).sum()))
+    values = stats.resampled(weights)  # {metric: (R, L, H)}
+    R = weights.shape[0]
+    for r in heads:
+        per_relation = None if syntax is None else {
+            rel: (float(acc[r.layer, r.head]), syntax.baseline[rel], syntax.count[rel])
+            for rel, acc in syntax.accuracy.items()}
+        same = 0
+        cell = {name: v[:, r.layer, r.head].tolist() for name, v in values.items()}
+        for k in range(R):
+            metrics = dict(r.metrics)
+            metrics.update({name: v[k] for name, v in cell.items()})
+            same += label_for(metrics, syntax=per_relation, coreference_baseline=coref_baseline,
+                              causal=causal) == r.label
+        r.stability = same / R
 
 
 def _records(model: HFModel, means: dict, syntax, coref_baseline: float | None) -> list[HeadRecord]:
     heads = []
+    causal = model.is_causal
     for layer in range(model.num_layers):
         for head in range(model.num_heads):
             metrics = {name: float(value[layer, head]) for name, value in means.items()}
             per_relation = None if syntax is None else {
                 rel: (float(acc[layer, head]), syntax.baseline[rel], syntax.count[rel])
                 for rel, acc in syntax.accuracy.items()}
-            label = label_for(metrics, syntax=per_relation, coreference_baseline=coref_baseline)
-            heads.append(HeadRecord(layer, head, label, flags_for(metrics), metrics))
+            label = label_for(metrics, syntax=per_relation, coreference_baseline=coref_baseline, causal=causal)
+            accuracy = per_relation[label.removeprefix("syntactic:")][0] if label.startswith("syntactic:") else None
+            heads.append(HeadRecord(layer, head, label, flags_for(metrics, label), metrics,
+                                    traits=traits_for(label, metrics, causal=causal),
+                                    value=label_value(label, metrics, syntax_accuracy=accuracy)))
     return heads
 
 
-def redundancy_section(red: RedundancyStatistics, H: int) -> S.Redundancy:
-    """The report's redundancy section from the finished sums: pairs, clusters and Ward groups."""
+#: Two sink heads count as a redundant pair only when their outputs are this similar too (cosine).
+SINK_PAIR_COSINE = 0.8
+
+
+def redundancy_section(red: RedundancyStatistics, H: int, *, sinks: set[tuple[int, int]] = frozenset()
+                       ) -> S.Redundancy:
+    """The report's redundancy section from the finished sums: pairs, clusters and Ward groups.
+    ``sinks``: heads that park on the first token; a pair of two of them is listed only when their
+    outputs are redundant too (cosine >= :data:`SINK_PAIR_COSINE`): attending alike to one token
+    says little."""
     js, cosine = red.js(), red.cosine()
     found = informative_groups(js)
+    pairs = [(a, b, d) for a, b, d in most_redundant(js, H, k=10 + len(sinks), distance=True)
+             if not (a in sinks and b in sinks and float(cosine[a[0] * H + a[1], b[0] * H + b[1]]) < SINK_PAIR_COSINE)]
     return S.Redundancy(
         js_distance=js, cosine=cosine,
-        pairs_js=most_redundant(js, H, k=10, distance=True),
+        pairs_js=pairs[:10],
         pairs_cosine=most_redundant(cosine, H, k=10, distance=False),
         clusters_js=[[(n // H, n % H) for n in group] for group in clusters(js, CLUSTER_JS)],
         cluster_threshold=CLUSTER_JS,

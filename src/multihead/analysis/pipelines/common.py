@@ -74,7 +74,8 @@ def text_batches(model: HFModel, encoded: Encoded, indices: Sequence[int], batch
         yield Batch(token_info(ids, mask.bool(), tok, punct), list(rows),
                     {"input_ids": ids, "attention_mask": mask},
                     parses=None if parses is None else [parses[i] for i in rows],
-                    offsets=None if encoded.offsets is None else [encoded.offsets[i] for i in rows])
+                    offsets=None if encoded.offsets is None else [encoded.offsets[i] for i in rows],
+                    causal=model.is_causal)
 
 
 def run_pass(model: HFModel, batches: Iterable[Batch], reducers: Sequence[Reducer], *,

@@ -14,6 +14,7 @@ Positions count real tokens only. Cross-attention labels: :data:`multihead.analy
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
@@ -82,7 +83,9 @@ def analyze_encoder_decoder(model: HFModel, texts: Sequence[str], targets: Seque
     reports = {stack: Report(model=model.name, causal=stack == "decoder", num_layers=shape[stack][0],
                              num_heads=shape[stack][1], sentences=reducers[stack].sentences,
                              tokens=reducers[stack].tokens,
-                             heads=head_records(reducers[stack].result(), label_for, flags_for), stack=stack)
+                             heads=head_records(reducers[stack].result(),
+                                                partial(label_for, causal=stack == "decoder"), flags_for,
+                                                causal=stack == "decoder"), stack=stack)
                for stack in ("encoder", "decoder")}
     decoded = reducers["decoder"]
     reports["cross"] = Report(model=model.name, causal=False, num_layers=shape["cross"][0],

@@ -20,7 +20,7 @@ from ..rollout import FLOW_TOKENS, attention_flow, attention_rollout
 from ..stats.maps import LONG_TEXT, TextView, TextViews
 from .common import Encoded, encode_corpus, run_pass, text_batches
 
-__all__ = ["Rollout", "attention_maps", "rollout", "text_views"]
+__all__ = ["Rollout", "attention_maps", "rollout", "text_views", "token_views"]
 
 def text_views(model: HFModel, texts: Sequence[str], *, long: int = LONG_TEXT, top_k: int | None = None,
                chunk: int | None = None) -> list[TextView]:
@@ -32,6 +32,18 @@ def text_views(model: HFModel, texts: Sequence[str], *, long: int = LONG_TEXT, t
     views = TextViews(model.num_layers, model.num_heads, dict(enumerate(texts)), model.tokenizer, long=long,
                       top_k=top_k)
     run_pass(model, text_batches(model, encoded, range(len(texts)), 1), [views], chunk=chunk, desc="views",
+             progress=False)
+    return views.result()
+
+
+def token_views(model: HFModel, ids: Sequence[Sequence[int]], *, top_k: int | None = None) -> list[TextView]:
+    """The :class:`TextView` of token sequences given as ids (a probe's input, e.g. the induction
+    probe's repeated random tokens): their text is what the tokenizer decodes."""
+    model = require_loaded(model, "token_views")
+    ids = [list(map(int, seq)) for seq in ids]
+    texts = {i: model.tokenizer.decode(seq) for i, seq in enumerate(ids)}
+    views = TextViews(model.num_layers, model.num_heads, texts, model.tokenizer, long=LONG_TEXT, top_k=top_k)
+    run_pass(model, text_batches(model, Encoded(ids, None), range(len(ids)), 1), [views], desc="views",
              progress=False)
     return views.result()
 

@@ -35,6 +35,7 @@ from torch import Tensor
 from ...hf.route import AttentionChunk
 from ...inputs import Batch, TokenInfo
 from .base import ReducerBase, shared
+from .bootstrap import GROUPS, LEVEL, intervals, resampled, used_groups
 
 __all__ = ["METRICS", "HeadStatistics", "RowValues", "row_values"]
 
@@ -151,12 +152,16 @@ def _offsets(p: Tensor, pos: Tensor, prefix: bool, vis: Tensor, key_mass: Tensor
 
 
 class HeadStatistics(ReducerBase):
-    """Running sums of every metric of :data:`METRICS` for an (L, H) grid of heads (a reducer)."""
+    """Running sums of every metric of :data:`METRICS` for an (L, H) grid of heads (a reducer), also
+    per group of texts (``group_sums``, ``group_counts``: (G, M, L, H), text i in group i % G) for
+    the bootstrap intervals (:meth:`intervals`, :mod:`.bootstrap`)."""
 
-    def __init__(self, num_layers: int, num_heads: int) -> None:
+    def __init__(self, num_layers: int, num_heads: int, groups: int = GROUPS) -> None:
         self.shape = (num_layers, num_heads)
         self.sums = torch.zeros(len(METRICS), num_layers, num_heads, dtype=torch.float64)
         self.counts = torch.zeros(len(METRICS), num_layers, num_heads, dtype=torch.float64)
+        self.group_sums = torch.zeros(groups, len(METRICS), num_layers, num_heads, dtype=torch.float64)
+        self.group_counts = torch.zeros_like(self.group_sums)
         self.sentences = 0
         self.tokens = 0
         self._columns: dict[int, Tensor] = {}  # a streamed layer's column sums until its last chunk
@@ -174,9 +179,18 @@ class HeadStatistics(ReducerBase):
         tokens = self.batch.tokens
         found = row_values(chunk, tokens)
         index = [METRICS.index(n) for n in found.names]
-        self.sums[index, chunk.layer] += found.sums.sum(1).cpu()
-        self.counts[index, chunk.layer] += found.counts.sum(1).cpu()
+        sums, counts = found.sums.cpu(), found.counts.cpu()  # (M, B, H)
+        self.sums[index, chunk.layer] += sums.sum(1)
+        self.counts[index, chunk.layer] += counts.sum(1)
+        groups = self._groups()
+        for m, k in enumerate(index):
+            self.group_sums[:, k, chunk.layer].index_add_(0, groups, sums[m])
+            self.group_counts[:, k, chunk.layer].index_add_(0, groups, counts[m])
         self._vertical(chunk, tokens)
+
+    def _groups(self) -> Tensor:
+        """(B,) the bootstrap group of each text of the batch."""
+        return torch.tensor(self.batch.texts, dtype=torch.long) % self.group_sums.shape[0]
 
     def _vertical(self, chunk: AttentionChunk, tokens: TokenInfo) -> None:
         """Vertical concentration, per sentence: the column that receives most of its attention,
@@ -196,8 +210,12 @@ class HeadStatistics(ReducerBase):
         q_count = valid.sum(-1).to(torch.float64)  # (B,)
         vertical = (column / q_count.clamp_min(1)[:, None, None]).amax(-1)  # (B, H)
         m = METRICS.index("vertical")
-        self.sums[m, layer] += (vertical * q_count[:, None]).sum(0).cpu()
+        weighted = (vertical * q_count[:, None]).cpu()  # (B, H)
+        self.sums[m, layer] += weighted.sum(0)
         self.counts[m, layer] += q_count.sum().cpu()
+        groups = self._groups()
+        self.group_sums[:, m, layer].index_add_(0, groups, weighted)
+        self.group_counts[:, m, layer].index_add_(0, groups, q_count.cpu()[:, None].expand_as(weighted))
 
     def merge(self, other: HeadStatistics) -> None:
         """Add another accumulator's sums (e.g. from another process's shard)."""
@@ -205,6 +223,8 @@ class HeadStatistics(ReducerBase):
             raise ValueError(f"cannot merge statistics of shapes {other.shape} and {self.shape}")
         self.sums += other.sums
         self.counts += other.counts
+        self.group_sums += other.group_sums
+        self.group_counts += other.group_counts
         self.sentences += other.sentences
         self.tokens += other.tokens
 
@@ -212,3 +232,15 @@ class HeadStatistics(ReducerBase):
         """Each metric as an (L, H) float64 tensor (NaN where nothing was counted)."""
         out = self.sums / self.counts.where(self.counts > 0, torch.full_like(self.counts, math.nan))
         return {name: out[k] for k, name in enumerate(METRICS)}
+
+    def intervals(self, *, level: float = LEVEL) -> dict[str, tuple[Tensor, Tensor]]:
+        """Each metric's bootstrap interval over texts at ``level``: {name: ((L, H) low, (L, H) high)}."""
+        low, high = intervals(self.group_sums, self.group_counts, level=level)  # (M, L, H) each
+        return {name: (low[k], high[k]) for k, name in enumerate(METRICS)}
+
+    def resampled(self, weights: Tensor) -> dict[str, Tensor]:
+        """Each metric on resampled corpora: ``weights`` (R, G') over the used groups
+        (:func:`~.bootstrap.used_groups`) -> {name: (R, L, H)}."""
+        used = used_groups(self.group_counts)
+        values = resampled(self.group_sums[used], self.group_counts[used], weights)  # (R, M, L, H)
+        return {name: values[:, k] for k, name in enumerate(METRICS)}

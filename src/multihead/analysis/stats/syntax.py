@@ -59,12 +59,14 @@ class Alignment:
 
 def alignment(batch: Batch) -> Alignment | None:
     """The batch's :class:`Alignment` (None when it has no parse), computed once per batch."""
-    return shared(batch.memo, "syntax-alignment", lambda: _align(batch.parses, batch.offsets))
+    return shared(batch.memo, "syntax-alignment", lambda: _align(batch.parses, batch.offsets, batch.causal))
 
 
-def _align(parses, offsets) -> Alignment | None:
+def _align(parses, offsets, causal: bool = False) -> Alignment | None:
     """Only words that received a token count (a truncated text's later words are not analysed),
-    so memory follows the tokens, however long the parsed text."""
+    so memory follows the tokens, however long the parsed text. ``causal``: only the targets
+    before the source word count (a causal head cannot attend a later word); a group left without
+    any is not scored, so a direction no causal head can attend (``conj>``) has no count at all."""
     if parses is None or offsets is None:
         return None
     B, T = len(offsets), max((len(o) for o in offsets), default=0)
@@ -84,6 +86,10 @@ def _align(parses, offsets) -> Alignment | None:
         for src, tgt, key in parse.groups():
             if src >= reached[b] or not bool(has_word[b, src]):  # dropped by the tokenizer or truncation
                 continue
+            if causal:
+                tgt = frozenset(w for w in tgt if w < src)
+                if not tgt:
+                    continue
             mask = torch.zeros(W, dtype=torch.bool)
             mask[[w for w in tgt if w < W]] = True
             sources.append(src)

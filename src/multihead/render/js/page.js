@@ -54,24 +54,32 @@ function colour(lab) { return colourOf(data, lab); }
 // --- controls ---
 const controls = q(".mh-controls");
 const sentenceSelect = el("select", { "class": "mh-sentence", "aria-label": "sentence" });
-data.sentences.forEach((s, i) => sentenceSelect.appendChild(el("option", { value: String(i) }, s.text.slice(0, 80))));
+data.sentences.forEach((s, i) => sentenceSelect.appendChild(el("option", { value: String(i) },
+  (s.purpose ? "[" + s.purpose + "] " : "") + s.text.slice(0, 80))));
 const layerSelect = el("select", { "class": "mh-layer", "aria-label": "layer" });
 for (let l = 0; l < L; l++) layerSelect.appendChild(el("option", { value: String(l) }, "layer " + l));
-controls.append(el("span", {}, "sentence "), sentenceSelect, el("span", {}, " "), layerSelect);
+// the head the one-head views (matrix, its detail) show; the boxes pick it there too
+const headSelect = el("select", { "class": "mh-head", "aria-label": "head" });
+for (let h = 0; h < H; h++) headSelect.appendChild(el("option", { value: String(h) }, "head " + h));
+controls.append(el("span", {}, "sentence "), sentenceSelect, el("span", {}, " "), layerSelect, el("span", {}, " "), headSelect);
+const ONE_HEAD = ["matrix"];  // views of one head: a box picks the head instead of toggling it
+function syncBoxes() {
+  headBoxes.querySelectorAll(".mh-headbox").forEach((b, k) =>
+    b.classList.toggle("on", ONE_HEAD.includes(state.view) ? k === state.head : state.heads.has(k)));
+}
 const headBoxes = el("span", { "class": "mh-heads" });
 for (let h = 0; h < H; h++) {
   const box = el("span", { "class": "mh-headbox on", "data-head": String(h), title: "head " + h });
   box.style.background = COLORS[h % COLORS.length];
   box.textContent = String(h);
   box.addEventListener("click", () => {
+    if (ONE_HEAD.includes(state.view)) { state.head = h; headSelect.value = String(h); draw(); return; }
     if (state.heads.has(h)) state.heads.delete(h); else state.heads.add(h);
-    box.classList.toggle("on");
     draw();
   });
   box.addEventListener("dblclick", () => {  // one head alone (double-click again: all heads)
     const alone = state.heads.size === 1 && state.heads.has(h);
     state.heads = alone ? new Set([...Array(H).keys()]) : new Set([h]);
-    headBoxes.querySelectorAll(".mh-headbox").forEach((b, k) => b.classList.toggle("on", state.heads.has(k)));
     draw();
   });
   headBoxes.appendChild(box);
@@ -79,6 +87,7 @@ for (let h = 0; h < H; h++) {
 controls.appendChild(headBoxes);
 sentenceSelect.addEventListener("change", () => { state.sentence = +sentenceSelect.value; state.zoom = null; draw(); });
 layerSelect.addEventListener("change", () => { state.layer = +layerSelect.value; draw(); });
+headSelect.addEventListener("change", () => { state.head = +headSelect.value; draw(); });
 root.querySelectorAll(".mh-tab").forEach((tab) => tab.addEventListener("click", () => {
   state.view = tab.getAttribute("data-view");
   root.querySelectorAll(".mh-tab").forEach((t) => t.classList.toggle("active", t === tab));
@@ -89,8 +98,9 @@ root.querySelectorAll(".mh-tab").forEach((tab) => tab.addEventListener("click", 
 const info = q(".mh-info");
 function showView(view) { const tab = root.querySelector('.mh-tab[data-view="' + view + '"]'); if (tab) tab.click(); }
 // any head, from anywhere: the map, a table row, a similarity cell, a thumbnail, a probe table
-function openHead(l, h, view) {
-  state.layer = l; state.head = h; layerSelect.value = String(l);
+function openHead(l, h, view, sentence) {
+  state.layer = l; state.head = h; layerSelect.value = String(l); headSelect.value = String(h);
+  if (sentence !== undefined && sentence !== state.sentence) { state.sentence = sentence; sentenceSelect.value = String(sentence); state.zoom = null; }
   showView(view || "matrix");
 }
 function headLink(l, h, text) {
@@ -108,7 +118,7 @@ function readFragment() {
   const s = n("s", data.sentences.length), l = n("l", L), h = n("h", H), v = p.get("v");
   if (s !== null) { state.sentence = s; sentenceSelect.value = String(s); }
   if (l !== null) { state.layer = l; layerSelect.value = String(l); }
-  if (h !== null) state.head = h;
+  if (h !== null) { state.head = h; headSelect.value = String(h); }
   return v && root.querySelector('.mh-tab[data-view="' + v + '"]') ? v : null;
 }
 function headList(parent, heads) {  // links to heads, separated by spaces
@@ -117,7 +127,7 @@ function headList(parent, heads) {  // links to heads, separated by spaces
 
 // --- the views, each with this page's context ---
 const page = { root, data, state, L, H, LONG, q, info, sparse, pooled, eachStored, label, evidence, mark, code, colour,
-               headLink, headList, openHead, draw, showView, sentenceSelect, layerSelect };
+               headLink, headList, openHead, draw, showView, sentenceSelect, layerSelect, headSelect };
 const views = { head: headView(page), model: modelView(page), matrix: matrixView(page), detail: detailView(page),
                 rollout: rolloutView(page), similarity: similarityView(page), table: tableView(page),
                 overview: overviewView(page) };
@@ -125,6 +135,7 @@ exportButtons(page, views);
 
 function draw() {
   writeFragment();
+  syncBoxes();
   if (state.view === "table") return;  // built at the start, rebuilt when sorted
   views[state.view].draw();
   if (state.view === "matrix") views.detail.draw();

@@ -4,7 +4,7 @@ import { fmt } from "./scales.js";
 import { el, tableOf } from "./dom.js";
 
 export function detailView(page) {
-  const { data, state, H, q, pooled, eachStored, label, mark, draw, sentenceSelect } = page;
+  const { data, state, H, q, pooled, eachStored, label, mark, draw, sentenceSelect, openHead } = page;
   // --- head detail (under the matrix): this head's metrics against its layer and the model, and the
   // page's sentences ranked by how typical the head's attention is of its label on each ---
   function measure(s, l, h, lab) {
@@ -37,6 +37,18 @@ export function detailView(page) {
       });
       box.appendChild(el("h4", {}, "L" + l + ".H" + h + " (" + lab + mark(l, h) + "): its metrics against its layer and the model"));
       box.appendChild(tableOf(["metric", "this head", "layer mean", "layer range", "model percentile"], rows));
+    }
+    const inputs = data.sentences.map((d, s) => [d, s]).filter(([d]) => d.purpose);
+    if (inputs.length) {  // the inputs that define the labels: a probe's, the heads' typical texts
+      const p = el("p", { "class": "mh-evidence-inputs" }, "Open L" + l + ".H" + h + " on the inputs that define the labels: ");
+      inputs.forEach(([d, s], k) => {
+        if (k) p.appendChild(document.createTextNode(" · "));
+        const a = el("a", { href: "#s=" + s + "&l=" + l + "&h=" + h + "&v=matrix", "class": "mh-evidence-link", "data-sentence": String(s) },
+          d.purpose + (s === state.sentence ? " (shown)" : ""));
+        a.addEventListener("click", (ev) => { ev.preventDefault(); openHead(l, h, "matrix", s); });
+        p.appendChild(a);
+      });
+      box.appendChild(p);
     }
     const typical = data.overview && data.overview.typical;
     const mine = typical && typical.heads.find((e) => e.layer === l && e.head === h);

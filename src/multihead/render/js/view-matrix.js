@@ -2,7 +2,9 @@
 import { keptShare, pooledBlock, weightAt } from "./decode.js";
 import { blue } from "./scales.js";
 import { blockSpan, cellAt, wholeRegion, ZOOM_FULL, zoomed } from "./zoom.js";
-import { BAR, colourBar, MARGIN, setGeometry, tokenLabels } from "./canvas.js";
+import { BAR, colourBar, MARGIN, positionAxis, setGeometry, tokenLabels } from "./canvas.js";
+
+const AXIS = 48;  // the margin of a position axis (a long text's map, before its tokens can be named)
 
 export function matrixView(page) {
   const { data, state, H, q, info, sparse, pooled, eachStored, label, evidence, draw } = page;
@@ -17,6 +19,8 @@ export function matrixView(page) {
     const toks = data.sentences[state.sentence].tokens, T = toks.length, pool = pooled(state.sentence);
     const k = sparse(state.sentence).k;
     q(".mh-zoom").style.display = pool ? "" : "none";
+    // block mass / block max is a choice of the pooled map only: zoomed into stored weights it does not apply
+    q(".mh-pool-mode").style.display = pool && region().n === T ? "" : "none";
     const tested = evidence(state.layer, state.head);
     const title = "layer " + state.layer + ", head " + state.head + ": " + label(state.layer, state.head) +
       (tested ? " (" + tested + " by ablation)" : "");
@@ -24,21 +28,23 @@ export function matrixView(page) {
     const ctx = canvas.getContext("2d");
     if (pool && region().n === T) {  // the whole map, block by block
       const C = pool.cells, cell = Math.max(2, Math.floor(512 / C)), base = (state.layer * H + state.head) * C * C;
-      const arr = state.poolMode === "max" ? pool.max : pool.mass;
-      canvas.width = C * cell + BAR; canvas.height = C * cell;
-      setGeometry(canvas, 0, 0, C * cell);
+      const arr = state.poolMode === "max" ? pool.max : pool.mass, A = AXIS;
+      canvas.width = A + C * cell + BAR; canvas.height = A + C * cell;
+      setGeometry(canvas, A, A, C * cell);
       ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
-      colourBar(ctx, C * cell + 12, 0, C * cell, state.poolMode === "max" ? "√ largest weight" : "√ block mass");
+      colourBar(ctx, A + C * cell + 12, A, C * cell, state.poolMode === "max" ? "√ largest weight" : "√ block mass");
       for (let a = 0; a < C; a++) for (let b = 0; b < C; b++) {
-        ctx.fillStyle = blue(arr[base + a * C + b] / 255); ctx.fillRect(b * cell, a * cell, cell, cell);
+        ctx.fillStyle = blue(arr[base + a * C + b] / 255); ctx.fillRect(A + b * cell, A + a * cell, cell, cell);
       }
+      positionAxis(ctx, 0, 0, C * pool.block, C * cell, A);
       q(".mh-matrix-title").textContent = title + " — blocks of " + pool.block + " x " + pool.block + " tokens, " +
         (state.poolMode === "max" ? "the largest weight in each block" : "each block's mass (its rows' mean weight on its keys)") +
         " (colour ∝ √value); click to zoom" + stored;
       return;
     }
     const z = region(), G = Math.min(z.n, 256), cell = Math.max(2, Math.min(24, Math.floor(560 / G)));
-    const labelled = z.n <= ZOOM_FULL, M = labelled ? MARGIN : 0;  // every cell one (query, key) pair: name them
+    // every cell one (query, key) pair: name them; a zoomed region of a long text: its positions
+    const labelled = z.n <= ZOOM_FULL, M = labelled ? MARGIN : z.n < T ? AXIS : 0;
     canvas.width = M + G * cell + BAR; canvas.height = M + G * cell;
     setGeometry(canvas, M, M, G * cell);
     ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
@@ -53,6 +59,7 @@ export function matrixView(page) {
     }
     ctx.strokeStyle = "#ccc"; ctx.strokeRect(M, M, G * cell, G * cell);
     if (labelled) tokenLabels(ctx, toks, z.i0, z.j0, G, cell, M);
+    else if (M) positionAxis(ctx, z.i0, z.j0, z.n, G * cell, M);
     colourBar(ctx, M + G * cell + 12, M, G * cell, "weight");
     const where = z.n < T ? " — rows " + z.i0 + "–" + (Math.min(T, z.i0 + z.n) - 1) + ", keys " + z.j0 + "–" + (Math.min(T, z.j0 + z.n) - 1) +
       (z.n > ZOOM_FULL ? " (each cell the largest stored weight in it; click to zoom)" : " at full resolution") : "";

@@ -1,5 +1,5 @@
 // The overview: what was analysed, the label map with its legend, flags, redundancy and the probes.
-import { fmt } from "./scales.js";
+import { blue, fmt } from "./scales.js";
 import { el, escSVG, tableOf } from "./dom.js";
 
 export function overviewView(page) {
@@ -8,6 +8,19 @@ export function overviewView(page) {
   function topHeads(metric, n, desc) {
     return data.heads.filter((r) => r.metrics[metric] !== null && r.metrics[metric] !== undefined)
       .sort((a, b) => (desc === false ? 1 : -1) * (a.metrics[metric] - b.metrics[metric])).slice(0, n);
+  }
+  // the map's cells by label colour, or by a metric: white (its smallest over the heads) to blue (its largest)
+  function shadeMap(map, metric) {
+    const values = data.heads.map((r) => r.metrics[metric]).filter((v) => v !== null && v !== undefined);
+    const lo = Math.min(...values), hi = Math.max(...values);
+    map.querySelectorAll("td.mh-mapcell").forEach((td) => {
+      const l = +td.getAttribute("data-layer"), h = +td.getAttribute("data-head"), v = metric ? data.heads[l * H + h].metrics[metric] : null;
+      const t = v === null || v === undefined || !(hi > lo) ? 0 : (v - lo) / (hi - lo);
+      td.style.background = metric ? blue(t) : colour(label(l, h));
+      td.style.color = metric && t > 0.6 ? "#fff" : "";
+      td.setAttribute("data-value", metric && v !== null && v !== undefined ? String(v) : "");
+      td.title = td.title.split(" | ")[0] + (metric ? " | " + metric + " " + fmt(v, 4) : "");
+    });
   }
   let overviewBuilt = false;
   function drawOverview() {
@@ -18,6 +31,10 @@ export function overviewView(page) {
     box.appendChild(el("p", { "class": "mh-meta" }, o.model + ": " + L + " layers × " + H + " heads" + (o.causal ? " (causal)" : "") +
       "; " + o.sentences + " sentences, " + o.tokens + " tokens" + corpus + "; page written " + o.written + " by multihead " + o.version));
     box.appendChild(el("h3", {}, "Heads by label (click a head to open it)"));
+    const shade = el("select", { "class": "mh-map-shade", "aria-label": "shade the map by" });
+    shade.appendChild(el("option", { value: "" }, "shaded by label"));
+    data.metric_names.forEach((m) => shade.appendChild(el("option", { value: m }, "shaded by " + m)));
+    box.appendChild(shade);
     const map = el("table", { "class": "mh-labelmap" }), head = el("tr");
     head.appendChild(el("th", {}, ""));
     for (let h = 0; h < H; h++) head.appendChild(el("th", {}, "H" + h));
@@ -38,6 +55,7 @@ export function overviewView(page) {
       map.appendChild(tr);
     }
     box.appendChild(map);
+    shade.addEventListener("change", () => shadeMap(map, shade.value));
     const legend = el("dl", { "class": "mh-legend" }), used = new Set(data.labels.map((x) => x.startsWith("syntactic:") ? "syntactic:REL" : x));
     Object.entries(o.legend).forEach(([lab, rule]) => {
       if (!used.has(lab)) return;
@@ -49,11 +67,16 @@ export function overviewView(page) {
       Object.entries(data.marks || {}).forEach(([m, sign]) => legend.append(el("dt", {}, sign), el("dd", {}, (data.mark_words || {})[m] || m)));
     }
     box.appendChild(legend);
-    const flags = el("p");
-    flags.appendChild(document.createTextNode("Degenerate heads (flags): "));
+    const flags = el("p");  // degenerate: input-independent attention *and* removing the head changes nothing
+    flags.appendChild(document.createTextNode("Degenerate heads (input-independent attention, and removing them changes nothing): "));
     if (!(o.flags || []).length) flags.appendChild(document.createTextNode("none"));
     (o.flags || []).forEach(([l, h, f], k) => { if (k) flags.appendChild(document.createTextNode(", ")); flags.appendChild(headLink(l, h)); flags.appendChild(document.createTextNode(" " + f.join("/"))); });
     box.appendChild(flags);
+    if ((o.untested || []).length) {
+      const untested = el("p", { "class": "mh-note" }, "Input-independent attention, not tested by ablation (so not called degenerate): ");
+      o.untested.forEach(([l, h, f], k) => { if (k) untested.appendChild(document.createTextNode(", ")); untested.appendChild(headLink(l, h)); untested.appendChild(document.createTextNode(" " + f.join("/"))); });
+      box.appendChild(untested);
+    }
     if (data.pairs && data.pairs.length) {
       box.appendChild(el("h3", {}, "Most redundant pairs (Jensen–Shannon distance of their attention)"));
       box.appendChild(tableOf(["head", "head", "JS distance"], data.pairs.slice(0, 8).map(([a, b, v]) => [headLink(a[0], a[1]), headLink(b[0], b[1]), fmt(v)])));
@@ -62,8 +85,10 @@ export function overviewView(page) {
       box.appendChild(el("h3", {}, "Syntax: best head per relation against the best fixed offset"));
       const rows = Object.entries(o.syntax.relations).filter(([, d]) => d.count >= o.syntax.min_count)
         .sort((a, b) => (b[1].best.accuracy - b[1].baseline) - (a[1].best.accuracy - a[1].baseline)).slice(0, 15);
-      box.appendChild(tableOf(["relation", "count", "best head", "accuracy", "baseline (offset)"],
-        rows.map(([rel, d]) => [rel, d.count, headLink(d.best.layer, d.best.head), fmt(d.best.accuracy), fmt(d.baseline) + " (" + (d.baseline_offset > 0 ? "+" : "") + d.baseline_offset + ")"])));
+      box.appendChild(tableOf(["relation", "count", "best head", "accuracy", "baseline (offset)", "margin needed (95%)", "beats it"],
+        rows.map(([rel, d]) => [rel, d.count, headLink(d.best.layer, d.best.head), fmt(d.best.accuracy), fmt(d.baseline) + " (" + (d.baseline_offset > 0 ? "+" : "") + d.baseline_offset + ")",
+                                fmt(d.margin_needed), d.beats === undefined ? "–" : d.beats ? "yes" : "no"])));
+      if (o.causal) box.appendChild(el("p", { "class": "mh-note" }, "A causal head is scored only on the instances whose target it can see (before the query): a direction no causal head can attend has no count."));
     }
     if (o.coreference) {
       box.appendChild(el("h3", {}, "Coreference: pronoun → antecedent (" + o.coreference.examples + " examples), against the nearest mention (" + fmt(o.coreference.baseline_nearest) + ")"));
@@ -75,12 +100,16 @@ export function overviewView(page) {
       box.appendChild(tableOf(["head", "induction", "duplicate token", "uniform"], topHeads("induction", 6).map((r) => [headLink(r.layer, r.head), fmt(r.metrics.induction), fmt(r.metrics.duplicate_token), fmt(uniform)])));
     }
     if (o.ablation) {
+      const unit = o.ablation.unit ? " (" + o.ablation.unit + ")" : "";
+      const exact = new Set((o.ablation.exact || []).map(([l, h]) => l * H + h)), estimated = o.ablation.method === "attribution";
       box.appendChild(el("h3", {}, "Ablation: the heads whose removal changes " + o.ablation.objective + " most (" + o.ablation.texts + " texts)"));
-      box.appendChild(tableOf(["head", "zero ablation", "mean ablation"], topHeads("zero_ablation", 6).map((r) => [headLink(r.layer, r.head), fmt(r.metrics.zero_ablation, 4), fmt(r.metrics.mean_ablation, 4)])));
+      box.appendChild(tableOf(["head", "zero ablation" + unit, "mean ablation" + unit, "how"], topHeads("zero_ablation", 6).map((r) => [headLink(r.layer, r.head), fmt(r.metrics.zero_ablation, 4), fmt(r.metrics.mean_ablation, 4),
+        !estimated || exact.has(r.layer * H + r.head) ? "exact" : "attribution estimate"])));
     }
     if (o.evidence && o.evidence.heads.length) {
       box.appendChild(el("h3", {}, "Labels tested by ablation"));
-      box.appendChild(tableOf(["head", "label", "measured", "confirmed at", "mark"], o.evidence.heads.map((e) => [headLink(e.layer, e.head), e.label, fmt(e.value, 4), fmt(e.threshold, 4), e.mark])));
+      box.appendChild(tableOf(["head", "label", "measured", "unit", "random heads (mean ± sd)", "confirmed above", "mark"], o.evidence.heads.map((e) => [headLink(e.layer, e.head), e.label, fmt(e.value, 4), e.unit || "",
+        e.baseline_heads ? e.baseline_heads + " heads: " + fmt(e.baseline_mean, 4) + " ± " + fmt(e.baseline_sd, 4) : "–", fmt(e.threshold, 4), e.mark])));
       box.appendChild(el("p", { "class": "mh-note" }, Object.entries(o.evidence.tests).map(([k, v]) => k + ": " + v).join(" · ")));
     }
     if (o.long_context) {

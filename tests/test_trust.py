@@ -1,0 +1,166 @@
+"""Labels a researcher can trust: sinks named as such, degenerate only when removing a head changes
+nothing, intervals that cover at their stated rate, confirmation above a baseline's spread, causal
+syntax scored only where a head can look, and comparisons of what compares."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+import multihead as mh
+from multihead.analysis.compare import compare
+from multihead.analysis.interventions.evidence import BASELINE_HEADS, Z, _induction_tests, upper_bound
+from multihead.analysis.labels import degenerate, describe, flags_for, label_codes, label_for, traits_for
+from multihead.analysis.probes.syntax import Parse
+from multihead.analysis.report import HeadRecord, Report
+from multihead.analysis.sections import Ablation, Sections
+from multihead.analysis.stats.bootstrap import intervals
+from multihead.analysis.stats.heads import METRICS, HeadStatistics
+from multihead.analysis.stats.syntax import _align
+from multihead.render.text import comparison_text
+
+BASE = {m: 0.0 for m in METRICS} | {"entropy_norm": 0.3, "local": 0.3}
+
+
+def test_a_decoders_first_token_is_a_sink_an_encoders_is_special():
+    stuck = BASE | {"cls": 0.93}
+    assert label_for(stuck, causal=True) == "sink"
+    assert label_for(stuck, causal=False) == "special-token"
+    assert describe("sink", stuck) == "sink 0.93"
+    assert flags_for(stuck, "sink") == ["stuck-on-first"]
+
+
+def test_an_input_dependent_role_keeps_its_label_with_the_sink_as_a_trait():
+    induction = BASE | {"cls": 0.92, "induction": 0.88}
+    label = label_for(induction, causal=True)
+    assert label == "induction" and traits_for(label, induction, causal=True) == ["sink"]
+    assert flags_for(induction, label) == []  # never a degenerate candidate
+
+
+def test_mixed_becomes_its_two_largest_components_when_they_hold_most_of_it():
+    two = BASE | {"previous_token": 0.41, "cls": 0.33}
+    assert label_for(two, causal=True) == "previous+sink"
+    assert describe("previous+sink", two) == "previous 0.41 + sink 0.33"
+    assert label_codes(["previous+sink"])["previous+sink"] == "PRV+SNK"
+    spread = BASE | {"previous_token": 0.2, "cls": 0.2}
+    assert label_for(spread, causal=True) == "mixed"
+
+
+def test_degenerate_needs_a_flag_and_an_effect_within_the_noise():
+    assert degenerate(["stuck-on-first"], 0.0004, (-0.003, 0.004), largest=0.4) is True
+    assert degenerate(["stuck-on-first"], 0.08, (0.05, 0.12), largest=0.4) is False  # it matters
+    assert degenerate(["stuck-on-first"], 0.002, (0.001, 0.003), largest=0.4) is True  # under 1 % of the largest
+    assert degenerate([], 0.0, (0.0, 0.0), largest=0.4) is False
+    assert degenerate(["uniform"], math.nan, None, largest=0.4) is None  # not measured: not called degenerate
+
+
+def test_bootstrap_intervals_cover_the_full_corpus_value_at_their_rate(minilm):
+    """Each text in its own group over 300 sentences; corpora of 60 texts drawn from them: the
+    interval of each corpus holds the 300-text value about 95 % of the time (every head, metric, seed)."""
+    from multihead.analysis.pipelines.common import encode_corpus, run_pass, text_batches
+    from multihead.data import sample_sentences
+
+    texts = sample_sentences(300)[:300]
+    stats = HeadStatistics(minilm.num_layers, minilm.num_heads, groups=len(texts))
+    encoded = encode_corpus(minilm, texts)
+    run_pass(minilm, text_batches(minilm, encoded, range(len(texts)), 32), [stats], progress=False)
+    sums, counts = stats.group_sums, stats.group_counts  # (N, M, L, H), one text each
+    assert torch.allclose(sums.sum(0), stats.sums) and torch.allclose(counts.sum(0), stats.counts)
+    full = sums.sum(0) / counts.sum(0)  # (M, L, H)
+    covered = []
+    for seed in range(40):
+        draw = torch.randint(len(texts), (60,), generator=torch.Generator().manual_seed(1000 + seed))
+        low, high = intervals(sums[draw], counts[draw], seed=seed)
+        keep = ~torch.isnan(full) & (high > low)
+        covered.append(((low <= full) & (full <= high))[keep].float().mean())
+    rate = float(torch.stack(covered).mean())
+    assert 0.88 <= rate <= 0.99, rate
+
+
+def test_confirmation_needs_the_effect_above_the_baselines_spread():
+    baseline = [0.05, -0.02, 0.11, 0.0, 0.07, -0.04, 0.03, 0.01]
+    mean = sum(baseline) / len(baseline)
+    sd = float(torch.tensor(baseline).std())
+    assert upper_bound(baseline) == pytest.approx(mean + Z * sd)
+    assert upper_bound(baseline, floor=0.5) == 0.5
+    assert upper_bound([], floor=0.01) == 0.01
+
+
+@pytest.mark.slow
+def test_an_induction_head_with_its_output_removed_is_not_confirmed(smollm2):
+    """L18.H6 is SmolLM2's strongest induction head: confirmed; with W^O's columns of its head zeroed
+    (a planted head whose attention is unchanged and whose output is nothing) its effect is 0."""
+    found = {(e.layer, e.head): e for e in _induction_tests(smollm2, [(18, 6)])}
+    assert found[(18, 6)].confirmed and found[(18, 6)].unit == "nats/token"
+    assert len(found[(18, 6)].baseline) == BASELINE_HEADS
+    planted = copy.deepcopy(smollm2.model)
+    d = planted.config.hidden_size // planted.config.num_attention_heads
+    with torch.no_grad():
+        planted.model.layers[18].self_attn.o_proj.weight[:, 6 * d:7 * d] = 0
+    silent = _induction_tests(mh.hf.wrap(planted, smollm2.tokenizer, name="planted"), [(18, 6)])[0]
+    assert silent.value == pytest.approx(0.0, abs=1e-6) and not silent.confirmed
+
+
+@pytest.mark.slow
+def test_smollm2_induction_heads_are_induction_with_a_sink_and_a_planted_no_op_is_degenerate(smollm2):
+    """On ordinary sentences SmolLM2's induction heads park on the first token: labelled induction
+    (sink a trait), never degenerate; a sink head with its output zeroed is degenerate."""
+    from multihead.data import sample_sentences
+
+    texts = sample_sentences(40)
+    report = mh.analyze(smollm2, texts, coreference=False, ablation=6, redundancy=False)
+    inductive = [r for r in report.heads if r.label == "induction"]
+    assert len(inductive) >= 6
+    assert all(not r.degenerate for r in inductive) and any("sink" in r.traits for r in inductive)
+    assert {(18, 6), (17, 3)} <= {(r.layer, r.head) for r in inductive}
+    assert all(r.degenerate is not None for r in report.heads if r.flags)  # every candidate was measured exactly
+    assert all(0 <= r.stability <= 1 for r in report.heads)
+    sink = next(r for r in report.heads if r.label == "sink" and r.flags and not r.degenerate)
+    planted = copy.deepcopy(smollm2.model)
+    d = planted.config.hidden_size // planted.config.num_attention_heads
+    with torch.no_grad():
+        planted.model.layers[sink.layer].self_attn.o_proj.weight[:, sink.head * d:(sink.head + 1) * d] = 0
+    again = mh.analyze(mh.hf.wrap(planted, smollm2.tokenizer, name="planted"), texts, coreference=False,
+                       ablation=6, redundancy=False, induction=False)
+    record = again.head(sink.layer, sink.head)
+    assert record.degenerate is True and record.metrics["zero_ablation"] == 0.0, record
+    assert record in again.flagged()
+
+
+def test_a_causal_head_is_not_scored_on_what_it_cannot_see():
+    # "cats chase mice and dogs": nsubj(cats <- chase), dobj(mice <- chase), cc(and <- dogs), conj(dogs <- cats)
+    words = ((0, 4), (5, 10), (11, 15), (16, 19), (20, 24))
+    parse = Parse("cats chase mice and dogs", words, (1, -1, 1, 4, 0), ("nsubj", "root", "dobj", "cc", "conj"))
+    offsets = [list(words)]
+    both = set(_align([parse], offsets, causal=False).keys)
+    causal = set(_align([parse], offsets, causal=True).keys)
+    assert both == {"nsubj", "nsubj>", "dobj", "dobj>", "cc", "cc>", "conj", "conj>"}
+    # a causal head sees earlier words only: a dependent before its governor cannot look up to it
+    # (nsubj, cc), nor a governor down to a later dependent (dobj>, conj>)
+    assert causal == {"nsubj>", "dobj", "cc>", "conj"}
+
+
+def _report(name: str, causal: bool, objective: str, unit: str, effects: list[float]) -> Report:
+    heads = []
+    for h, effect in enumerate(effects):
+        metrics = BASE | {"next_token": 0.1 * h, "cls": 0.2, "self": 0.1 * h, "zero_ablation": effect,
+                          "mean_ablation": effect / 2}
+        heads.append(HeadRecord(0, h, "mixed", [], metrics))
+    return Report(model=name, causal=causal, num_layers=1, num_heads=len(effects), sentences=3, tokens=30,
+                  heads=heads, sections=Sections(ablation=Ablation(objective, 0.0, 3, 30,
+                                                                   ["mean_ablation", "zero_ablation"], unit=unit)))
+
+
+def test_compare_across_objectives_and_architectures_compares_only_what_compares():
+    a = _report("minilm", False, "1 - cosine of the mean-pooled last hidden state", "1 - cos", [0.27, 0.01, 0.0])
+    b = _report("smollm2", True, "next-token cross-entropy (nats per token)", "nats/token", [33.9, 0.0, 12.0, 0.1])
+    c = compare(a, b)
+    ranked = {d["metric"] for d in c.metric_deltas()}
+    assert not ranked & {"zero_ablation", "mean_ablation", "next_token", "sep", "cls"}, ranked
+    assert {"zero_ablation_share", "mean_ablation_share", "self"} <= ranked
+    assert set(c.excluded()) == {"zero_ablation", "mean_ablation", "next_token", "sep", "cls"}
+    text = comparison_text(c)
+    assert "not compared: zero_ablation (ablation effects in different units (1 - cos in A, nats/token in B)" in text
+    died = [f"L{ca[0]}.H{ca[1]} ~ L{cb[0]}.H{cb[1]}" for ca, cb in c.died() if ca != cb]
+    assert all(name in text for name in died)
