@@ -164,3 +164,10 @@ def test_compare_across_objectives_and_architectures_compares_only_what_compares
     assert "not compared: zero_ablation (ablation effects in different units (1 - cos in A, nats/token in B)" in text
     died = [f"L{ca[0]}.H{ca[1]} ~ L{cb[0]}.H{cb[1]}" for ca, cb in c.died() if ca != cb]
     assert all(name in text for name in died)
+
+
+def test_a_head_on_cls_with_the_rest_spread_is_cls_plus_broad():
+    spread = BASE | {"cls": 0.43, "entropy_norm": 0.6, "punctuation": 0.05}
+    assert label_for(spread) == "cls+broad"
+    assert describe("cls+broad", spread) == "cls 0.43 + broad (entropy_norm 0.60)"
+    assert label_codes(["cls+broad"])["cls+broad"] == "CLS+BRD"

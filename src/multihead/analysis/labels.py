@@ -54,10 +54,37 @@ from collections.abc import Iterable
 
 from .sections import sampling_margin
 
-__all__ = ["COMBINED", "COMPONENTS", "COREFERENCE_RULE", "CROSS_RULES", "FLAG_RULES", "LABEL_COLOURS", "LABEL_RULES",
-           "MARKS", "MARK_WORDS", "NEGLIGIBLE", "PATCH_RULES", "ROLES", "SINK_HEAD", "SINK_RULE", "SYNTAX_RULE",
-           "WINDOW_KEPT", "colour_of", "cross_label", "degenerate", "describe", "flags_for", "label_codes",
-           "label_for", "label_value", "legend", "patch_label", "sampling_margin", "traits_for"]
+__all__ = [
+    "COMBINED",
+    "COMPONENTS",
+    "COREFERENCE_RULE",
+    "CROSS_RULES",
+    "FLAG_RULES",
+    "LABEL_COLOURS",
+    "LABEL_RULES",
+    "MARKS",
+    "MARK_WORDS",
+    "NEGLIGIBLE",
+    "PATCH_RULES",
+    "ROLES",
+    "SINK_HEAD",
+    "SINK_RULE",
+    "SYNTAX_RULE",
+    "WINDOW_KEPT",
+    "WITH_BROAD",
+    "colour_of",
+    "cross_label",
+    "degenerate",
+    "describe",
+    "flags_for",
+    "label_codes",
+    "label_for",
+    "label_value",
+    "legend",
+    "patch_label",
+    "sampling_margin",
+    "traits_for",
+]
 
 #: (label, metric or sum of metrics, threshold) — the simple rules, in order.
 LABEL_RULES: tuple[tuple[str, str, float], ...] = (
@@ -83,6 +110,8 @@ SINK_RULE = 0.6
 #: call the first token ``sink``, encoders ``cls``; ``eos`` / ``sep`` are the separator tokens).
 COMPONENTS = {"previous": "previous_token", "self": "self", "next": "next_token", "sink": "cls", "cls": "cls",
               "eos": "sep", "sep": "sep", "punctuation": "punctuation"}
+#: ``A+broad``: the largest component holds at least the first share, the rest spread (normalised entropy).
+WITH_BROAD = (0.25, 0.5)
 _CAUSAL_PARTS = ("previous", "self", "next", "sink", "eos", "punctuation")
 _ENCODER_PARTS = ("previous", "self", "next", "cls", "sep", "punctuation")
 #: ``A+B``: the two components together hold at least the first share, the second at least the second.
@@ -147,7 +176,10 @@ def _parts(metrics: dict[str, float], causal: bool) -> list[tuple[float, str]]:
 def _combined(metrics: dict[str, float], causal: bool) -> str | None:
     (a, first), (b, second) = _parts(metrics, causal)[:2]
     together, least = COMBINED
-    return f"{first}+{second}" if a + b >= together and b >= least else None
+    if a + b >= together and b >= least:
+        return f"{first}+{second}"
+    share, spread = WITH_BROAD
+    return f"{first}+broad" if a >= share and _value(metrics, "entropy_norm") >= spread else None
 
 
 def label_value(label: str, metrics: dict[str, float], *, syntax_accuracy: float | None = None) -> float:
@@ -157,7 +189,7 @@ def label_value(label: str, metrics: dict[str, float], *, syntax_accuracy: float
     if kind == "syntactic":
         return math.nan if syntax_accuracy is None else float(syntax_accuracy)
     if "+" in label:
-        return sum(_value(metrics, COMPONENTS[p]) for p in label.split("+"))
+        return sum(_value(metrics, COMPONENTS[p]) for p in label.split("+") if p in COMPONENTS)
     rules = {name: key for name, key, _ in LABEL_RULES}
     key = {"sink": "cls", "coreference": "coreference"}.get(label) or rules.get(label)
     if key is None:  # mixed: the largest component
@@ -169,7 +201,8 @@ def label_value(label: str, metrics: dict[str, float], *, syntax_accuracy: float
 def describe(label: str, metrics: dict[str, float], value: float | None = None) -> str:
     """The label with its defining value in words: ``induction 0.88``, ``previous 0.41 + sink 0.33``."""
     if "+" in label:
-        return " + ".join(f"{p} {_value(metrics, COMPONENTS[p]):.2f}" for p in label.split("+"))
+        return " + ".join(f"{p} {_value(metrics, COMPONENTS[p]):.2f}" if p in COMPONENTS else
+                          f"{p} (entropy_norm {_value(metrics, 'entropy_norm'):.2f})" for p in label.split("+"))
     value = label_value(label, metrics) if value is None else value
     if label == "mixed":
         return f"mixed (no rule holds; largest component {value:.2f})" if math.isfinite(value) else "mixed"
@@ -265,7 +298,7 @@ _SHORT = {"induction": "IND", "coreference": "COREF", "sink": "SINK",
           "broad": "BRD", "mixed": "·", "aligned": "ALGN", "source-special": "SSPEC", "cls": "CLS"}
 #: three-letter codes of the components, for ``A+B`` codes (``PRV+SNK``)
 _PART_CODES = {"previous": "PRV", "self": "SLF", "next": "NXT", "sink": "SNK", "cls": "CLS", "eos": "EOS",
-               "sep": "SEP", "punctuation": "PNC"}
+               "sep": "SEP", "punctuation": "PNC", "broad": "BRD"}
 
 #: background colour of each label (syntactic labels share one)
 LABEL_COLOURS = {
@@ -326,7 +359,8 @@ def legend() -> dict[str, dict[str, str]]:
                      f"token is): cls ≥ {SINK_RULE}")
     together, least = COMBINED
     words["A+B"] = (f"its two largest components (previous, self, next, sink/cls, eos/sep, punctuation), largest "
-                    f"first, holding ≥ {together} of its attention together, the second ≥ {least}")
+                    f"first, holding ≥ {together} of its attention together, the second ≥ {least}; A+broad: the "
+                    f"largest ≥ {WITH_BROAD[0]} and the rest spread (entropy_norm ≥ {WITH_BROAD[1]})")
     words["mixed"] = "none of the rules above holds"
     flags = {flag: f"{key} ≥ {threshold}" for flag, key, threshold in FLAG_RULES}
     flags["degenerate"] = (f"a flag holds and removing the head changes nothing (its zero-ablation interval holds 0, "
