@@ -129,15 +129,18 @@ def test_smollm2_induction_heads_are_induction_with_a_sink_and_a_planted_no_op_i
 
 
 def test_a_causal_head_is_not_scored_on_what_it_cannot_see():
-    # "cats chase mice and dogs": nsubj(cats <- chase), dobj(mice <- chase), cc(and <- dogs), conj(dogs <- cats)
-    words = ((0, 4), (5, 10), (11, 15), (16, 19), (20, 24))
-    parse = Parse("cats chase mice and dogs", words, (1, -1, 1, 4, 0), ("nsubj", "root", "dobj", "cc", "conj"))
+    # "Two cats chase mice and dogs": nummod(Two <- cats), nsubj(cats <- chase), dobj(mice <- chase),
+    # cc(and <- dogs), conj(dogs <- cats)
+    words = ((0, 3), (4, 8), (9, 14), (15, 19), (20, 23), (24, 28))
+    parse = Parse("Two cats chase mice and dogs", words, (1, 2, -1, 2, 5, 1),
+                  ("nummod", "nsubj", "root", "dobj", "cc", "conj"))
     offsets = [list(words)]
     both = set(_align([parse], offsets, causal=False).keys)
     causal = set(_align([parse], offsets, causal=True).keys)
-    assert both == {"nsubj", "nsubj>", "dobj", "dobj>", "cc", "cc>", "conj", "conj>"}
+    assert both == {"nummod", "nummod>", "nsubj", "nsubj>", "dobj", "dobj>", "cc", "cc>", "conj", "conj>"}
     # a causal head sees earlier words only: a dependent before its governor cannot look up to it
-    # (nsubj, cc), nor a governor down to a later dependent (dobj>, conj>)
+    # (nummod, nsubj, cc), nor a governor down to a later dependent (dobj>, conj>); and the first
+    # word is its sink, not a target (nummod>: cats -> Two)
     assert causal == {"nsubj>", "dobj", "cc>", "conj"}
 
 

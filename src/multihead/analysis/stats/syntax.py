@@ -65,8 +65,11 @@ def alignment(batch: Batch) -> Alignment | None:
 def _align(parses, offsets, causal: bool = False) -> Alignment | None:
     """Only words that received a token count (a truncated text's later words are not analysed),
     so memory follows the tokens, however long the parsed text. ``causal``: only the targets
-    before the source word count (a causal head cannot attend a later word); a group left without
-    any is not scored, so a direction no causal head can attend (``conj>``) has no count at all."""
+    before the source word count (a causal head cannot attend a later word), and not the word of
+    the first token (a causal model's attention sink: a sink head "finds" any target there — 143
+    of SmolLM2's heads scored as ``prep>`` governors, whose dependent opened the sentence); a group
+    left without any is not scored, so a direction no causal head can attend (``conj>``) has no
+    count at all."""
     if parses is None or offsets is None:
         return None
     B, T = len(offsets), max((len(o) for o in offsets), default=0)
@@ -87,7 +90,8 @@ def _align(parses, offsets, causal: bool = False) -> Alignment | None:
             if src >= reached[b] or not bool(has_word[b, src]):  # dropped by the tokenizer or truncation
                 continue
             if causal:
-                tgt = frozenset(w for w in tgt if w < src)
+                sink = int(owner[b, 0])  # the first token's word (-1: a BOS of no word)
+                tgt = frozenset(w for w in tgt if w < src and w != sink)
                 if not tgt:
                     continue
             mask = torch.zeros(W, dtype=torch.bool)
