@@ -94,7 +94,7 @@ def test_marks_reach_the_terminal_map_the_csv_and_the_page(minilm, tmp_path):
     assert ("✓" in grid or "~" in grid) and "attention-only" in grid
     report.to_csv(tmp_path / "r.csv")
     rows = (tmp_path / "r.csv").read_text().splitlines()
-    assert rows[0].startswith("stack,layer,head,label,evidence,flags")
+    assert rows[0].startswith("stack,layer,head,label,label_value,stability,traits,evidence,flags,degenerate")
     assert any(",confirmed," in r or ",attention-only," in r for r in rows[1:])
     data = page_data([("t", ["a", "b"], torch.full((6, 12, 2, 2), 0.5))], report)
     assert sum(m is not None for m in data["evidence"]) == len(marks)

@@ -626,7 +626,7 @@ def test_a_head_opens_on_the_induction_probe_and_its_typical_text(browser, evide
     root = _open(browser, path)
     options = [o.text for o in Select(root.find_element("css selector", "select.mh-sentence")).options]
     probe = next(i for i, o in enumerate(options) if o.startswith("[induction probe"))
-    assert any(o.startswith("[typical of ") for o in options), options
+    assert any(o.startswith("[typical of ") for o in options), options  # the heads' typical texts are on the page
     best = max(report.heads, key=lambda r: r.metrics["induction"])
     root.find_element("css selector", '.mh-tab[data-view="matrix"]').click()
     Select(root.find_element("css selector", "select.mh-layer")).select_by_value(str(best.layer))
@@ -640,7 +640,7 @@ def test_a_head_opens_on_the_induction_probe_and_its_typical_text(browser, evide
     typical = [a for a in root.find_elements("css selector", "a.mh-evidence-link") if "typical" in a.text]
     typical[0].click()
     chosen = int(root.find_element("css selector", "select.mh-sentence").get_attribute("value"))
-    assert options[chosen].startswith("[typical of ") and chosen != probe
+    assert "typical of" in options[chosen] and chosen != probe
 
 
 def test_a_long_documents_map_has_a_position_axis_and_only_the_mode_that_applies(browser, document_page):

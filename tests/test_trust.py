@@ -174,3 +174,46 @@ def test_a_head_on_cls_with_the_rest_spread_is_cls_plus_broad():
     assert label_for(spread) == "cls+broad"
     assert describe("cls+broad", spread) == "cls 0.43 + broad (entropy_norm 0.60)"
     assert label_codes(["cls+broad"])["cls+broad"] == "CLS+BRD"
+
+
+def test_the_syntax_scores_resample_with_the_texts(minilm):
+    """Drawing every text once gives the corpus's own syntax scores; the labels' stability reads
+    the syntax resampled with the same draws as the metrics."""
+    from multihead.analysis.pipelines.common import encode_corpus, run_pass, text_batches
+    from multihead.analysis.probes.syntax import parse_with_spacy, spacy_available
+    from multihead.analysis.stats.bootstrap import used_groups
+    from multihead.analysis.stats.syntax import SyntaxStatistics
+    from multihead.data import sample_sentences
+
+    if not spacy_available():
+        pytest.skip("spaCy is not installed")
+    texts = sample_sentences(40)
+    heads, syntax = HeadStatistics(6, 12), SyntaxStatistics(6, 12)
+    encoded = encode_corpus(minilm, texts, offsets=True)
+    batches = text_batches(minilm, encoded, range(len(texts)), 16, parses=parse_with_spacy(texts))
+    run_pass(minilm, batches, [heads, syntax], progress=False)
+    used = used_groups(heads.group_counts)
+    whole = syntax.result(min_count=5)
+    again = syntax.resampled(torch.ones(1, int(used.sum()), dtype=torch.float64), used, min_count=5)[0]
+    assert set(again.accuracy) == set(whole.accuracy)
+    for rel in whole.accuracy:
+        assert torch.allclose(again.accuracy[rel], whole.accuracy[rel]) and again.count[rel] == whole.count[rel]
+        assert again.baseline[rel] == pytest.approx(whole.baseline[rel])
+
+
+@pytest.mark.slow
+def test_compare_of_minilm_and_smollm2_ranks_no_ablation_across_units(minilm, smollm2):
+    texts = ["The cat sat on the mat because it was warm.", "She gave him the book and he read it twice.",
+             "Heads look at different words.", "The market fell after the news broke."]
+    a = mh.analyze(minilm, texts, coreference=False, ablation=4, redundancy=False)
+    b = mh.analyze(smollm2, texts, coreference=False, ablation=4, redundancy=False, induction=False)
+    assert (a.sections.ablation.unit, b.sections.ablation.unit) == ("1 - cos", "nats/token")
+    c = compare(a, b)
+    assert c.matching.startswith("attention profile")
+    ranked = [d["metric"] for d in c.metric_deltas()]
+    assert "zero_ablation" not in ranked and "mean_ablation" not in ranked
+    assert not {"next_token", "sep", "cls"} & set(ranked)
+    text = comparison_text(c)
+    assert "not compared: zero_ablation (ablation effects in different units" in text
+    for ca, cb in c.died():
+        assert (f"L{ca[0]}.H{ca[1]} ~ L{cb[0]}.H{cb[1]}" if ca != cb else f"L{ca[0]}.H{ca[1]}") in text

@@ -180,12 +180,16 @@ class Report:
                                    for n in r.metrics))
         with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
-            writer.writerow(["stack", "layer", "head", "label", "evidence", "flags", *names])
+            writer.writerow(["stack", "layer", "head", "label", "label_value", "stability", "traits", "evidence",
+                             "flags", "degenerate", *names])
             for report in (self, *self.stacks.values()):
                 marks = report.marks()
                 for r in report.heads:
-                    writer.writerow([report.stack, r.layer, r.head, r.label, marks.get((r.layer, r.head), ""),
-                                     ";".join(r.flags),
+                    writer.writerow([report.stack, r.layer, r.head, r.label,
+                                     "" if r.value is None or math.isnan(r.value) else f"{r.value:.6g}",
+                                     "" if r.stability is None else f"{r.stability:.3g}", ";".join(r.traits),
+                                     marks.get((r.layer, r.head), ""), ";".join(r.flags),
+                                     "" if r.degenerate is None else str(r.degenerate).lower(),
                                      *(f"{r.metrics[n]:.6g}" if n in r.metrics else "" for n in names)])
 
     def marks(self) -> dict[tuple[int, int], str]:

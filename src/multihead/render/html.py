@@ -85,12 +85,29 @@ def report_body(report: Report) -> str:
     if syntax:
         parts.append("<h3>Syntax: best head per relation against the best fixed offset</h3><table><tr>"
                      "<th>relation</th><th>count</th><th>best head</th><th>accuracy</th><th>baseline</th>"
-                     "<th>offset</th></tr>")
+                     "<th>offset</th><th>margin needed (95%)</th><th>beats it</th></tr>")
         for rel, d in sorted(syntax.relations.items(), key=lambda kv: -kv[1].count):
             b = d.best
             parts.append(f"<tr><td>{escape(rel)}</td><td>{d.count}</td><td>L{b['layer']}.H{b['head']}</td>"
                          f"<td>{_num(b['accuracy'])}</td><td>{_num(d.baseline)}</td>"
-                         f"<td>{int(d.baseline_offset):+d}</td></tr>")
+                         f"<td>{int(d.baseline_offset):+d}</td><td>{_num(d.margin_needed())}</td>"
+                         f"<td>{'yes' if d.beats() else 'no'}</td></tr>")
+        parts.append("</table>")
+    ablation = report.sections.ablation
+    if ablation is not None and not ablation.skipped:
+        how = " (attribution estimates; exact for the tested heads)" if ablation.method == "attribution" else ""
+        parts.append(f"<p>Ablation: {escape(ablation.objective)} over {ablation.texts} texts, effects in "
+                     f"{escape(ablation.unit or 'the objective')}{escape(how)}.</p>")
+    evidence = report.sections.evidence
+    if evidence and evidence.heads:
+        parts.append("<h3>Labels tested by ablation</h3><table><tr><th>head</th><th>label</th><th>measured</th>"
+                     "<th>unit</th><th>random heads (mean ± sd)</th><th>confirmed above</th><th>mark</th></tr>")
+        for e in evidence.heads:
+            spread = "–" if e.baseline_mean is None else \
+                f"{e.baseline_heads} heads: {_num(e.baseline_mean)} ± {_num(e.baseline_sd)}"
+            parts.append(f"<tr><td>L{e.layer}.H{e.head}</td><td>{escape(e.label)}</td><td>{_num(e.value)}</td>"
+                         f"<td>{escape(e.unit)}</td><td>{escape(spread)}</td><td>{_num(e.threshold)}</td>"
+                         f"<td>{escape(e.mark)}</td></tr>")
         parts.append("</table>")
     coref = report.sections.coreference
     if coref:

@@ -164,6 +164,7 @@ def _report_data(report: Report) -> dict:
     data["heads"] = [{"layer": r.layer, "head": r.head, "label": r.label, "flags": list(r.flags),
                       "describe": r.describe(), "stability": json_number(r.stability, 3),
                       "degenerate": r.degenerate,
+                      "intervals": {k: [json_number(lo, 4), json_number(hi, 4)] for k, (lo, hi) in r.intervals.items()},
                       "metrics": {k: json_number(v, 4) for k, v in r.metrics.items()}} for r in report.heads]
     red = report.redundancy
     if red is not None and red.js_distance is not None:

@@ -57,6 +57,9 @@ def _labels(report: Report) -> str:
         return ""
     counts = Counter(r.label for r in report.heads)
     lines = ["\nLabels (heads per label): " + ", ".join(f"{label} {n}" for label, n in counts.most_common())]
+    roles = _roles(report)
+    if roles:
+        lines.append(roles)
     traits = Counter(t for r in report.heads for t in r.traits)
     if traits:
         lines.append("Traits beside the label: " + ", ".join(f"{t} {n}" for t, n in traits.most_common()))
@@ -68,6 +71,33 @@ def _labels(report: Report) -> str:
         lines.append(f"Label stability (share of {RESAMPLES} corpora resampled from the texts that give the same "
                      f"label): median {median(stable):.0%}; {len(shaky)} heads below 80%" + (f": {named}" if named
                                                                                            else ""))
+    return "\n".join(lines)
+
+
+#: labels whose heads the terminal lists one by one with their values (the others are counted)
+_LISTED = ("induction", "previous", "next", "self", "coreference", "syntactic")
+
+
+def _roles(report: Report) -> str:
+    """Every head with a role label, with the value that defines it, its mark and traits."""
+    marks = report.marks()
+    by_label: dict[str, list] = {}
+    for r in report.heads:
+        if r.label.split(":")[0] in _LISTED:
+            by_label.setdefault(r.label, []).append(r)
+    if not by_label:
+        return ""
+    lines = ["Heads with a role (the label's defining value; ✓ / ~ tested by ablation):"]
+    for label, rows in sorted(by_label.items(), key=lambda kv: -len(kv[1])):
+        rows = sorted(rows, key=lambda r: -(r.value if r.value is not None and r.value == r.value else 0))
+
+        def one(r) -> str:
+            value = "" if r.value is None or r.value != r.value else f" {r.value:.2f}"
+            trait = f" (+{'/'.join(r.traits)})" if r.traits else ""
+            return f"L{r.layer}.H{r.head}{value}{MARKS.get(marks.get((r.layer, r.head), ''), '')}{trait}"
+
+        lines.append(f"  {label}: " + ", ".join(one(r) for r in rows[:8]) + (f" … ({len(rows)})" if len(rows) > 8
+                                                                             else ""))
     return "\n".join(lines)
 
 
@@ -95,7 +125,7 @@ def _flags_and_redundancy(report: Report) -> str:
     red = report.redundancy
     if red is not None and red.pairs_js:
         lines.append("\nMost redundant head pairs (Jensen-Shannon distance of their attention, 0 = identical; "
-                     "cosine of their outputs after W^O):")
+                     "cosine of their outputs after W^O; two sink heads only when their outputs are alike too):")
         for a, b, js in red.pairs_js[:5]:
             lines.append(f"  L{a[0]}.H{a[1]} ~ L{b[0]}.H{b[1]}: JS {js:.3f}, cosine "
                          f"{red.cosine_of(a, b, report.num_heads):.2f}")

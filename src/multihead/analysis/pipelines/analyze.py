@@ -213,7 +213,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
         effects = _ablation(model, ablated, heads, exact=exact_ablation, batch_size=batch_size, progress=progress)
         sections.ablation = effects.section()
         _add_effects(heads, effects)
-    _add_intervals(heads, corpus.heads, model.is_causal, syntax, coref_baseline)
+    _add_intervals(heads, corpus.heads, model.is_causal, syntax, coref_baseline, corpus.syntax)
     sections.typical = corpus.typical.result().section(labels, texts)
     if ablated:  # labels with evidence: each label's behaviour, with its head removed
         n = max(ablation, SYNTAX_TEXTS)  # relations need more tokens than the ablation's texts hold
@@ -228,7 +228,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
         with step(f"what if: {what_if}, every layer and each alone", progress=progress):
             sections.what_if = what_if_loss(model, texts, what_if).section()
     if corpus.redundancy is not None:
-        sinks = {(r.layer, r.head) for r in heads if r.label == "sink" or "sink" in r.traits}
+        sinks = {(r.layer, r.head) for r in heads if "sink" in r.label.split("+") or "sink" in r.traits}
         sections.redundancy = redundancy_section(corpus.redundancy.result(), model.num_heads, sinks=sinks)
     shown = corpus.views.result() if corpus.views is not None else []
     if shown:  # the page also holds the inputs that define the labels: each can be opened on its evidence
@@ -247,9 +247,10 @@ EVIDENCE_TEXTS = 6
 def evidence_views(model: HFModel, texts: Sequence[str], typical: S.Typical | None, heads: list[HeadRecord],
                    shown: set[str], *, induction: bool) -> list:
     """The views of the inputs that define the labels, for the page: the induction probe's first
-    sequence (its repeated random tokens; causal models) and the corpus texts most typical of the
-    labelled heads (the syntax heads' texts are their relations' examples), at most
-    :data:`EVIDENCE_TEXTS` of them, each marked with what it is (``extra["purpose"]``)."""
+    sequence (its repeated random tokens; causal models), an example of every relation a head is
+    labelled by (the text its syntax head is most typical on) and the corpus texts most typical of
+    the most labelled heads (:data:`EVIDENCE_TEXTS` of them), each marked with what it is
+    (``extra["purpose"]``)."""
     out = []
     if induction:
         ids, _ = repeated_sequences(model.tokenizer, count=1, length=INDUCTION_PROBE["length"],
@@ -261,19 +262,33 @@ def evidence_views(model: HFModel, texts: Sequence[str], typical: S.Typical | No
     if typical is not None:
         labelled = {(r.layer, r.head): r.label for r in heads if r.label != "mixed"}
         serves: dict[int, list[str]] = {}
+        examples: dict[str, tuple[int, tuple[int, int]]] = {}  # relation -> (its first syntax head's text, head)
         for entry in typical.heads:
             label = labelled.get((entry.layer, entry.head))
             if label is not None and entry.texts:
-                serves.setdefault(int(entry.texts[0][0]), []).append(label)
-        ranked = sorted(serves, key=lambda i: (-len(serves[i]), i))
-        fits = [i for i in ranked if texts[i] not in shown
-                and len(model.tokenizer(texts[i], verbose=False)["input_ids"]) <= LONG_TEXT]
-        chosen = fits[:EVIDENCE_TEXTS]
+                first = int(entry.texts[0][0])
+                serves.setdefault(first, []).append(label)
+                if label.startswith("syntactic:"):
+                    examples.setdefault(label.removeprefix("syntactic:"), (first, (entry.layer, entry.head)))
+
+        def fits(i: int) -> bool:
+            return texts[i] not in shown and len(model.tokenizer(texts[i], verbose=False)["input_ids"]) <= LONG_TEXT
+
+        purpose: dict[int, str] = {}
+        for rel, (i, (layer, head)) in sorted(examples.items()):  # an example of every relation a head is labelled by
+            if fits(i):
+                purpose.setdefault(i, f"example of {rel} (typical of L{layer}.H{head})")
+        for i in sorted(serves, key=lambda i: (-len(serves[i]), i)):  # then the texts typical of the most heads
+            if len(purpose) >= EVIDENCE_TEXTS + len(examples):
+                break
+            if i not in purpose and fits(i):
+                kinds = sorted(set(serves[i]))
+                purpose[i] = f"typical of {len(serves[i])} heads ({', '.join(kinds[:3])}" + \
+                    (" …)" if len(kinds) > 3 else ")")
+        chosen = list(purpose)
         if chosen:
             for i, view in zip(chosen, text_views(model, [texts[i] for i in chosen]), strict=True):
-                kinds = sorted(set(serves[i]))
-                view.extra["purpose"] = f"typical of {len(serves[i])} heads ({', '.join(kinds[:3])}" + \
-                    (" …)" if len(kinds) > 3 else ")")
+                view.extra["purpose"] = purpose[i]
                 out.append(view)
     return out
 
@@ -325,26 +340,33 @@ def _add_effects(heads: list[HeadRecord], effects: AblationEffects) -> None:
 
 
 def _add_intervals(heads: list[HeadRecord], stats: HeadStatistics, causal: bool, syntax,
-                   coref_baseline: float | None) -> None:
+                   coref_baseline: float | None, syntax_stats: SyntaxStatistics | None = None) -> None:
     """Each metric's bootstrap interval over texts and each label's stability: the share of
-    resampled corpora (the probes' scores held) on which the head gets the same label."""
+    resampled corpora (the metrics and the syntax scores resampled together, the probes' scores
+    held) on which the head gets the same label."""
     for name, (low, high) in stats.intervals().items():
         for r in heads:
             lo, hi = float(low[r.layer, r.head]), float(high[r.layer, r.head])
             if math.isfinite(lo) and math.isfinite(hi):
                 r.intervals[name] = (lo, hi)
-    weights = resample_weights(int(used_groups(stats.group_counts).sum()))
+    used = used_groups(stats.group_counts)
+    weights = resample_weights(int(used.sum()))
     values = stats.resampled(weights)  # {metric: (R, L, H)}
     R = weights.shape[0]
+    min_count = SYNTAX_RULE[0]
+    scores = syntax_stats.resampled(weights, used, min_count) if syntax_stats is not None and syntax is not None \
+        else None
+    # per resample: relation -> (accuracy as nested lists (L, H), baseline, count), read per head below
+    tables = None if scores is None else [{rel: (acc.tolist(), found.baseline[rel], found.count[rel])
+                                           for rel, acc in found.accuracy.items()} for found in scores]
     for r in heads:
-        per_relation = None if syntax is None else {
-            rel: (float(acc[r.layer, r.head]), syntax.baseline[rel], syntax.count[rel])
-            for rel, acc in syntax.accuracy.items()}
         same = 0
         cell = {name: v[:, r.layer, r.head].tolist() for name, v in values.items()}
         for k in range(R):
             metrics = dict(r.metrics)
             metrics.update({name: v[k] for name, v in cell.items()})
+            per_relation = None if tables is None else {
+                rel: (acc[r.layer][r.head], base, n) for rel, (acc, base, n) in tables[k].items()}
             same += label_for(metrics, syntax=per_relation, coreference_baseline=coref_baseline,
                               causal=causal) == r.label
         r.stability = same / R
@@ -379,11 +401,12 @@ def redundancy_section(red: RedundancyStatistics, H: int, *, sinks: set[tuple[in
     says little."""
     js, cosine = red.js(), red.cosine()
     found = informative_groups(js)
-    pairs = [(a, b, d) for a, b, d in most_redundant(js, H, k=10 + len(sinks), distance=True)
-             if not (a in sinks and b in sinks and float(cosine[a[0] * H + a[1], b[0] * H + b[1]]) < SINK_PAIR_COSINE)]
+    sink = torch.zeros(js.shape[0], dtype=torch.bool)
+    sink[[layer * H + h for layer, h in sinks]] = True
+    allowed = ~(sink[:, None] & sink[None, :] & ~(cosine >= SINK_PAIR_COSINE))  # (N, N)
     return S.Redundancy(
         js_distance=js, cosine=cosine,
-        pairs_js=pairs[:10],
+        pairs_js=most_redundant(js, H, k=10, distance=True, allowed=allowed),
         pairs_cosine=most_redundant(cosine, H, k=10, distance=False),
         clusters_js=[[(n // H, n % H) for n in group] for group in clusters(js, CLUSTER_JS)],
         cluster_threshold=CLUSTER_JS,

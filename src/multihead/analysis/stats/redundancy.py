@@ -226,13 +226,14 @@ def _even_sample(R: int, keep: int) -> slice:
     return slice(stride // 2, None, stride)
 
 
-def most_redundant(similarity: Tensor, num_heads: int, *, k: int = 10, distance: bool = True
-                   ) -> list[tuple[tuple[int, int], tuple[int, int], float]]:
-    """The k most similar pairs of different heads as ((layer, head), (layer, head), value)."""
+def most_redundant(similarity: Tensor, num_heads: int, *, k: int = 10, distance: bool = True,
+                   allowed: Tensor | None = None) -> list[tuple[tuple[int, int], tuple[int, int], float]]:
+    """The k most similar pairs of different heads as ((layer, head), (layer, head), value);
+    ``allowed`` (N, N) bool: only the pairs it allows."""
     N = similarity.shape[0]
     i, j = torch.triu_indices(N, N, offset=1)
     values = similarity[i, j]
-    keep = ~torch.isnan(values)
+    keep = ~torch.isnan(values) if allowed is None else ~torch.isnan(values) & allowed[i, j]
     i, j, values = i[keep], j[keep], values[keep]
     order = values.argsort(descending=not distance)[:k]
     return [((int(i[o]) // num_heads, int(i[o]) % num_heads), (int(j[o]) // num_heads, int(j[o]) % num_heads),

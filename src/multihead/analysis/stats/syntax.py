@@ -23,6 +23,7 @@ from ...hf.route import AttentionChunk
 from ...inputs import Batch
 from ..probes.syntax import word_of_tokens
 from .base import ReducerBase, shared
+from .bootstrap import GROUPS
 
 __all__ = ["MAX_OFFSET", "Alignment", "SyntaxScores", "SyntaxStatistics", "alignment", "word_predictions"]
 
@@ -187,26 +188,38 @@ class SyntaxScores:
 
 class SyntaxStatistics(ReducerBase):
     """Running counts of correct predictions per relation and head (a reducer; batches carry their
-    parses and token offsets, :class:`~multihead.inputs.Batch`)."""
+    parses and token offsets, :class:`~multihead.inputs.Batch`), also per group of texts (text i in
+    group i % G, as :class:`~.heads.HeadStatistics` groups them) for the labels' stability
+    (:meth:`resampled`)."""
 
-    def __init__(self, num_layers: int, num_heads: int) -> None:
+    def __init__(self, num_layers: int, num_heads: int, groups: int = GROUPS) -> None:
         self.shape = (num_layers, num_heads)
+        self.groups = groups
         self.correct: dict[str, Tensor] = {}
         self.count: dict[str, int] = defaultdict(int)
         self.offset_hits: dict[str, Tensor] = {}  # relation -> (2·MAX_OFFSET + 1,) hits per offset
+        self.group_correct: dict[str, Tensor] = {}  # relation -> (G, L, H)
+        self.group_count: dict[str, Tensor] = {}  # relation -> (G,)
+        self.group_offset: dict[str, Tensor] = {}  # relation -> (G, 2·MAX_OFFSET + 1)
 
     def begin_batch(self, batch: Batch) -> None:
         super().begin_batch(batch)
         found = alignment(batch)
         if found is None:
             return
-        for key, (src, tgt, n_words) in zip(found.keys, found.offsets, strict=True):
+        G = self.groups
+        for key, (src, tgt, n_words), row in zip(found.keys, found.offsets, found.batch.tolist(), strict=True):
+            g = batch.texts[row] % G
             hits = self.offset_hits.setdefault(key, torch.zeros(2 * MAX_OFFSET + 1, dtype=torch.float64))
+            by_group = self.group_offset.setdefault(key, torch.zeros(G, 2 * MAX_OFFSET + 1, dtype=torch.float64))
             for k in range(-MAX_OFFSET, MAX_OFFSET + 1):
                 if k != 0 and 0 <= src + k < n_words and (src + k) in tgt:
                     hits[k + MAX_OFFSET] += 1
+                    by_group[g, k + MAX_OFFSET] += 1
             self.count[key] += 1
+            self.group_count.setdefault(key, torch.zeros(G, dtype=torch.float64))[g] += 1
             self.correct.setdefault(key, torch.zeros(self.shape, dtype=torch.float64))
+            self.group_correct.setdefault(key, torch.zeros(G, *self.shape, dtype=torch.float64))
 
     def update(self, chunk: AttentionChunk) -> None:
         assert self.batch is not None, "begin_batch first"
@@ -215,8 +228,11 @@ class SyntaxStatistics(ReducerBase):
             return
         found = alignment(self.batch)
         hit = found.targets.gather(1, picked).to(torch.float64)  # (G, H)
+        group = torch.tensor(self.batch.texts, dtype=torch.long)[found.batch] % self.groups  # (G,) each group's text
         for key in set(found.keys):
-            self.correct[key][chunk.layer] += hit[found.of_key(key)].sum(0)
+            mine = found.of_key(key)
+            self.correct[key][chunk.layer] += hit[mine].sum(0)
+            self.group_correct[key][:, chunk.layer].index_add_(0, group[mine], hit[mine])
 
     def merge(self, other: SyntaxStatistics) -> None:
         for key, value in other.correct.items():
@@ -225,6 +241,10 @@ class SyntaxStatistics(ReducerBase):
             self.offset_hits.setdefault(key, torch.zeros_like(value)).add_(value)
         for key, n in other.count.items():
             self.count[key] += n
+        for mine, theirs in ((self.group_correct, other.group_correct), (self.group_count, other.group_count),
+                             (self.group_offset, other.group_offset)):
+            for key, value in theirs.items():
+                mine.setdefault(key, torch.zeros_like(value)).add_(value)
 
     def result(self, min_count: int = 1) -> SyntaxScores:
         keys = sorted(k for k, n in self.count.items() if n >= min_count)
@@ -236,4 +256,19 @@ class SyntaxStatistics(ReducerBase):
             offset[k] = best - MAX_OFFSET
         return SyntaxScores({k: self.correct[k] / self.count[k] for k in keys}, {k: self.count[k] for k in keys},
                             baseline, offset)
+
+    def resampled(self, weights: Tensor, used: Tensor, min_count: int = 1) -> list[SyntaxScores]:
+        """The scores on each resampled corpus: ``weights`` (R, G') over the ``used`` groups (G,)
+        (the draws of :class:`~.heads.HeadStatistics`, so both resample the same texts)."""
+        keys = sorted(k for k, n in self.count.items() if n >= min_count)
+        correct = {k: torch.einsum("rg,glh->rlh", weights, self.group_correct[k][used]) for k in keys}  # (R, L, H)
+        count = {k: weights @ self.group_count[k][used] for k in keys}  # (R,)
+        best = {k: (weights @ self.group_offset[k][used]).amax(-1) for k in keys}  # (R,) the best offset's hits
+        out = []
+        for r in range(weights.shape[0]):
+            n = {k: float(count[k][r]) for k in keys}
+            kept = [k for k in keys if n[k] >= min_count]
+            out.append(SyntaxScores({k: correct[k][r] / n[k] for k in kept}, {k: int(n[k]) for k in kept},
+                                    {k: float(best[k][r]) / n[k] for k in kept}, {k: 0 for k in kept}))
+        return out
 

@@ -33,10 +33,12 @@ export function detailView(page) {
         const layer = data.heads.filter((r) => r.layer === l && r.metrics[m] !== null).map((r) => r.metrics[m]);
         const all = data.heads.filter((r) => r.metrics[m] !== null).map((r) => r.metrics[m]);
         const mean = layer.reduce((a, b) => a + b, 0) / layer.length, below = all.filter((x) => x < v).length;
-        rows.push([m, fmt(v, 4), fmt(mean, 4), fmt(Math.min(...layer), 3) + " – " + fmt(Math.max(...layer), 3), Math.round(100 * below / all.length) + "%"]);
+        const band = (me.intervals || {})[m];
+        rows.push([m, fmt(v, 4), band ? "[" + fmt(band[0], 4) + ", " + fmt(band[1], 4) + "]" : "–", fmt(mean, 4), fmt(Math.min(...layer), 3) + " – " + fmt(Math.max(...layer), 3), Math.round(100 * below / all.length) + "%"]);
       });
-      box.appendChild(el("h4", {}, "L" + l + ".H" + h + " (" + lab + mark(l, h) + "): its metrics against its layer and the model"));
-      box.appendChild(tableOf(["metric", "this head", "layer mean", "layer range", "model percentile"], rows));
+      const stable = me.stability === null || me.stability === undefined ? "" : "; the same label on " + Math.round(100 * me.stability) + "% of resampled corpora";
+      box.appendChild(el("h4", {}, "L" + l + ".H" + h + " (" + (me.describe || lab) + mark(l, h) + stable + "): its metrics against its layer and the model"));
+      box.appendChild(tableOf(["metric", "this head", "95% interval (bootstrap over texts)", "layer mean", "layer range", "model percentile"], rows));
     }
     const inputs = data.sentences.map((d, s) => [d, s]).filter(([d]) => d.purpose);
     if (inputs.length) {  // the inputs that define the labels: a probe's, the heads' typical texts

@@ -22,7 +22,8 @@ export function matrixView(page) {
     // block mass / block max is a choice of the pooled map only: zoomed into stored weights it does not apply
     q(".mh-pool-mode").style.display = pool && region().n === T ? "" : "none";
     const tested = evidence(state.layer, state.head);
-    const title = "layer " + state.layer + ", head " + state.head + ": " + label(state.layer, state.head) +
+    const me = data.heads.length ? data.heads[state.layer * H + state.head] : null;  // the label with its defining value
+    const title = "layer " + state.layer + ", head " + state.head + ": " + (me && me.describe ? me.describe : label(state.layer, state.head)) +
       (tested ? " (" + tested + " by ablation)" : "");
     const stored = k < T ? " — each row stores its " + k + " largest weights; the rest are not stored" : "";
     const ctx = canvas.getContext("2d");

@@ -56,7 +56,7 @@ export function overviewView(page) {
     }
     box.appendChild(map);
     shade.addEventListener("change", () => shadeMap(map, shade.value));
-    const legend = el("dl", { "class": "mh-legend" }), used = new Set(data.labels.map((x) => x.startsWith("syntactic:") ? "syntactic:REL" : x));
+    const legend = el("dl", { "class": "mh-legend" }), used = new Set(data.labels.map((x) => x.startsWith("syntactic:") ? "syntactic:REL" : x.includes("+") ? "A+B" : x));
     Object.entries(o.legend).forEach(([lab, rule]) => {
       if (!used.has(lab)) return;
       const dt = el("dt", {}, lab); dt.style.background = colour(lab === "syntactic:REL" ? "syntactic" : lab);
