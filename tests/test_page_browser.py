@@ -459,7 +459,10 @@ def test_the_head_detail_names_the_corpus_texts_where_it_is_most_typical(browser
     cells = [r.find_elements("css selector", "td") for r in table.find_elements("css selector", "tr")[1:]]
     texts = {c[0].text: c for c in cells}
     assert set(texts) == {SENTENCE, HOSTILE, "Heads specialise."}  # the whole corpus, hostile text as text
-    assert texts["Heads specialise."][0].find_elements("css selector", "a") == []  # not on the page: no link
+    # not among the page's texts: the head's own map on it, kept by the analysis, drawn in the detail
+    texts["Heads specialise."][0].find_element("css selector", "a.mh-typical-link").click()
+    assert "L2.H5 on a corpus text where it is most typical" in root.find_element("css selector", ".mh-detail").text
+    assert root.find_element("css selector", "canvas.mh-typical-map").size["height"] > 0
     texts[HOSTILE][0].find_element("css selector", "a").click()  # on the page: opens that text
     assert root.find_element("css selector", "select.mh-sentence").get_attribute("value") == "1"
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
@@ -663,3 +666,28 @@ def test_a_long_documents_map_has_a_position_axis_and_only_the_mode_that_applies
             .click().perform()
     assert "at full resolution" in root.find_element("css selector", ".mh-matrix-title").text
     assert not mode.is_displayed()
+
+
+def test_every_heads_typical_texts_open_on_the_page(browser, evidence_page):
+    """A head's typical corpus texts that are not among the page's texts still open: its own map on
+    each is kept (this head only), and drawn in the detail when clicked."""
+    from selenium.webdriver.support.ui import Select
+
+    path, report = evidence_page
+    root = _open(browser, path)
+    root.find_element("css selector", '.mh-tab[data-view="matrix"]').click()
+    entry = next(e for e in report.sections.typical.heads if e.texts)
+    Select(root.find_element("css selector", "select.mh-layer")).select_by_value(str(entry.layer))
+    Select(root.find_element("css selector", "select.mh-head")).select_by_value(str(entry.head))
+    links = root.find_elements("css selector", "a.mh-typical-link")
+    on_page = root.find_elements("css selector", ".mh-detail table a[href^='#s=']")
+    assert len(links) + len(on_page) >= len(entry.texts), (len(links), len(on_page))
+    if links:
+        links[0].click()
+        canvas = root.find_element("css selector", "canvas.mh-typical-map")
+        ink = browser.execute_script(
+            "const c = arguments[0], x0 = +c.getAttribute('data-x0'), s = +c.getAttribute('data-size');"
+            "const d = c.getContext('2d').getImageData(x0, x0, s, s).data; let n = 0;"
+            "for (let k = 0; k < d.length; k += 4) if (d[k] < 200) n++; return n;", canvas)
+        assert ink > 0
+        assert f"L{entry.layer}.H{entry.head} on a corpus text" in root.find_element("css selector", ".mh-detail").text

@@ -9,7 +9,7 @@ from multihead.analysis.stats import REDUCERS, Reducer
 from multihead.analysis.stats.cross import CrossStatistics
 from multihead.analysis.stats.heads import HeadStatistics
 from multihead.analysis.stats.longcontext import LongContextStatistics
-from multihead.analysis.stats.maps import TextViews, WholeMaps
+from multihead.analysis.stats.maps import HeadMaps, TextViews, WholeMaps
 from multihead.analysis.stats.patches import PatchStatistics
 from multihead.analysis.stats.redundancy import RedundancyStatistics
 from multihead.analysis.stats.syntax import SyntaxStatistics
@@ -110,6 +110,9 @@ CASES = {
                   lambda r: {f"{v.text}-{k}": getattr(v, k) if k != "pooled" else v.pooled.mass
                              for v in r.result() for k in ("maps", "pooled", "tokens") if getattr(v, k) is not None}),
     "WholeMaps": (lambda: WholeMaps(L, H, [0, 1]), _tokens, {}, lambda r: r.result()),
+    "HeadMaps": (lambda: HeadMaps({0: {(0, 1), (1, 0)}, 2: {(1, 1)}}, {0: "a", 2: "b c"}, WordTokenizer(), k=3),
+                 _tokens, {}, lambda r: {f"{i}-{la}-{h}-{k}": getattr(v, k) for (i, la, h), v in r.result().items()
+                                         for k in ("index", "values")}),
 }
 
 

@@ -92,7 +92,7 @@ class Report:
     """What an analysis found: every head's record, the typed sections, the model's other stacks.
 
     ``views``: the page's data for a few texts (:class:`~multihead.analysis.stats.maps.TextView`),
-    kept from the analysis pass for the renderers; never written to JSON."""
+    and ``head_views``: each head on its typical texts, kept for the renderers; never written to JSON."""
 
     model: str
     causal: bool
@@ -109,6 +109,9 @@ class Report:
     #: where and in what precision the model ran, in words ("bfloat16 on cuda:0"); "" when not recorded
     placement: str = ""
     views: list[Any] = field(default_factory=list, repr=False, compare=False)
+    #: single heads' maps on the corpus texts where each is most typical of its label
+    #: ({(text index, layer, head): HeadView}, :mod:`multihead.analysis.stats.maps`), for the page; never JSON
+    head_views: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def head(self, layer: int, head: int) -> HeadRecord:
         return self.heads[layer * self.num_heads + head]

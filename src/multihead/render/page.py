@@ -175,6 +175,14 @@ def _report_data(report: Report) -> dict:
             data["groups"] = {**red.groups_js, "groups": [list(map(list, g)) for g in red.groups_js["groups"]]}
         data["pairs"] = [[list(a), list(b), json_number(v, 4)] for a, b, v in red.pairs_js]
     data["overview"] = _overview(report)
+    if report.head_views:  # each head on the corpus texts where it is most typical of its label
+        data["typical_tokens"] = {str(v.text): list(v.tokens) for v in report.head_views.values()}
+        data["head_texts"] = {}
+        for (text, layer, head), view in sorted(report.head_views.items()):
+            data["head_texts"].setdefault(str(layer * report.num_heads + head), []).append(
+                {"text": text, "k": int(view.index.shape[-1]),
+                 "index": base64.b64encode(view.index.numpy().astype("<u2").tobytes()).decode(),
+                 "values": base64.b64encode(view.values.numpy().tobytes()).decode()})
     return data
 
 

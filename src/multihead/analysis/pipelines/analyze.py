@@ -44,7 +44,7 @@ from ..labels import SYNTAX_RULE, degenerate, flags_for, label_for, label_value,
 from ..probes.coreference import CoreferenceExample, coreference_scores
 from ..probes.induction import induction_scores, repeated_sequences
 from ..probes.retrieval import PROBE as RETRIEVAL_PROBE
-from ..probes.retrieval import retrieval_scores
+from ..probes.retrieval import probe_inputs, retrieval_scores
 from ..probes.syntax import Parse, parse_with_spacy, parses_for
 from ..report import HeadRecord, Report
 from ..stats.bootstrap import resample_weights, used_groups
@@ -56,7 +56,7 @@ from ..stats.syntax import SyntaxStatistics
 from ..stats.typical import TypicalTexts
 from .common import all_ranks, corpus_fingerprint, encode_corpus, process_group, run_pass, shard, text_batches
 from .memory_plan import check_plan, plan
-from .views import text_views, token_views
+from .views import head_views, text_views, token_views
 
 #: Labels with an evidence test: their heads' ablation effects are measured exactly.
 TESTED = ("induction", "previous", "syntactic")
@@ -231,13 +231,21 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
         sinks = {(r.layer, r.head) for r in heads if "sink" in r.label.split("+") or "sink" in r.traits}
         sections.redundancy = redundancy_section(corpus.redundancy.result(), model.num_heads, sinks=sinks)
     shown = corpus.views.result() if corpus.views is not None else []
+    typical_maps = {}
     if shown:  # the page also holds the inputs that define the labels: each can be opened on its evidence
         with step("the labels' evidence texts for the page", progress=progress):
             shown += evidence_views(model, texts, sections.typical, heads, {v.text for v in shown},
-                                    induction=induction and model.is_causal)
+                                    induction=induction and model.is_causal,
+                                    retrieval=sections.retrieval is not None)
+            wanted: dict[int, set[tuple[int, int]]] = {}
+            for entry in sections.typical.heads if sections.typical is not None else []:
+                for index, _, _ in entry.texts:
+                    wanted.setdefault(int(index), set()).add((entry.layer, entry.head))
+            typical_maps = head_views(model, texts, wanted)
     return Report(model=model.name, causal=model.is_causal, num_layers=model.num_layers, num_heads=model.num_heads,
                   sentences=corpus.heads.sentences, tokens=corpus.heads.tokens, heads=heads, sections=sections,
-                  stack=main_stack(find_sites(model.model)), placement=model.placement, views=shown)
+                  stack=main_stack(find_sites(model.model)), placement=model.placement, views=shown,
+                  head_views=typical_maps)
 
 
 #: Corpus texts the page adds as its heads' typical texts (those typical of the most heads first).
@@ -245,9 +253,10 @@ EVIDENCE_TEXTS = 6
 
 
 def evidence_views(model: HFModel, texts: Sequence[str], typical: S.Typical | None, heads: list[HeadRecord],
-                   shown: set[str], *, induction: bool) -> list:
+                   shown: set[str], *, induction: bool, retrieval: bool = False) -> list:
     """The views of the inputs that define the labels, for the page: the induction probe's first
-    sequence (its repeated random tokens; causal models), an example of every relation a head is
+    sequence (its repeated random tokens; causal models), the retrieval probe's first trial (long
+    inputs: ``retrieval``), an example of every relation a head is
     labelled by (the text its syntax head is most typical on) and the corpus texts most typical of
     the most labelled heads (:data:`EVIDENCE_TEXTS` of them), each marked with what it is
     (``extra["purpose"]``)."""
@@ -259,6 +268,11 @@ def evidence_views(model: HFModel, texts: Sequence[str], typical: S.Typical | No
         for view in probe:
             view.extra["purpose"] = "induction probe: random tokens, repeated"
         out += probe
+    if retrieval:  # the retrieval probe's first trial: a needle in a haystack, copied at the end
+        ids, first, _ = probe_inputs(model.tokenizer)[0]
+        for view in token_views(model, [ids]):
+            view.extra["purpose"] = f"retrieval probe: the needle at token {first}, copied at the end"
+            out.append(view)
     if typical is not None:
         labelled = {(r.layer, r.head): r.label for r in heads if r.label != "mixed"}
         serves: dict[int, list[str]] = {}

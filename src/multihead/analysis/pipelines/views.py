@@ -17,10 +17,10 @@ from torch import Tensor
 from ...hf.model import HFModel, require_loaded
 from ...inputs import check_texts
 from ..rollout import FLOW_TOKENS, attention_flow, attention_rollout
-from ..stats.maps import LONG_TEXT, TextView, TextViews
+from ..stats.maps import LONG_TEXT, HeadMaps, HeadView, TextView, TextViews
 from .common import Encoded, encode_corpus, run_pass, text_batches
 
-__all__ = ["Rollout", "attention_maps", "rollout", "text_views", "token_views"]
+__all__ = ["Rollout", "attention_maps", "head_views", "rollout", "text_views", "token_views"]
 
 def text_views(model: HFModel, texts: Sequence[str], *, long: int = LONG_TEXT, top_k: int | None = None,
                chunk: int | None = None) -> list[TextView]:
@@ -46,6 +46,25 @@ def token_views(model: HFModel, ids: Sequence[Sequence[int]], *, top_k: int | No
     run_pass(model, text_batches(model, Encoded(ids, None), range(len(ids)), 1), [views], desc="views",
              progress=False)
     return views.result()
+
+
+def head_views(model: HFModel, texts: Sequence[str], wanted: dict[int, set[tuple[int, int]]]
+               ) -> dict[tuple[int, int, int], HeadView]:
+    """Single heads' maps on single texts: ``wanted`` maps an index of ``texts`` to the (layer,
+    head) cells to keep there (one pass over those texts; :class:`~multihead.analysis.stats.maps.HeadMaps`)."""
+    model = require_loaded(model, "head_views")
+    chosen = sorted(wanted)
+    if not chosen:
+        return {}
+    encoded = encode_corpus(model, [texts[i] for i in chosen], truncate=True)
+    maps = HeadMaps({n: wanted[i] for n, i in enumerate(chosen)}, {n: texts[i] for n, i in enumerate(chosen)},
+                    model.tokenizer)
+    run_pass(model, text_batches(model, encoded, range(len(chosen)), 16), [maps], desc="views", progress=False)
+    out = {}
+    for (n, layer, head), view in maps.result().items():
+        view.text = chosen[n]
+        out[(chosen[n], layer, head)] = view
+    return out
 
 
 def attention_maps(model: HFModel, text: str, *, max_tokens: int | None = None) -> tuple[list[str], Tensor]:

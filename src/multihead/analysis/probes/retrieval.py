@@ -23,7 +23,7 @@ from ...hf.model import HFModel, takes
 from ...hf.placement import input_device
 from ...hf.route import AttentionChunk
 
-__all__ = ["NEEDLE", "RetrievalScores", "retrieval_from_argmax", "retrieval_scores"]
+__all__ = ["NEEDLE", "RetrievalScores", "probe_inputs", "retrieval_from_argmax", "retrieval_scores"]
 
 NEEDLE = 16  # tokens in the needle
 #: The probe's settings: trials, haystack tokens, where the first needle sits (share of the haystack), seed.
@@ -62,26 +62,34 @@ def _haystack(tok, length: int) -> list[int]:
     return ids[:length]
 
 
+def probe_inputs(tok, *, trials: int = PROBE["trials"], haystack: int = PROBE["haystack"],
+                 depth: float = PROBE["depth"], seed: int = PROBE["seed"]) -> list[tuple[list[int], int, int]]:
+    """The probe's token sequences, one per trial: (ids, where the first needle starts, where its
+    copy starts); the same in every run."""
+    filler = _haystack(tok, haystack)
+    bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+    special = set(getattr(tok, "all_special_ids", ()) or ())
+    vocab = [i for i in range(len(tok)) if i not in special]
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(trials):
+        needle = [vocab[int(i)] for i in torch.randint(len(vocab), (NEEDLE,), generator=g)]
+        at = int(depth * haystack)
+        ids = bos + filler[:at] + needle + filler[at:] + needle
+        out.append((ids, len(bos) + at, len(ids) - NEEDLE))
+    return out
+
+
 def retrieval_scores(model: HFModel, *, trials: int = PROBE["trials"], haystack: int = PROBE["haystack"],
                      depth: float = PROBE["depth"], seed: int = PROBE["seed"], chunk: int = 256) -> RetrievalScores:
     """The retrieval score of every head of a causal language model (see the module docstring)."""
     lm = model.model
     if not model.is_causal or getattr(lm, "get_output_embeddings", lambda: None)() is None:
         raise ValueError(f"the retrieval probe needs a causal language model with its head; {model.name} is not one")
-    tok = model.tokenizer
-    filler = _haystack(tok, haystack)
-    bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
-    special = set(getattr(tok, "all_special_ids", ()) or ())
-    vocab = [i for i in range(len(tok)) if i not in special]
     total = torch.zeros(model.num_layers, model.num_heads, dtype=torch.float64)
     copy_steps = steps = 0
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(trials):
-        needle = [vocab[int(i)] for i in torch.randint(len(vocab), (NEEDLE,), generator=g)]
-        at = int(depth * haystack)
-        ids = bos + filler[:at] + needle + filler[at:] + needle
-        first = len(bos) + at  # where the first needle starts
-        second = len(ids) - NEEDLE  # where the second starts
+    for ids, first, second in probe_inputs(model.tokenizer, trials=trials, haystack=haystack, depth=depth,
+                                           seed=seed):
         queries = torch.arange(second, len(ids) - 1)  # each predicts the next needle token
         source = queries - second + 1 + first  # that token's place in the first needle
         keys, logits = _top_keys(lm, ids, second, chunk, model.num_layers)  # (L, H, N), (N, V)

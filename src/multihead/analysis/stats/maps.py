@@ -30,8 +30,8 @@ from ...inputs import Batch, readable_tokens
 from ..rollout import attention_flow, attention_rollout
 from .base import ReducerBase
 
-__all__ = ["FLOW_BUDGET", "LONG_TEXT", "POOLED_CELLS", "ROLLOUT_TOKENS", "Pooled", "TextView", "TextViews",
-           "WholeMaps", "pooled_maps", "top_k_for"]
+__all__ = ["FLOW_BUDGET", "LONG_TEXT", "POOLED_CELLS", "ROLLOUT_TOKENS", "HeadMaps", "HeadView", "Pooled", "TextView",
+           "TextViews", "WholeMaps", "pooled_maps", "top_k_for"]
 
 #: Above this many tokens a text is kept pooled (the head view's lines and the plain matrix stop
 #: being readable long before).
@@ -229,6 +229,70 @@ def _offsets(tokenizer: Any, text: str, n: int) -> list | None:
         return None
     spans = tokenizer(text, return_offsets_mapping=True, verbose=False)["offset_mapping"]
     return [tuple(s) for s in spans[:n]] if len(spans) >= n else None
+
+
+@dataclass
+class HeadView:
+    """One head's map on one text, as the page draws it: the text's readable ``tokens`` and each
+    row's ``k`` largest weights, ``index`` (T, k) int32 and ``values`` (T, k) uint8 (weight·255)."""
+
+    text: int
+    tokens: list[str]
+    index: Tensor
+    values: Tensor
+
+
+class HeadMaps(ReducerBase):
+    """Keeps single heads' maps on single texts (a reducer): ``wanted`` maps a corpus index to the
+    (layer, head) cells whose rows to keep — e.g. every head on the texts where it is most typical
+    of its label — as each row's ``k`` largest weights, so memory is cells·T·k, never L·H·T².
+    Texts of more than ``longest`` tokens are left out."""
+
+    def __init__(self, wanted: Mapping[int, set[tuple[int, int]]], texts: Mapping[int, str], tokenizer: Any, *,
+                 k: int = 16, longest: int = 128) -> None:
+        self.wanted = {i: set(cells) for i, cells in wanted.items()}
+        self.texts = dict(texts)
+        self.tokenizer = tokenizer
+        self.k, self.longest = k, longest
+        self.found: dict[tuple[int, int, int], HeadView] = {}
+        self._rows: dict[int, tuple[int, int]] = {}  # corpus index -> (batch row, tokens)
+
+    def begin_batch(self, batch: Batch) -> None:
+        super().begin_batch(batch)
+        self._rows = {}
+        for row, index in enumerate(batch.texts):
+            n = int(batch.tokens.valid[row].sum())
+            if index in self.wanted and n <= self.longest:
+                self._rows[index] = (row, n)
+                ids = batch.tokens.ids[row, :n].tolist()
+                tokens = readable_tokens(self.tokenizer, ids, self.texts[index],
+                                         _offsets(self.tokenizer, self.texts[index], n))
+                for layer, head in self.wanted[index]:
+                    k = min(self.k, n)
+                    self.found[(index, layer, head)] = HeadView(index, tokens, torch.zeros(n, k, dtype=torch.int32),
+                                                                torch.zeros(n, k, dtype=torch.uint8))
+
+    def update(self, chunk: AttentionChunk) -> None:
+        for index, (row, n) in self._rows.items():
+            heads = sorted(h for layer, h in self.wanted[index] if layer == chunk.layer)
+            if not heads or chunk.start >= n:
+                continue
+            stop, K = min(chunk.stop, n), min(chunk.weights.shape[-1], n)
+            w = chunk.weights[row, heads, :stop - chunk.start, :K].detach().float()  # (h', c, K)
+            top, where = w.topk(min(self.k, K), dim=-1)  # (h', c, k)
+            values = (top.clamp(0, 1) * 255).round().to(torch.uint8)  # (h', c, k)
+            where = where.masked_fill(values == 0, 0)  # a weight quantised to 0 is not stored: its key says nothing
+            for n_head, h in enumerate(heads):
+                view = self.found[(index, chunk.layer, h)]
+                view.index[chunk.start:stop, :top.shape[-1]] = where[n_head].to(torch.int32).cpu()
+                view.values[chunk.start:stop, :top.shape[-1]] = values[n_head].cpu()
+
+    def merge(self, other: HeadMaps) -> None:
+        self.found.update(other.found)
+
+    def result(self) -> dict[tuple[int, int, int], HeadView]:
+        """{(corpus index, layer, head): HeadView}."""
+        return dict(self.found)
 
 
 class WholeMaps(ReducerBase):

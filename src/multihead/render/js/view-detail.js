@@ -1,7 +1,9 @@
 // The head detail under the matrix: the head's metrics against its layer and the model, its most
 // typical corpus texts, and the page's texts ranked by how typical the head is of its label on each.
-import { fmt } from "./scales.js";
+import { blue, fmt } from "./scales.js";
 import { el, tableOf } from "./dom.js";
+import { eachEntry, sparseEntry } from "./decode.js";
+import { setGeometry, tokenLabels } from "./canvas.js";
 
 export function detailView(page) {
   const { data, state, H, q, pooled, eachStored, label, mark, draw, sentenceSelect, openHead } = page;
@@ -20,6 +22,23 @@ export function detailView(page) {
       for (let i = 0; i < T; i++) { let top = 0; eachStored(s, l, h, i, (j, w) => { top = Math.max(top, w); }); total += top; }
     }
     return total / T;
+  }
+  // one head's map on one of its typical corpus texts (kept by the analysis for this head only)
+  function drawTypical(box, l, h, entry, text) {
+    box.textContent = "";
+    const tokens = data.typical_tokens[String(entry.text)], T = tokens.length;
+    const sparse = sparseEntry({ index: entry.index, values: entry.values, k: entry.k, tokens: tokens });
+    const cell = Math.max(4, Math.min(22, Math.floor(420 / T))), M = 96;
+    const canvas = el("canvas", { "class": "mh-typical-map" });
+    canvas.width = M + T * cell + 8; canvas.height = M + T * cell + 8;
+    const ctx = canvas.getContext("2d");
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
+    for (let i = 0; i < T; i++) eachEntry(sparse, 1, 0, 0, i, (j, w) => { ctx.fillStyle = blue(w); ctx.fillRect(M + j * cell, M + i * cell, cell, cell); });
+    ctx.strokeStyle = "#ccc"; ctx.strokeRect(M, M, T * cell, T * cell);
+    tokenLabels(ctx, tokens, 0, 0, T, cell, M);
+    setGeometry(canvas, M, M, T * cell);
+    box.appendChild(el("h4", {}, "L" + l + ".H" + h + " on a corpus text where it is most typical of its label: " + text));
+    box.appendChild(canvas);
   }
   function drawDetail() {
     const box = q(".mh-detail");
@@ -60,13 +79,22 @@ export function detailView(page) {
                       entropy_norm: "normalised entropy", max_weight: "largest weight per row" };
       const name = syntax ? "share of its " + mine.measure.slice(7) + " dependents on their governor" : "mean " + (words[mine.measure] || mine.measure.replace("_token", "-token attention"));
       box.appendChild(el("h4", {}, "The corpus texts where it is most typical of its label (" + name + ", of " + data.overview.sentences + " texts)"));
+      const kept = (data.head_texts || {})[String(l * H + h)] || [];
+      const shown = el("div", { "class": "mh-typical-view" });
       box.appendChild(tableOf(["text", name, syntax ? "dependents" : "tokens"], mine.texts.map(([i, v, n]) => {
         const text = typical.texts[String(i)] || "", s = data.sentences.findIndex((d) => d.text === text);
-        if (s < 0) return [text, fmt(v), n];
-        const a = el("a", { href: "#s=" + s + "&l=" + l + "&h=" + h + "&v=matrix" }, text);
-        a.addEventListener("click", (ev) => { ev.preventDefault(); state.sentence = s; sentenceSelect.value = String(s); state.zoom = null; draw(); });
+        if (s >= 0) {  // a text of the page: open it
+          const a = el("a", { href: "#s=" + s + "&l=" + l + "&h=" + h + "&v=matrix" }, text);
+          a.addEventListener("click", (ev) => { ev.preventDefault(); state.sentence = s; sentenceSelect.value = String(s); state.zoom = null; draw(); });
+          return [a, fmt(v), n];
+        }
+        const mapOf = kept.find((e) => e.text === i);
+        if (!mapOf) return [text, fmt(v), n];
+        const a = el("a", { href: "#", "class": "mh-typical-link", "data-text": String(i) }, text);  // this head's map on it, here
+        a.addEventListener("click", (ev) => { ev.preventDefault(); drawTypical(shown, l, h, mapOf, text); });
         return [a, fmt(v), n];
       })));
+      box.appendChild(shown);
     }
     const what = ["previous", "next", "self", "special-token", "local"].includes(lab) ? lab.replace("-token", "") + " attention" : "mean largest weight per row";
     const ranked = data.sentences.map((d, s) => [s, measure(s, l, h, lab)]).filter((x) => x[1] !== null).sort((a, b) => b[1] - a[1]);
