@@ -201,11 +201,12 @@ class Ablation(Section):
     modes: list[str]
     #: why no head was ablated (the per-head metrics are then absent)
     skipped: str | None = None
-    #: the unit of every effect: "nats/token" (a loss) or "1 - cos" (a pooled state's change)
-    unit: str = ""
-    #: "exact": each head removed and the objective rerun; "attribution": a first-order estimate
-    #: for every head (attribution patching), exact for the heads in ``exact``
-    method: str = "exact"
+    #: the unit of every effect: "nats/token" (a loss) or "1 - cos" (a pooled state's change);
+    #: None in reports written before units were recorded
+    unit: str | None = None
+    #: "exact" (None: written before the choice) — each head removed and the objective rerun — or
+    #: "attribution": a first-order estimate for every head (attribution patching), exact for ``exact``
+    method: str | None = None
     exact: list[Cell] | None = None
 
 
@@ -219,13 +220,22 @@ class HeadEvidence:
     value: float
     threshold: float
     mark: str  # "confirmed" | "attention-only"
-    #: the unit of ``value`` and ``threshold`` ("nats/token", "relative drop", "1 - cos")
+    #: the unit of ``value`` and ``threshold`` ("nats/token", "relative drop", "1 - cos"; "" in older reports)
     unit: str = ""
     #: the random-head baseline: the same measurement with each of ``baseline_heads`` other heads
     #: removed instead, its mean and standard deviation (``threshold`` is its upper bound)
     baseline_heads: int = 0
     baseline_mean: float | None = None
     baseline_sd: float | None = None
+
+
+def _evidence_record(e: HeadEvidence) -> dict[str, Any]:
+    """One tested head as JSON: the fields of older reports always, the baseline's when recorded."""
+    record = {k: json_value(v) for k, v in dataclasses.asdict(e).items()}
+    for name in ("unit", "baseline_heads", "baseline_mean", "baseline_sd"):
+        if record[name] in ("", 0, None):
+            del record[name]
+    return record
 
 
 @dataclass
@@ -240,7 +250,7 @@ class Evidence(Section):
 
     def to_dict(self) -> dict[str, Any]:
         return {"tests": dict(self.tests), "syntax_texts": self.syntax_texts, "probe": json_value(self.probe),
-                "heads": [{k: json_value(v) for k, v in dataclasses.asdict(e).items()} for e in self.heads]}
+                "heads": [_evidence_record(e) for e in self.heads]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Evidence:

@@ -103,7 +103,7 @@ def _roles(report: Report) -> str:
 
 def _flags_and_redundancy(report: Report) -> str:
     flagged = report.flagged()
-    unit = report.sections.ablation.unit if report.sections.ablation is not None else ""
+    unit = (report.sections.ablation.unit or "") if report.sections.ablation is not None else ""
     lines = [f"\nDegenerate heads ({len(flagged)}: attention input-independent and removing the head changes "
              f"nothing):" if flagged else "\nNo degenerate heads (input-independent attention whose removal changes "
                                           "nothing)."]
