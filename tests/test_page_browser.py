@@ -613,24 +613,26 @@ def test_the_label_map_and_the_table_are_shaded_by_value(browser, page):
 @pytest.fixture(scope="module")
 def evidence_page(tmp_path_factory, smollm2):
     """SmolLM2's report page with the inputs that define its labels (the induction probe, typical texts)."""
-    from multihead.data import ARTICLE_SENTENCES
+    from multihead.analysis.probes.syntax import spacy_available
+    from multihead.data import ARTICLE_SENTENCES, sample_sentences
 
-    texts = [*ARTICLE_SENTENCES[:3], "The cat sat on the mat because the mat was warm.",
-             "She gave him the book, and he read the book twice."]
-    report = mh.analyze(smollm2, texts, coreference=False, ablation=0)
+    texts = [*ARTICLE_SENTENCES[:3], *sample_sentences(80)]
+    report = mh.analyze(smollm2, texts, coreference=False, ablation=0, redundancy=False,
+                        parses="spacy" if spacy_available() else None)
     path = tmp_path_factory.mktemp("evidence") / "page.html"
     write_page(page_html(page_data(report.views, report)), path)
     return path, report
 
 
-def test_a_head_opens_on_the_induction_probe_and_its_typical_text(browser, evidence_page):
+def test_a_head_opens_on_the_induction_probe_and_a_relations_example(browser, evidence_page):
     from selenium.webdriver.support.ui import Select
 
     path, report = evidence_page
     root = _open(browser, path)
     options = [o.text for o in Select(root.find_element("css selector", "select.mh-sentence")).options]
     probe = next(i for i, o in enumerate(options) if o.startswith("[induction probe"))
-    assert any(o.startswith("[typical of ") for o in options), options  # the heads' typical texts are on the page
+    syntactic = any(r.label.startswith("syntactic:") for r in report.heads)
+    assert syntactic == any(o.startswith("[example of ") for o in options), options  # each relation's example
     best = max(report.heads, key=lambda r: r.metrics["induction"])
     root.find_element("css selector", '.mh-tab[data-view="matrix"]').click()
     Select(root.find_element("css selector", "select.mh-layer")).select_by_value(str(best.layer))
@@ -641,10 +643,11 @@ def test_a_head_opens_on_the_induction_probe_and_its_typical_text(browser, evide
     assert root.find_element("css selector", "select.mh-sentence").get_attribute("value") == str(probe)
     title = root.find_element("css selector", ".mh-matrix-title").text
     assert title.startswith(f"layer {best.layer}, head {best.head}: induction"), title
-    typical = [a for a in root.find_elements("css selector", "a.mh-evidence-link") if "typical" in a.text]
-    typical[0].click()
-    chosen = int(root.find_element("css selector", "select.mh-sentence").get_attribute("value"))
-    assert "typical of" in options[chosen] and chosen != probe
+    if syntactic:
+        example = [a for a in root.find_elements("css selector", "a.mh-evidence-link") if "example of" in a.text]
+        example[0].click()
+        chosen = int(root.find_element("css selector", "select.mh-sentence").get_attribute("value"))
+        assert options[chosen].startswith("[example of ") and chosen != probe
 
 
 def test_a_long_documents_map_has_a_position_axis_and_only_the_mode_that_applies(browser, document_page):

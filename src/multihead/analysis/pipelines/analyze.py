@@ -248,18 +248,13 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
                   head_views=typical_maps)
 
 
-#: Corpus texts the page adds as its heads' typical texts (those typical of the most heads first).
-EVIDENCE_TEXTS = 6
-
-
 def evidence_views(model: HFModel, texts: Sequence[str], typical: S.Typical | None, heads: list[HeadRecord],
                    shown: set[str], *, induction: bool, retrieval: bool = False) -> list:
-    """The views of the inputs that define the labels, for the page: the induction probe's first
-    sequence (its repeated random tokens; causal models), the retrieval probe's first trial (long
-    inputs: ``retrieval``), an example of every relation a head is
-    labelled by (the text its syntax head is most typical on) and the corpus texts most typical of
-    the most labelled heads (:data:`EVIDENCE_TEXTS` of them), each marked with what it is
-    (``extra["purpose"]``)."""
+    """The views of the inputs that define the labels, for the page (every head's own map on its
+    typical texts is kept apart, :func:`~.views.head_views`): the induction probe's first sequence
+    (its repeated random tokens; causal models), the retrieval probe's first trial (long inputs:
+    ``retrieval``) and an example of every relation a head is labelled by (the text its syntax head
+    is most typical on), each marked with what it is (``extra["purpose"]``)."""
     out = []
     if induction:
         ids, _ = repeated_sequences(model.tokenizer, count=1, length=INDUCTION_PROBE["length"],
@@ -274,31 +269,17 @@ def evidence_views(model: HFModel, texts: Sequence[str], typical: S.Typical | No
             view.extra["purpose"] = f"retrieval probe: the needle at token {first}, copied at the end"
             out.append(view)
     if typical is not None:
-        labelled = {(r.layer, r.head): r.label for r in heads if r.label != "mixed"}
-        serves: dict[int, list[str]] = {}
+        labelled = {(r.layer, r.head): r.label for r in heads}
         examples: dict[str, tuple[int, tuple[int, int]]] = {}  # relation -> (its first syntax head's text, head)
         for entry in typical.heads:
-            label = labelled.get((entry.layer, entry.head))
-            if label is not None and entry.texts:
-                first = int(entry.texts[0][0])
-                serves.setdefault(first, []).append(label)
-                if label.startswith("syntactic:"):
-                    examples.setdefault(label.removeprefix("syntactic:"), (first, (entry.layer, entry.head)))
-
-        def fits(i: int) -> bool:
-            return texts[i] not in shown and len(model.tokenizer(texts[i], verbose=False)["input_ids"]) <= LONG_TEXT
-
+            label = labelled.get((entry.layer, entry.head), "")
+            if label.startswith("syntactic:") and entry.texts:
+                examples.setdefault(label.removeprefix("syntactic:"),
+                                    (int(entry.texts[0][0]), (entry.layer, entry.head)))
         purpose: dict[int, str] = {}
         for rel, (i, (layer, head)) in sorted(examples.items()):  # an example of every relation a head is labelled by
-            if fits(i):
+            if texts[i] not in shown and len(model.tokenizer(texts[i], verbose=False)["input_ids"]) <= LONG_TEXT:
                 purpose.setdefault(i, f"example of {rel} (typical of L{layer}.H{head})")
-        for i in sorted(serves, key=lambda i: (-len(serves[i]), i)):  # then the texts typical of the most heads
-            if len(purpose) >= EVIDENCE_TEXTS + len(examples):
-                break
-            if i not in purpose and fits(i):
-                kinds = sorted(set(serves[i]))
-                purpose[i] = f"typical of {len(serves[i])} heads ({', '.join(kinds[:3])}" + \
-                    (" …)" if len(kinds) > 3 else ")")
         chosen = list(purpose)
         if chosen:
             for i, view in zip(chosen, text_views(model, [texts[i] for i in chosen]), strict=True):
