@@ -112,7 +112,8 @@ def _pooled_entry(view: TextView, pooled: Pooled) -> dict:
 def _dense_entry(view: TextView, top_k: int | None) -> dict:
     maps = view.maps
     L, H, T = maps.shape[0], maps.shape[1], maps.shape[-1]
-    k = top_k or (16 if L * H * T > 20_000 else 32)
+    # a view may ask for fewer (a probe's input: a peak or two per row, ``extra["top_k"]``)
+    k = top_k or view.extra.get("top_k") or (16 if L * H * T > 20_000 else 32)
     idx, val, k = _sparse_rows(maps, k)
     entry = {"text": view.text, "tokens": list(view.tokens), "k": k, "index": idx, "values": val}
     if view.extra.get("purpose"):  # an input that defines a label (a probe, a head's typical text)

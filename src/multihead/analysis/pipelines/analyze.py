@@ -248,6 +248,10 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
                   head_views=typical_maps)
 
 
+#: Weights kept per row of the evidence inputs' maps (a probe's pattern is a peak or two per row).
+EVIDENCE_TOP_K = 8
+
+
 def evidence_views(model: HFModel, texts: Sequence[str], typical: S.Typical | None, heads: list[HeadRecord],
                    shown: set[str], *, induction: bool, retrieval: bool = False) -> list:
     """The views of the inputs that define the labels, for the page (every head's own map on its
@@ -262,10 +266,11 @@ def evidence_views(model: HFModel, texts: Sequence[str], typical: S.Typical | No
         probe = token_views(model, ids.tolist())
         for view in probe:
             view.extra["purpose"] = "induction probe: random tokens, repeated"
+            view.extra["top_k"] = EVIDENCE_TOP_K
         out += probe
     if retrieval:  # the retrieval probe's first trial: a needle in a haystack, copied at the end
         ids, first, _ = probe_inputs(model.tokenizer)[0]
-        for view in token_views(model, [ids]):
+        for view in token_views(model, [ids], top_k=EVIDENCE_TOP_K):
             view.extra["purpose"] = f"retrieval probe: the needle at token {first}, copied at the end"
             out.append(view)
     if typical is not None:
@@ -283,7 +288,7 @@ def evidence_views(model: HFModel, texts: Sequence[str], typical: S.Typical | No
         chosen = list(purpose)
         if chosen:
             for i, view in zip(chosen, text_views(model, [texts[i] for i in chosen]), strict=True):
-                view.extra["purpose"] = purpose[i]
+                view.extra["purpose"], view.extra["top_k"] = purpose[i], EVIDENCE_TOP_K
                 out.append(view)
     return out
 
