@@ -76,6 +76,8 @@ def _labels(report: Report) -> str:
 
 #: labels whose heads the terminal lists one by one with their values (the others are counted)
 _LISTED = ("induction", "previous", "next", "self", "coreference", "syntactic")
+#: the corpus metric a label's value is (its interval is shown beside it)
+_DEFINING = {"previous": "previous_token", "next": "next_token", "self": "self"}
 
 
 def _roles(report: Report) -> str:
@@ -87,14 +89,19 @@ def _roles(report: Report) -> str:
             by_label.setdefault(r.label, []).append(r)
     if not by_label:
         return ""
-    lines = ["Heads with a role (the label's defining value; ✓ / ~ tested by ablation):"]
+    lines = ["Heads with a role (the label's defining value [its 95% interval over the texts]; ✓ / ~ tested by "
+             "ablation; how stable the label is when below 100%):"]
     for label, rows in sorted(by_label.items(), key=lambda kv: -len(kv[1])):
         rows = sorted(rows, key=lambda r: -(r.value if r.value is not None and r.value == r.value else 0))
 
         def one(r) -> str:
             value = "" if r.value is None or r.value != r.value else f" {r.value:.2f}"
+            band = r.intervals.get(_DEFINING.get(r.label.split(":")[0], ""))
+            if value and band:  # the bootstrap interval of the metric the label reads
+                value += f" [{band[0]:.2f}, {band[1]:.2f}]"
             trait = f" (+{'/'.join(r.traits)})" if r.traits else ""
-            return f"L{r.layer}.H{r.head}{value}{MARKS.get(marks.get((r.layer, r.head), ''), '')}{trait}"
+            shaky = f" (stable {r.stability:.0%})" if r.stability is not None and r.stability < 0.995 else ""
+            return f"L{r.layer}.H{r.head}{value}{MARKS.get(marks.get((r.layer, r.head), ''), '')}{trait}{shaky}"
 
         lines.append(f"  {label}: " + ", ".join(one(r) for r in rows[:8]) + (f" … ({len(rows)})" if len(rows) > 8
                                                                              else ""))
