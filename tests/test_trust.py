@@ -214,3 +214,21 @@ def test_the_retrieval_probes_input_is_a_page_view(smollm2):
     (view,) = evidence_views(smollm2, [], None, [], set(), induction=False, retrieval=True)
     assert view.extra["purpose"].startswith(f"retrieval probe: the needle at token {first}")
     assert len(view.tokens) == len(ids) and view.pooled is not None  # a long input: kept pooled
+
+
+@pytest.mark.slow
+def test_the_probes_scores_have_intervals_over_their_inputs(smollm2):
+    """The induction probe's score is the mean of its sequences' scores, and its interval is the
+    bootstrap over those sequences (the coreference scores likewise over their examples)."""
+    from multihead.analysis.probes.coreference import coreference_scores
+    from multihead.analysis.probes.induction import induction_scores
+
+    each: dict = {}
+    scores = induction_scores(smollm2, count=8, length=20, per_sequence=each)
+    assert each["induction"].shape == (8, smollm2.num_layers, smollm2.num_heads)
+    assert torch.allclose(each["induction"].mean(0), scores["induction"])
+    low, high = intervals(each["induction"], torch.ones_like(each["induction"]))
+    assert bool(((low <= scores["induction"] + 1e-12) & (scores["induction"] <= high + 1e-12)).all())
+    found = coreference_scores(smollm2)
+    assert torch.allclose(found.per_example["accuracy"].mean(0), found.accuracy)
+    assert torch.allclose(found.per_example["mass"].mean(0), found.mass)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ...data import ARTICLE_SENTENCES
 from ...hf.model import HFModel, require_loaded
@@ -47,7 +48,7 @@ from ..probes.retrieval import PROBE as RETRIEVAL_PROBE
 from ..probes.retrieval import probe_inputs, retrieval_scores
 from ..probes.syntax import Parse, parse_with_spacy, parses_for
 from ..report import HeadRecord, Report
-from ..stats.bootstrap import resample_weights, used_groups
+from ..stats.bootstrap import intervals, resample_weights, used_groups
 from ..stats.heads import HeadStatistics
 from ..stats.longcontext import LongContextStatistics
 from ..stats.maps import LONG_TEXT, TextViews
@@ -179,16 +180,20 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     if unknown is not None and unknown.token is not None:
         sections.unknown_tokens = S.UnknownTokens(unknown.count, unknown.total, round(unknown.share, 6), unknown.token)
         warn_unknown_tokens(sections.unknown_tokens)
+    probe_items: dict[str, Tensor] = {}  # each probe's per-input scores {metric: (N, L, H)}, for their intervals
     if induction and model.is_causal:
         with step("induction probe", progress=progress):
             probe = INDUCTION_PROBE
-            means.update(induction_scores(model, count=probe["count"], length=probe["length"], seed=probe["seed"]))
+            means.update(induction_scores(model, count=probe["count"], length=probe["length"], seed=probe["seed"],
+                                          per_sequence=probe_items))
         sections.induction = S.Induction(**INDUCTION_PROBE)
     coref_baseline = None
     if coreference is not False:
         with step("coreference probe", progress=progress):
             scores = coreference_scores(model, None if coreference is True else coreference, batch_size=batch_size)
         means["coreference"], means["coreference_mass"] = scores.accuracy, scores.mass
+        if scores.per_example is not None:
+            probe_items.update(coreference=scores.per_example["accuracy"], coreference_mass=scores.per_example["mass"])
         coref_baseline = scores.baseline
         sections.coreference = S.Coreference(scores.examples, scores.skipped, scores.baseline)
     syntax = corpus.syntax.result() if corpus.syntax is not None else None
@@ -214,6 +219,10 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
         sections.ablation = effects.section()
         _add_effects(heads, effects)
     _add_intervals(heads, corpus.heads, model.is_causal, syntax, coref_baseline, corpus.syntax)
+    for name, items in probe_items.items():  # a probe's score: bootstrap over its inputs (sequences, examples)
+        low, high = intervals(items, torch.ones_like(items))
+        for r in heads:
+            r.intervals[name] = (float(low[r.layer, r.head]), float(high[r.layer, r.head]))
     sections.typical = corpus.typical.result().section(labels, texts)
     if ablated:  # labels with evidence: each label's behaviour, with its head removed
         n = max(ablation, SYNTAX_TEXTS)  # relations need more tokens than the ablation's texts hold

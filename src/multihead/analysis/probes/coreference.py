@@ -65,6 +65,8 @@ class CoreferenceScores:
     baseline: float  # nearest-mention accuracy
     examples: int  # scored
     skipped: int = 0  # examples whose pronoun or antecedent the tokenizer turns into its unknown token
+    #: per example (E, L, H): the head picked the antecedent (1/0), and its mass there (bootstrap over examples)
+    per_example: dict[str, Tensor] | None = None
 
 
 def _find(text: str, mention: str, start: int = 0) -> Span | None:
@@ -132,6 +134,7 @@ def coreference_scores(model: HFModel, examples: Sequence[CoreferenceExample] | 
     L, H = model.num_layers, model.num_heads
     correct = torch.zeros(L, H, dtype=torch.float64)
     mass = torch.zeros(L, H, dtype=torch.float64)
+    each = {key: torch.zeros(len(examples), L, H, dtype=torch.float64) for key in ("accuracy", "mass")}
     state: dict[str, Tensor] = {}
 
     rows: dict[int, Tensor] = {}
@@ -150,8 +153,13 @@ def coreference_scores(model: HFModel, examples: Sequence[CoreferenceExample] | 
         cand = cand.masked_fill(~state["real"][:, None, :], -1.0)
         picked = cand.argmax(-1)  # (B, H)
         answer = state["answer"][:, None]  # (B, 1)
-        correct[layer] += (picked == answer).sum(0).to(torch.float64).cpu()
-        mass[layer] += cand.gather(-1, answer[..., None].expand(-1, cand.shape[1], 1))[..., 0].sum(0).cpu()
+        hit = (picked == answer).to(torch.float64).cpu()  # (B, H)
+        on = cand.gather(-1, answer[..., None].expand(-1, cand.shape[1], 1))[..., 0].cpu()  # (B, H)
+        correct[layer] += hit.sum(0)
+        mass[layer] += on.sum(0)
+        first = int(state["first"])
+        each["accuracy"][first:first + hit.shape[0], layer] = hit
+        each["mass"][first:first + hit.shape[0], layer] = on
 
     with right_padding(tok), AttentionCapture(model.model, on_layer), torch.inference_mode():
         for start in range(0, len(examples), batch_size):
@@ -172,12 +180,12 @@ def coreference_scores(model: HFModel, examples: Sequence[CoreferenceExample] | 
                     candidates[b, c] = torch.tensor(c_mask, dtype=torch.float64)
                     real[b, c] = True
             state.update(pronoun=pronoun, candidates=candidates, real=real,
-                         answer=torch.tensor([e.antecedent for e in chunk]))
+                         answer=torch.tensor([e.antecedent for e in chunk]), first=torch.tensor(start))
             to = model.device
             model.body(input_ids=enc["input_ids"].to(to), attention_mask=enc["attention_mask"].to(to), **model.no_cache)
     n = len(examples)
     baseline = sum(e.nearest() == e.antecedent for e in examples) / n
-    return CoreferenceScores(correct / n, mass / n, baseline, n, total - n)
+    return CoreferenceScores(correct / n, mass / n, baseline, n, total - n, per_example=each)
 
 
 def _representable(tok, e: CoreferenceExample) -> bool:

@@ -43,15 +43,19 @@ def repeated_sequences(tokenizer, *, count: int = 32, length: int = 40, seed: in
 
 
 def induction_scores(model: HFModel, *, count: int = 32, length: int = 40, seed: int = 0,
-                     batch_size: int = 16) -> dict[str, Tensor]:
-    """``{"duplicate_token": (L, H), "induction": (L, H)}`` float64 means over the probe."""
+                     batch_size: int = 16, per_sequence: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+    """``{"duplicate_token": (L, H), "induction": (L, H)}`` float64 means over the probe; with a
+    ``per_sequence`` dict, also each sequence's own means there ({key: (count, L, H)}: the scores'
+    bootstrap over the probe's sequences)."""
     ids, prefix = repeated_sequences(model.tokenizer, count=count, length=length, seed=seed)
     if model.max_positions and ids.shape[1] > model.max_positions:
         raise ValueError(f"the probe needs {ids.shape[1]} positions; the model takes {model.max_positions}")
     L, H = model.num_layers, model.num_heads
     sums = {key: torch.zeros(L, H, dtype=torch.float64) for key in ("duplicate_token", "induction")}
+    by_sequence = {key: torch.zeros(count, L, H, dtype=torch.float64) for key in sums}
     queries = torch.arange(prefix + length, prefix + 2 * length)  # the repeated half
     n = 0
+    at = [0]  # the first sequence of the running batch
 
     def on_layer(chunk: AttentionChunk) -> None:
         layer = chunk.layer
@@ -60,12 +64,17 @@ def induction_scores(model: HFModel, *, count: int = 32, length: int = 40, seed:
         rows = chunk.weights[:, :, queries].to(torch.float64)  # (B, H, Q, S)
         dup = rows.gather(-1, (queries - length).view(1, 1, -1, 1).expand(*rows.shape[:3], 1))  # (B, H, Q, 1)
         ind = rows.gather(-1, (queries - length + 1).view(1, 1, -1, 1).expand(*rows.shape[:3], 1))
-        sums["duplicate_token"][layer] += dup.sum(dim=(0, 2, 3)).cpu()
-        sums["induction"][layer] += ind.sum(dim=(0, 2, 3)).cpu()
+        for key, picked in (("duplicate_token", dup), ("induction", ind)):
+            each = picked.sum(dim=(2, 3)).cpu()  # (B, H) per sequence
+            sums[key][layer] += each.sum(0)
+            by_sequence[key][at[0]:at[0] + each.shape[0], layer] = each / len(queries)
 
     with AttentionCapture(model.model, on_layer), torch.inference_mode():
         for start in range(0, count, batch_size):
+            at[0] = start
             batch = ids[start:start + batch_size].to(model.device)
             model.body(input_ids=batch, attention_mask=torch.ones_like(batch), **model.no_cache)
             n += batch.shape[0] * len(queries)
+    if per_sequence is not None:
+        per_sequence.update(by_sequence)
     return {key: value / n for key, value in sums.items()}
