@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .interventions.ablation import unit_of
 from .report import Report
 
 __all__ = ["CAUSAL_MEANING", "DEAD_SHARE", "SCHEMA", "Comparison", "assignment", "cell_name", "compare", "dead_heads",
@@ -77,17 +78,17 @@ class Comparison:
         """{metric: why it is not compared} (see the module)."""
         return excluded_metrics(self.a, self.b)
 
-    def _metrics_of(self, report: Report, cell: Cell) -> dict[str, float]:
-        """A head's metrics as compared: its ablation effects as shares of its report's largest when
-        the two reports' effects are in different units."""
-        metrics = dict(report.head(*cell).metrics)
+    def _compared(self, report: Report) -> dict[Cell, dict[str, float]]:
+        """Every head's metrics as compared: its ablation effects also as shares of its report's
+        largest when the two reports' effects are in different units."""
+        out = {(r.layer, r.head): dict(r.metrics) for r in report.heads}
         if _units_differ(self.a, self.b):
             for name in ("zero_ablation", "mean_ablation"):
-                if name in metrics:
-                    largest = max((abs(r.metrics.get(name, math.nan)) for r in report.heads
-                                   if math.isfinite(r.metrics.get(name, math.nan))), default=0.0)
-                    metrics[f"{name}_share"] = metrics[name] / largest if largest > 0 else math.nan
-        return metrics
+                largest = max((abs(v) for m in out.values() if math.isfinite(v := m.get(name, math.nan))), default=0.0)
+                for metrics in out.values():
+                    if name in metrics:
+                        metrics[f"{name}_share"] = metrics[name] / largest if largest > 0 else math.nan
+        return out
 
     def label_changes(self) -> list[tuple[Cell, Cell, str, str]]:
         """(head of A, head of B, label in A, label in B) for every pair whose label differs."""
@@ -114,12 +115,11 @@ class Comparison:
         names = [n for n in _common_metrics(self.a, self.b) if n not in skip]
         if _units_differ(self.a, self.b):
             names += [f"{n}_share" for n in ("zero_ablation", "mean_ablation") if n in skip]
-        cells = [(r.layer, r.head) for r in self.a.heads]
-        compared = {c: self._metrics_of(self.a, c) for c in cells}
-        spread = {n: _spread([compared[c].get(n, math.nan) for c in cells]) for n in names}
+        compared, compared_b = self._compared(self.a), self._compared(self.b)
+        spread = {n: _spread([m.get(n, math.nan) for m in compared.values()]) for n in names}
         out = []
         for ca, cb, _ in self.pairs:
-            ma, mb = compared[ca], self._metrics_of(self.b, cb)
+            ma, mb = compared[ca], compared_b[cb]
             for n in names:
                 before, after = ma.get(n, math.nan), mb.get(n, math.nan)
                 if math.isnan(before) or math.isnan(after):
@@ -288,7 +288,7 @@ def _unit(report: Report) -> str | None:
     section = report.sections.ablation
     if section is None or section.skipped:
         return None
-    return section.unit or ("1 - cos" if section.objective.startswith("1 - cosine") else "nats/token")
+    return section.unit or unit_of(section.objective)  # reports written before units were recorded
 
 
 def _units_differ(a: Report, b: Report) -> bool:

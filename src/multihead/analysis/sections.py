@@ -232,8 +232,10 @@ class HeadEvidence:
 def _evidence_record(e: HeadEvidence) -> dict[str, Any]:
     """One tested head as JSON: the fields of older reports always, the baseline's when recorded."""
     record = {k: json_value(v) for k, v in dataclasses.asdict(e).items()}
-    for name in ("unit", "baseline_heads", "baseline_mean", "baseline_sd"):
-        if record[name] in ("", 0, None):
+    if not e.unit:
+        del record["unit"]
+    if not e.baseline_heads:  # no baseline drawn (a mean or sd of 0 is a measurement, kept)
+        for name in ("baseline_heads", "baseline_mean", "baseline_sd"):
             del record[name]
     return record
 

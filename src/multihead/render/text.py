@@ -13,7 +13,7 @@ from statistics import median
 
 from ..analysis.compare import Comparison, dead_heads, pair_name
 from ..analysis.interventions.patching import Patching
-from ..analysis.labels import FLAG_RULES, MARKS, SINK_HEAD, WINDOW_KEPT
+from ..analysis.labels import FLAG_RULES, LABEL_RULES, MARKS, SINK_HEAD, WINDOW_KEPT
 from ..analysis.report import Report
 from ..analysis.sections import WhatIf
 from ..analysis.stats.bootstrap import RESAMPLES
@@ -77,7 +77,7 @@ def _labels(report: Report) -> str:
 #: labels whose heads the terminal lists one by one with their values (the others are counted)
 _LISTED = ("induction", "previous", "next", "self", "coreference", "syntactic")
 #: the corpus metric a label's value is (its interval is shown beside it)
-_DEFINING = {"previous": "previous_token", "next": "next_token", "self": "self"}
+_DEFINING = {label: key for label, key, _ in LABEL_RULES}
 
 
 def _roles(report: Report) -> str:

@@ -190,8 +190,7 @@ class TextViews(ReducerBase):
             pooled = kept.pooled
             top, where = w.topk(min(pooled.k, K), dim=-1)  # (H, c, k')
             pooled.index[chunk.layer, :, chunk.start:stop, :top.shape[-1]] = where.to(torch.int32).cpu()
-            pooled.values[chunk.layer, :, chunk.start:stop, :top.shape[-1]] = \
-                (top.clamp(0, 1) * 255).round().to(torch.uint8).cpu()
+            pooled.values[chunk.layer, :, chunk.start:stop, :top.shape[-1]] = _byte(top).cpu()
             total, big, counted = pooled_maps(w, chunk.start, pooled.block, pooled.cells)
             pooled.mass[chunk.layer] += total.cpu()
             if chunk.layer == 0:
@@ -229,6 +228,11 @@ def _offsets(tokenizer: Any, text: str, n: int) -> list | None:
         return None
     spans = tokenizer(text, return_offsets_mapping=True, verbose=False)["offset_mapping"]
     return [tuple(s) for s in spans[:n]] if len(spans) >= n else None
+
+
+def _byte(weights: Tensor) -> Tensor:
+    """Weights in [0, 1] as bytes (weight·255, rounded): how the page stores a kept weight."""
+    return (weights.clamp(0, 1) * 255).round().to(torch.uint8)
 
 
 @dataclass
@@ -280,7 +284,7 @@ class HeadMaps(ReducerBase):
             stop, K = min(chunk.stop, n), min(chunk.weights.shape[-1], n)
             w = chunk.weights[row, heads, :stop - chunk.start, :K].detach().float()  # (h', c, K)
             top, where = w.topk(min(self.k, K), dim=-1)  # (h', c, k)
-            values = (top.clamp(0, 1) * 255).round().to(torch.uint8)  # (h', c, k)
+            values = _byte(top)  # (h', c, k)
             where = where.masked_fill(values == 0, 0)  # a weight quantised to 0 is not stored: its key says nothing
             for n_head, h in enumerate(heads):
                 view = self.found[(index, chunk.layer, h)]

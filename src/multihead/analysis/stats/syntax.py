@@ -263,12 +263,13 @@ class SyntaxStatistics(ReducerBase):
         keys = sorted(k for k, n in self.count.items() if n >= min_count)
         correct = {k: torch.einsum("rg,glh->rlh", weights, self.group_correct[k][used]) for k in keys}  # (R, L, H)
         count = {k: weights @ self.group_count[k][used] for k in keys}  # (R,)
-        best = {k: (weights @ self.group_offset[k][used]).amax(-1) for k in keys}  # (R,) the best offset's hits
+        best = {k: (weights @ self.group_offset[k][used]).max(-1) for k in keys}  # (R,) the best offset's hits, offset
         out = []
         for r in range(weights.shape[0]):
             n = {k: float(count[k][r]) for k in keys}
             kept = [k for k in keys if n[k] >= min_count]
             out.append(SyntaxScores({k: correct[k][r] / n[k] for k in kept}, {k: int(n[k]) for k in kept},
-                                    {k: float(best[k][r]) / n[k] for k in kept}, {k: 0 for k in kept}))
+                                    {k: float(best[k].values[r]) / n[k] for k in kept},
+                                    {k: int(best[k].indices[r]) - MAX_OFFSET for k in kept}))
         return out
 
