@@ -5,8 +5,10 @@ import math
 import subprocess
 import sys
 
+import hypothesis.strategies as st
 import pytest
 import torch
+from hypothesis import given, settings
 
 import multihead as mh
 from conftest import float_tolerance, run_cli
@@ -232,6 +234,28 @@ def test_redundancy_on_hand_built_heads():
     pairs = most_redundant(js, 2, k=3)
     assert {(a, b) for a, b, _ in pairs} >= {((0, 0), (0, 1)), ((0, 0), (1, 0))}
     assert clusters(js, 0.01) == [[0, 1, 2]]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 7), st.integers(1, 6), st.integers(1, 40), st.integers(0, 2**31 - 1))
+def test_pairwise_js_reads_each_row_to_its_last_weighed_key_and_equals_the_definition(N, R, S, seed):
+    from multihead.analysis.stats.redundancy import _pairwise_js
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, S + 1, (R,), generator=g)  # causal / padded rows: zeros after each row's keys
+    maps = torch.softmax(torch.randn(N, R, S, generator=g) * 2, -1)
+    maps = maps * (torch.arange(S) < lengths[:, None])
+    maps = maps / maps.sum(-1, keepdim=True)
+    p, q = maps[:, None].double(), maps[None].double()  # (N, 1, R, S), (1, N, R, S)
+    m = (p + q) / 2
+
+    def kl(a, b):
+        return torch.where(a > 0, a * (a / b).log(), torch.zeros_like(a)).sum(-1)
+
+    want = ((kl(p, m) + kl(q, m)) / 2 / math.log(2)).clamp_min(0).sqrt().mean(-1)  # (N, N)
+    # compared as divergences: float32's rounding of a divergence near 0 (a head with itself) is ~1e-7,
+    # whose square root is ~3e-4
+    torch.testing.assert_close(_pairwise_js(maps, budget=64).square(), want.square(), atol=2e-6, rtol=0)
 
 
 def test_left_and_right_padding_give_the_same_statistics():

@@ -1,8 +1,10 @@
 """Streaming capture: each layer's maps in chunks of query rows give the same per-head statistics
 as whole maps, for any chunk size and padding on either side, and the model's outputs do not change."""
 
+import hypothesis.strategies as st
 import pytest
 import torch
+from hypothesis import given, settings
 
 import multihead as mh
 from architectures import build, inputs
@@ -309,6 +311,30 @@ def test_pooled_maps_of_chunks_equal_block_pooling_of_the_whole_map():
     torch.testing.assert_close(mass, blocks.sum(dim=(2, 4)))
     torch.testing.assert_close(big, blocks.amax(dim=(2, 4)))
     assert rows.tolist() == [8.0] * 6 + [2.0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 9), st.integers(1, 90), st.integers(1, 20), st.integers(1, 12),
+       st.sampled_from(["random", "sparse", "ties"]), st.integers(0, 2**31 - 1))
+def test_top_weights_from_key_blocks_are_the_rows_k_largest(H, c, K, block, k, kind, seed):
+    from multihead.analysis.stats.maps import key_blocks, top_weights
+
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(H, c, K, generator=g)
+    if kind == "sparse":  # a causal chunk's rows: most keys exactly 0
+        w = w * (torch.rand(H, c, K, generator=g) < 0.1)
+    elif kind == "ties":  # bytes' worth of distinct values: many equal weights
+        w = (w * 4).round() / 4
+    k = min(k, K)
+    sums, maxima = key_blocks(w, block)
+    padded = torch.zeros(H, c, -(-K // block) * block)
+    padded[..., :K] = w
+    torch.testing.assert_close(sums, padded.unflatten(-1, (-1, block)).sum(-1))
+    torch.testing.assert_close(maxima, padded.unflatten(-1, (-1, block)).amax(-1))
+    top, where = top_weights(w, k, maxima, block)
+    torch.testing.assert_close(top, w.topk(k, dim=-1).values)  # the same values, largest first
+    assert bool((where < K).all()) and torch.equal(w.gather(-1, where), top)  # each at a key that holds it
+    assert all(len(set(row)) == k for row in where.reshape(-1, k).tolist())  # k different keys
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ alone — before a weight is read, and for devices this machine does not have.
                readers as the run streams it: traced op by op on ``meta`` (:class:`~multihead.attn.memory.LiveBytes`),
                the readers' work on each chunk included (:data:`READER_WORK` × its rows' float32 map)
     statistics what the readers hold on the device through a batch: redundancy's sampled rows,
-               head outputs and W^O copies (:meth:`RedundancyStatistics.planned_bytes`), and
+               head outputs in the model's dtype (:meth:`RedundancyStatistics.planned_bytes`), and
                their end-of-batch work
     host       what is kept in host memory whatever the device: the page's views of the chosen
                texts (:meth:`TextViews.planned_bytes`); on a CPU it adds to the device's total
@@ -142,7 +142,7 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     statistics = end = host = 0
     if redundancy:
         held, end = RedundancyStatistics.planned_bytes(L, H, batch * tokens, tokens, D, Dv,
-                                                       float32_weights=dtype == torch.float32)
+                                                       element_size=torch.empty(0, dtype=dtype).element_size())
         statistics += held
     if views and tokens > 1:
         host = views * TextViews.planned_bytes(L, H, tokens)

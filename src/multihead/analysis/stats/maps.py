@@ -31,7 +31,7 @@ from ..rollout import attention_flow, attention_rollout
 from .base import ReducerBase
 
 __all__ = ["FLOW_BUDGET", "LONG_TEXT", "POOLED_CELLS", "ROLLOUT_TOKENS", "HeadMaps", "HeadView", "Pooled", "TextView",
-           "TextViews", "WholeMaps", "pooled_maps", "top_k_for"]
+           "TextViews", "WholeMaps", "key_blocks", "pooled_maps", "top_k_for", "top_weights"]
 
 #: Above this many tokens a text is kept pooled (the head view's lines and the plain matrix stop
 #: being readable long before).
@@ -106,18 +106,53 @@ def pooled_maps(weights: Tensor, start: int, block: int, cells: int) -> tuple[Te
     (row block, key block) cells (H, cells, cells): the weight summed over each cell, the largest
     weight in it, and how many query rows each row block received from this chunk (cells,).
     """
-    H, c, K = weights.shape
-    width = cells * block
-    padded = torch.zeros(H, c, width, dtype=torch.float32, device=weights.device)
-    padded[..., :K] = weights.float()
-    by_key = padded.view(H, c, cells, block)  # (H, c, cells, block)
-    row_block = (torch.arange(start, start + c, device=weights.device) // block)  # (c,)
-    total = torch.zeros(H, cells, cells, device=weights.device).index_add_(1, row_block, by_key.sum(-1))
-    index = row_block.view(1, c, 1).expand(H, c, cells)
-    largest = torch.zeros(H, cells, cells, device=weights.device).scatter_reduce_(
-        1, index, by_key.amax(-1), reduce="amax")
-    rows = torch.zeros(cells, device=weights.device).index_add_(0, row_block, torch.ones(c, device=weights.device))
+    sums, maxima = key_blocks(weights, block)  # (H, c, nb) each
+    return _by_row_block(sums, maxima, start, block, cells)
+
+
+def key_blocks(weights: Tensor, block: int) -> tuple[Tensor, Tensor]:
+    """Each row's weight summed, and its largest weight, over blocks of ``block`` keys (the last
+    block may be shorter): (H, c, ceil(K / block)) each, in float32. Read from the map as it is
+    (no padded copy)."""
+    K = weights.shape[-1]
+    full = K // block
+    whole = weights[..., :full * block].unflatten(-1, (full, block))  # (H, c, full, block) a view
+    sums, maxima = whole.sum(-1, dtype=torch.float32), whole.amax(-1).float()  # (H, c, full)
+    if K % block:  # the short last block
+        tail = weights[..., full * block:]  # (H, c, K % block)
+        sums = torch.cat([sums, tail.sum(-1, keepdim=True, dtype=torch.float32)], -1)
+        maxima = torch.cat([maxima, tail.amax(-1, keepdim=True).float()], -1)
+    return sums, maxima
+
+
+def _by_row_block(sums: Tensor, maxima: Tensor, start: int, block: int, cells: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Rows' key-block sums and maxima (H, c, nb) gathered into their row blocks (see :func:`pooled_maps`)."""
+    H, c, nb = sums.shape
+    dev = sums.device
+    row_block = torch.arange(start, start + c, device=dev) // block  # (c,)
+    total = torch.zeros(H, cells, cells, device=dev)
+    total[..., :nb].index_add_(1, row_block, sums)
+    largest = torch.zeros(H, cells, cells, device=dev)
+    largest[..., :nb].scatter_reduce_(1, row_block.view(1, c, 1).expand(H, c, nb), maxima, reduce="amax")
+    rows = torch.zeros(cells, device=dev).index_add_(0, row_block, torch.ones(c, device=dev))
     return total, largest, rows
+
+
+def top_weights(weights: Tensor, k: int, maxima: Tensor | None = None, block: int = 0) -> tuple[Tensor, Tensor]:
+    """Each row's k largest weights and their keys, as ``weights.topk(k, -1)`` (H, c, K) -> (H, c, k)
+    each — from the row's key blocks whose largest weight is among its k largest blocks' (``maxima``
+    (H, c, nb) over blocks of ``block`` keys, :func:`key_blocks`): the k-th largest weight is at least
+    the k-th largest block maximum, so every one of the k largest lies in such a block. Reads k·block
+    keys per row instead of K (equal weights may be taken from other keys)."""
+    H, c, K = weights.shape
+    if maxima is None or maxima.shape[-1] <= k:
+        return weights.topk(k, dim=-1)
+    blocks = maxima.topk(k, dim=-1).indices  # (H, c, k)
+    offsets = torch.arange(block, device=weights.device)
+    keys = (blocks[..., None] * block + offsets).view(H, c, k * block)  # (H, c, k·block) candidate keys
+    candidates = weights.gather(-1, keys.clamp_max(K - 1)).masked_fill_(keys >= K, -1.0)  # past the last key: never
+    top, where = candidates.topk(k, dim=-1)  # (H, c, k)
+    return top, keys.gather(-1, where)
 
 
 class _Kept:
@@ -183,15 +218,16 @@ class TextViews(ReducerBase):
                 continue
             stop = min(chunk.stop, kept.n)
             K = min(chunk.weights.shape[-1], kept.n)
-            w = chunk.weights[kept.row, :, :stop - chunk.start, :K].detach().float()  # (H, c, K)
+            w = chunk.weights[kept.row, :, :stop - chunk.start, :K].detach()  # (H, c, K)
             if kept.pooled is None:
-                kept.maps[chunk.layer, :, chunk.start:stop, :K] = w.cpu()
+                kept.maps[chunk.layer, :, chunk.start:stop, :K] = w.float().cpu()
                 continue
             pooled = kept.pooled
-            top, where = w.topk(min(pooled.k, K), dim=-1)  # (H, c, k')
+            sums, maxima = key_blocks(w, pooled.block)  # (H, c, nb) each
+            top, where = top_weights(w, min(pooled.k, K), maxima, pooled.block)  # (H, c, k')
             pooled.index[chunk.layer, :, chunk.start:stop, :top.shape[-1]] = where.to(torch.int32).cpu()
             pooled.values[chunk.layer, :, chunk.start:stop, :top.shape[-1]] = _byte(top).cpu()
-            total, big, counted = pooled_maps(w, chunk.start, pooled.block, pooled.cells)
+            total, big, counted = _by_row_block(sums, maxima, chunk.start, pooled.block, pooled.cells)
             pooled.mass[chunk.layer] += total.cpu()
             if chunk.layer == 0:
                 kept.rows.add_(counted.cpu())

@@ -17,7 +17,9 @@ the forward pass itself, so each batch contributes an even stride of its query r
 keep that work within :data:`JS_BUDGET` (2^23: about a hundred rows of a 32-sentence MiniLM
 batch, a dozen for SmolLM2's 270 heads; at least :data:`MIN_JS_ROWS`, taken from the middle of
 their strides); ``rows_js`` in the report says how many rows the JS averages rest on. The cosine
-uses every row of a batch up to :data:`COSINE_ROWS`, an even sample of a longer one.
+uses every row of a batch up to :data:`COSINE_ROWS` while its N² · rows · D work stays within
+:data:`COSINE_BUDGET`, an even sample beyond (at least :data:`MIN_COSINE_ROWS` rows). Head outputs
+and W^O are read as the model has them: its own dtype, its own W^O (no copy).
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ COSINE_CHUNK = 1 << 22
 #: row of a batch of sentences; of a long document a sample, so the heads' kept outputs (L·H·rows·Dv)
 #: stay bounded — 32 k tokens of an 8B model would otherwise keep 17 GB of them.
 COSINE_ROWS = 2048
+#: The cosine's work per batch, N² · rows · D multiply-adds (every pair of heads on every row): rows
+#: beyond it are an even sample — MiniLM's and SmolLM2's batches stay whole or nearly (72 heads of
+#: 384: all 2,048; 270 of 576: 1,635), a Qwen2-1.5B shape (336 heads of 1,536) takes 512, not the
+#: 2,048 rows whose cosine alone took 7 s on this machine's CPU ...
+COSINE_BUDGET = 1 << 36
+#: ... and never fewer rows than this, whatever the budget.
+MIN_COSINE_ROWS = 512
 
 
 class RedundancyStatistics(ReducerBase):
@@ -73,16 +82,16 @@ class RedundancyStatistics(ReducerBase):
 
     @staticmethod
     def planned_bytes(num_layers: int, num_heads: int, rows: int, keys: int, hidden: int, head_dim: int, *,
-                      float32_weights: bool = True) -> tuple[int, int]:
+                      element_size: int = 4) -> tuple[int, int]:
         """(bytes held through a batch of ``rows`` real query rows over ``keys`` keys, bytes of its
-        end-of-batch work): each layer's sampled rows (H, R_s, S) and its heads' outputs at the
-        cosine's rows (H, R_c, Dv), float32, and — for a model not in float32 — a float32 copy of
-        its W^O (D, H, Dv); at the end the rows joined (N, R_s, S) and one cosine step."""
+        end-of-batch work): each layer's sampled rows (H, R_s, S) in float32 and its heads' outputs
+        at the cosine's rows (H, R_c, Dv) in the model's dtype (``element_size`` bytes; W^O is the
+        model's own, not a copy); at the end the rows joined (N, R_s, S) and one cosine step."""
         L, H, N = num_layers, num_heads, num_layers * num_heads
         sampled = len(range(rows)[_row_sample(N, rows, keys, JS_BUDGET)])
-        cosine = len(range(rows)[_even_sample(rows, COSINE_ROWS)])
+        cosine = len(range(rows)[_cosine_sample(N, hidden, rows)])
         maps = L * H * sampled * keys * 4
-        held = maps + L * H * cosine * head_dim * 4 + (0 if float32_weights else L * hidden * H * head_dim * 4)
+        held = maps + L * H * cosine * head_dim * element_size
         step = max(1, COSINE_CHUNK // (N * hidden))
         return held, maps + 3 * N * min(step, cosine) * hidden * 4
 
@@ -98,11 +107,8 @@ class RedundancyStatistics(ReducerBase):
         chosen = torch.arange(R)[_row_sample(self.L * self.H, R, T, self.js_budget)]  # (R_s,)
         sample = torch.full((max(R, 1),), -1, dtype=torch.long)
         sample[chosen] = torch.arange(len(chosen))
-        cosine_chosen = torch.arange(R)[_even_sample(R, COSINE_ROWS)]  # (R_c,)
-        cosine = torch.full((max(R, 1),), -1, dtype=torch.long)
-        cosine[cosine_chosen] = torch.arange(len(cosine_chosen))
-        self._where = (flat, sample, cosine)
-        self._rows = len(cosine_chosen)
+        self._where = (flat, sample, None)  # the cosine's rows: once W^O (its D) is seen
+        self._real = R
         self._sampled = len(chosen)
 
     def update(self, chunk: AttentionChunk) -> None:
@@ -127,12 +133,27 @@ class RedundancyStatistics(ReducerBase):
             self._maps[layer][:, picked[keep], :K] = mine[:, keep]
         w_o = chunk.output_projection()
         if w_o is not None:
+            # outputs and W^O as the model has them (its dtype, its own W^O): its residual contributions
+            # are products in that dtype, and a bfloat16 8B model's W^O in float32 would be 2 GiB more
+            if cosine is None:  # the batch's cosine rows, from its work: N² · rows · D
+                cosine = self._cosine_rows(w_o.shape[0])
             if start == 0:
-                self._outputs[layer] = torch.zeros(H, self._rows, chunk.outputs.shape[-1], device=dev)
-                self._w_o[layer] = w_o.detach().view(w_o.shape[0], self.H, -1).float()  # (D, H, Dv)
+                self._outputs[layer] = chunk.outputs.new_zeros(H, self._rows, chunk.outputs.shape[-1])
+                self._w_o[layer] = w_o.detach().view(w_o.shape[0], self.H, -1)  # (D, H, Dv)
             kept = cosine.to(dev)[index]  # (r,) its place in the cosine sample, -1: not sampled
             outputs = chunk.outputs.detach().permute(1, 0, 2, 3)[:, rows]  # (H, r, Dv)
-            self._outputs[layer][:, kept[kept >= 0]] = outputs[:, kept >= 0].float()
+            self._outputs[layer][:, kept[kept >= 0]] = outputs[:, kept >= 0]
+
+    def _cosine_rows(self, hidden: int) -> Tensor:
+        """(R,) each real row's place in the batch's cosine sample (-1: not in it)."""
+        R = self._real
+        chosen = torch.arange(R)[_cosine_sample(self.L * self.H, hidden, R)]  # (R_c,)
+        cosine = torch.full((max(R, 1),), -1, dtype=torch.long)
+        cosine[chosen] = torch.arange(len(chosen))
+        flat, sample, _ = self._where
+        self._where = (flat, sample, cosine)
+        self._rows = len(chosen)
+        return cosine
 
     def end_batch(self) -> None:
         """Reduce the batch's layers into the running sums and release them."""
@@ -147,7 +168,8 @@ class RedundancyStatistics(ReducerBase):
             step = max(1, COSINE_CHUNK // (self.L * self.H * D))
             for r in range(0, R, step):  # (N, rows, D) at a time: memory stays flat in the batch size
                 contrib = torch.cat([torch.einsum("hrv,dhv->hrd", self._outputs[layer][:, r:r + step],
-                                                  self._w_o[layer]) for layer in range(self.L)])
+                                                  self._w_o[layer].to(self._outputs[layer].dtype))
+                                     for layer in range(self.L)]).float()  # (N, rows, D)
                 unit = (contrib / contrib.norm(dim=-1, keepdim=True).clamp_min(1e-12)).flatten(1)  # (N, rows·D)
                 self.cos_sum += (unit @ unit.T).to(torch.float64).cpu()  # Σ_r cos_r for every pair
             self.cos_count += R
@@ -184,23 +206,48 @@ def _pairwise_js(maps: Tensor, budget: int = 1 << 22) -> Tensor:
     """Mean over rows of sqrt(JS) (base 2) between every pair of heads: maps (N, R, S) -> (N, N).
 
     Symmetric, so only blocks on and above the diagonal are computed; block size keeps each
-    temporary at about ``budget`` elements.
+    temporary at about ``budget`` elements. A row is read only up to its last key any head
+    weighs (a causal row i: keys 0..i; a padded sentence: its own tokens) — keys where every
+    head's weight is 0 add exactly 0 — rows of about the same length together.
     """
-    N, R, S = maps.shape
+    N, R = maps.shape[:2]
     maps = maps.float()
     out = torch.zeros(N, N, dtype=torch.float64, device=maps.device)
-    own = _plogp_sum(maps)  # (N, R)  Σ p ln p
-    c = max(1, int(math.sqrt(budget / max(R * S, 1))))
-    for a in range(0, N, c):
-        pa = maps[a:a + c, None]  # (c, 1, R, S)
-        for b in range(a, N, c):
-            mix = (pa + maps[None, b:b + c]).mul_(0.5)  # (c, c', R, S)
-            js = (own[a:a + c, None] + own[None, b:b + c]).mul_(0.5)  # (c, c', R)
-            js.sub_(_plogp_sum(mix)).clamp_min_(0).div_(math.log(2))
-            block = js.sqrt_().mean(-1, dtype=torch.float64)  # (c, c')
-            out[a:a + c, b:b + c] = block
-            out[b:b + c, a:a + c] = block.T
-    return out
+    for rows, keys in _by_length(maps):
+        part = maps[:, rows, :keys]  # (N, r, keys)
+        own_part = _plogp_sum(part)  # (N, r) Σ p ln p, summed as the mixtures are: a head with itself is exactly 0
+        c = max(1, int(math.sqrt(budget / max(len(rows) * keys, 1))))
+        for a in range(0, N, c):
+            pa = part[a:a + c, None]  # (c, 1, r, keys)
+            for b in range(a, N, c):
+                mix = (pa + part[None, b:b + c]).mul_(0.5)  # (c, c', r, keys)
+                js = (own_part[a:a + c, None] + own_part[None, b:b + c]).mul_(0.5)  # (c, c', r)
+                js.sub_(_plogp_sum(mix)).clamp_min_(0).div_(math.log(2))
+                block = js.sqrt_().sum(-1, dtype=torch.float64)  # (c, c')
+                out[a:a + c, b:b + c] += block
+                if b != a:
+                    out[b:b + c, a:a + c] += block.T
+    return out / max(R, 1)
+
+
+def _by_length(maps: Tensor, slack: float = 0.75) -> list[tuple[Tensor, int]]:
+    """The rows of maps (N, R, S) in groups of about the same length — each row's length its last
+    key with weight in any head, plus one; a group's rows at least ``slack`` of its longest — as
+    (rows (r,), keys) pairs: read once per batch, so one host read of R lengths."""
+    S = maps.shape[2]
+    weighed = (maps != 0).any(0)  # (R, S)
+    lengths = torch.where(weighed, torch.arange(1, S + 1, device=maps.device), 0).amax(-1).clamp_min(1)  # (R,)
+    order = lengths.argsort(descending=True).tolist()
+    lengths = lengths.tolist()
+    groups, current = [], []
+    for r in order:
+        if current and lengths[r] < slack * lengths[current[0]]:
+            groups.append(current)
+            current = []
+        current.append(r)
+    if current:
+        groups.append(current)
+    return [(torch.tensor(g, device=maps.device), lengths[g[0]]) for g in groups]
 
 
 def _plogp_sum(p: Tensor) -> Tensor:
@@ -215,6 +262,14 @@ def _row_sample(N: int, R: int, S: int, budget: int) -> slice:
     at least :data:`MIN_JS_ROWS` rows, whatever the budget."""
     pairs = N * (N + 1) // 2
     return _even_sample(R, max(MIN_JS_ROWS, budget // max(pairs * S, 1)))
+
+
+def _cosine_sample(N: int, hidden: int, R: int) -> slice:
+    """The cosine's rows of a batch of R: all while N² · R · hidden stays within
+    :data:`COSINE_BUDGET` (and R within :data:`COSINE_ROWS`), else an even sample of at least
+    :data:`MIN_COSINE_ROWS`."""
+    within = COSINE_BUDGET // max(N * N * hidden, 1)
+    return _even_sample(R, max(MIN_COSINE_ROWS, min(COSINE_ROWS, within)))
 
 
 def _even_sample(R: int, keep: int) -> slice:
