@@ -110,3 +110,24 @@ def test_the_memory_plan_on_cuda_is_within_20_percent_of_the_allocator():
     mh.analysis.collect_statistics(model, [TEXT], views=(), progress=False)
     peak = torch.cuda.max_memory_allocated() - base
     assert abs(found.working / peak - 1) <= 0.2, (found, peak)
+
+
+def test_the_streamed_analysis_on_cuda_waits_for_the_gpu_once_a_layer_not_once_a_chunk():
+    """Every streaming reducer on a document in 64-row chunks: the syncs PyTorch counts
+    (set_sync_debug_mode "warn") stay far below one per chunk — its statistics live on the GPU."""
+    import warnings
+
+    model = _random_decoder("cuda")
+    n = len(model.tokenizer(TEXT)["input_ids"])
+    chunks = model.num_layers * -(-n // 64)
+    mh.analysis.collect_statistics(model, [TEXT], chunk=64, progress=False)  # warm-up
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            stats = mh.analysis.collect_statistics(model, [TEXT], chunk=64, progress=False, views=[0])
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = [w for w in seen if "synchroniz" in str(w.message)]
+    assert stats.heads.result()["entropy"].isfinite().all()
+    assert len(syncs) < chunks / 2, (len(syncs), chunks)

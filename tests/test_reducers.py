@@ -15,6 +15,7 @@ from multihead.analysis.stats.redundancy import RedundancyStatistics
 from multihead.analysis.stats.syntax import SyntaxStatistics
 from multihead.analysis.stats.typical import TypicalTexts
 from multihead.inputs import Batch, TokenInfo
+from reducing import chunk as make_chunk
 from reducing import feed
 
 L, H, B, T = 2, 3, 3, 10
@@ -176,3 +177,45 @@ def test_shards_merged_equal_one_pass_over_both(name):
     first.merge(second)
     both = _run(name, texts=[3, 4, 5], seed=5, reducer=_run(name, seed=1))
     _close(compare(first), compare(both))
+
+
+@pytest.mark.parametrize("name", ["HeadStatistics", "LongContextStatistics", "RedundancyStatistics",
+                                  "SyntaxStatistics", "TypicalTexts", "TextViews"])
+def test_a_layers_chunks_read_nothing_back_from_the_device_they_are_on(name):
+    """What a long document's analysis does per chunk stays where the chunk is: on the ``meta``
+    device (no values at all) any host read — .item(), bool(), .cpu(), .tolist(), nonzero(), a
+    boolean mask's index — raises, as does a statistic kept on another device than its chunks'.
+    Every chunk but each layer's last is fed there; a layer's last may bring the layer's results
+    home (once per layer), and the batch's end once per batch."""
+    make = CASES[name][0]
+    reducer = make()
+    tokens = _tokens([7, 7, 7], T=7)  # real to the last row: a text's end is its layer's end
+    batch = _batch(tokens, parses=[PARSE] * 3, offsets=[list(WORDS)] * 3).to("meta")
+    assert batch.host_tokens is tokens  # what is counted once per batch, counted where the tokens were
+    maps, visible = _maps(tokens, seed=1)
+    outputs = _outputs()
+    reducer.begin_batch(batch)
+    for layer, weights in enumerate(maps):
+        memo: dict = {}
+        for start in range(0, 6, 2):  # rows 0..5 of 7: never the layer's last chunk
+            stop = start + 2
+            reducer.update(make_chunk(weights[:, :, start:stop, :stop].to("meta"), layer=layer, start=start, rows=7,
+                                      keys=7, visible=visible[..., start:stop, :stop].to("meta"),
+                                      outputs=outputs[layer][:, :, start:stop, :7].to("meta"), w_o=W_O,
+                                      call_memo=memo))
+    held = [t for t in _tensors(reducer.__dict__) if t.dim() > 0 and t.numel() > 0 and t.device.type == "meta"]
+    if name != "SyntaxStatistics":  # (syntax's per-layer state lives in the chunks' call memo)
+        assert held, "the reducer keeps its running sums where its chunks are"
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        yield from _tensors(vars(value))

@@ -45,11 +45,15 @@ class TokenInfo:
     ids: Tensor | None = None  # (B, T) the token ids, for the texts' own induction pattern (typical texts)
 
     def to(self, device: Any) -> TokenInfo:
-        """The same flags on ``device`` (itself when they are there already)."""
+        """The same flags on ``device`` (itself when they are there already); their
+        :attr:`positions` are computed here, where the flags are, and moved too."""
         if self.valid.device == torch.device(device):
             return self
-        return TokenInfo(*(None if t is None else t.to(device) for t in (self.valid, self.first, self.separator,
-                                                                            self.punctuation, self.ids)))
+        moved = TokenInfo(*(None if t is None else t.to(device) for t in (self.valid, self.first, self.separator,
+                                                                             self.punctuation, self.ids)))
+        pos, prefix = self.positions
+        moved.__dict__["positions"] = (pos.to(device), prefix)  # not asked of the device (a read back per batch)
+        return moved
 
     @cached_property
     def positions(self) -> tuple[Tensor, bool]:
@@ -88,13 +92,23 @@ class Batch:
     memo: dict = field(default_factory=dict)
     #: the model attends causally: a query sees no later token (syntax scores only what it can see)
     causal: bool = False
+    #: the query tokens' flags in host memory (None: ``tokens`` are there): what a reducer counts
+    #: once per batch is read here, so the device is never waited for
+    host: TokenInfo | None = None
 
     def to(self, device: Any) -> Batch:
         """The batch with its tokens and the model's inputs on ``device`` (where the model takes its
         inputs, and the captured maps are): the reducers then never mix devices."""
         return Batch(self.tokens.to(device), self.texts, to_device(self.inputs, device),
                      None if self.keys is None else self.keys.to(device), self.parses, self.offsets, self.memo,
-                     self.causal)
+                     self.causal, self.host_tokens)
+
+    @property
+    def host_tokens(self) -> TokenInfo:
+        """The query tokens' flags in host memory (:attr:`host`, or :attr:`tokens` when on the CPU)."""
+        if self.host is not None:
+            return self.host
+        return self.tokens if self.tokens.valid.device.type == "cpu" else self.tokens.to("cpu")
 
 
 def to_device(inputs: dict[str, Any], device: Any) -> dict[str, Any]:

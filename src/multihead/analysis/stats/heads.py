@@ -165,32 +165,47 @@ class HeadStatistics(ReducerBase):
         self.sentences = 0
         self.tokens = 0
         self._columns: dict[int, Tensor] = {}  # a streamed layer's column sums until its last chunk
+        # the batch's per-text sums and counts (M, B, L, H), on the device of its chunks, until it ends
+        self._batch_sums: Tensor | None = None
+        self._batch_counts: Tensor | None = None
 
     def begin_batch(self, batch: Batch) -> None:
-        """Count a batch's sentences and real tokens (once per batch, not per layer)."""
+        """Count a batch's sentences and real tokens (once per batch, not per layer, on the host)."""
+        self.end_batch()
         super().begin_batch(batch)
-        self.sentences += int(batch.tokens.valid.shape[0])
-        self.tokens += int(batch.tokens.valid.sum())
+        valid = batch.host_tokens.valid
+        self.sentences += int(valid.shape[0])
+        self.tokens += int(valid.sum())
 
     def update(self, chunk: AttentionChunk) -> None:
         """Add one chunk of one layer's attention for the batch: query rows ``chunk.start`` ..
-        ``chunk.stop`` of a self-attention over T tokens, over its first K <= T keys."""
+        ``chunk.stop`` of a self-attention over T tokens, over its first K <= T keys. Summed where
+        the chunk is (per text, (M, B, L, H)), read back once the batch ends: nothing waits for a
+        device per chunk."""
         assert self.batch is not None, "begin_batch first"
         tokens = self.batch.tokens
         found = row_values(chunk, tokens)
+        if self._batch_sums is None:
+            B, L, H = found.sums.shape[1], *self.shape
+            self._batch_sums = found.sums.new_zeros(len(METRICS), B, L, H)  # float64, on the chunk's device
+            self._batch_counts = torch.zeros_like(self._batch_sums)
         index = [METRICS.index(n) for n in found.names]
-        sums, counts = found.sums.cpu(), found.counts.cpu()  # (M, B, H)
-        self.sums[index, chunk.layer] += sums.sum(1)
-        self.counts[index, chunk.layer] += counts.sum(1)
-        groups = self._groups()
-        for m, k in enumerate(index):
-            self.group_sums[:, k, chunk.layer].index_add_(0, groups, sums[m])
-            self.group_counts[:, k, chunk.layer].index_add_(0, groups, counts[m])
+        rows = slice(index[0], index[-1] + 1) if index == list(range(index[0], index[-1] + 1)) else index
+        self._batch_sums[rows, :, chunk.layer] += found.sums  # (M, B, H)
+        self._batch_counts[rows, :, chunk.layer] += found.counts
         self._vertical(chunk, tokens)
 
-    def _groups(self) -> Tensor:
-        """(B,) the bootstrap group of each text of the batch."""
-        return torch.tensor(self.batch.texts, dtype=torch.long) % self.group_sums.shape[0]
+    def end_batch(self) -> None:
+        """Fold the batch's per-text sums into the totals and their bootstrap groups (one read back)."""
+        if self._batch_sums is None:
+            return
+        sums, counts = self._batch_sums.cpu(), self._batch_counts.cpu()  # (M, B, L, H)
+        self._batch_sums = self._batch_counts = None
+        self.sums += sums.sum(1)
+        self.counts += counts.sum(1)
+        groups = torch.tensor(self.batch.texts, dtype=torch.long) % self.group_sums.shape[0]  # (B,)
+        self.group_sums.index_add_(0, groups, sums.transpose(0, 1))  # (B, M, L, H) into (G, M, L, H)
+        self.group_counts.index_add_(0, groups, counts.transpose(0, 1))
 
     def _vertical(self, chunk: AttentionChunk, tokens: TokenInfo) -> None:
         """Vertical concentration, per sentence: the column that receives most of its attention,
@@ -200,9 +215,9 @@ class HeadStatistics(ReducerBase):
         T = tokens.valid.shape[-1]
         dev = p.device
         valid = tokens.valid.to(dev)
-        q_valid = valid[:, start:start + C]  # (B, C)
         column = torch.zeros(B, H, T, dtype=torch.float64, device=dev) if start == 0 else self._columns.pop(layer)
-        counted = p if bool(q_valid.all()) else p * q_valid[:, None, :, None]  # (B, H, C, K)
+        real = bool(self.batch.host_tokens.valid[:, start:start + C].all())  # asked of the host copy, not the device
+        counted = p if real else p * valid[:, None, start:start + C, None]  # (B, H, C, K)
         column[..., :K] += counted.sum(2)  # (B, H, K)
         if start + C < T:
             self._columns[layer] = column
@@ -210,17 +225,15 @@ class HeadStatistics(ReducerBase):
         q_count = valid.sum(-1).to(torch.float64)  # (B,)
         vertical = (column / q_count.clamp_min(1)[:, None, None]).amax(-1)  # (B, H)
         m = METRICS.index("vertical")
-        weighted = (vertical * q_count[:, None]).cpu()  # (B, H)
-        self.sums[m, layer] += weighted.sum(0)
-        self.counts[m, layer] += q_count.sum().cpu()
-        groups = self._groups()
-        self.group_sums[:, m, layer].index_add_(0, groups, weighted)
-        self.group_counts[:, m, layer].index_add_(0, groups, q_count.cpu()[:, None].expand_as(weighted))
+        self._batch_sums[m, :, layer] += vertical * q_count[:, None]  # (B, H)
+        self._batch_counts[m, :, layer] += q_count[:, None]
 
     def merge(self, other: HeadStatistics) -> None:
         """Add another accumulator's sums (e.g. from another process's shard)."""
         if other.shape != self.shape:
             raise ValueError(f"cannot merge statistics of shapes {other.shape} and {self.shape}")
+        self.end_batch()
+        other.end_batch()
         self.sums += other.sums
         self.counts += other.counts
         self.group_sums += other.group_sums
@@ -230,17 +243,20 @@ class HeadStatistics(ReducerBase):
 
     def result(self) -> dict[str, Tensor]:
         """Each metric as an (L, H) float64 tensor (NaN where nothing was counted)."""
+        self.end_batch()
         out = self.sums / self.counts.where(self.counts > 0, torch.full_like(self.counts, math.nan))
         return {name: out[k] for k, name in enumerate(METRICS)}
 
     def intervals(self, *, level: float = LEVEL) -> dict[str, tuple[Tensor, Tensor]]:
         """Each metric's bootstrap interval over texts at ``level``: {name: ((L, H) low, (L, H) high)}."""
+        self.end_batch()
         low, high = intervals(self.group_sums, self.group_counts, level=level)  # (M, L, H) each
         return {name: (low[k], high[k]) for k, name in enumerate(METRICS)}
 
     def resampled(self, weights: Tensor) -> dict[str, Tensor]:
         """Each metric on resampled corpora: ``weights`` (R, G') over the used groups
         (:func:`~.bootstrap.used_groups`) -> {name: (R, L, H)}."""
+        self.end_batch()
         used = used_groups(self.group_counts)
         values = resampled(self.group_sums[used], self.group_counts[used], weights)  # (R, M, L, H)
         return {name: values[:, k] for k, name in enumerate(METRICS)}

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ...hf.route import AttentionChunk
+from ...inputs import Batch
 from .base import ReducerBase
 
 __all__ = ["BINS", "LONG_METRICS", "LongContextStatistics"]
@@ -49,10 +50,17 @@ class LongContextStatistics(ReducerBase):
         self.rows = torch.zeros(num_layers, dtype=torch.float64)
         self.histogram = torch.zeros(num_layers, num_heads, BINS, dtype=torch.float64)
         self.longest = 0  # real tokens of the longest text seen
+        self._batch: tuple[Tensor, Tensor, Tensor] | None = None  # this batch's sums, on the chunks' device
+
+    def begin_batch(self, batch: Batch) -> None:
+        self.end_batch()
+        super().begin_batch(batch)
+        self.longest = max(self.longest, int(batch.host_tokens.valid.sum(-1).max()))  # on the host, once a batch
 
     def update(self, chunk: AttentionChunk) -> None:
         """A chunk of query rows ``start`` .. ``start + C`` of a self-attention over T tokens, over
-        its first K <= T keys (keys K.. get no weight)."""
+        its first K <= T keys (keys K.. get no weight). Summed on the chunk's device, read back
+        once the batch ends."""
         assert self.batch is not None, "begin_batch first"
         tokens, layer, start = self.batch.tokens, chunk.layer, chunk.start
         C = chunk.weights.shape[2]
@@ -61,15 +69,27 @@ class LongContextStatistics(ReducerBase):
         pos, prefix = tokens.positions  # (B, T) position among real tokens
         pos = pos.to(p.device)
         rows = valid[:, start:start + C].to(torch.float32)  # (B, C) real query rows
-        if start == 0:  # once per layer and batch
-            self.longest = max(self.longest, int(valid.sum(-1).max()))
         values, hist = (_by_prefix_sums if prefix else _by_offsets)(p, valid, pos, start)
-        weighted = (values * rows[:, None, :, None]).sum(dim=(0, 2))  # (H, 8)
-        self.sums[:, layer] += weighted.T.to(torch.float64).cpu()
-        self.rows[layer] += float(rows.sum())
-        self.histogram[layer] += (hist * rows[:, None, :, None]).sum(dim=(0, 2)).to(torch.float64).cpu()
+        if self._batch is None:  # row sums (8, L, H), rows (L,), histogram (L, H, BINS), where the chunks are
+            L, H = self.shape
+            self._batch = (p.new_zeros(len(_ROW_METRICS), L, H, dtype=torch.float64),
+                           p.new_zeros(L, dtype=torch.float64), p.new_zeros(L, H, BINS, dtype=torch.float64))
+        sums, counted, histogram = self._batch
+        sums[:, layer] += (values * rows[:, None, :, None]).sum(dim=(0, 2)).T  # (8, H)
+        counted[layer] += rows.sum()
+        histogram[layer] += (hist * rows[:, None, :, None]).sum(dim=(0, 2))  # (H, BINS)
+
+    def end_batch(self) -> None:
+        if self._batch is not None:
+            sums, counted, histogram = (t.cpu() for t in self._batch)
+            self._batch = None
+            self.sums += sums
+            self.rows += counted
+            self.histogram += histogram
 
     def merge(self, other: LongContextStatistics) -> None:
+        self.end_batch()
+        other.end_batch()
         self.longest = max(self.longest, other.longest)
         self.sums += other.sums
         self.rows += other.rows
@@ -77,6 +97,7 @@ class LongContextStatistics(ReducerBase):
 
     def result(self) -> dict[str, Tensor]:
         """Each metric as an (L, H) float64 tensor (NaN where nothing was counted)."""
+        self.end_batch()
         rows = self.rows.where(self.rows > 0, torch.full_like(self.rows, math.nan))[:, None]  # (L, 1)
         out = {name: self.sums[k] / rows for k, name in enumerate(_ROW_METRICS)}
         total = self.histogram.sum(-1, keepdim=True)  # (L, H, 1)

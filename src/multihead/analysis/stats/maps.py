@@ -160,6 +160,7 @@ class _Kept:
 
     def __init__(self, row: int, n: int, L: int, H: int, pooled: bool, top_k: int | None) -> None:
         self.row, self.n = row, n
+        self._layer: dict[str, Tensor] = {}  # the layer being streamed, on its device
         if not pooled:
             self.maps = torch.zeros(L, H, n, n)
             self.pooled = None
@@ -172,6 +173,33 @@ class _Kept:
                              torch.zeros(L, H, n, k, dtype=torch.uint8), torch.zeros(L, H, cells, cells),
                              torch.zeros(L, H, cells, cells))
         self.rows = torch.zeros(cells)  # query rows per row block (counted on layer 0)
+
+    def layer_on(self, weights: Tensor, first: bool) -> dict[str, Tensor]:
+        """The streamed layer's buffers on the device of ``weights`` (made afresh at its first chunk)."""
+        if first or not self._layer:
+            H, dev = weights.shape[0], weights.device
+            if self.pooled is None:
+                self._layer = {"maps": torch.zeros(H, self.n, self.n, device=dev)}
+            else:
+                p = self.pooled
+                self._layer = {"index": torch.zeros(H, self.n, p.k, dtype=torch.int32, device=dev),
+                               "values": torch.zeros(H, self.n, p.k, dtype=torch.uint8, device=dev),
+                               "mass": torch.zeros(H, p.cells, p.cells, device=dev),
+                               "largest": torch.zeros(H, p.cells, p.cells, device=dev),
+                               "rows": torch.zeros(p.cells, device=dev)}
+        return self._layer
+
+    def keep_layer(self, layer: int) -> None:
+        """Copy the streamed layer's buffers into the text's maps or pooled view (host memory)."""
+        found, self._layer = self._layer, {}
+        if self.pooled is None:
+            self.maps[layer] = found["maps"].cpu()
+            return
+        p = self.pooled
+        p.index[layer], p.values[layer] = found["index"].cpu(), found["values"].cpu()
+        p.mass[layer], p.largest[layer] = found["mass"].cpu(), found["largest"].cpu()
+        if layer == 0:
+            self.rows.add_(found["rows"].cpu())
 
 
 class TextViews(ReducerBase):
@@ -209,29 +237,33 @@ class TextViews(ReducerBase):
         L, H = self.shape
         for row, index in enumerate(batch.texts):
             if index in self.chosen and index not in self.views:
-                n = int(batch.tokens.valid[row].sum())
+                n = int(batch.host_tokens.valid[row].sum())
                 self._kept[index] = _Kept(row, n, L, H, n > self.long, self.top_k)
 
     def update(self, chunk: AttentionChunk) -> None:
+        """Keep the chosen texts' rows of this chunk: on the chunk's device until the text's last
+        row of the layer is in, then in host memory (one copy per layer, none per chunk)."""
         for kept in self._kept.values():
             if chunk.start >= kept.n:
                 continue
             stop = min(chunk.stop, kept.n)
             K = min(chunk.weights.shape[-1], kept.n)
             w = chunk.weights[kept.row, :, :stop - chunk.start, :K].detach()  # (H, c, K)
+            layer = kept.layer_on(w, chunk.start == 0)
             if kept.pooled is None:
-                kept.maps[chunk.layer, :, chunk.start:stop, :K] = w.float().cpu()
-                continue
-            pooled = kept.pooled
-            sums, maxima = key_blocks(w, pooled.block)  # (H, c, nb) each
-            top, where = top_weights(w, min(pooled.k, K), maxima, pooled.block)  # (H, c, k')
-            pooled.index[chunk.layer, :, chunk.start:stop, :top.shape[-1]] = where.to(torch.int32).cpu()
-            pooled.values[chunk.layer, :, chunk.start:stop, :top.shape[-1]] = _byte(top).cpu()
-            total, big, counted = _by_row_block(sums, maxima, chunk.start, pooled.block, pooled.cells)
-            pooled.mass[chunk.layer] += total.cpu()
-            if chunk.layer == 0:
-                kept.rows.add_(counted.cpu())
-            torch.maximum(pooled.largest[chunk.layer], big.cpu(), out=pooled.largest[chunk.layer])
+                layer["maps"][:, chunk.start:stop, :K] = w
+            else:
+                pooled = kept.pooled
+                sums, maxima = key_blocks(w, pooled.block)  # (H, c, nb) each
+                top, where = top_weights(w, min(pooled.k, K), maxima, pooled.block)  # (H, c, k')
+                layer["index"][:, chunk.start:stop, :top.shape[-1]] = where.to(torch.int32)
+                layer["values"][:, chunk.start:stop, :top.shape[-1]] = _byte(top)
+                total, big, counted = _by_row_block(sums, maxima, chunk.start, pooled.block, pooled.cells)
+                layer["mass"] += total
+                layer["rows"] += counted
+                torch.maximum(layer["largest"], big, out=layer["largest"])
+            if stop == kept.n:  # the text's last rows of this layer: to host memory
+                kept.keep_layer(chunk.layer)
 
     def end_batch(self) -> None:
         self._finish()
@@ -241,7 +273,7 @@ class TextViews(ReducerBase):
         if not self._kept or self.batch is None:
             return
         for index, kept in self._kept.items():
-            ids = self.batch.tokens.ids[kept.row, :kept.n].tolist()
+            ids = self.batch.host_tokens.ids[kept.row, :kept.n].tolist()
             text = self.chosen[index]
             tokens = readable_tokens(self.tokenizer, ids, text, _offsets(self.tokenizer, text, len(ids)))
             if kept.pooled is not None:
@@ -301,10 +333,10 @@ class HeadMaps(ReducerBase):
         super().begin_batch(batch)
         self._rows = {}
         for row, index in enumerate(batch.texts):
-            n = int(batch.tokens.valid[row].sum())
+            n = int(batch.host_tokens.valid[row].sum())
             if index in self.wanted and n <= self.longest:
                 self._rows[index] = (row, n)
-                ids = batch.tokens.ids[row, :n].tolist()
+                ids = batch.host_tokens.ids[row, :n].tolist()
                 tokens = readable_tokens(self.tokenizer, ids, self.texts[index],
                                          _offsets(self.tokenizer, self.texts[index], n))
                 for layer, head in self.wanted[index]:

@@ -76,9 +76,9 @@ class RedundancyStatistics(ReducerBase):
         self._maps: dict[int, Tensor] = {}  # layer -> (H, R_sampled, S) its sampled rows
         self._outputs: dict[int, Tensor] = {}  # layer -> (H, R, Dv) its heads' outputs at the real tokens
         self._w_o: dict[int, Tensor] = {}  # layer -> (D, H, Dv)
-        self._seen: dict[int, int] = {}  # layer -> real rows received so far in this batch
         # (B, T) flat index of each real token; its place in the JS sample; its place in the cosine sample
-        self._where: tuple[Tensor, Tensor, Tensor] | None = None
+        self._where: tuple[Tensor, Tensor, Tensor | None] | None = None
+        self._chunk_rows: dict = {}  # (start, stop, sample, device) -> the chunk's rows in it (:meth:`_rows_of`)
 
     @staticmethod
     def planned_bytes(num_layers: int, num_heads: int, rows: int, keys: int, hidden: int, head_dim: int, *,
@@ -100,7 +100,7 @@ class RedundancyStatistics(ReducerBase):
         position) order."""
         self.end_batch()
         super().begin_batch(batch)
-        valid = batch.tokens.valid
+        valid = batch.host_tokens.valid  # on the host: the batch's samples are chosen there
         R = int(valid.sum())
         B, T = valid.shape
         flat = (valid.flatten().long().cumsum(0) - 1).view(B, T)  # (B, T) index among the real tokens
@@ -108,41 +108,52 @@ class RedundancyStatistics(ReducerBase):
         sample = torch.full((max(R, 1),), -1, dtype=torch.long)
         sample[chosen] = torch.arange(len(chosen))
         self._where = (flat, sample, None)  # the cosine's rows: once W^O (its D) is seen
+        self._chunk_rows = {}
         self._real = R
         self._sampled = len(chosen)
 
     def update(self, chunk: AttentionChunk) -> None:
-        """Keep this chunk's sampled rows and its heads' outputs at real tokens."""
+        """Keep this chunk's sampled rows and its heads' outputs at real tokens (which rows: found
+        on the host, once per chunk position; nothing read back from the device)."""
         assert self.batch is not None and self._where is not None, "begin_batch first"
-        flat, sample, cosine = self._where
-        valid = self.batch.tokens.valid
         start, stop, layer = chunk.start, chunk.stop, chunk.layer
         weights = chunk.weights.detach()
         H, K = weights.shape[1], weights.shape[3]
         S = chunk.keys
-        dev = weights.device
-        rows = valid[:, start:stop].to(dev)  # (B, c)
-        index = flat[:, start:stop].to(dev)[rows]  # (r,) each real row's place among the batch's real rows
         if start == 0:
             self._maps[layer] = weights.new_zeros(H, self._sampled, S)
-            self._seen[layer] = 0
-        picked = sample.to(dev)[index]  # (r,) its place in the sample, -1: not sampled
-        keep = picked >= 0
-        if bool(keep.any()):
-            mine = weights.permute(1, 0, 2, 3)[:, rows]  # (H, r, K)
-            self._maps[layer][:, picked[keep], :K] = mine[:, keep]
+        sampled = self._rows_of(start, stop, 1, weights.device)
+        if sampled is not None:  # (b, c, place) of the chunk's rows in the JS sample
+            b, c, place = sampled
+            self._maps[layer][:, place, :K] = weights[b, :, c].transpose(0, 1)  # (H, r, K)
         w_o = chunk.output_projection()
         if w_o is not None:
+            if self._where[2] is None:  # the batch's cosine rows, from its work: N² · rows · D
+                self._cosine_rows(w_o.shape[0])
             # outputs and W^O as the model has them (its dtype, its own W^O): its residual contributions
             # are products in that dtype, and a bfloat16 8B model's W^O in float32 would be 2 GiB more
-            if cosine is None:  # the batch's cosine rows, from its work: N² · rows · D
-                cosine = self._cosine_rows(w_o.shape[0])
             if start == 0:
                 self._outputs[layer] = chunk.outputs.new_zeros(H, self._rows, chunk.outputs.shape[-1])
                 self._w_o[layer] = w_o.detach().view(w_o.shape[0], self.H, -1)  # (D, H, Dv)
-            kept = cosine.to(dev)[index]  # (r,) its place in the cosine sample, -1: not sampled
-            outputs = chunk.outputs.detach().permute(1, 0, 2, 3)[:, rows]  # (H, r, Dv)
-            self._outputs[layer][:, kept[kept >= 0]] = outputs[:, kept >= 0]
+            kept = self._rows_of(start, stop, 2, weights.device)
+            if kept is not None:
+                b, c, place = kept
+                self._outputs[layer][:, place] = chunk.outputs.detach()[b, :, c].transpose(0, 1)  # (H, r, Dv)
+
+    def _rows_of(self, start: int, stop: int, which: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor] | None:
+        """The real rows ``start`` .. ``stop`` of the batch that are in sample ``which`` (1: the
+        JS's, 2: the cosine's) as (text, row in the chunk, place in the sample), each (r,) on
+        ``device`` — or None when none is. Found on the host, once per chunk position."""
+        key = (start, stop, which, device)
+        if key not in self._chunk_rows:
+            flat, place_of = self._where[0], self._where[which]
+            valid = self.batch.host_tokens.valid[:, start:stop]  # (B, c)
+            b, c = valid.nonzero(as_tuple=True)  # (r,) each
+            place = place_of[flat[:, start:stop][b, c]]  # (r,) -1: not in the sample
+            keep = place >= 0
+            found = None if not bool(keep.any()) else tuple(t[keep].to(device) for t in (b, c, place))
+            self._chunk_rows[key] = found
+        return self._chunk_rows[key]
 
     def _cosine_rows(self, hidden: int) -> Tensor:
         """(R,) each real row's place in the batch's cosine sample (-1: not in it)."""

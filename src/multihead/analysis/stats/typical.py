@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ...hf.route import AttentionChunk
-from ...inputs import Batch, TokenInfo
+from ...inputs import Batch
 from ..sections import Typical, TypicalHead
 from .base import ReducerBase, shared
 from .heads import row_values
@@ -109,7 +109,7 @@ class TypicalTexts(ReducerBase):
         names, per_text, per_count = list(found.names), found.sums, found.counts  # (M, B, H)
         if tokens.ids is not None:  # and, per text only, its own induction pattern
             targets = shared(batch.memo, ("repeat-targets", chunk.start, chunk.weights.shape[2],
-                                          chunk.weights.shape[3]), lambda: _repeat_targets_of(chunk, tokens))
+                                          chunk.weights.shape[3]), lambda: _repeat_targets_of(chunk, batch))
             copy_sum, copy_rows = _repeats_followed(chunk.weights.detach().float(), *targets)  # (B, H)
             names.append("repeat_successor")
             per_text = torch.cat([per_text, copy_sum[None].to(torch.float64)])
@@ -121,7 +121,7 @@ class TypicalTexts(ReducerBase):
             self._per_text[layer] = (names, per_text, per_count)
         else:
             means = per_text / per_count.where(per_count > 0, torch.nan)  # (M, B, H)
-            self._add_metrics(layer, {n: means[k] for k, n in enumerate(names)}, tokens.valid.sum(-1).cpu(),
+            self._add_metrics(layer, {n: means[k] for k, n in enumerate(names)}, batch.host_tokens.valid.sum(-1),
                               batch.texts)
         picked = word_predictions(chunk, batch)
         if picked is not None:  # per text: its dependents of each relation that attend most to their governor
@@ -189,12 +189,14 @@ class TypicalTexts(ReducerBase):
                        {str(i): texts[i][:TEXT_CHARS] for i in sorted(named)})
 
 
-def _repeat_targets_of(chunk: AttentionChunk, tokens: TokenInfo) -> tuple[Tensor, Tensor]:
-    """The induction-pattern targets of a chunk's rows (the same for every layer of a batch)."""
-    dev = chunk.weights.device
-    valid = tokens.valid.to(dev)
+def _repeat_targets_of(chunk: AttentionChunk, batch: Batch) -> tuple[Tensor, Tensor]:
+    """The induction-pattern targets of a chunk's rows (the same for every layer of a batch), found
+    from the batch's tokens in host memory and moved to the chunk's device: the device is never
+    asked for a count."""
+    host = batch.host_tokens
     C, K = chunk.weights.shape[2], chunk.weights.shape[3]
-    return _repeat_targets(tokens.ids.to(dev), valid[:, chunk.start:chunk.start + C], valid, chunk.start, K)
+    found = _repeat_targets(host.ids, host.valid[:, chunk.start:chunk.start + C], host.valid, chunk.start, K)
+    return tuple(t.to(chunk.weights.device) for t in found)
 
 
 def _repeat_targets(ids: Tensor, q_valid: Tensor, valid: Tensor, start: int, K: int) -> tuple[Tensor, Tensor]:
