@@ -255,7 +255,7 @@ def test_pairwise_js_reads_each_row_to_its_last_weighed_key_and_equals_the_defin
     want = ((kl(p, m) + kl(q, m)) / 2 / math.log(2)).clamp_min(0).sqrt().mean(-1)  # (N, N)
     # compared as divergences: float32's rounding of a divergence near 0 (a head with itself) is ~1e-7,
     # whose square root is ~3e-4
-    torch.testing.assert_close(_pairwise_js(maps, budget=64).square(), want.square(), atol=2e-6, rtol=0)
+    torch.testing.assert_close(_pairwise_js(maps, budget=64).square(), want.square(), atol=1e-5, rtol=1e-4)
 
 
 def test_left_and_right_padding_give_the_same_statistics():

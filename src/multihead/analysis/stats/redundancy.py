@@ -76,6 +76,8 @@ class RedundancyStatistics(ReducerBase):
         self._maps: dict[int, Tensor] = {}  # layer -> (H, R_sampled, S) its sampled rows
         self._outputs: dict[int, Tensor] = {}  # layer -> (H, R, Dv) its heads' outputs at the real tokens
         self._w_o: dict[int, Tensor] = {}  # layer -> (D, H, Dv)
+        self._all_maps: Tensor | None = None  # (L, H, R_s, S) the batch's sampled rows
+        self._all_outputs: Tensor | None = None  # (L, H, R_c, Dv) the batch's head outputs
         # (B, T) flat index of each real token; its place in the JS sample; its place in the cosine sample
         self._where: tuple[Tensor, Tensor, Tensor | None] | None = None
         self._chunk_rows: dict = {}  # (start, stop, sample, device) -> the chunk's rows in it (:meth:`_rows_of`)
@@ -121,7 +123,10 @@ class RedundancyStatistics(ReducerBase):
         H, K = weights.shape[1], weights.shape[3]
         S = chunk.keys
         if start == 0:
-            self._maps[layer] = weights.new_zeros(H, self._sampled, S)
+            if self._all_maps is None:  # every layer's rows in one block, made once a batch: the heap is
+                # not cut up by a block per layer between the chunks' buffers (RSS grows with such holes)
+                self._all_maps = weights.new_zeros(self.L, H, self._sampled, S)
+            self._maps[layer] = self._all_maps[layer]  # (H, R_s, S)
         sampled = self._rows_of(start, stop, 1, weights.device)
         if sampled is not None:  # (b, c, place) of the chunk's rows in the JS sample
             b, c, place = sampled
@@ -133,7 +138,9 @@ class RedundancyStatistics(ReducerBase):
             # outputs and W^O as the model has them (its dtype, its own W^O): its residual contributions
             # are products in that dtype, and a bfloat16 8B model's W^O in float32 would be 2 GiB more
             if start == 0:
-                self._outputs[layer] = chunk.outputs.new_zeros(H, self._rows, chunk.outputs.shape[-1])
+                if self._all_outputs is None:  # likewise, one block for every layer
+                    self._all_outputs = chunk.outputs.new_zeros(self.L, H, self._rows, chunk.outputs.shape[-1])
+                self._outputs[layer] = self._all_outputs[layer]  # (H, R_c, Dv)
                 self._w_o[layer] = w_o.detach().view(w_o.shape[0], self.H, -1)  # (D, H, Dv)
             kept = self._rows_of(start, stop, 2, weights.device)
             if kept is not None:
@@ -169,7 +176,7 @@ class RedundancyStatistics(ReducerBase):
     def end_batch(self) -> None:
         """Reduce the batch's layers into the running sums and release them."""
         if len(self._maps) == self.L:
-            maps = torch.cat([self._maps[layer] for layer in range(self.L)])  # (N, R_s, S)
+            maps = self._all_maps.flatten(0, 1)  # (N, R_s, S), layer by layer
             R = maps.shape[1]
             self.js_sum += _pairwise_js(maps).cpu() * R
             self.js_count += R
@@ -186,6 +193,7 @@ class RedundancyStatistics(ReducerBase):
             self.cos_count += R
         self._maps.clear()
         self._outputs.clear()
+        self._all_maps = self._all_outputs = None
         self._w_o.clear()
         self._where = None
 

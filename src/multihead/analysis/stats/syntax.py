@@ -41,7 +41,10 @@ class Alignment:
     has_word: Tensor  # (B, W) words that got at least one token
     batch: Tensor  # (G,) the row of each group
     source: Tensor  # (G,) its source word
-    targets: Tensor  # (G, W) its target words
+    #: its target words, sparse — (group, word) pairs, (n,) each: a (G, W) mask would grow as the
+    #: square of a document's words (49 MB at 8k tokens, 0.8 GB at 32k)
+    target_group: Tensor
+    target_word: Tensor
     #: per group: (source word, target words, words with a token in the text) for the offset baseline
     offsets: list[tuple[int, frozenset[int], int]]
 
@@ -60,6 +63,12 @@ class Alignment:
     def of_key(self, key: str) -> Tensor:
         """(G,) bool: the groups of relation ``key``."""
         return self._by_key[key]
+
+    def hits(self, picked: Tensor) -> Tensor:
+        """(G, H) float64: 1 where a head's predicted word for a group (``picked`` (G, H)) is one of
+        its targets."""
+        match = picked[self.target_group] == self.target_word[:, None]  # (n, H)
+        return torch.zeros(picked.shape, dtype=torch.float64).index_add_(0, self.target_group, match.double())
 
 
 def alignment(batch: Batch) -> Alignment | None:
@@ -87,7 +96,7 @@ def _align(parses, offsets, causal: bool = False) -> Alignment | None:
     has_word = torch.zeros(B, W, dtype=torch.bool)
     for b in range(B):
         has_word[b, owner[b][owner[b] >= 0]] = True
-    sources, targets, keys, batch_of, counted = [], [], [], [], []
+    sources, target_group, target_word, keys, batch_of, counted = [], [], [], [], [], []
     for b, parse in enumerate(parses):
         if parse is None:
             continue
@@ -99,17 +108,17 @@ def _align(parses, offsets, causal: bool = False) -> Alignment | None:
                 tgt = frozenset(w for w in tgt if w < src and w != sink)
                 if not tgt:
                     continue
-            mask = torch.zeros(W, dtype=torch.bool)
-            mask[[w for w in tgt if w < W]] = True
+            kept = sorted(w for w in tgt if w < W)
+            target_group.extend([len(keys)] * len(kept))
+            target_word.extend(kept)
             sources.append(src)
-            targets.append(mask)
             keys.append(key)
             batch_of.append(b)
             counted.append((src, tgt, reached[b]))
     if not keys:
         return None
-    return Alignment(keys, owner, has_word, torch.tensor(batch_of), torch.tensor(sources), torch.stack(targets),
-                     counted)
+    return Alignment(keys, owner, has_word, torch.tensor(batch_of), torch.tensor(sources),
+                     torch.tensor(target_group, dtype=torch.long), torch.tensor(target_word, dtype=torch.long), counted)
 
 
 def word_predictions(chunk: AttentionChunk, batch: Batch) -> Tensor | None:
@@ -138,7 +147,7 @@ def _add_chunk(chunk: AttentionChunk, found: Alignment) -> Tensor | None:
     p = chunk.weights.detach().float()  # (B, H, c, K)
     H, K = p.shape[1], p.shape[3]
     start, stop = chunk.start, chunk.stop
-    G, W = found.targets.shape
+    G, W = len(found.keys), found.has_word.shape[1]
     state = chunk.call_memo.get("syntax-to-word")
     if state is None:  # per text: each source word's predicted word per head, and the word carried on
         state = chunk.call_memo["syntax-to-word"] = {}
@@ -150,27 +159,26 @@ def _add_chunk(chunk: AttentionChunk, found: Alignment) -> Tensor | None:
         by_key = p[b].gather(-1, first.expand(H, c, n))  # (H, c, n) each key word's first token
         if m:  # and its other tokens
             by_key.scatter_add_(-1, rest_column.expand(H, c, m), p[b].gather(-1, rest.expand(H, c, m)))
-        rows, words, inverse, word_ids = _row_words(found, b, start, stop, p.device)
-        if rows is None:  # every row is its own word (most of a text)
-            sums = by_key  # (H, u, n)
-        else:
-            sums = by_key.new_zeros(H, len(word_ids), n).index_add_(1, inverse, by_key.index_select(1, rows))
+        first_rows, later, later_first, words, word_ids = _row_words(found, b, start, stop, p.device)
+        if later is not None:  # a word's later rows summed into its first (in place: no copy of the chunk)
+            by_key.index_add_(1, later_first, by_key.index_select(1, later))
         spread = key_words.view(1, -1).expand(H, -1)  # (H, n): a compact column's word
         head, tail = 0, len(word_ids)
         if carried is not None:
             word, partial = carried
             carried = None
             if tail and word_ids[0] == word:  # the carried word goes on here
-                partial, head = partial + _in_words(sums[:, 0], spread, W), 1
+                partial, head = partial + _in_words(by_key.index_select(1, first_rows[:1])[:, 0], spread, W), 1
             if head == tail and not chunk.last:  # and still on in the next chunk
                 carried = (word, partial)
             else:
                 best[word] = partial.masked_fill(~_on(found.has_word[b], p.device), -1.0).max(-1).indices  # (H,)
         if not chunk.last and tail > head:  # the chunk's last word may go on in the next chunk
             tail -= 1
-            carried = (word_ids[tail], _in_words(sums[:, tail], spread, W))
-        if tail > head:  # (u', H): each word's most attended word, by its compact column
-            best[words[head:tail]] = key_words[sums[:, head:tail].max(-1).indices].T
+            carried = (word_ids[tail], _in_words(by_key.index_select(1, first_rows[tail:tail + 1])[:, 0], spread, W))
+        if tail > head:  # (u', H): each word's most attended word, by its compact column, read at its first row
+            most = by_key.max(-1).indices  # (H, c)
+            best[words[head:tail]] = key_words[most[:, first_rows[head:tail]]].T
         state[b] = (best, carried)
     if not chunk.last:
         return None
@@ -198,19 +206,24 @@ def _key_words(found: Alignment, b: int, K: int, device: torch.device) -> tuple[
 
 
 def _row_words(found: Alignment, b: int, start: int, stop: int, device: torch.device
-               ) -> tuple[Tensor | None, Tensor, Tensor, list[int]]:
-    """The words of text b's rows ``start`` .. ``stop``: ``rows`` (c',) the rows in a word (None when
-    every row is its own word), ``words`` (u,) their words in order, ``inverse`` (c',) each such
-    row's place among them, and the words as ints. The same for every layer of the batch (kept per
-    chunk), so a layer's chunk reads no value back from its device."""
+               ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor, list[int]]:
+    """The words of text b's rows ``start`` .. ``stop``, in order: each one's first row in the
+    chunk (u,), the rows that go on a word (None when every word is one row) and their word's
+    first row, the words (u,) and the words as ints. The same for every layer of the batch (kept
+    per chunk), so a layer's chunk reads no value back from its device."""
     cache = found.per_chunk
     if ("rows", b, start, stop, device) not in cache:
         owner = found.owner[b, start:stop]  # (c,)
-        rows = (owner >= 0).nonzero().squeeze(1)  # (c',)
-        words, inverse = torch.unique_consecutive(owner[rows], return_inverse=True)  # (u,), (c',)
-        own = len(words) == len(owner)
-        cache[("rows", b, start, stop, device)] = (None if own else rows.to(device), words.to(device),
-                                                   inverse.to(device), words.tolist())
+        rows = (owner >= 0).nonzero().squeeze(1)  # (c',) the rows in a word
+        words, inverse, counts = torch.unique_consecutive(owner[rows], return_inverse=True, return_counts=True)
+        starts = counts.cumsum(0) - counts  # (u,) each word's first place among the rows
+        first_rows = rows[starts]  # (u,)
+        later = torch.ones(len(rows), dtype=torch.bool)
+        later[starts] = False
+        found_later = (rows[later].to(device), first_rows[inverse[later]].to(device)) if bool(later.any()) \
+            else (None, None)
+        cache[("rows", b, start, stop, device)] = (first_rows.to(device), *found_later, words.to(device),
+                                                   words.tolist())
     return cache[("rows", b, start, stop, device)]
 
 
@@ -279,7 +292,7 @@ class SyntaxStatistics(ReducerBase):
         if picked is None:
             return
         found = alignment(self.batch)
-        hit = found.targets.gather(1, picked).to(torch.float64)  # (G, H)
+        hit = found.hits(picked)  # (G, H)
         group = torch.tensor(self.batch.texts, dtype=torch.long)[found.batch] % self.groups  # (G,) each group's text
         for key in set(found.keys):
             mine = found.of_key(key)

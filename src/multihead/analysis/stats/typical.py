@@ -126,7 +126,7 @@ class TypicalTexts(ReducerBase):
         picked = word_predictions(chunk, batch)
         if picked is not None:  # per text: its dependents of each relation that attend most to their governor
             found_syntax = alignment(batch)
-            hit = found_syntax.targets.gather(1, picked).to(torch.float64)  # (G, H)
+            hit = found_syntax.hits(picked)  # (G, H)
             B, H = len(batch.texts), hit.shape[1]
             for key in sorted(set(found_syntax.keys)):
                 rows = found_syntax.of_key(key)
