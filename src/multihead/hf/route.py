@@ -495,7 +495,9 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
     """
     T, S = query.shape[2], key.shape[2]
     B, H = query.shape[:2]
-    outs = []
+    # the layer's outputs in one block made before its chunks: a chunk's own output kept until the
+    # layer ends would sit between the next chunks' buffers and grow a CPU heap by holes it cannot reuse
+    outs = value.new_empty(B, H, T, value.shape[-1])  # (B, H, T, Dv)
     start = 0
     while start < T:
         stop = min(T, start + rows_per_chunk)
@@ -519,9 +521,9 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
         for a in readers:
             a.read(chunk)
         del chunk
-        outs.append(out)
+        outs[:, :, start:stop] = out
         start = stop
-    return torch.cat(outs, dim=2)  # (B, H, T, Dv)
+    return outs  # (B, H, T, Dv)
 
 
 def _last_key(rows: Rows, stop: int, device: torch.device) -> int:

@@ -164,7 +164,7 @@ class HeadStatistics(ReducerBase):
         self.group_counts = torch.zeros_like(self.group_sums)
         self.sentences = 0
         self.tokens = 0
-        self._columns: dict[int, Tensor] = {}  # a streamed layer's column sums until its last chunk
+        self._columns: dict = {}  # a streamed layer's column sums until its last chunk (and the buffer between)
         # the batch's per-text sums and counts (M, B, L, H), on the device of its chunks, until it ends
         self._batch_sums: Tensor | None = None
         self._batch_counts: Tensor | None = None
@@ -201,6 +201,7 @@ class HeadStatistics(ReducerBase):
             return
         sums, counts = self._batch_sums.cpu(), self._batch_counts.cpu()  # (M, B, L, H)
         self._batch_sums = self._batch_counts = None
+        self._columns.clear()
         self.sums += sums.sum(1)
         self.counts += counts.sum(1)
         groups = torch.tensor(self.batch.texts, dtype=torch.long) % self.group_sums.shape[0]  # (B,)
@@ -215,13 +216,21 @@ class HeadStatistics(ReducerBase):
         T = tokens.valid.shape[-1]
         dev = p.device
         valid = tokens.valid.to(dev)
-        column = torch.zeros(B, H, T, dtype=torch.float64, device=dev) if start == 0 else self._columns.pop(layer)
+        if start == 0:  # one buffer a batch, zeroed per layer: no block per layer between the chunks' buffers
+            column = self._columns.pop("buffer", None)
+            if column is None or column.shape != (B, H, T) or column.device != dev:
+                column = torch.zeros(B, H, T, dtype=torch.float64, device=dev)
+            else:
+                column.zero_()
+        else:
+            column = self._columns.pop(layer)
         real = bool(self.batch.host_tokens.valid[:, start:start + C].all())  # asked of the host copy, not the device
         counted = p if real else p * valid[:, None, start:start + C, None]  # (B, H, C, K)
         column[..., :K] += counted.sum(2)  # (B, H, K)
         if start + C < T:
             self._columns[layer] = column
             return
+        self._columns["buffer"] = column
         q_count = valid.sum(-1).to(torch.float64)  # (B,)
         vertical = (column / q_count.clamp_min(1)[:, None, None]).amax(-1)  # (B, H)
         m = METRICS.index("vertical")

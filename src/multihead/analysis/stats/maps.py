@@ -175,8 +175,9 @@ class _Kept:
         self.rows = torch.zeros(cells)  # query rows per row block (counted on layer 0)
 
     def layer_on(self, weights: Tensor, first: bool) -> dict[str, Tensor]:
-        """The streamed layer's buffers on the device of ``weights`` (made afresh at its first chunk)."""
-        if first or not self._layer:
+        """The streamed layer's buffers on the device of ``weights``: one set a text, zeroed at each
+        layer's first chunk (no block a layer between the chunks' buffers)."""
+        if not self._layer or next(iter(self._layer.values())).device != weights.device:
             H, dev = weights.shape[0], weights.device
             if self.pooled is None:
                 self._layer = {"maps": torch.zeros(H, self.n, self.n, device=dev)}
@@ -187,19 +188,26 @@ class _Kept:
                                "mass": torch.zeros(H, p.cells, p.cells, device=dev),
                                "largest": torch.zeros(H, p.cells, p.cells, device=dev),
                                "rows": torch.zeros(p.cells, device=dev)}
+        elif first:
+            for buffer in self._layer.values():
+                buffer.zero_()
         return self._layer
 
     def keep_layer(self, layer: int) -> None:
         """Copy the streamed layer's buffers into the text's maps or pooled view (host memory)."""
-        found, self._layer = self._layer, {}
+        found = self._layer
         if self.pooled is None:
-            self.maps[layer] = found["maps"].cpu()
+            self.maps[layer].copy_(found["maps"])
             return
         p = self.pooled
-        p.index[layer], p.values[layer] = found["index"].cpu(), found["values"].cpu()
-        p.mass[layer], p.largest[layer] = found["mass"].cpu(), found["largest"].cpu()
+        for name in ("index", "values", "mass", "largest"):
+            getattr(p, name)[layer].copy_(found[name])
         if layer == 0:
             self.rows.add_(found["rows"].cpu())
+
+    def done(self) -> None:
+        """The text's last layer is in: its device buffers go."""
+        self._layer = {}
 
 
 class TextViews(ReducerBase):
@@ -276,6 +284,7 @@ class TextViews(ReducerBase):
             ids = self.batch.host_tokens.ids[kept.row, :kept.n].tolist()
             text = self.chosen[index]
             tokens = readable_tokens(self.tokenizer, ids, text, _offsets(self.tokenizer, text, len(ids)))
+            kept.done()
             if kept.pooled is not None:
                 kept.pooled.mass /= kept.rows.clamp_min(1).view(1, 1, -1, 1)  # mean row mass per block, in [0, 1]
             self.views[index] = TextView(text, tokens, maps=kept.maps, pooled=kept.pooled)

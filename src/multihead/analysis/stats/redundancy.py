@@ -25,6 +25,7 @@ and W^O are read as the model has them: its own dtype, its own W^O (no copy).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 
 import torch
 from torch import Tensor
@@ -80,7 +81,7 @@ class RedundancyStatistics(ReducerBase):
         self._all_outputs: Tensor | None = None  # (L, H, R_c, Dv) the batch's head outputs
         # (B, T) flat index of each real token; its place in the JS sample; its place in the cosine sample
         self._where: tuple[Tensor, Tensor, Tensor | None] | None = None
-        self._chunk_rows: dict = {}  # (start, stop, sample, device) -> the chunk's rows in it (:meth:`_rows_of`)
+        self._chunk_rows: dict = {}  # sample -> its rows, sorted (:meth:`_rows_of`)
 
     @staticmethod
     def planned_bytes(num_layers: int, num_heads: int, rows: int, keys: int, hidden: int, head_dim: int, *,
@@ -150,17 +151,22 @@ class RedundancyStatistics(ReducerBase):
     def _rows_of(self, start: int, stop: int, which: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor] | None:
         """The real rows ``start`` .. ``stop`` of the batch that are in sample ``which`` (1: the
         JS's, 2: the cosine's) as (text, row in the chunk, place in the sample), each (r,) on
-        ``device`` — or None when none is. Found on the host, once per chunk position."""
-        key = (start, stop, which, device)
-        if key not in self._chunk_rows:
+        ``device`` — or None when none is: slices of the sample's rows, found on the host and
+        moved once a batch (no chunk asks the device, none leaves a block behind)."""
+        if which not in self._chunk_rows:
             flat, place_of = self._where[0], self._where[which]
-            valid = self.batch.host_tokens.valid[:, start:stop]  # (B, c)
-            b, c = valid.nonzero(as_tuple=True)  # (r,) each
-            place = place_of[flat[:, start:stop][b, c]]  # (r,) -1: not in the sample
+            b, i = self.batch.host_tokens.valid.nonzero(as_tuple=True)  # (R,) each real row
+            place = place_of[flat[b, i]]  # (R,) -1: not in the sample
             keep = place >= 0
-            found = None if not bool(keep.any()) else tuple(t[keep].to(device) for t in (b, c, place))
-            self._chunk_rows[key] = found
-        return self._chunk_rows[key]
+            b, i, place = b[keep], i[keep], place[keep]
+            order = i.argsort(stable=True)  # by row
+            b, i, place = b[order], i[order], place[order]
+            self._chunk_rows[which] = (i.tolist(), b.to(device), i.to(device), place.to(device))
+        rows, b, i, place = self._chunk_rows[which]
+        lo, hi = bisect_left(rows, start), bisect_left(rows, stop)
+        if lo == hi:
+            return None
+        return b[lo:hi], i[lo:hi] - start, place[lo:hi]
 
     def _cosine_rows(self, hidden: int) -> Tensor:
         """(R,) each real row's place in the batch's cosine sample (-1: not in it)."""

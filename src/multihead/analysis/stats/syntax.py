@@ -13,6 +13,7 @@ source words × words), never a (T, T) map.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -53,7 +54,7 @@ class Alignment:
         self._by_text = {int(b): (self.batch == b).nonzero().squeeze(1) for b in self.batch.unique()}
         #: the parsed texts (rows of the batch with a group)
         self.texts = sorted(self._by_text)
-        #: what every layer's chunks at the same rows and keys share (:func:`_key_words`, :func:`_row_words`)
+        #: what every layer's chunks share, made once a batch (:func:`_text_words`)
         self.per_chunk: dict = {}
 
     def rows_of(self, b: int) -> Tensor:
@@ -148,12 +149,14 @@ def _add_chunk(chunk: AttentionChunk, found: Alignment) -> Tensor | None:
     H, K = p.shape[1], p.shape[3]
     start, stop = chunk.start, chunk.stop
     G, W = len(found.keys), found.has_word.shape[1]
-    state = chunk.call_memo.get("syntax-to-word")
-    if state is None:  # per text: each source word's predicted word per head, and the word carried on
-        state = chunk.call_memo["syntax-to-word"] = {}
+    state = chunk.call_memo.setdefault("syntax-to-word", {})  # per text: the word carried on, if any
     for b in found.texts:
-        best, carried = state.get(b) or (torch.full((W, H), -1, dtype=torch.long, device=p.device), None)
-        first, rest, rest_column, key_words = _key_words(found, b, K, p.device)
+        words_of = _text_words(found, b, W, H, p.device)
+        best, partial = words_of["best"], words_of["partial"]  # (W, H), (H, W): kept for the batch, reused
+        if start == 0:
+            best.fill_(-1)
+        carried = state.get(b)
+        first, rest, rest_column, key_words = _key_words(words_of, K)
         # gathers with the index expanded over (H, c): ~15x faster on the CPU than index_select on the last axis
         c, n, m = p.shape[2], len(first), len(rest)
         by_key = p[b].gather(-1, first.expand(H, c, n))  # (H, c, n) each key word's first token
@@ -165,75 +168,81 @@ def _add_chunk(chunk: AttentionChunk, found: Alignment) -> Tensor | None:
         spread = key_words.view(1, -1).expand(H, -1)  # (H, n): a compact column's word
         head, tail = 0, len(word_ids)
         if carried is not None:
-            word, partial = carried
-            carried = None
-            if tail and word_ids[0] == word:  # the carried word goes on here
-                partial, head = partial + _in_words(by_key.index_select(1, first_rows[:1])[:, 0], spread, W), 1
+            if tail and word_ids[0] == carried:  # the carried word goes on here
+                partial.scatter_add_(1, spread, by_key.index_select(1, first_rows[:1])[:, 0])
+                head = 1
             if head == tail and not chunk.last:  # and still on in the next chunk
-                carried = (word, partial)
-            else:
-                best[word] = partial.masked_fill(~_on(found.has_word[b], p.device), -1.0).max(-1).indices  # (H,)
+                state[b] = carried
+                continue
+            best[carried] = partial.masked_fill(~words_of["has_word"], -1.0).max(-1).indices  # (H,)
+            state[b] = carried = None
         if not chunk.last and tail > head:  # the chunk's last word may go on in the next chunk
             tail -= 1
-            carried = (word_ids[tail], _in_words(by_key.index_select(1, first_rows[tail:tail + 1])[:, 0], spread, W))
+            partial.zero_().scatter_(1, spread, by_key.index_select(1, first_rows[tail:tail + 1])[:, 0])
+            state[b] = word_ids[tail]
         if tail > head:  # (u', H): each word's most attended word, by its compact column, read at its first row
             most = by_key.max(-1).indices  # (H, c)
             best[words[head:tail]] = key_words[most[:, first_rows[head:tail]]].T
-        state[b] = (best, carried)
     if not chunk.last:
         return None
     picked = torch.empty(G, H, dtype=torch.long)  # (G, H) each head's predicted word
-    for b, (best, _) in state.items():
+    for b in found.texts:
         rows = found.rows_of(b)  # (S,) groups of text b
+        best = _text_words(found, b, W, H, p.device)["best"]
         picked[rows] = best[found.source[rows].to(best.device)].cpu()  # (S, H)
     return picked
 
 
-def _key_words(found: Alignment, b: int, K: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The words of text b's first K keys, in a compact order (the words with a key, ascending):
-    ``first`` (n,) each word's first key, ``rest`` (m,) the keys of a word after its first and
-    ``rest_column`` (m,) their word's column, ``words`` (n,) each column's word. Keys in no word
-    are left out. The same for every layer of the batch, so kept per (text, K)."""
+def _text_words(found: Alignment, b: int, W: int, H: int, device: torch.device) -> dict:
+    """Text b's words as its keys and the carried sums need them, made once a batch (so no chunk
+    leaves a block behind between the next chunks' buffers): every word with a key in the order of
+    its first key — ``first`` its first key, ``rest`` the keys of a word after its first (ascending)
+    and ``rest_column`` their word's column, ``words`` each column's word, with the first and later
+    keys as lists for slicing at any K — and the buffers a layer reuses: ``best`` (W, H) each word's
+    prediction, ``partial`` (H, W) the sums of a word carried into the next chunk."""
     cache = found.per_chunk
-    if ("keys", b, K, device) not in cache:
-        owner = found.owner[b, :K]  # (K,) on the host, where the parse is
+    if ("text", b, device) not in cache:
+        owner = found.owner[b]  # (T,) on the host, where the parse is
         keys = (owner >= 0).nonzero().squeeze(1)  # (k,) keys in a word
         words, column = torch.unique(owner[keys], return_inverse=True)  # (n,), (k,)
-        first = torch.full((len(words),), K, dtype=torch.long).scatter_reduce_(0, column, keys, "amin")
+        first = torch.full((len(words),), len(owner), dtype=torch.long).scatter_reduce_(0, column, keys, "amin")
+        order = first.argsort()  # columns in the order of their first key: any K keeps a prefix of them
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(len(order))
         later = keys != first[column]  # (k,)
-        cache[("keys", b, K, device)] = tuple(t.to(device) for t in (first, keys[later], column[later], words))
-    return cache[("keys", b, K, device)]
+        cache[("text", b, device)] = {
+            "first": first[order].to(device), "words": words[order].to(device),
+            "rest": keys[later].to(device), "rest_column": rank[column[later]].to(device),
+            "first_keys": first[order].tolist(), "rest_keys": keys[later].tolist(),
+            "has_word": found.has_word[b].to(device),
+            "best": torch.full((W, H), -1, dtype=torch.long, device=device),
+            "partial": torch.zeros(H, W, device=device)}
+    return cache[("text", b, device)]
+
+
+def _key_words(words_of: dict, K: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The words of a text's first K keys (:func:`_text_words`) as views: ``first`` (n,) each
+    word's first key, ``rest`` (m,) the keys of a word after its first and ``rest_column`` (m,)
+    their word's column, ``words`` (n,) each column's word. Keys in no word are left out."""
+    n, m = bisect_left(words_of["first_keys"], K), bisect_left(words_of["rest_keys"], K)
+    return words_of["first"][:n], words_of["rest"][:m], words_of["rest_column"][:m], words_of["words"][:n]
 
 
 def _row_words(found: Alignment, b: int, start: int, stop: int, device: torch.device
                ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor, list[int]]:
     """The words of text b's rows ``start`` .. ``stop``, in order: each one's first row in the
     chunk (u,), the rows that go on a word (None when every word is one row) and their word's
-    first row, the words (u,) and the words as ints. The same for every layer of the batch (kept
-    per chunk), so a layer's chunk reads no value back from its device."""
-    cache = found.per_chunk
-    if ("rows", b, start, stop, device) not in cache:
-        owner = found.owner[b, start:stop]  # (c,)
-        rows = (owner >= 0).nonzero().squeeze(1)  # (c',) the rows in a word
-        words, inverse, counts = torch.unique_consecutive(owner[rows], return_inverse=True, return_counts=True)
-        starts = counts.cumsum(0) - counts  # (u,) each word's first place among the rows
-        first_rows = rows[starts]  # (u,)
-        later = torch.ones(len(rows), dtype=torch.bool)
-        later[starts] = False
-        found_later = (rows[later].to(device), first_rows[inverse[later]].to(device)) if bool(later.any()) \
-            else (None, None)
-        cache[("rows", b, start, stop, device)] = (first_rows.to(device), *found_later, words.to(device),
-                                                   words.tolist())
-    return cache[("rows", b, start, stop, device)]
-
-
-def _in_words(sums: Tensor, columns: Tensor, W: int) -> Tensor:
-    """A word's sums over the compact columns (H, n) spread over all W words (H, W) (0 elsewhere)."""
-    return sums.new_zeros(sums.shape[0], W).scatter_(1, columns, sums)
-
-
-def _on(t: Tensor, device: torch.device) -> Tensor:
-    return t if t.device == device else t.to(device)
+    first row, the words (u,) and the words as ints — found on the host (a chunk reads no value
+    back from its device)."""
+    owner = found.owner[b, start:stop]  # (c,)
+    rows = (owner >= 0).nonzero().squeeze(1)  # (c',) the rows in a word
+    words, inverse, counts = torch.unique_consecutive(owner[rows], return_inverse=True, return_counts=True)
+    starts = counts.cumsum(0) - counts  # (u,) each word's first place among the rows
+    first_rows = rows[starts]  # (u,)
+    later = torch.ones(len(rows), dtype=torch.bool)
+    later[starts] = False
+    found_later = (rows[later].to(device), first_rows[inverse[later]].to(device)) if bool(later.any()) else (None, None)
+    return first_rows.to(device), *found_later, words.to(device), words.tolist()
 
 
 @dataclass

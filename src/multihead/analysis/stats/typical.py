@@ -22,6 +22,7 @@ three-token text any head looks like anything.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -30,7 +31,7 @@ from torch import Tensor
 from ...hf.route import AttentionChunk
 from ...inputs import Batch
 from ..sections import Typical, TypicalHead
-from .base import ReducerBase, shared
+from .base import ReducerBase
 from .heads import row_values
 from .syntax import alignment, word_predictions
 
@@ -95,10 +96,15 @@ class TypicalTexts(ReducerBase):
         self.metrics = {m: _Top(num_layers, num_heads, k) for m in (*MEASURES.values(), FALLBACK)}
         self.syntax: dict[str, _Top] = {}
         self._per_text: dict[int, tuple[list[str], Tensor, Tensor]] = {}  # a streamed layer's per-text sums
+        self._targets: _BatchTargets | None = None  # the batch's own induction-pattern targets
 
     def begin_batch(self, batch: Batch) -> None:
         super().begin_batch(batch)
         self._per_text = {}
+        self._targets = None if batch.tokens.ids is None else _batch_targets(batch)
+
+    def end_batch(self) -> None:
+        self._targets = None
 
     def update(self, chunk: AttentionChunk) -> None:
         """Add one chunk's per-text sums; at the layer's last chunk, offer each text's means."""
@@ -108,8 +114,7 @@ class TypicalTexts(ReducerBase):
         found = row_values(chunk, tokens)
         names, per_text, per_count = list(found.names), found.sums, found.counts  # (M, B, H)
         if tokens.ids is not None:  # and, per text only, its own induction pattern
-            targets = shared(batch.memo, ("repeat-targets", chunk.start, chunk.weights.shape[2],
-                                          chunk.weights.shape[3]), lambda: _repeat_targets_of(chunk, batch))
+            targets = self._targets.of_rows(chunk.start, chunk.stop)
             copy_sum, copy_rows = _repeats_followed(chunk.weights.detach().float(), *targets)  # (B, H)
             names.append("repeat_successor")
             per_text = torch.cat([per_text, copy_sum[None].to(torch.float64)])
@@ -189,14 +194,39 @@ class TypicalTexts(ReducerBase):
                        {str(i): texts[i][:TEXT_CHARS] for i in sorted(named)})
 
 
-def _repeat_targets_of(chunk: AttentionChunk, batch: Batch) -> tuple[Tensor, Tensor]:
-    """The induction-pattern targets of a chunk's rows (the same for every layer of a batch), found
-    from the batch's tokens in host memory and moved to the chunk's device: the device is never
-    asked for a count."""
+class _BatchTargets:
+    """A batch's induction-pattern targets (:func:`_repeat_targets`) over all its rows, found once
+    from its tokens in host memory and kept on the batch's device sorted by row, so each chunk
+    takes a slice (no chunk leaves a block of its own behind, none asks the device for a count)."""
+
+    def __init__(self, target: Tensor, counted: Tensor, device: torch.device) -> None:
+        order = target[:, 1].argsort(stable=True)  # (N,) by row
+        target = target[order]
+        self.rows = target[:, 1].tolist()  # for slicing at any chunk's rows
+        self.target = target.to(device)  # (N, 3) (text, row, key)
+        self.counted = counted.to(device)  # (B, T) the rows that have a target
+
+    def of_rows(self, start: int, stop: int) -> tuple[Tensor, Tensor]:
+        """The targets of rows ``start`` .. ``stop`` with rows counted from ``start``, and which of
+        those rows have one (B, stop - start)."""
+        lo, hi = bisect_left(self.rows, start), bisect_left(self.rows, stop)
+        shift = torch.tensor([0, start, 0], device=self.target.device)
+        return self.target[lo:hi] - shift, self.counted[:, start:stop]
+
+
+def _batch_targets(batch: Batch, rows: int = 1024) -> _BatchTargets:
+    """:class:`_BatchTargets` of a batch, found ``rows`` query rows at a time (a (B, rows, T) mask)."""
     host = batch.host_tokens
-    C, K = chunk.weights.shape[2], chunk.weights.shape[3]
-    found = _repeat_targets(host.ids, host.valid[:, chunk.start:chunk.start + C], host.valid, chunk.start, K)
-    return tuple(t.to(chunk.weights.device) for t in found)
+    T = host.valid.shape[1]
+    found, counted = [], []
+    for start in range(0, T, rows):
+        q_valid = host.valid[:, start:start + rows]
+        target, any_target = _repeat_targets(host.ids, q_valid, host.valid, start, T)
+        found.append(target + torch.tensor([0, start, 0]))
+        counted.append(any_target)
+    target = torch.cat(found) if found else torch.zeros(0, 3, dtype=torch.long)
+    counted_rows = torch.cat(counted, 1) if counted else torch.zeros_like(host.valid)
+    return _BatchTargets(target, counted_rows, batch.tokens.valid.device)
 
 
 def _repeat_targets(ids: Tensor, q_valid: Tensor, valid: Tensor, start: int, K: int) -> tuple[Tensor, Tensor]:
@@ -223,8 +253,8 @@ def _repeats_followed(p: Tensor, target: Tensor, counted: Tensor) -> tuple[Tenso
     (``counted`` (B, C)), its mass on the tokens right after those occurrences (``target``
     (N, 3) triples, :func:`_repeat_targets`). Returns the summed mass over such rows, (B, H), and
     how many rows there are, (B, H)."""
-    B, H = p.shape[:2]
+    B, H, _, K = p.shape
     b, c, k = target.unbind(1)  # (N,) each
-    picked = p[b, :, c, k]  # (N, H)
+    picked = p[b, :, c, k.clamp_max(K - 1)] * (k < K)[:, None]  # (N, H): a key past the chunk's last has weight 0
     mass = p.new_zeros(B, H).index_add_(0, b, picked)  # (B, H)
     return mass, counted.sum(-1)[:, None].expand(B, H)
