@@ -202,6 +202,7 @@ class RedundancyStatistics(ReducerBase):
         self._all_maps = self._all_outputs = None
         self._w_o.clear()
         self._where = None
+        self._chunk_rows = {}  # (device tensors: not carried into a merge)
 
     def merge(self, other: RedundancyStatistics) -> None:
         """Add another accumulator's sums (e.g. from another process's shard)."""
