@@ -105,10 +105,11 @@ class Batch:
 
     @property
     def host_tokens(self) -> TokenInfo:
-        """The query tokens' flags in host memory (:attr:`host`, or :attr:`tokens` when on the CPU)."""
-        if self.host is not None:
-            return self.host
-        return self.tokens if self.tokens.valid.device.type == "cpu" else self.tokens.to("cpu")
+        """The query tokens' flags in host memory (:attr:`host`, or :attr:`tokens` when on the CPU;
+        copied there once for a batch made on a device)."""
+        if self.host is None:
+            self.host = self.tokens if self.tokens.valid.device.type == "cpu" else self.tokens.to("cpu")
+        return self.host
 
 
 def to_device(inputs: dict[str, Any], device: Any) -> dict[str, Any]:

@@ -142,7 +142,7 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     statistics = end = host = 0
     if redundancy:
         held, end = RedundancyStatistics.planned_bytes(L, H, batch * tokens, tokens, D, Dv,
-                                                       element_size=torch.empty(0, dtype=dtype).element_size())
+                                                       element_size=dtype.itemsize)
         statistics += held
     if views and tokens > 1:
         host = views * TextViews.planned_bytes(L, H, tokens)

@@ -190,9 +190,8 @@ class HeadStatistics(ReducerBase):
             self._batch_sums = found.sums.new_zeros(len(METRICS), B, L, H)  # float64, on the chunk's device
             self._batch_counts = torch.zeros_like(self._batch_sums)
         index = [METRICS.index(n) for n in found.names]
-        rows = slice(index[0], index[-1] + 1) if index == list(range(index[0], index[-1] + 1)) else index
-        self._batch_sums[rows, :, chunk.layer] += found.sums  # (M, B, H)
-        self._batch_counts[rows, :, chunk.layer] += found.counts
+        self._batch_sums[index, :, chunk.layer] += found.sums  # (M, B, H)
+        self._batch_counts[index, :, chunk.layer] += found.counts
         self._vertical(chunk, tokens)
 
     def end_batch(self) -> None:

@@ -74,11 +74,12 @@ class RedundancyStatistics(ReducerBase):
         #: pair-elements (N²/2 · rows · keys) of JS work allowed per batch; beyond it a strided
         #: sample of the batch's query rows is used (only models with hundreds of heads reach it).
         self.js_budget = JS_BUDGET
-        self._maps: dict[int, Tensor] = {}  # layer -> (H, R_sampled, S) its sampled rows
-        self._outputs: dict[int, Tensor] = {}  # layer -> (H, R, Dv) its heads' outputs at the real tokens
-        self._w_o: dict[int, Tensor] = {}  # layer -> (D, H, Dv)
-        self._all_maps: Tensor | None = None  # (L, H, R_s, S) the batch's sampled rows
-        self._all_outputs: Tensor | None = None  # (L, H, R_c, Dv) the batch's head outputs
+        self._w_o: dict[int, Tensor] = {}  # layer -> (D, H, Dv), the model's own
+        # every layer's sampled rows (L, H, R_s, S) and heads' outputs at the cosine's rows (L, H, R_c, Dv),
+        # one block each a batch: the heap is not cut up by a block per layer between the chunks' buffers
+        self._all_maps: Tensor | None = None
+        self._all_outputs: Tensor | None = None
+        self._layers: set[int] = set()  # the layers seen in this batch
         # (B, T) flat index of each real token; its place in the JS sample; its place in the cosine sample
         self._where: tuple[Tensor, Tensor, Tensor | None] | None = None
         self._chunk_rows: dict = {}  # sample -> its rows, sorted (:meth:`_rows_of`)
@@ -117,36 +118,33 @@ class RedundancyStatistics(ReducerBase):
 
     def update(self, chunk: AttentionChunk) -> None:
         """Keep this chunk's sampled rows and its heads' outputs at real tokens (which rows: found
-        on the host, once per chunk position; nothing read back from the device)."""
+        on the host once a batch; nothing read back from the device)."""
         assert self.batch is not None and self._where is not None, "begin_batch first"
         start, stop, layer = chunk.start, chunk.stop, chunk.layer
         weights = chunk.weights.detach()
         H, K = weights.shape[1], weights.shape[3]
         S = chunk.keys
-        if start == 0:
-            if self._all_maps is None:  # every layer's rows in one block, made once a batch: the heap is
-                # not cut up by a block per layer between the chunks' buffers (RSS grows with such holes)
-                self._all_maps = weights.new_zeros(self.L, H, self._sampled, S)
-            self._maps[layer] = self._all_maps[layer]  # (H, R_s, S)
+        if self._all_maps is None:
+            self._all_maps = weights.new_zeros(self.L, H, self._sampled, S)
+        self._layers.add(layer)
         sampled = self._rows_of(start, stop, 1, weights.device)
         if sampled is not None:  # (b, c, place) of the chunk's rows in the JS sample
             b, c, place = sampled
-            self._maps[layer][:, place, :K] = weights[b, :, c].transpose(0, 1)  # (H, r, K)
+            self._all_maps[layer][:, place, :K] = weights[b, :, c].transpose(0, 1)  # (H, r, K)
         w_o = chunk.output_projection()
         if w_o is not None:
             if self._where[2] is None:  # the batch's cosine rows, from its work: N² · rows · D
                 self._cosine_rows(w_o.shape[0])
             # outputs and W^O as the model has them (its dtype, its own W^O): its residual contributions
             # are products in that dtype, and a bfloat16 8B model's W^O in float32 would be 2 GiB more
+            if self._all_outputs is None:
+                self._all_outputs = chunk.outputs.new_zeros(self.L, H, self._rows, chunk.outputs.shape[-1])
             if start == 0:
-                if self._all_outputs is None:  # likewise, one block for every layer
-                    self._all_outputs = chunk.outputs.new_zeros(self.L, H, self._rows, chunk.outputs.shape[-1])
-                self._outputs[layer] = self._all_outputs[layer]  # (H, R_c, Dv)
                 self._w_o[layer] = w_o.detach().view(w_o.shape[0], self.H, -1)  # (D, H, Dv)
             kept = self._rows_of(start, stop, 2, weights.device)
             if kept is not None:
                 b, c, place = kept
-                self._outputs[layer][:, place] = chunk.outputs.detach()[b, :, c].transpose(0, 1)  # (H, r, Dv)
+                self._all_outputs[layer][:, place] = chunk.outputs.detach()[b, :, c].transpose(0, 1)  # (H, r, Dv)
 
     def _rows_of(self, start: int, stop: int, which: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor] | None:
         """The real rows ``start`` .. ``stop`` of the batch that are in sample ``which`` (1: the
@@ -168,8 +166,8 @@ class RedundancyStatistics(ReducerBase):
             return None
         return b[lo:hi], i[lo:hi] - start, place[lo:hi]
 
-    def _cosine_rows(self, hidden: int) -> Tensor:
-        """(R,) each real row's place in the batch's cosine sample (-1: not in it)."""
+    def _cosine_rows(self, hidden: int) -> None:
+        """Choose the batch's cosine sample: each real row's place in it (-1: not in it)."""
         R = self._real
         chosen = torch.arange(R)[_cosine_sample(self.L * self.H, hidden, R)]  # (R_c,)
         cosine = torch.full((max(R, 1),), -1, dtype=torch.long)
@@ -177,28 +175,28 @@ class RedundancyStatistics(ReducerBase):
         flat, sample, _ = self._where
         self._where = (flat, sample, cosine)
         self._rows = len(chosen)
-        return cosine
 
     def end_batch(self) -> None:
         """Reduce the batch's layers into the running sums and release them."""
-        if len(self._maps) == self.L:
+        seen_all = len(self._layers) == self.L
+        if seen_all:
             maps = self._all_maps.flatten(0, 1)  # (N, R_s, S), layer by layer
             R = maps.shape[1]
             self.js_sum += _pairwise_js(maps).cpu() * R
             self.js_count += R
-        if len(self._outputs) == self.L:
-            R = self._outputs[0].shape[1]
+        if seen_all and len(self._w_o) == self.L:
+            outputs = self._all_outputs  # (L, H, R_c, Dv)
+            R = outputs.shape[2]
             D = self._w_o[0].shape[0]
             step = max(1, COSINE_CHUNK // (self.L * self.H * D))
             for r in range(0, R, step):  # (N, rows, D) at a time: memory stays flat in the batch size
-                contrib = torch.cat([torch.einsum("hrv,dhv->hrd", self._outputs[layer][:, r:r + step],
-                                                  self._w_o[layer].to(self._outputs[layer].dtype))
+                contrib = torch.cat([torch.einsum("hrv,dhv->hrd", outputs[layer, :, r:r + step],
+                                                  self._w_o[layer].to(outputs.dtype))
                                      for layer in range(self.L)]).float()  # (N, rows, D)
                 unit = (contrib / contrib.norm(dim=-1, keepdim=True).clamp_min(1e-12)).flatten(1)  # (N, rows·D)
                 self.cos_sum += (unit @ unit.T).to(torch.float64).cpu()  # Σ_r cos_r for every pair
             self.cos_count += R
-        self._maps.clear()
-        self._outputs.clear()
+        self._layers.clear()
         self._all_maps = self._all_outputs = None
         self._w_o.clear()
         self._where = None

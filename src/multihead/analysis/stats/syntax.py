@@ -55,7 +55,7 @@ class Alignment:
         #: the parsed texts (rows of the batch with a group)
         self.texts = sorted(self._by_text)
         #: what every layer's chunks share, made once a batch (:func:`_text_words`)
-        self.per_chunk: dict = {}
+        self.per_text: dict = {}
 
     def rows_of(self, b: int) -> Tensor:
         """(S,) the groups of text b."""
@@ -200,7 +200,7 @@ def _text_words(found: Alignment, b: int, W: int, H: int, device: torch.device) 
     and ``rest_column`` their word's column, ``words`` each column's word, with the first and later
     keys as lists for slicing at any K — and the buffers a layer reuses: ``best`` (W, H) each word's
     prediction, ``partial`` (H, W) the sums of a word carried into the next chunk."""
-    cache = found.per_chunk
+    cache = found.per_text
     if ("text", b, device) not in cache:
         owner = found.owner[b]  # (T,) on the host, where the parse is
         keys = (owner >= 0).nonzero().squeeze(1)  # (k,) keys in a word
