@@ -337,6 +337,20 @@ def test_top_weights_from_key_blocks_are_the_rows_k_largest(H, c, K, block, k, k
     assert all(len(set(row)) == k for row in where.reshape(-1, k).tolist())  # k different keys
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 5), st.integers(1, 300), st.integers(1, 70), st.integers(0, 2**31 - 1))
+def test_pooled_blocks_from_fine_blocks_equal_the_blocks_read_directly(H, c, K, block, seed):
+    from multihead.analysis.stats.maps import FINE_BLOCK, _coarser, _fine_block, key_blocks
+
+    w = torch.rand(H, c, K, generator=torch.Generator().manual_seed(seed))
+    fine = _fine_block(block)
+    assert block % fine == 0 and (fine == block or FINE_BLOCK // 2 <= fine <= FINE_BLOCK)
+    sums, maxima = _coarser(*key_blocks(w, fine), block // fine)
+    want_sums, want_maxima = key_blocks(w, block)
+    torch.testing.assert_close(sums, want_sums)
+    assert torch.equal(maxima, want_maxima)
+
+
 @pytest.mark.slow
 def test_a_long_texts_page_entry_holds_its_real_top_weights_and_block_masses(smollm2):
     import base64

@@ -147,24 +147,26 @@ def prefix_sums_at(p: Tensor, points: Tensor) -> Tensor:
     """``cs[..., x] = Σ_{j<=x} p[..., j]`` of every row of p (B, H, C, K) at its own points
     (C, P), each in 0..K-1: (B, H, C, P).
 
-    The sums of whole blocks of :data:`PREFIX_BLOCK` keys (one vectorised pass over p), their
-    running sum (K / 16 per row), and each point's part of its own block — ~2x cheaper than the
-    row's whole prefix sum (torch.cumsum runs along a row one key at a time) when, as here, a
-    row needs only a few dozen points.
+    Each block of :data:`PREFIX_BLOCK` keys' running sum (one vectorised pass over p, ~1.5x cheaper
+    on the CPU than gathering every point's block and summing it: torch.cumsum along a whole row
+    runs one key at a time), the running sum of the blocks' totals (K / 16 per row), and one read
+    of each point in each.
     """
     B, H, C, K = p.shape
     P, b = points.shape[1], PREFIX_BLOCK
     full = K // b
-    blocks = p[..., :full * b].reshape(B, H, C, full, b).sum(-1)  # (B, H, C, K // b)
+    within = p[..., :full * b].unflatten(-1, (full, b)).cumsum(-1)  # (B, H, C, K // b, b) running sums per block
+    blocks = within[..., -1]  # (B, H, C, K // b) each block's total
+    before = torch.cat([blocks.new_zeros(B, H, C, 1), blocks.cumsum(-1)], -1)  # (B, H, C, K // b + 1)
+    block = points // b  # (C, P)
+    sums = before.gather(-1, block.expand(B, H, C, P))  # the whole blocks before each point's
+    in_full = points < full * b  # (C, P): the point is in a whole block (else in the short last one)
+    if full:
+        sums += within.view(B, H, C, full * b).gather(-1, points.clamp(max=full * b - 1).expand(B, H, C, P)) * in_full
     if K % b:
-        blocks = torch.cat([blocks, p[..., full * b:].sum(-1, keepdim=True)], -1)
-    before = blocks.cumsum(-1) - blocks  # (B, H, C, nb): the whole blocks before each block
-    block, offset = points // b, points % b  # (C, P)
-    t = torch.arange(b, device=p.device)
-    keys = (block[..., None] * b + t).clamp(max=K - 1).view(C, P * b)  # (C, P·b) each point's block
-    mine = p.gather(-1, keys.expand(B, H, C, P * b)).view(B, H, C, P, b)
-    part = (mine * (t <= offset[..., None])).sum(-1)  # (B, H, C, P)
-    return before.gather(-1, block.expand(B, H, C, P)) + part
+        tail = p[..., full * b:].cumsum(-1)  # (B, H, C, K % b)
+        sums += tail.gather(-1, (points - full * b).clamp(0, K % b - 1).expand(B, H, C, P)) * ~in_full
+    return sums
 
 
 def _by_offsets(p: Tensor, valid: Tensor, pos: Tensor, start: int) -> tuple[Tensor, Tensor]:

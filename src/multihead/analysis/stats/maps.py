@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ...hf.route import AttentionChunk
@@ -113,15 +114,15 @@ def pooled_maps(weights: Tensor, start: int, block: int, cells: int) -> tuple[Te
 def key_blocks(weights: Tensor, block: int) -> tuple[Tensor, Tensor]:
     """Each row's weight summed, and its largest weight, over blocks of ``block`` keys (the last
     block may be shorter): (H, c, ceil(K / block)) each, in float32. Read from the map as it is
-    (no padded copy)."""
+    (no padded copy); the maxima by ``max_pool1d`` (~2x faster on the CPU than ``amax`` over a
+    short last axis)."""
     K = weights.shape[-1]
     full = K // block
     whole = weights[..., :full * block].unflatten(-1, (full, block))  # (H, c, full, block) a view
-    sums, maxima = whole.sum(-1, dtype=torch.float32), whole.amax(-1).float()  # (H, c, full)
+    sums = whole.sum(-1, dtype=torch.float32)  # (H, c, full)
+    maxima = F.max_pool1d(weights, block, ceil_mode=True).float()  # (H, c, ceil(K / block))
     if K % block:  # the short last block
-        tail = weights[..., full * block:]  # (H, c, K % block)
-        sums = torch.cat([sums, tail.sum(-1, keepdim=True, dtype=torch.float32)], -1)
-        maxima = torch.cat([maxima, tail.amax(-1, keepdim=True).float()], -1)
+        sums = torch.cat([sums, weights[..., full * block:].sum(-1, keepdim=True, dtype=torch.float32)], -1)
     return sums, maxima
 
 
@@ -136,6 +137,29 @@ def _by_row_block(sums: Tensor, maxima: Tensor, start: int, block: int, cells: i
     largest[..., :nb].scatter_reduce_(1, row_block.view(1, c, 1).expand(H, c, nb), maxima, reduce="amax")
     rows = torch.zeros(cells, device=dev).index_add_(0, row_block, torch.ones(c, device=dev))
     return total, largest, rows
+
+
+#: Keys per block from which a pooled text's top-k candidates are read (see :func:`_fine_block`).
+FINE_BLOCK = 16
+
+
+def _fine_block(block: int) -> int:
+    """The largest divisor of ``block`` within :data:`FINE_BLOCK` (at least half of it; else
+    ``block``): a row's top-k is read from k such blocks (8k tokens: k·16 keys instead of k·64),
+    and the pooled blocks are whole numbers of them."""
+    for fine in range(min(block, FINE_BLOCK), FINE_BLOCK // 2 - 1, -1):
+        if block % fine == 0:
+            return fine
+    return block
+
+
+def _coarser(sums: Tensor, maxima: Tensor, m: int) -> tuple[Tensor, Tensor]:
+    """Key-block sums and maxima (H, c, n) over blocks m times wider: (H, c, ceil(n / m)) each."""
+    if m == 1:
+        return sums, maxima
+    n = sums.shape[-1]
+    padded = F.pad(sums, (0, -n % m))  # (H, c, m·ceil(n / m)): zeros add nothing
+    return padded.unflatten(-1, (-1, m)).sum(-1), F.max_pool1d(maxima, m, ceil_mode=True)
 
 
 def top_weights(weights: Tensor, k: int, maxima: Tensor | None = None, block: int = 0) -> tuple[Tensor, Tensor]:
@@ -262,8 +286,10 @@ class TextViews(ReducerBase):
                 layer["maps"][:, chunk.start:stop, :K] = w
             else:
                 pooled = kept.pooled
-                sums, maxima = key_blocks(w, pooled.block)  # (H, c, nb) each
-                top, where = top_weights(w, min(pooled.k, K), maxima, pooled.block)  # (H, c, k')
+                fine = _fine_block(pooled.block)  # the top-k's candidates come from blocks of `fine` keys
+                sums, maxima = key_blocks(w, fine)  # (H, c, ceil(K / fine)) each
+                top, where = top_weights(w, min(pooled.k, K), maxima, fine)  # (H, c, k')
+                sums, maxima = _coarser(sums, maxima, pooled.block // fine)  # (H, c, nb) each
                 layer["index"][:, chunk.start:stop, :top.shape[-1]] = where.to(torch.int32)
                 layer["values"][:, chunk.start:stop, :top.shape[-1]] = _byte(top)
                 total, big, counted = _by_row_block(sums, maxima, chunk.start, pooled.block, pooled.cells)
