@@ -78,6 +78,9 @@ def test_bench_scale_worker_measures_the_analysis_and_its_plan():
     found = bench_scale.worker("smollm2 bfloat16", bench_scale.METHODS[1], 300)
     assert found["seconds"] > 0 and found["plan"] > 0 and 250 <= found["tokens"] <= 350
     assert 250e6 < found["weights"] < 290e6  # SmolLM2's 135M parameters in bfloat16
+    assert found["tensors"] is None  # counted in a process of its own (the counting costs time)
+    counted = bench_scale.worker("smollm2 bfloat16", bench_scale.METHODS[2], 300)
+    assert abs(counted["plan"] / counted["tensors"] - 1) < 0.2  # the plan against the tensors it predicts
 
 
 def test_gpu_check_says_when_there_is_no_gpu(capsys):

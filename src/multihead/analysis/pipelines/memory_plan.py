@@ -8,8 +8,9 @@ alone — before a weight is read, and for devices this machine does not have.
     statistics what the readers hold on the device through a batch: redundancy's sampled rows,
                head outputs in the model's dtype (:meth:`RedundancyStatistics.planned_bytes`), and
                their end-of-batch work
-    host       what is kept in host memory whatever the device: the page's views of the chosen
-               texts (:meth:`TextViews.planned_bytes`); on a CPU it adds to the device's total
+    host       what is kept in host memory whatever the device: the head metrics' running sums
+               (:meth:`HeadStatistics.planned_bytes`) and the page's views of the chosen texts
+               (:meth:`TextViews.planned_bytes`); on a CPU it adds to the device's total
     probes     the induction and retrieval probes' own passes (fixed, small shapes)
 
 ``total = weights + statistics + max(pass, end-of-batch work, probes)``. A layer's activations
@@ -42,6 +43,7 @@ from ...hf.placement import auto_dtype
 from ...hf.route import AttentionChunk, chunk_bytes
 from ..probes.retrieval import NEEDLE
 from ..probes.retrieval import PROBE as RETRIEVAL
+from ..stats.heads import HeadStatistics
 from ..stats.maps import TextViews
 from ..stats.redundancy import RedundancyStatistics
 
@@ -99,8 +101,8 @@ class MemoryPlan:
 
     def __str__(self) -> str:
         room = "" if self.available is None else f" of {_gib(self.available)} available"
-        views = f" + views {_gib(self.host)}" if self.host and self.device == "cpu" else ""
-        host = f"; {_gib(self.host)} of views in host memory" if self.host and self.device != "cpu" else ""
+        views = f" + host {_gib(self.host)}" if self.host and self.device == "cpu" else ""
+        host = f"; {_gib(self.host)} of sums and views in host memory" if self.host and self.device != "cpu" else ""
         return (f"memory plan for {self.model} ({self.dtype} on {self.device}, {self.batch} x {self.tokens:,} "
                 f"tokens): weights {_gib(self.weights)} + pass {_gib(self._pass)} (chunks of at most "
                 f"{self.chunk / 2**20:.0f} MiB) + statistics {_gib(self.statistics)}{views} = "
@@ -144,8 +146,9 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
         held, end = RedundancyStatistics.planned_bytes(L, H, batch * tokens, tokens, D, Dv,
                                                        element_size=dtype.itemsize)
         statistics += held
+    host = HeadStatistics.planned_bytes(L, H)  # the head metrics' running sums and bootstrap groups
     if views and tokens > 1:
-        host = views * TextViews.planned_bytes(L, H, tokens)
+        host += views * TextViews.planned_bytes(L, H, tokens)
     body = empty_model(_one_layer_of_each_kind(config), dtype, base=True)
     forward, largest = _traced(body, batch, tokens, chunk=chunk, budget=budget, limit=limit)
     probe = 0

@@ -169,6 +169,11 @@ class HeadStatistics(ReducerBase):
         self._batch_sums: Tensor | None = None
         self._batch_counts: Tensor | None = None
 
+    @staticmethod
+    def planned_bytes(num_layers: int, num_heads: int, groups: int = GROUPS) -> int:
+        """Bytes of the running sums (float64): the totals and their bootstrap groups (G, M, L, H)."""
+        return 2 * (groups + 1) * len(METRICS) * num_layers * num_heads * 8
+
     def begin_batch(self, batch: Batch) -> None:
         """Count a batch's sentences and real tokens (once per batch, not per layer, on the host)."""
         self.end_batch()

@@ -255,13 +255,14 @@ class TextViews(ReducerBase):
     def planned_bytes(num_layers: int, num_heads: int, tokens: int, *, long: int = LONG_TEXT,
                       top_k: int | None = None) -> int:
         """Bytes kept for one chosen text of ``tokens`` tokens while its batch runs: its whole maps
-        (L, H, n, n) float32, or — above ``long`` tokens — its pooled attention (see :class:`_Kept`)."""
+        (L, H, n, n) float32, or — above ``long`` tokens — its pooled attention (see :class:`_Kept`),
+        and the buffers of the layer being streamed."""
         L, H, n = num_layers, num_heads, tokens
         if n <= long:
-            return L * H * n * n * 4
+            return (L + 1) * H * n * n * 4  # and the streamed layer's (H, n, n)
         k = min(n, top_k or top_k_for(L * H, n))
         cells = math.ceil(n / max(1, math.ceil(n / POOLED_CELLS)))
-        return L * H * n * k * 5 + 2 * L * H * cells * cells * 4 + cells * 4
+        return (L + 1) * (H * n * k * 5 + 2 * H * cells * cells * 4) + 2 * cells * 4
 
     def begin_batch(self, batch: Batch) -> None:
         super().begin_batch(batch)

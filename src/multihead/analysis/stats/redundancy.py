@@ -55,6 +55,10 @@ COSINE_BUDGET = 1 << 36
 MIN_COSINE_ROWS = 512
 
 
+#: Elements of the largest block of head-pair mixtures :func:`_pairwise_js` forms at once.
+JS_BLOCK = 1 << 22
+
+
 class RedundancyStatistics(ReducerBase):
     """Running sums of pairwise JS distance and output cosine for N = L·H heads (a reducer).
 
@@ -87,17 +91,21 @@ class RedundancyStatistics(ReducerBase):
     @staticmethod
     def planned_bytes(num_layers: int, num_heads: int, rows: int, keys: int, hidden: int, head_dim: int, *,
                       element_size: int = 4) -> tuple[int, int]:
-        """(bytes held through a batch of ``rows`` real query rows over ``keys`` keys, bytes of its
-        end-of-batch work): each layer's sampled rows (H, R_s, S) in float32 and its heads' outputs
-        at the cosine's rows (H, R_c, Dv) in the model's dtype (``element_size`` bytes; W^O is the
-        model's own, not a copy); at the end the rows joined (N, R_s, S) and one cosine step."""
+        """(bytes held through a batch of ``rows`` real query rows over ``keys`` keys, bytes its
+        end-of-batch work adds): each layer's sampled rows (H, R_s, S) in float32 and its heads'
+        outputs at the cosine's rows (H, R_c, Dv) in the model's dtype (``element_size`` bytes; W^O
+        is the model's own, not a copy); at the end the JS's blocks or one cosine step."""
         L, H, N = num_layers, num_heads, num_layers * num_heads
         sampled = len(range(rows)[_row_sample(N, rows, keys, JS_BUDGET)])
         cosine = len(range(rows)[_cosine_sample(N, hidden, rows)])
         maps = L * H * sampled * keys * 4
         held = maps + L * H * cosine * head_dim * element_size
         step = max(1, COSINE_CHUNK // (N * hidden))
-        return held, maps + 3 * N * min(step, cosine) * hidden * 4
+        # at the end, beside what is held: the JS's temporaries (the rows' lengths read from a bool
+        # copy of the maps, then blocks of JS_BLOCK mixtures and their logarithms) or one cosine
+        # step (the contributions in the model's dtype and in float32), whichever is more
+        js = max(N * sampled * keys, 2 * JS_BLOCK * 4)
+        return held, max(js, N * min(step, cosine) * hidden * (4 + element_size))
 
     def begin_batch(self, batch: Batch) -> None:
         """Choose the batch's sampled rows: an even stride through its real query tokens in (text,
@@ -193,8 +201,9 @@ class RedundancyStatistics(ReducerBase):
                 contrib = torch.cat([torch.einsum("hrv,dhv->hrd", outputs[layer, :, r:r + step],
                                                   self._w_o[layer].to(outputs.dtype))
                                      for layer in range(self.L)]).float()  # (N, rows, D)
-                unit = (contrib / contrib.norm(dim=-1, keepdim=True).clamp_min(1e-12)).flatten(1)  # (N, rows·D)
+                unit = contrib.div_(contrib.norm(dim=-1, keepdim=True).clamp_min(1e-12)).flatten(1)  # (N, rows·D)
                 self.cos_sum += (unit @ unit.T).to(torch.float64).cpu()  # Σ_r cos_r for every pair
+                del contrib, unit  # before the next step's: one step's temporaries at a time
             self.cos_count += R
         self._layers.clear()
         self._all_maps = self._all_outputs = None
@@ -226,7 +235,7 @@ class RedundancyStatistics(ReducerBase):
         return self
 
 
-def _pairwise_js(maps: Tensor, budget: int = 1 << 22) -> Tensor:
+def _pairwise_js(maps: Tensor, budget: int = JS_BLOCK) -> Tensor:
     """Mean over rows of sqrt(JS) (base 2) between every pair of heads: maps (N, R, S) -> (N, N).
 
     Symmetric, so only blocks on and above the diagonal are computed; block size keeps each
@@ -238,9 +247,12 @@ def _pairwise_js(maps: Tensor, budget: int = 1 << 22) -> Tensor:
     maps = maps.float()
     out = torch.zeros(N, N, dtype=torch.float64, device=maps.device)
     for rows, keys in _by_length(maps):
-        part = maps[:, rows, :keys]  # (N, r, keys)
-        own_part = _plogp_sum(part)  # (N, r) Σ p ln p, summed as the mixtures are: a head with itself is exactly 0
-        c = max(1, int(math.sqrt(budget / max(len(rows) * keys, 1))))
+        part = maps[:, rows, :keys]  # (N, r, keys): a view where the rows are consecutive
+        r = rows.stop - rows.start if isinstance(rows, slice) else len(rows)
+        c = max(1, int(math.sqrt(budget / max(r * keys, 1))))
+        # Σ p ln p of each head's rows (N, r), summed as the mixtures are (a head with itself: exactly
+        # 0), c² heads at a time: no temporary the size of the maps
+        own_part = torch.cat([_plogp_sum(part[a:a + c * c]) for a in range(0, N, c * c)])
         for a in range(0, N, c):
             pa = part[a:a + c, None]  # (c, 1, r, keys)
             for b in range(a, N, c):
@@ -254,10 +266,12 @@ def _pairwise_js(maps: Tensor, budget: int = 1 << 22) -> Tensor:
     return out / max(R, 1)
 
 
-def _by_length(maps: Tensor, slack: float = 0.75) -> list[tuple[Tensor, int]]:
+def _by_length(maps: Tensor, slack: float = 0.75) -> list[tuple[Tensor | slice, int]]:
     """The rows of maps (N, R, S) in groups of about the same length — each row's length its last
     key with weight in any head, plus one; a group's rows at least ``slack`` of its longest — as
-    (rows (r,), keys) pairs: read once per batch, so one host read of R lengths."""
+    (rows, keys) pairs, rows a slice where they are consecutive (one text's causal rows, an
+    encoder's: read as a view, not copied), else (r,): read once per batch, so one host read of
+    R lengths."""
     S = maps.shape[2]
     weighed = (maps != 0).any(0)  # (R, S)
     lengths = torch.where(weighed, torch.arange(1, S + 1, device=maps.device), 0).amax(-1).clamp_min(1)  # (R,)
@@ -271,7 +285,13 @@ def _by_length(maps: Tensor, slack: float = 0.75) -> list[tuple[Tensor, int]]:
         current.append(r)
     if current:
         groups.append(current)
-    return [(torch.tensor(g, device=maps.device), lengths[g[0]]) for g in groups]
+    found = []
+    for g in groups:
+        keys = lengths[g[0]]  # the group's longest row
+        g.sort()
+        consecutive = g[-1] - g[0] + 1 == len(g)
+        found.append((slice(g[0], g[-1] + 1) if consecutive else torch.tensor(g, device=maps.device), keys))
+    return found
 
 
 def _plogp_sum(p: Tensor) -> Tensor:
