@@ -147,6 +147,7 @@ def main(flags: list[str] | None = None) -> None:
                          f"{ours['seconds'] / plain['seconds']:.2f}x", f"{plain['peak'] / 2**20:.0f}",
                          f"{ours['peak'] / 2**20:.0f}",
                          f"{ours['plan'] / 2**20:.0f} ({ours['plan'] / max(ours['peak'], 1) - 1:+.0%})", *against])
+            print(" | ".join(map(str, rows[-1])), flush=True)  # each cell as it is measured (a run is long)
     print(f"Real scale: one Penn Treebank document; {cpu_name()}, {os.cpu_count()} CPUs")
     print(table(["model", "tokens", "plain s", "analysis s", "analysis / plain", "plain peak MiB",
                  "analysis peak MiB (above weights)", "plan MiB (vs peak)"], rows))
