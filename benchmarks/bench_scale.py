@@ -150,7 +150,8 @@ def main(flags: list[str] | None = None) -> None:
             print(" | ".join(map(str, rows[-1])), flush=True)  # each cell as it is measured (a run is long)
     print(f"Real scale: one Penn Treebank document; {cpu_name()}, {os.cpu_count()} CPUs")
     print(table(["model", "tokens", "plain s", "analysis s", "analysis / plain", "plain peak MiB",
-                 "analysis peak MiB (above weights)", "plan MiB (vs peak)"], rows))
+                 "analysis peak MiB (above weights)", "plan MiB (vs peak)", "tensors' peak MiB", "plan vs tensors"],
+                rows))
 
 
 if __name__ == "__main__":
