@@ -101,12 +101,12 @@ class MemoryPlan:
 
     def __str__(self) -> str:
         room = "" if self.available is None else f" of {_gib(self.available)} available"
-        views = f" + host {_gib(self.host)}" if self.host and self.device == "cpu" else ""
-        host = f"; {_gib(self.host)} of sums and views in host memory" if self.host and self.device != "cpu" else ""
+        on_cpu = f" + host {_gib(self.host)}" if self.host and self.device == "cpu" else ""
+        beside = f"; {_gib(self.host)} of sums and views in host memory" if self.host and self.device != "cpu" else ""
         return (f"memory plan for {self.model} ({self.dtype} on {self.device}, {self.batch} x {self.tokens:,} "
                 f"tokens): weights {_gib(self.weights)} + pass {_gib(self._pass)} (chunks of at most "
-                f"{self.chunk / 2**20:.0f} MiB) + statistics {_gib(self.statistics)}{views} = "
-                f"{_gib(self.total)}{room}{host}")
+                f"{self.chunk / 2**20:.0f} MiB) + statistics {_gib(self.statistics)}{on_cpu} = "
+                f"{_gib(self.total)}{room}{beside}")
 
 
 def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None, device: Any = None,

@@ -157,9 +157,7 @@ def _coarser(sums: Tensor, maxima: Tensor, m: int) -> tuple[Tensor, Tensor]:
     """Key-block sums and maxima (H, c, n) over blocks m times wider: (H, c, ceil(n / m)) each."""
     if m == 1:
         return sums, maxima
-    n = sums.shape[-1]
-    padded = F.pad(sums, (0, -n % m))  # (H, c, m·ceil(n / m)): zeros add nothing
-    return padded.unflatten(-1, (-1, m)).sum(-1), F.max_pool1d(maxima, m, ceil_mode=True)
+    return key_blocks(sums, m)[0], F.max_pool1d(maxima, m, ceil_mode=True)
 
 
 def top_weights(weights: Tensor, k: int, maxima: Tensor | None = None, block: int = 0) -> tuple[Tensor, Tensor]:
