@@ -95,7 +95,8 @@ def worker(spec: str, method: str, n: int) -> dict:
     text, ids = document(model.tokenizer, n)
     batch = torch.tensor([ids])
     parses = parse_with_spacy([text]) if method.startswith("ours") else None
-    planned = mh.analysis.plan(model, len(ids), probes=False)
+    relations = {key for *_, key in parses[0].groups()} if parses else set()
+    planned = mh.analysis.plan(model, len(ids), probes=False, relations=len(relations))
     with torch.inference_mode():
         model.body(input_ids=batch[:, :64], use_cache=False)  # warm-up
     reset_peak()

@@ -11,6 +11,9 @@ from transformers import LlamaConfig
 import multihead as mh
 from multihead.analysis.pipelines import memory_plan as plan_module
 from multihead.analysis.pipelines.analyze import collect_statistics
+from multihead.analysis.probes.syntax import Parse
+from multihead.analysis.stats.syntax import SyntaxStatistics
+from multihead.analysis.stats.typical import TypicalTexts
 from multihead.attn.memory import LiveBytes
 
 LLAMA_3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -67,3 +70,43 @@ def test_a_long_run_that_will_not_fit_is_refused_before_the_pass(smollm2, monkey
     with pytest.raises(mh.analysis.PlanError, match="the run would not fit"):
         collect_statistics(smollm2, ["word " * 600], progress=False)
     assert not passes
+
+
+def _table_bytes(tables) -> int:
+    return sum(t.numel() * t.element_size() for t in tables)
+
+
+def test_the_plan_counts_the_syntax_and_top_text_tables_each_relation_holds(smollm2):
+    """The host share's per-relation tables, counted from a real run with a parse: the formulas equal
+    the tensors held for the relations the run kept, and the plan (told the parse's relation keys)
+    holds at least that much more than without a parse."""
+    words = "The old cat sat on the warm mat and the young dog ran to the park very quickly".split()
+    spans, at = [], 0
+    text = " ".join(words)
+    for w in words:
+        spans.append((at, at + len(w)))
+        at += len(w) + 1
+    heads = (2, 2, 3, -1, 3, 7, 7, 4, 3, 11, 11, 12, 3, 12, 15, 16, 12)
+    relations = ("det", "amod", "nsubj", "ROOT", "prep", "det", "amod", "pobj", "cc", "det", "amod", "nsubj",
+                 "conj", "prep", "det", "pobj", "advmod")[: len(words)]
+    parse = Parse(text, tuple(spans), heads[: len(words)], relations)
+    corpus = collect_statistics(smollm2, [text], parses=[parse], progress=False)
+    L, H = smollm2.num_layers, smollm2.num_heads
+    syntax, typical = corpus.syntax, corpus.typical
+    held = sorted(syntax.correct)
+    assert len(held) >= 5 and sorted(typical.syntax) == held
+    assert _table_bytes([*syntax.correct.values(), *syntax.group_correct.values(), *syntax.offset_hits.values(),
+                         *syntax.group_offset.values(), *syntax.group_count.values()]
+                        ) == SyntaxStatistics.planned_bytes(L, H, len(held))
+    tops = [*typical.metrics.values(), *typical.syntax.values()]
+    assert _table_bytes(t for top in tops for t in (top.key, top.value, top.count, top.index)
+                        ) == TypicalTexts.planned_bytes(L, H, len(held))
+    keys = {key for *_, key in parse.groups()}
+    assert len(keys) >= len(held)  # a causal run drops the directions no causal head can attend
+    with_parse = mh.analysis.plan(smollm2, 1024, probes=False, relations=len(keys))
+    without = mh.analysis.plan(smollm2, 1024, probes=False)
+    assert with_parse.host - without.host == (SyntaxStatistics.planned_bytes(L, H, len(keys))
+                                              + TypicalTexts.planned_bytes(L, H, len(keys))
+                                              - TypicalTexts.planned_bytes(L, H, 0))
+    with pytest.raises(ValueError, match="relations must be a count of relation keys"):
+        mh.analysis.plan(smollm2, 1024, relations=-1)

@@ -465,9 +465,11 @@ def _collect(model: HFModel, texts: list[str], encoded, unknown: UnknownTokens, 
     long = longest >= LONG_CONTEXT_TOKENS if long_context is None else long_context
     if longest >= LONG_CONTEXT_TOKENS:  # a long run: what it will hold, said first, and refused if it cannot fit
         kept = len(set(views) & set(mine))
+        parsed = [parses[i] for i in mine if parses[i] is not None] if parses is not None else []
+        relations = {key for parse in parsed for *_, key in parse.groups()}  # an upper bound: causal runs drop some
         try:
             found = plan(model, longest, batch=min(batch_size, len(mine)), redundancy=redundancy, views=kept,
-                         probes=False, chunk=chunk, budget=budget)
+                         probes=False, relations=len(relations), chunk=chunk, budget=budget)
         except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:  # a model the trace cannot follow
             note(f"no memory plan for {model.name}: {' '.join(str(err).split())[:200]}", progress=progress)
         else:

@@ -9,7 +9,9 @@ alone — before a weight is read, and for devices this machine does not have.
                head outputs in the model's dtype (:meth:`RedundancyStatistics.planned_bytes`), and
                their end-of-batch work
     host       what is kept in host memory whatever the device: the head metrics' running sums
-               (:meth:`HeadStatistics.planned_bytes`) and the page's views of the chosen texts
+               (:meth:`HeadStatistics.planned_bytes`), the typical texts' and the syntax scores'
+               tables per relation the parses hold (:meth:`TypicalTexts.planned_bytes`,
+               :meth:`SyntaxStatistics.planned_bytes`) and the page's views of the chosen texts
                (:meth:`TextViews.planned_bytes`); on a CPU it adds to the device's total
     probes     the induction and retrieval probes' own passes (fixed, small shapes)
 
@@ -46,6 +48,8 @@ from ..probes.retrieval import PROBE as RETRIEVAL
 from ..stats.heads import HeadStatistics
 from ..stats.maps import TextViews
 from ..stats.redundancy import RedundancyStatistics
+from ..stats.syntax import SyntaxStatistics
+from ..stats.typical import TypicalTexts
 
 __all__ = ["READER_WORK", "MemoryPlan", "PlanError", "check_plan", "plan"]
 
@@ -111,16 +115,20 @@ class MemoryPlan:
 
 def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None, device: Any = None,
          available: int | None = None, redundancy: bool = True, views: int = 1, probes: bool = True,
-         chunk: int | None = None, budget: int | None = None) -> MemoryPlan:
+         relations: int = 0, chunk: int | None = None, budget: int | None = None) -> MemoryPlan:
     """The memory plan of analysing ``batch`` texts of ``tokens`` tokens with ``model``: a loaded
     :class:`~multihead.hf.HFModel`, a transformers config, or a local model folder / known name
     (its config only). ``dtype`` / ``device``: the run's (default: the loaded model's, else
     :func:`~multihead.hf.load`'s rule: the config's dtype on an accelerator, float32 on the CPU);
     ``available``: the device's memory in bytes (default: what it has free now, plus the loaded
-    model's own weights); ``views``: texts of this length whose page views are kept. Nothing is
-    allocated: every tensor is on ``meta``."""
+    model's own weights); ``views``: texts of this length whose page views are kept;
+    ``relations``: the relation keys the run's parses hold (0: no parses; spaCy's English parse of
+    a Penn Treebank document of 1k-8k tokens holds 76-86, both directions: ~62 MiB of tables for
+    a 28 x 12-head model, ~184 MiB for 32 x 32). Nothing is allocated: every tensor is on ``meta``."""
     if not isinstance(tokens, int) or tokens < 1 or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"tokens and batch must be positive integers; got {tokens!r}, {batch!r}")
+    if not isinstance(relations, int) or isinstance(relations, bool) or relations < 0:
+        raise ValueError(f"relations must be a count of relation keys (0 or more); got {relations!r}")
     loaded = model if isinstance(model, HFModel) else None
     config = loaded.model.config if loaded else _config(model)
     device = torch.device(device if device is not None else (loaded.device if loaded else "cpu"))
@@ -146,7 +154,9 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
         held, end = RedundancyStatistics.planned_bytes(L, H, batch * tokens, tokens, D, Dv,
                                                        element_size=dtype.itemsize)
         statistics += held
-    host = HeadStatistics.planned_bytes(L, H)  # the head metrics' running sums and bootstrap groups
+    # the head metrics' running sums and bootstrap groups, the top texts, the syntax counts per relation
+    host = (HeadStatistics.planned_bytes(L, H) + TypicalTexts.planned_bytes(L, H, relations)
+            + SyntaxStatistics.planned_bytes(L, H, relations))
     if views and tokens > 1:
         host += views * TextViews.planned_bytes(L, H, tokens)
     body = empty_model(_one_layer_of_each_kind(config), dtype, base=True)

@@ -276,6 +276,14 @@ class SyntaxStatistics(ReducerBase):
         self.group_count: dict[str, Tensor] = {}  # relation -> (G,)
         self.group_offset: dict[str, Tensor] = {}  # relation -> (G, 2·MAX_OFFSET + 1)
 
+    @staticmethod
+    def planned_bytes(num_layers: int, num_heads: int, relations: int, groups: int = GROUPS) -> int:
+        """Bytes of the running counts (float64) for ``relations`` relation keys: per key the hits
+        (L, H) and their groups (G, L, H), the offset baseline's hits (2·MAX_OFFSET + 1) and their
+        groups, and the groups' counts (G,)."""
+        offsets = 2 * MAX_OFFSET + 1
+        return relations * 8 * ((groups + 1) * num_layers * num_heads + (groups + 1) * offsets + groups)
+
     def begin_batch(self, batch: Batch) -> None:
         super().begin_batch(batch)
         found = alignment(batch)

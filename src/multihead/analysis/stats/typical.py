@@ -98,6 +98,12 @@ class TypicalTexts(ReducerBase):
         self._per_text: dict[int, tuple[list[str], Tensor, Tensor]] = {}  # a streamed layer's per-text sums
         self._targets: _BatchTargets | None = None  # the batch's own induction-pattern targets
 
+    @staticmethod
+    def planned_bytes(num_layers: int, num_heads: int, relations: int = 0, k: int = TOP) -> int:
+        """Bytes of the running top texts: four (L, H, k) tables of 8-byte values per measure and
+        per relation key the parses hold."""
+        return (len(MEASURES) + 1 + relations) * 4 * num_layers * num_heads * k * 8
+
     def begin_batch(self, batch: Batch) -> None:
         super().begin_batch(batch)
         self._per_text = {}
