@@ -88,6 +88,7 @@ def worker(spec: str, method: str, n: int) -> dict:
     import multihead as mh
     from multihead.analysis.pipelines.analyze import collect_statistics
     from multihead.analysis.probes.syntax import parse_with_spacy
+    from multihead.analysis.stats.syntax import relation_keys
     from multihead.attn.memory import LiveBytes
 
     torch.set_num_threads(torch.get_num_threads())
@@ -95,7 +96,7 @@ def worker(spec: str, method: str, n: int) -> dict:
     text, ids = document(model.tokenizer, n)
     batch = torch.tensor([ids])
     parses = parse_with_spacy([text]) if method.startswith("ours") else None
-    relations = {key for *_, key in parses[0].groups()} if parses else set()
+    relations = relation_keys(parses or [], model.is_causal)
     planned = mh.analysis.plan(model, len(ids), probes=False, relations=len(relations))
     with torch.inference_mode():
         model.body(input_ids=batch[:, :64], use_cache=False)  # warm-up

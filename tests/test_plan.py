@@ -12,7 +12,7 @@ import multihead as mh
 from multihead.analysis.pipelines import memory_plan as plan_module
 from multihead.analysis.pipelines.analyze import collect_statistics
 from multihead.analysis.probes.syntax import Parse
-from multihead.analysis.stats.syntax import SyntaxStatistics
+from multihead.analysis.stats.syntax import SyntaxStatistics, relation_keys
 from multihead.analysis.stats.typical import TypicalTexts
 from multihead.attn.memory import LiveBytes
 
@@ -101,8 +101,8 @@ def test_the_plan_counts_the_syntax_and_top_text_tables_each_relation_holds(smol
     tops = [*typical.metrics.values(), *typical.syntax.values()]
     assert _table_bytes(t for top in tops for t in (top.key, top.value, top.count, top.index)
                         ) == TypicalTexts.planned_bytes(L, H, len(held))
-    keys = {key for *_, key in parse.groups()}
-    assert len(keys) >= len(held)  # a causal run drops the directions no causal head can attend
+    keys = relation_keys([parse], causal=True)  # a causal run drops the directions no causal head can attend
+    assert set(held) <= keys < relation_keys([parse], causal=False)
     with_parse = mh.analysis.plan(smollm2, 1024, probes=False, relations=len(keys))
     without = mh.analysis.plan(smollm2, 1024, probes=False)
     assert with_parse.host - without.host == (SyntaxStatistics.planned_bytes(L, H, len(keys))

@@ -53,7 +53,7 @@ from ..stats.heads import HeadStatistics
 from ..stats.longcontext import LongContextStatistics
 from ..stats.maps import LONG_TEXT, TextViews
 from ..stats.redundancy import RedundancyStatistics, clusters, informative_groups, most_redundant
-from ..stats.syntax import SyntaxStatistics
+from ..stats.syntax import SyntaxStatistics, relation_keys
 from ..stats.typical import TypicalTexts
 from .common import all_ranks, corpus_fingerprint, encode_corpus, process_group, run_pass, shard, text_batches
 from .memory_plan import check_plan, plan
@@ -466,10 +466,10 @@ def _collect(model: HFModel, texts: list[str], encoded, unknown: UnknownTokens, 
     if longest >= LONG_CONTEXT_TOKENS:  # a long run: what it will hold, said first, and refused if it cannot fit
         kept = len(set(views) & set(mine))
         parsed = [parses[i] for i in mine if parses[i] is not None] if parses is not None else []
-        relations = {key for parse in parsed for *_, key in parse.groups()}  # an upper bound: causal runs drop some
         try:
             found = plan(model, longest, batch=min(batch_size, len(mine)), redundancy=redundancy, views=kept,
-                         probes=False, relations=len(relations), chunk=chunk, budget=budget)
+                         probes=False, relations=len(relation_keys(parsed, model.is_causal)), chunk=chunk,
+                         budget=budget)
         except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:  # a model the trace cannot follow
             note(f"no memory plan for {model.name}: {' '.join(str(err).split())[:200]}", progress=progress)
         else:

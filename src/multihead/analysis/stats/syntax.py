@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -22,11 +23,12 @@ from torch import Tensor
 
 from ...hf.route import AttentionChunk
 from ...inputs import Batch
-from ..probes.syntax import word_of_tokens
+from ..probes.syntax import Parse, word_of_tokens
 from .base import ReducerBase, shared
 from .bootstrap import GROUPS
 
-__all__ = ["MAX_OFFSET", "Alignment", "SyntaxScores", "SyntaxStatistics", "alignment", "word_predictions"]
+__all__ = ["MAX_OFFSET", "Alignment", "SyntaxScores", "SyntaxStatistics", "alignment", "relation_keys",
+           "word_predictions"]
 
 #: The fixed-offset baseline tries every offset in [-MAX_OFFSET, MAX_OFFSET].
 MAX_OFFSET = 5
@@ -105,8 +107,7 @@ def _align(parses, offsets, causal: bool = False) -> Alignment | None:
             if src >= reached[b] or not bool(has_word[b, src]):  # dropped by the tokenizer or truncation
                 continue
             if causal:
-                sink = int(owner[b, 0])  # the first token's word (-1: a BOS of no word)
-                tgt = frozenset(w for w in tgt if w < src and w != sink)
+                tgt = _causal_targets(src, tgt, sink=int(owner[b, 0]))  # the first token's word (-1: a BOS)
                 if not tgt:
                     continue
             kept = sorted(w for w in tgt if w < W)
@@ -120,6 +121,20 @@ def _align(parses, offsets, causal: bool = False) -> Alignment | None:
         return None
     return Alignment(keys, owner, has_word, torch.tensor(batch_of), torch.tensor(sources),
                      torch.tensor(target_group, dtype=torch.long), torch.tensor(target_word, dtype=torch.long), counted)
+
+
+def _causal_targets(source: int, targets: frozenset[int], sink: int) -> frozenset[int]:
+    """The targets a causal head can attend from ``source``: the words before it, not the sink's."""
+    return frozenset(w for w in targets if w < source and w != sink)
+
+
+def relation_keys(parses: Iterable[Parse], causal: bool) -> set[str]:
+    """The relation keys a run over ``parses`` may score (its syntax tables hold one entry each):
+    every group's, and for a causal model only those with a target before the source — an upper
+    bound, as the words that truncation or the tokenizer drop, and whether the first word is the
+    sink (no BOS token), are not known before the texts are encoded."""
+    return {key for parse in parses for src, tgt, key in parse.groups()
+            if not causal or _causal_targets(src, tgt, sink=-1)}
 
 
 def word_predictions(chunk: AttentionChunk, batch: Batch) -> Tensor | None:
