@@ -71,7 +71,7 @@ js: $(NODE_STAMP)
 test: $(STAMP) browser speech permissions js
 	$(VENV)/bin/ruff check src tests benchmarks examples tools
 	$(PY) tools/imports.py
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25  # the slowest tests named: the suite must stay under 15 minutes here
 
 # Daily work: every module's fast tests (no real-model, subprocess, browser or compile tests), in under 2 minutes.
 test-fast: $(STAMP) js

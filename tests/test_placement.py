@@ -122,10 +122,13 @@ def test_smollm2_in_bfloat16_keeps_its_outputs_and_its_metrics_near_float32(smol
             captured = bf16.model(input_ids=ids).logits.float()
         reference = smollm2.model(input_ids=ids).logits
     # capture computes as transformers' eager path does (scores and P·V in bfloat16, softmax in
-    # float32): its logits are eager's; no farther from float32 than bfloat16's own SDPA
-    torch.testing.assert_close(captured, eager, atol=2 * torch.finfo(torch.bfloat16).eps * float(eager.abs().max()),
-                               rtol=0)
-    assert float((captured - reference).abs().max()) <= float((sdpa - reference).abs().max())
+    # float32): its logits are eager's; no farther from float32 than bfloat16's own paths are. Which
+    # of eager and SDPA is nearer depends on the CPU's kernels (SDPA nearer on an AMD EPYC without
+    # AMX: 0.59 against eager's 0.68; eager nearer on the Intel Xeons it ran on before), so the farther bounds it.
+    slack = 2 * torch.finfo(torch.bfloat16).eps * float(eager.abs().max())
+    torch.testing.assert_close(captured, eager, atol=slack, rtol=0)
+    own = max(float((sdpa - reference).abs().max()), float((eager - reference).abs().max()))
+    assert float((captured - reference).abs().max()) <= own + slack
     low = mh.analyze(bf16, TEXTS, coreference=False, redundancy=False, progress=False)
     high = mh.analyze(smollm2, TEXTS, coreference=False, redundancy=False, progress=False)
     assert low.placement == "bfloat16 on cpu" and high.placement == "float32 on cpu"

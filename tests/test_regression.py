@@ -1,10 +1,11 @@
 """The numbers do not move: reports written before the redesign of the analysis (issue 25, commit
 8d354c5), stored in tests/data/reports, against what the same commands write now — every metric of
-every head within 1e-6 (ablation exact), and the labels and flags the same but for the changes of
-issue 28's rules (a decoder's first-token heads are ``sink``, ``mixed`` names its two largest
-components, a syntax win needs a margin beyond the sampling interval and a causal head is scored only
-where it can look, a head with an input-dependent role carries no pattern flag). Evidence marks
-moved with the baseline's spread (tested in test_trust.py)."""
+every head within one unit of the report's sixth decimal (ablation losses within 1e-5), and the
+labels and flags the same but for the changes of issue 28's rules (a decoder's first-token heads
+are ``sink``, ``mixed`` names its two largest components, a syntax win needs a margin beyond the
+sampling interval and a causal head is scored only where it can look, a head with an input-dependent
+role carries no pattern flag). Evidence marks moved with the baseline's spread (tested in
+test_trust.py)."""
 
 import gzip
 import json
@@ -16,6 +17,13 @@ import pytest
 from multihead.jobs import analyze_job
 
 STORED = Path(__file__).parent / "data" / "reports"
+#: A report rounds metrics to 6 decimals: two runs whose values differ by far less can still round
+#: one unit apart (9.7437705 vs 9.7437704 -> 9.743771 / 9.74377), so one unit and a float's slack.
+ROUNDED = 1.5e-6
+#: An ablation metric is the difference of two float32 corpus losses of 2-5 nats: another CPU's
+#: float32 kernels move it by a few 1e-6 (the stored reports were written on an Intel Xeon; an AMD
+#: EPYC with AVX-512 measured 7e-6 at most over SmolLM2's 270 heads, every other metric within ROUNDED).
+ABLATION = 1e-5
 
 
 def _stored(name: str) -> dict:
@@ -23,7 +31,8 @@ def _stored(name: str) -> dict:
 
 
 def _differences(before: dict, after: dict) -> list[str]:
-    """Every metric beyond 1e-6, every label, flag and evidence mark that is not the same."""
+    """Every metric beyond its tolerance (:data:`ROUNDED`, :data:`ABLATION`), every label, flag and
+    evidence mark that is not the same."""
     problems = []
     new = {(h["layer"], h["head"]): h for h in after["heads"]}
     assert len(new) == len(before["heads"])
@@ -35,7 +44,8 @@ def _differences(before: dict, after: dict) -> list[str]:
             problems.append(f"{name}: metrics {sorted(set(a['metrics']) ^ set(b['metrics']))} in one report only")
         for metric, x in a["metrics"].items():
             y = b["metrics"].get(metric)
-            if (x is None) != (y is None) or (x is not None and not math.isclose(x, y, rel_tol=0, abs_tol=1e-6)):
+            tolerance = ABLATION if metric.endswith("_ablation") else ROUNDED
+            if (x is None) != (y is None) or (x is not None and not math.isclose(x, y, rel_tol=0, abs_tol=tolerance)):
                 problems.append(f"{name} {metric}: {x} -> {y}")
     return problems
 

@@ -122,9 +122,10 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     :func:`~multihead.hf.load`'s rule: the config's dtype on an accelerator, float32 on the CPU);
     ``available``: the device's memory in bytes (default: what it has free now, plus the loaded
     model's own weights); ``views``: texts of this length whose page views are kept;
-    ``relations``: the relation keys the run's parses hold (0: no parses; spaCy's English parse of
-    a Penn Treebank document of 1k-8k tokens holds 76-86, both directions: ~62 MiB of tables for
-    a 28 x 12-head model, ~184 MiB for 32 x 32). Nothing is allocated: every tensor is on ``meta``."""
+    ``relations``: the relation keys the run may score (0: no parses; ``stats.syntax.relation_keys``:
+    spaCy's parse of a Penn Treebank document of 1k-8k tokens has 76-86, a causal model scores up
+    to 48-60 of them: ~43 MiB of tables for a 28 x 12-head model, ~128 MiB for 32 x 32). Nothing
+    is allocated: every tensor is on ``meta``."""
     if not isinstance(tokens, int) or tokens < 1 or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"tokens and batch must be positive integers; got {tokens!r}, {batch!r}")
     if not isinstance(relations, int) or isinstance(relations, bool) or relations < 0:
