@@ -116,14 +116,20 @@ def key_blocks(weights: Tensor, block: int) -> tuple[Tensor, Tensor]:
     block may be shorter): (H, c, ceil(K / block)) each, in float32. Read from the map as it is
     (no padded copy); the maxima by ``max_pool1d`` (~2x faster on the CPU than ``amax`` over a
     short last axis)."""
+    maxima = F.max_pool1d(weights, block, ceil_mode=True).float()  # (H, c, ceil(K / block))
+    return _block_sums(weights, block), maxima
+
+
+def _block_sums(weights: Tensor, block: int) -> Tensor:
+    """Each row's weight summed over blocks of ``block`` keys (the last may be shorter), in float32:
+    (H, c, ceil(K / block))."""
     K = weights.shape[-1]
     full = K // block
     whole = weights[..., :full * block].unflatten(-1, (full, block))  # (H, c, full, block) a view
     sums = whole.sum(-1, dtype=torch.float32)  # (H, c, full)
-    maxima = F.max_pool1d(weights, block, ceil_mode=True).float()  # (H, c, ceil(K / block))
     if K % block:  # the short last block
         sums = torch.cat([sums, weights[..., full * block:].sum(-1, keepdim=True, dtype=torch.float32)], -1)
-    return sums, maxima
+    return sums
 
 
 def _by_row_block(sums: Tensor, maxima: Tensor, start: int, block: int, cells: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -157,7 +163,7 @@ def _coarser(sums: Tensor, maxima: Tensor, m: int) -> tuple[Tensor, Tensor]:
     """Key-block sums and maxima (H, c, n) over blocks m times wider: (H, c, ceil(n / m)) each."""
     if m == 1:
         return sums, maxima
-    return key_blocks(sums, m)[0], F.max_pool1d(maxima, m, ceil_mode=True)
+    return _block_sums(sums, m), F.max_pool1d(maxima, m, ceil_mode=True)
 
 
 def top_weights(weights: Tensor, k: int, maxima: Tensor | None = None, block: int = 0) -> tuple[Tensor, Tensor]:

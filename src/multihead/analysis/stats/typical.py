@@ -46,6 +46,8 @@ MEASURES = {"previous": "previous_token", "next": "next_token", "self": "self", 
             "special-token": "cls+sep", "broad": "entropy_norm", "induction": "repeat_successor"}
 #: The measure of every other label that has no syntax relation.
 FALLBACK = "max_weight"
+#: Every measure whose top texts are kept (one table each, whatever the labels turn out to be).
+_RANKED = tuple(dict.fromkeys((*MEASURES.values(), FALLBACK)))
 #: Characters of each named text kept in the report.
 TEXT_CHARS = 300
 
@@ -93,7 +95,7 @@ class TypicalTexts(ReducerBase):
     def __init__(self, num_layers: int, num_heads: int, k: int = TOP) -> None:
         self.shape = (num_layers, num_heads)
         self.k = k
-        self.metrics = {m: _Top(num_layers, num_heads, k) for m in (*MEASURES.values(), FALLBACK)}
+        self.metrics = {m: _Top(num_layers, num_heads, k) for m in _RANKED}
         self.syntax: dict[str, _Top] = {}
         self._per_text: dict[int, tuple[list[str], Tensor, Tensor]] = {}  # a streamed layer's per-text sums
         self._targets: _BatchTargets | None = None  # the batch's own induction-pattern targets
@@ -102,7 +104,7 @@ class TypicalTexts(ReducerBase):
     def planned_bytes(num_layers: int, num_heads: int, relations: int = 0, k: int = TOP) -> int:
         """Bytes of the running top texts: four (L, H, k) tables of 8-byte values per measure and
         per relation key the parses hold."""
-        return (len(MEASURES) + 1 + relations) * 4 * num_layers * num_heads * k * 8
+        return (len(_RANKED) + relations) * 4 * num_layers * num_heads * k * 8
 
     def begin_batch(self, batch: Batch) -> None:
         super().begin_batch(batch)
