@@ -430,6 +430,33 @@ def test_a_report_folder_killed_mid_commit_is_repaired_by_the_next_run(tmp_path)
     assert json.loads(new["report.json"])["sentences"] == 1 and b"Other words" in new["report.html"]
 
 
+def _check_many(out: str, times: int) -> str:
+    from multihead.files import check_output_folder
+
+    for _ in range(times):
+        check_output_folder(out, schema="multihead.report/2", marker="report.json")
+    return "ok"
+
+
+def test_ranks_checking_one_new_folder_at_once_do_not_remove_it_under_each_other(tmp_path):
+    """torchrun's ranks check the same new --out at once (each before its model loads): no rank's
+    probe may take the folder from under another's (it once failed "File exists" one run in ten),
+    and nothing is left behind — not the folder, not a probe."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    out = tmp_path / "a" / "b" / "report"
+    with ProcessPoolExecutor(4) as pool:
+        assert list(pool.map(_check_many, [str(out)] * 4, [200] * 4)) == ["ok"] * 4
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "b").write_text("a file where a folder is wanted")
+    from multihead.files import OutputFolderError, check_writable
+
+    with pytest.raises(OutputFolderError, match="cannot be written"):
+        check_writable(out)
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b"]
+
+
 def test_a_full_disk_leaves_no_partial_or_empty_folder(tmp_path, capsys, monkeypatch):
     """The disk fills while the report is written: one line naming the file, the earlier report (or
     no folder at all) left as it was."""

@@ -21,7 +21,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -158,33 +160,39 @@ def file_system(path: str | Path) -> tuple[str, str] | None:
 
 def check_writable(out: str | Path) -> None:
     """:class:`OutputFolderError` unless ``out`` is on storage (not the kernel's file systems) and
-    takes a file: one is written and removed (``out`` made for it, and removed again, when it does
-    not exist)."""
+    takes a file: one is written and removed. Where ``out`` does not exist yet, its missing folders
+    are made and removed again inside a probe folder of this call's own, beside them — never ``out``
+    itself — so processes checking the same new folder at once (torchrun's ranks) cannot remove it
+    under each other."""
     out = Path(out)
     mount = file_system(out)
     if mount is not None and mount[1] in KERNEL_FILE_SYSTEMS:
         raise OutputFolderError(f"{out} cannot be written: it is on {mount[0]}, the kernel's {mount[1]} file system, "
                                 "not storage; choose a folder on a disk")
-    made: list[Path] = []
+    target = Path(os.path.abspath(out))
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    probe_root: Path | None = None
     try:
-        for folder in (*reversed([p for p in out.parents if not p.exists()]), out):
-            if not folder.exists():
-                folder.mkdir()
-                made.append(folder)
-        probe = out / f".multihead-probe.{os.getpid()}.tmp"
-        with open(probe, "wb") as f:
-            f.write(b"multihead")
-        probe.unlink()
+        folder = existing
+        if existing != target:  # the missing names, made under a unique folder of ours
+            probe_root = Path(tempfile.mkdtemp(prefix=f".multihead-probe.{os.getpid()}.", dir=existing))
+            folder = probe_root / target.relative_to(existing)
+            folder.mkdir(parents=True)
+        handle, probe = tempfile.mkstemp(prefix=".multihead-probe.", suffix=".tmp", dir=folder)
+        try:
+            os.write(handle, b"multihead")
+        finally:
+            os.close(handle)
+            os.unlink(probe)
     except OSError as err:
         reason = err.strerror or type(err).__name__
         raise OutputFolderError(f"{out} cannot be written ({reason}): choose a folder on a writable file system"
                                 ) from err
     finally:
-        for folder in reversed(made):
-            try:
-                folder.rmdir()
-            except OSError:
-                pass
+        if probe_root is not None:
+            shutil.rmtree(probe_root, ignore_errors=True)
 
 
 def recover(folder: str | Path) -> None:
