@@ -49,7 +49,9 @@ def test_smollm2_has_confirmed_induction_and_previous_token_heads(smollm2, smoll
     chosen = [next((e.layer, e.head) for e in found if e.label == label and e.mark == "confirmed")
               for label in ("induction", "previous")]
     silent = _silenced(smollm2, chosen)
-    again = {(e.layer, e.head): e for e in evidence.label_evidence(silent, smollm2_labels, [])}
+    inductive = sorted(cell for cell, label in smollm2_labels.items() if label == "induction")
+    again = {(e.layer, e.head): e for e in [*evidence._induction_tests(silent, [chosen[0]]),
+                                            *evidence._previous_tests(silent, [chosen[1]], inductive)]}
     for cell in chosen:
         assert again[cell].value == pytest.approx(0.0, abs=1e-6) and again[cell].mark == "attention-only"
 
@@ -64,6 +66,43 @@ def test_per_token_changes_add_up_to_the_ablation_effect(smollm2):
         per_token = changes[cell][0]  # (B, T), NaN where nothing is predicted
         mean = float(per_token[~per_token.isnan()].double().mean())
         assert mean == pytest.approx(float(effects.zero[cell]), abs=2e-5)
+
+
+def test_losses_of_chosen_tokens_equal_those_of_every_token(smollm2):
+    """The syntax test asks for its relations' tokens only (their logits alone are made): the same
+    losses as the whole map of them, NaN elsewhere — also for a replica batch with heads gated."""
+    texts = ["The capital of France is Paris, and the capital of Italy is Rome.", "Stocks fell sharply."]
+    enc = smollm2.tokenizer(texts, padding=True, return_tensors="pt")
+    ids, attention = enc["input_ids"], enc["attention_mask"]
+    wanted = (torch.tensor([0, 0, 1, 1]), torch.tensor([1, 9, 2, 3]))
+    with torch.inference_mode():
+        every = evidence._terms(smollm2, ids, attention)
+        chosen = evidence._terms(smollm2, ids, attention, wanted)
+    assert chosen[wanted].isfinite().all()
+    torch.testing.assert_close(chosen[wanted], every[wanted], rtol=0, atol=2e-5)
+    rest = torch.ones_like(chosen, dtype=torch.bool).index_put_(wanted, torch.tensor(False))
+    assert chosen[rest].isnan().all()
+    both = evidence._token_changes(smollm2, [(ids, attention)], [(3, 1), (17, 3)])
+    only = evidence._token_changes(smollm2, [(ids, attention)], [(3, 1), (17, 3)], [wanted])
+    for cell in both:
+        torch.testing.assert_close(only[cell][0][wanted], both[cell][0][wanted], rtol=0, atol=2e-5)
+
+
+def test_texts_are_batched_by_length_within_their_limits():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.integers(1, 80), max_size=60), st.integers(1, 40), st.integers(1, 600))
+    def check(lengths, most, tokens):
+        batches = evidence._by_length(lengths, most, tokens)
+        assert sorted(i for b in batches for i in b) == list(range(len(lengths)))  # each text once
+        for b in batches:
+            padded = len(b) * max(lengths[i] for i in b)
+            assert len(b) <= most and (padded <= tokens or len(b) == 1)
+        assert [lengths[i] for b in batches for i in b] == sorted(lengths)  # shortest first: little padding
+
+    check()
 
 
 @pytest.mark.skipif(not spacy_available(), reason="syntax tests need spaCy and en_core_web_sm")

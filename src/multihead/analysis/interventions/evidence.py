@@ -25,18 +25,20 @@ induction probe; fewer than :data:`MIN_TOKENS` tokens of a relation), get no mar
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from ...hf.capture import AttentionCapture
 from ...hf.interventions import HeadGates, replica_gates
 from ...hf.model import HFModel, right_padding
 from ...hf.route import AttentionChunk
+from ...hf.sites import find_sites, main_stack
 from ..probes.induction import repeated_sequences
 from ..probes.syntax import Parse, parse_with_spacy, word_of_tokens
 from ..sections import HeadEvidence
@@ -187,8 +189,8 @@ def _previous_tests(model: HFModel, cells: list[tuple[int, int]],
     baseline = {layer: _draw([(layer, h) for h in range(H) if (layer, h) not in labelled], seed=layer)
                 for layer in sorted({cell[0] for cell in labelled})}
     removed = sorted(labelled | {c for heads in baseline.values() for c in heads})
-    groups = [[]] + [[cell] for cell in removed]  # the intact run first
-    scores = _induction_under_ablation(model, ids, prefix, PROBE["length"], groups)  # (G, L, H)
+    read = sorted({layer for _, fed in tested for layer, _ in fed})  # the induction heads' layers
+    scores = _induction_under_ablation(model, ids, prefix, PROBE["length"], removed, read)  # (1 + n, L, H)
     row = {cell: g for g, cell in enumerate(removed, start=1)}
     out = []
     for cell, fed in tested:
@@ -214,7 +216,13 @@ def _syntax_tests(model: HFModel, labels: dict[tuple[int, int], str], texts: lis
     baseline = {layer: _draw([(layer, h) for h in range(H)], seed=layer, k=BASELINE_HEADS + 1)
                 for layer in sorted({layer for layer, _ in labels})}
     cells = sorted({*labels, *(c for heads in baseline.values() for c in heads)})
-    changes = _token_changes(model, batches, cells)
+    tested = {label.removeprefix("syntactic:") for label in labels.values()}
+    wanted = []  # per batch, the tested relations' tokens: the only losses read
+    for n in range(len(batches)):
+        places = sorted({(r, t) for key in tested for b, r, t in where.get(key, []) if b == n})
+        wanted.append(tuple(torch.tensor(x, dtype=torch.long) for x in zip(*places, strict=True)) if places else
+                      (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)))
+    changes = _token_changes(model, batches, cells, wanted if model.is_causal else None)
     out = []
     for (layer, h), label in sorted(labels.items()):
         key = label.removeprefix("syntactic:")
@@ -232,14 +240,19 @@ def _syntax_tests(model: HFModel, labels: dict[tuple[int, int], str], texts: lis
 
 def _syntax_batches(model: HFModel, texts: list[str], parses: list[Parse | None], batch_size: int):
     """Batches of the texts and, per relation key (``rel`` / ``rel>``), the (batch, row, token)
-    positions of its tokens: each dependent's (``rel>``: each governor's) first token."""
+    positions of its tokens: each dependent's (``rel>``: each governor's) first token.
+
+    The texts are batched in order of length, each batch within :data:`PASS_TOKENS` over
+    ``BASELINE_HEADS + 1`` padded tokens (and ``batch_size`` texts), so that one pass takes every
+    head of a layer as a replica: 32 sentences of 6-51 tokens padded into one batch were 55 %
+    padding, run again for every head removed."""
     tok = model.tokenizer
     limit = model.max_positions
     enc = tok(texts, truncation=bool(limit), max_length=limit, return_offsets_mapping=True, verbose=False)
     batches, where = [], {}
     with right_padding(tok):
-        for s in range(0, len(texts), batch_size):
-            rows = list(range(s, min(s + batch_size, len(texts))))
+        for rows in _by_length([len(ids) for ids in enc["input_ids"]], batch_size,
+                               PASS_TOKENS // (BASELINE_HEADS + 1)):
             padded = tok.pad({"input_ids": [enc["input_ids"][i] for i in rows]}, return_tensors="pt")
             batches.append((padded["input_ids"], padded["attention_mask"]))
             for r, i in enumerate(rows):
@@ -256,39 +269,93 @@ def _syntax_batches(model: HFModel, texts: list[str], parses: list[Parse | None]
     return batches, where
 
 
-def _terms(model: HFModel, ids: Tensor, attention: Tensor) -> Tensor:
-    """Per token: a causal model's loss on predicting it (B, T), NaN where nothing predicts it; an
-    encoder's last hidden state (B, T, D)."""
+def _by_length(lengths: list[int], most: int, tokens: int) -> list[list[int]]:
+    """The indices of ``lengths`` in batches of similar length: shortest first, a batch closed when
+    one more would pass ``most`` items or ``tokens`` padded tokens (a longer item alone)."""
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if batches and len(batches[-1]) < most and (len(batches[-1]) + 1) * lengths[i] <= tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+#: Tokens whose loss a pass wants: (rows, positions) (n,) each, the predicted tokens' places.
+Wanted = tuple[Tensor, Tensor]
+
+
+def _terms(model: HFModel, ids: Tensor, attention: Tensor, wanted: Wanted | None = None) -> Tensor:
+    """Per token: a causal model's loss on predicting it (B, T), NaN where nothing predicts it
+    (and, with ``wanted``, everywhere but there); an encoder's last hidden state (B, T, D).
+
+    With ``wanted``, only those tokens' logits are made: the output embedding is handed the hidden
+    states that predict them (a pre-hook), and whatever the model does to logits after it (Gemma's
+    soft-cap) still happens — SmolLM2's 49k-word vocabulary costs more than its 30 blocks per token."""
     ids, attention = ids.to(model.device), attention.to(model.device)
     if not model.is_causal:
         return model.body(input_ids=ids, attention_mask=attention).last_hidden_state.float()  # (B, T, D)
-    logits = model.model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()  # (B, T, V)
-    B, T, V = logits.shape
-    loss = F.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1), reduction="none").view(B, T - 1)
+    B, T = ids.shape
     out = torch.full((B, T), float("nan"))
+    head = model.model.get_output_embeddings() if wanted is not None else None
+    if head is not None:
+        rows, at = (w.to(model.device) for w in wanted)  # the tokens predicted, from the positions before
+
+        picked = []
+
+        def predicting(_module: nn.Module, args: tuple) -> tuple:
+            picked.append(True)
+            return (args[0][rows, at - 1][None], *args[1:])  # (1, n, D)
+
+        hook = head.register_forward_pre_hook(predicting)
+        try:
+            logits = model.model(input_ids=ids, attention_mask=attention, use_cache=False).logits  # (1, n, V)
+        finally:
+            hook.remove()
+        if picked == [True]:
+            out[wanted] = _next_token_loss(logits[0], ids[rows, at]).cpu()
+            return out
+        # the model made its logits without calling its output embedding: every token's are here
+    else:
+        logits = model.model(input_ids=ids, attention_mask=attention, use_cache=False).logits  # (B, T, V)
+    loss = _next_token_loss(logits[:, :-1], ids[:, 1:])  # (B, T-1)
     out[:, 1:] = loss.masked_fill(~attention[:, 1:].bool(), float("nan"))
+    if wanted is not None:
+        out = torch.full_like(out, float("nan")).index_put_(wanted, out[wanted])
     return out  # (B, T)
 
 
-def _token_changes(model: HFModel, batches: list[tuple[Tensor, Tensor]],
-                   cells: list[tuple[int, int]]) -> dict[tuple[int, int], list[Tensor]]:
+def _next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """-log softmax(logits)[target] (…) in float32 (float64 stays), as logsumexp - logit: no
+    log-softmax of every word written, no flattened copy of the logits."""
+    if logits.dtype != torch.float64:
+        logits = logits.float()
+    return logits.logsumexp(-1) - logits.gather(-1, targets[..., None].to(logits.device))[..., 0]
+
+
+def _token_changes(model: HFModel, batches: list[tuple[Tensor, Tensor]], cells: list[tuple[int, int]],
+                   wanted: Sequence[Wanted | None] | None = None) -> dict[tuple[int, int], list[Tensor]]:
     """For each head removed alone, per batch, the change at every token (B, T): loss ablated minus
-    intact (causal), or 1 − cos of the last hidden state to the intact one (encoders)."""
+    intact (causal), or 1 − cos of the last hidden state to the intact one (encoders). ``wanted``:
+    per batch, the only tokens whose loss is needed (None: all)."""
     L, H = model.num_layers, model.num_heads
     blocks = blocks_of(model)
     found: dict[tuple[int, int], list[Tensor]] = {cell: [] for cell in cells}
     with torch.inference_mode():
-        for ids, attention in batches:
+        for n, (ids, attention) in enumerate(batches):
             B, T = ids.shape
             R = max(1, PASS_TOKENS // (B * T))
+            want = wanted[n] if wanted is not None else None
             with recorded(blocks) as outputs:
-                intact = _terms(model, ids, attention)
+                intact = _terms(model, ids, attention, want)
             for group in passes(cells, R):
                 heads = [cell for _, cell in group]
                 gates = replica_gates(L, H, [[cell] for cell in heads], B)
                 lowest = min(layer for layer, _ in heads)
+                replicas = None if want is None else (
+                    torch.cat([want[0] + r * B for r in range(len(heads))]), want[1].repeat(len(heads)))
                 with HeadGates(model.model, gates), replayed(blocks[:lowest] if blocks else [], outputs, len(heads)):
-                    ablated = _terms(model, ids.repeat(len(heads), 1), attention.repeat(len(heads), 1))
+                    ablated = _terms(model, ids.repeat(len(heads), 1), attention.repeat(len(heads), 1), replicas)
                 for r, cell in enumerate(heads):
                     part = ablated[r * B:(r + 1) * B]
                     if intact.dim() == 3:  # hidden states
@@ -301,26 +368,71 @@ def _token_changes(model: HFModel, batches: list[tuple[Tensor, Tensor]],
     return found
 
 
-def _induction_under_ablation(model: HFModel, ids: Tensor, prefix: int, length: int,
-                              groups: list[list[tuple[int, int]]]) -> Tensor:
-    """(G, L, H) every head's induction score on the probe with each group of heads removed."""
+def _induction_under_ablation(model: HFModel, ids: Tensor, prefix: int, length: int, cells: list[tuple[int, int]],
+                              layers: list[int]) -> Tensor:
+    """(1 + len(cells), L, H): every head's induction score on the probe at ``layers`` (NaN at the
+    others) in the intact model (row 0) and with each of ``cells`` removed alone (row 1 + i).
+
+    Only ``layers`` are read (math attention there, the model's own elsewhere); a pass removes
+    heads of one layer and replays the intact run's blocks below it, where nothing changed — the
+    scores there are the intact ones."""
     L, H = model.num_layers, model.num_heads
     N = ids.shape[0]
     queries = torch.arange(prefix + length, prefix + 2 * length)  # the repeated half
-    out = torch.zeros(len(groups), L, H, dtype=torch.float64)
-    R = max(1, PASS_TOKENS // ids.numel())
-    for s in range(0, len(groups), R):
-        part = groups[s:s + R]
-        gates = replica_gates(L, H, part, N)
+    out = torch.full((1 + len(cells), L, H), math.nan, dtype=torch.float64)
+    blocks = blocks_of(model)
+    stack = main_stack(find_sites(model.model))
+    at = [f"{stack}.{layer}" for layer in layers]
 
-        def on_layer(chunk: AttentionChunk, part=part, s=s) -> None:
-            layer, weights = chunk.layer, chunk.weights
-            rows = weights[:, :, queries]  # (R·N, H, Q, S)
-            target = (queries - length + 1).view(1, 1, -1, 1).expand(*rows.shape[:3], 1)
-            score = rows.gather(-1, target).double().mean(dim=(2, 3))  # (R·N, H)
-            out[s:s + len(part), layer] = score.view(len(part), N, H).mean(1)
+    def run(group: list[tuple[int, int]], rows: list[int], replay: list, recorded_outputs: list) -> None:
+        R = len(rows)
+        gates = replica_gates(L, H, [[cell] for cell in group] or [[]], N)
 
-        batch = ids.repeat(len(part), 1).to(model.device)
-        with torch.inference_mode(), HeadGates(model.model, gates), AttentionCapture(model.model, on_layer):
+        def on_layer(chunk: AttentionChunk) -> None:
+            weights = chunk.weights  # (R·N, H, T, S)
+            picked = weights[:, :, queries]  # (R·N, H, Q, S)
+            target = (queries - length + 1).view(1, 1, -1, 1).expand(*picked.shape[:3], 1)
+            score = picked.gather(-1, target).double().mean(dim=(2, 3))  # (R·N, H)
+            out[rows, chunk.layer] = score.view(R, N, H).mean(1).cpu()
+
+        batch = ids.repeat(R, 1).to(model.device)
+        with torch.inference_mode(), HeadGates(model.model, gates), AttentionCapture(model.model, on_layer, at=at), \
+                replayed(replay, recorded_outputs, R), _stopped_after(last):
             model.body(input_ids=batch, attention_mask=torch.ones_like(batch), **model.no_cache)
+
+    # the blocks above the last layer read change no score: the pass stops there (recording the
+    # intact run needs only the blocks a later pass replays, all below it)
+    last = blocks[max(layers)] if blocks and layers else None
+    with recorded(blocks) as outputs:
+        run([], [0], [], [])
+    R = max(1, PASS_TOKENS // ids.numel())
+    for group in passes(cells, R):
+        lowest = min(layer for _, (layer, _) in group)
+        rows = [1 + n for n, _ in group]
+        run([cell for _, cell in group], rows, blocks[:lowest] if blocks else [], outputs)
+        below = [layer for layer in layers if blocks and layer < lowest]  # replayed: as in the intact run
+        out[[r for r in rows for _ in below], below * len(rows)] = out[0, below].repeat(len(rows), 1)
     return out
+
+
+class _EnoughError(Exception):
+    """Raised after the last block a pass needs: nothing after it is read."""
+
+
+@contextlib.contextmanager
+def _stopped_after(block: nn.Module | None):
+    """Within the block, a forward pass ends (quietly) once ``block`` has run (None: it runs to the end)."""
+    if block is None:
+        yield
+        return
+
+    def enough(*_args: object) -> None:
+        raise _EnoughError
+
+    hook = block.register_forward_hook(enough)
+    try:
+        yield
+    except _EnoughError:
+        pass
+    finally:
+        hook.remove()
