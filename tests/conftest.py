@@ -84,6 +84,21 @@ def smollm2():
     return mh.hf.load("smollm2")
 
 
+#: The options of the stored SmolLM2 report of tests/data/reports (test_regression.py).
+SMOLLM2_SAMPLE100 = {"model": "smollm2", "sample": 100, "ablation": 2, "exact_ablation": True}
+
+
+@pytest.fixture(scope="session")
+def smollm2_sample100(tmp_path_factory):
+    """``multihead analyze --model smollm2 --sample 100 --ablation 2 --exact-ablation``, run once a
+    session: the regression test compares its report with the stored one, the evidence and trust
+    tests read its labels and their evidence (the costliest analysis of the suite, not run three times)."""
+    from multihead.jobs import analyze_job
+
+    out = tmp_path_factory.mktemp("smollm2-sample100") / "smollm2-sample100"
+    return analyze_job(out=str(out), **SMOLLM2_SAMPLE100)
+
+
 def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
     """``multihead ARGS`` in this process: (exit status, stdout, stderr). argparse's own exits count."""
     from multihead.cli import main

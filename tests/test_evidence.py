@@ -30,26 +30,25 @@ def _silenced(model, cells):
     return quiet
 
 
-@pytest.fixture(scope="module")
-def smollm2_labels(smollm2):
-    report = mh.analyze(smollm2, sample_sentences(4), coreference=False, redundancy=False)
-    return {(r.layer, r.head): r.label for r in report.heads}
-
-
-def test_smollm2_has_confirmed_induction_and_previous_token_heads(smollm2, smollm2_labels):
-    found = evidence.label_evidence(smollm2, smollm2_labels, [])
+def test_smollm2_has_confirmed_induction_and_previous_token_heads(smollm2, smollm2_sample100):
+    """The evidence of the shared SmolLM2 analysis (100 texts): its induction heads and the
+    previous-token heads below them tested, each kind confirmed somewhere (K-composition: a
+    previous-token head feeds the induction heads); a confirmed head made to write nothing loses
+    its confirmation, with nothing measured at all."""
+    report = smollm2_sample100.report
+    labels = {(r.layer, r.head): r.label for r in report.heads}
+    found = [e for e in report.sections.evidence.heads if e.label in ("induction", "previous")]
     tested = {(e.layer, e.head) for e in found}
-    assert tested == {cell for cell, label in smollm2_labels.items() if label == "induction"} | {
-        (e.layer, e.head) for e in found if e.label == "previous"}
-    confirmed = {e.label for e in found if e.mark == "confirmed"}
-    assert confirmed == {"induction", "previous"}  # K-composition: a previous-token head feeds the induction heads
+    inductive = sorted(cell for cell, label in labels.items() if label == "induction")
+    lowest = max(layer for layer, _ in inductive)  # a previous-token head is tested below an induction head
+    assert tested == set(inductive) | {cell for cell, label in labels.items() if label == "previous"
+                                       and cell[0] < lowest}
+    assert {e.label for e in found if e.mark == "confirmed"} == {"induction", "previous"}
     for e in found:
-        assert e.mark == ("confirmed" if e.value >= e.threshold else "attention-only")
-    # a confirmed head made to write nothing loses its confirmation, with nothing measured at all
+        assert e.mark == ("confirmed" if e.value > e.threshold else "attention-only")
     chosen = [next((e.layer, e.head) for e in found if e.label == label and e.mark == "confirmed")
               for label in ("induction", "previous")]
     silent = _silenced(smollm2, chosen)
-    inductive = sorted(cell for cell, label in smollm2_labels.items() if label == "induction")
     again = {(e.layer, e.head): e for e in [*evidence._induction_tests(silent, [chosen[0]]),
                                             *evidence._previous_tests(silent, [chosen[1]], inductive)]}
     for cell in chosen:

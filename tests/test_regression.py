@@ -64,14 +64,17 @@ def _intended(old: str, new: str, causal: bool) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "options"), [
-    ("minilm-demo", {}),  # `multihead analyze`: the demo corpus (304 texts), every default
-    ("smollm2-sample100", {"model": "smollm2", "sample": 100, "ablation": 2, "exact_ablation": True}),
+@pytest.mark.parametrize("name", [
+    "minilm-demo",  # `multihead analyze`: the demo corpus (304 texts), every default
+    "smollm2-sample100",  # conftest.SMOLLM2_SAMPLE100, shared with the evidence and trust tests
 ])
-def test_a_report_equals_the_one_written_before_the_redesign(name, options, tmp_path):
+def test_a_report_equals_the_one_written_before_the_redesign(name, tmp_path, request):
     before = _stored(name)
-    job = analyze_job(out=str(tmp_path / name), **options)
-    after = json.loads((tmp_path / name / "report.json").read_text(encoding="utf-8"))
+    if name == "smollm2-sample100":
+        job = request.getfixturevalue("smollm2_sample100")
+    else:
+        job = analyze_job(out=str(tmp_path / name))
+    after = json.loads((job.folder / "report.json").read_text(encoding="utf-8"))
     assert (after["sentences"], after["tokens"]) == (before["sentences"], before["tokens"])
     assert job.report.sections.evidence is not None and before["evidence"]["heads"]  # marks to compare
     assert _differences(before, after) == []

@@ -88,18 +88,18 @@ def test_confirmation_needs_the_effect_above_the_baselines_spread():
 
 
 @pytest.mark.slow
-def test_smollm2_induction_heads_are_induction_with_a_sink_and_a_planted_no_op_is_degenerate(smollm2):
+def test_smollm2_induction_heads_are_induction_with_a_sink_and_a_planted_no_op_is_degenerate(smollm2,
+                                                                                           smollm2_sample100):
     """On ordinary sentences SmolLM2's induction heads park on the first token: labelled induction
     (sink a trait), never degenerate; a sink head with its output zeroed is degenerate."""
     from multihead.data import sample_sentences
 
     texts = sample_sentences(40)
-    report = mh.analyze(smollm2, texts, coreference=False, ablation=6, redundancy=False)
+    report = smollm2_sample100.report  # 100 sentences, every head ablated exactly on 2 of them
     inductive = [r for r in report.heads if r.label == "induction"]
     assert len(inductive) >= 6
     assert all(not r.degenerate for r in inductive) and any("sink" in r.traits for r in inductive)
     assert {(18, 6), (17, 3)} <= {(r.layer, r.head) for r in inductive}
-    assert all(r.degenerate is not None for r in report.heads if r.flags)  # every candidate was measured exactly
     assert all(0 <= r.stability <= 1 for r in report.heads)
     sink = next(r for r in report.heads if r.label == "sink" and r.flags and not r.degenerate)
     planted = copy.deepcopy(smollm2.model)
@@ -109,6 +109,7 @@ def test_smollm2_induction_heads_are_induction_with_a_sink_and_a_planted_no_op_i
     again = mh.analyze(mh.hf.wrap(planted, smollm2.tokenizer, name="planted"), texts, coreference=False,
                        ablation=6, redundancy=False, induction=False)
     record = again.head(sink.layer, sink.head)
+    assert all(r.degenerate is not None for r in again.heads if r.flags)  # every candidate was measured exactly
     assert record.degenerate is True and record.metrics["zero_ablation"] == 0.0, record
     assert record in again.flagged()
 
