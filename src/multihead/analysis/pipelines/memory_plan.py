@@ -4,7 +4,8 @@ alone — before a weight is read, and for devices this machine does not have.
     weights    every parameter and buffer, in the run's dtype (counted on the ``meta`` device)
     pass       the model's own forward above the weights, with its attention streamed to the
                readers as the run streams it: traced op by op on ``meta`` (:class:`~multihead.attn.memory.LiveBytes`),
-               the readers' work on each chunk included (:data:`READER_WORK` × its rows' float32 map)
+               the readers' work on each chunk included (:data:`READER_WORK` × its rows' float32 map;
+               :data:`NATIVE_READER_WORK` for the compiled readers of a CPU run)
     statistics what the readers hold on the device through a batch: redundancy's sampled rows,
                head outputs in the model's dtype (:meth:`RedundancyStatistics.planned_bytes`), and
                their end-of-batch work
@@ -45,13 +46,14 @@ from ...hf.placement import auto_dtype
 from ...hf.route import AttentionChunk, chunk_bytes
 from ..probes.retrieval import NEEDLE
 from ..probes.retrieval import PROBE as RETRIEVAL
+from ..stats import native
 from ..stats.heads import HeadStatistics
 from ..stats.maps import TextViews
 from ..stats.redundancy import RedundancyStatistics
 from ..stats.syntax import SyntaxStatistics
 from ..stats.typical import TypicalTexts
 
-__all__ = ["READER_WORK", "MemoryPlan", "PlanError", "check_plan", "plan"]
+__all__ = ["NATIVE_READER_WORK", "READER_WORK", "MemoryPlan", "PlanError", "check_plan", "plan"]
 
 #: The readers' temporaries on one chunk of c rows, in units of c rows of the float32 map over all S
 #: keys (B·H·c·S·4 bytes: some readers work over every key of the text, not only the chunk's K):
@@ -59,6 +61,12 @@ __all__ = ["READER_WORK", "MemoryPlan", "PlanError", "check_plan", "plan"]
 #: typical texts 2.4, head metrics 1.2, redundancy 1.3), rounded up. The readers run one after
 #: another, so the most, not the sum.
 READER_WORK = 2.5
+#: The same for the compiled readers (:mod:`~multihead.analysis.stats.native`: a CPU run in float32
+#: or bfloat16 where a C compiler is): per chunk they allocate only each row's count of visible keys
+#: and their (B, H)-sized sums; what is left eager (typical texts' gathers, the views' row blocks)
+#: is smaller still. SmolLM2 at 700, 2,048 and 4,096 tokens: plans of 0.25 to 1.5 gave the same
+#: totals (+15 %, +17 %, +9 % of the tensors held), the pass's peak being elsewhere; 0.5, rounded up.
+NATIVE_READER_WORK = 0.5
 #: The induction probe's shape: texts x tokens (two copies of 40 random tokens and a BOS).
 INDUCTION_SHAPE = (16, 81)
 
@@ -161,12 +169,14 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     if views and tokens > 1:
         host += views * TextViews.planned_bytes(L, H, tokens)
     body = empty_model(_one_layer_of_each_kind(config), dtype, base=True)
-    forward, largest = _traced(body, batch, tokens, chunk=chunk, budget=budget, limit=limit)
+    work = NATIVE_READER_WORK if device.type == "cpu" and dtype != torch.float64 and native.available() else \
+        READER_WORK
+    forward, largest = _traced(body, batch, tokens, chunk=chunk, budget=budget, limit=limit, work=work)
     probe = 0
     if probes:
-        probe = max(_traced(body, *INDUCTION_SHAPE, chunk=None, budget=budget, limit=limit)[0],
+        probe = max(_traced(body, *INDUCTION_SHAPE, chunk=None, budget=budget, limit=limit, work=work)[0],
                     _traced(body, 1, RETRIEVAL["haystack"] + 2 * NEEDLE + 1, chunk=256, budget=budget,
-                            limit=limit)[0])
+                            limit=limit, work=work)[0])
     return MemoryPlan(name, str(device), str(dtype).removeprefix("torch."), tokens, batch, weights, forward,
                       statistics, end, probe, largest, host, available)
 
@@ -178,17 +188,18 @@ def check_plan(found: MemoryPlan) -> None:
                         "(redundancy=False), or use a device with more memory")
 
 
-def _traced(body: Any, batch: int, tokens: int, *, chunk: int | None, budget: int, limit: int) -> tuple[int, int]:
+def _traced(body: Any, batch: int, tokens: int, *, chunk: int | None, budget: int, limit: int,
+            work: float) -> tuple[int, int]:
     """(peak bytes above the weights, largest chunk's map bytes) of one pass of ``body`` on meta,
-    its attention streamed to a reader that takes :data:`READER_WORK` × each chunk's rows over all keys."""
+    its attention streamed to a reader that takes ``work`` (:data:`READER_WORK`,
+    :data:`NATIVE_READER_WORK`) × each chunk's rows over all keys."""
     largest = 0
 
     def reader(part: AttentionChunk) -> None:
         nonlocal largest
         B, H, c, _ = part.weights.shape
         largest = max(largest, part.weights.numel() * 4)  # the readers' float32 map
-        work = int(READER_WORK * B * H * c * part.keys * 4)
-        torch.empty(work, dtype=torch.uint8, device="meta")  # freed at once, as theirs are
+        torch.empty(int(work * B * H * c * part.keys * 4), dtype=torch.uint8, device="meta")  # freed at once
 
     ids = torch.zeros(batch, tokens, dtype=torch.long, device="meta")
     extra = {"use_cache": False} if takes(body, "use_cache") else {}

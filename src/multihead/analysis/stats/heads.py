@@ -34,6 +34,7 @@ from torch import Tensor
 
 from ...hf.route import AttentionChunk
 from ...inputs import Batch, TokenInfo
+from . import native
 from .base import ReducerBase, shared
 from .bootstrap import GROUPS, LEVEL, intervals, resampled, used_groups
 
@@ -53,19 +54,33 @@ class RowValues:
         self.names, self.sums, self.counts = list(names), sums, counts
 
 
-def row_values(chunk: AttentionChunk, tokens: TokenInfo) -> RowValues:
+def row_values(chunk: AttentionChunk, batch: Batch) -> RowValues:
     """The per-row metric values of a chunk of a self-attention map, summed per text — computed
-    once per chunk, whichever reducer asks first (head statistics, typical texts)."""
-    return shared(chunk.memo, "head-rows", lambda: _row_values(chunk, tokens))
+    once per chunk, whichever reducer asks first (head statistics, typical texts): by the compiled
+    readers where they apply (:mod:`.native`: a right-padded float32 map in CPU memory), else
+    here (the reference)."""
+    return shared(chunk.memo, "head-rows", lambda: _row_values(chunk, batch))
 
 
-def _row_values(chunk: AttentionChunk, tokens: TokenInfo) -> RowValues:
-    weights, visible, start = chunk.weights, chunk.visible, chunk.start
+def _row_values(chunk: AttentionChunk, batch: Batch) -> RowValues:
+    weights, start, tokens = chunk.weights, chunk.start, batch.tokens
     B, H, C, K = weights.shape
     T = tokens.valid.shape[-1]
     if start < 0 or start + C > T or K > T:
         raise ValueError(f"head statistics need self-attention rows {start}..{start + C} of a (T, T) map "
                          f"with T = {T} tokens; got {C} rows over {K} keys")
+    if native.usable(weights) and tokens.positions[1]:
+        found = native.row_sums(chunk, batch)
+        counts = found.rows.expand(B, H)  # (B, H) real query rows
+        where = [found.informative if name in ("entropy_norm", "kl_uniform") else counts for name in ROW_METRICS]
+        return RowValues(ROW_METRICS, found.heads.permute(2, 0, 1), torch.stack(where))  # (M, B, H) each
+    return eager_row_values(chunk, tokens)
+
+
+def eager_row_values(chunk: AttentionChunk, tokens: TokenInfo) -> RowValues:
+    """:func:`row_values` in PyTorch operations: the reference, and the path on any device."""
+    weights, visible, start = chunk.weights, chunk.visible, chunk.start
+    B, H, C, K = weights.shape
     dev = weights.device
     # Per-row values in float32 (one pass each over the maps), sums over rows in float64.
     p = weights.detach().float()  # (B, H, C, K)
@@ -189,7 +204,7 @@ class HeadStatistics(ReducerBase):
         device per chunk."""
         assert self.batch is not None, "begin_batch first"
         tokens = self.batch.tokens
-        found = row_values(chunk, tokens)
+        found = row_values(chunk, self.batch)
         if self._batch_sums is None:
             B, L, H = found.sums.shape[1], *self.shape
             self._batch_sums = found.sums.new_zeros(len(METRICS), B, L, H)  # float64, on the chunk's device

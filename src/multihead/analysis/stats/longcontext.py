@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ...hf.route import AttentionChunk
 from ...inputs import Batch
+from . import native
 from .base import ReducerBase
 
 __all__ = ["BINS", "LONG_METRICS", "LongContextStatistics"]
@@ -56,6 +57,7 @@ class LongContextStatistics(ReducerBase):
         self.end_batch()
         super().begin_batch(batch)
         self.longest = max(self.longest, int(batch.host_tokens.valid.sum(-1).max()))  # on the host, once a batch
+        batch.memo[native.LONG] = True  # the compiled readers sum this reducer's rows in their pass too
 
     def update(self, chunk: AttentionChunk) -> None:
         """A chunk of query rows ``start`` .. ``start + C`` of a self-attention over T tokens, over
@@ -67,16 +69,20 @@ class LongContextStatistics(ReducerBase):
         p = chunk.weights.detach().float()  # (B, H, C, K)
         valid = tokens.valid.to(p.device)  # (B, T)
         pos, prefix = tokens.positions  # (B, T) position among real tokens
-        pos = pos.to(p.device)
         rows = valid[:, start:start + C].to(torch.float32)  # (B, C) real query rows
-        values, hist = (_by_prefix_sums if prefix else _by_offsets)(p, valid, pos, start)
         if self._batch is None:  # row sums (8, L, H), rows (L,), histogram (L, H, BINS), where the chunks are
             L, H = self.shape
             self._batch = (p.new_zeros(len(_ROW_METRICS), L, H, dtype=torch.float64),
                            p.new_zeros(L, dtype=torch.float64), p.new_zeros(L, H, BINS, dtype=torch.float64))
         sums, counted, histogram = self._batch
-        sums[:, layer] += (values * rows[:, None, :, None]).sum(dim=(0, 2)).T  # (8, H)
         counted[layer] += rows.sum()
+        if prefix and native.usable(p):  # the compiled readers' sums over the real rows
+            found = native.row_sums(chunk, self.batch)
+            sums[:, layer] += found.long.sum(0).T  # (8, H)
+            histogram[layer] += found.hist.sum(0)  # (H, BINS)
+            return
+        values, hist = (_by_prefix_sums if prefix else _by_offsets)(p, valid, pos.to(p.device), start)
+        sums[:, layer] += (values * rows[:, None, :, None]).sum(dim=(0, 2)).T  # (8, H)
         histogram[layer] += (hist * rows[:, None, :, None]).sum(dim=(0, 2))  # (H, BINS)
 
     def end_batch(self) -> None:

@@ -29,6 +29,7 @@ from torch import Tensor
 from ...hf.route import AttentionChunk
 from ...inputs import Batch, readable_tokens
 from ..rollout import attention_flow, attention_rollout
+from . import native
 from .base import ReducerBase
 
 __all__ = ["FLOW_BUDGET", "LONG_TEXT", "POOLED_CELLS", "ROLLOUT_TOKENS", "HeadMaps", "HeadView", "Pooled", "TextView",
@@ -292,8 +293,11 @@ class TextViews(ReducerBase):
             else:
                 pooled = kept.pooled
                 fine = _fine_block(pooled.block)  # the top-k's candidates come from blocks of `fine` keys
-                sums, maxima = key_blocks(w, fine)  # (H, c, ceil(K / fine)) each
-                top, where = top_weights(w, min(pooled.k, K), maxima, fine)  # (H, c, k')
+                if native.usable(w) and pooled.k <= native.TOP_K:  # one pass a row
+                    sums, maxima, top, where = native.row_blocks(w, fine, min(pooled.k, K))
+                else:
+                    sums, maxima = key_blocks(w, fine)  # (H, c, ceil(K / fine)) each
+                    top, where = top_weights(w, min(pooled.k, K), maxima, fine)  # (H, c, k')
                 sums, maxima = _coarser(sums, maxima, pooled.block // fine)  # (H, c, nb) each
                 layer["index"][:, chunk.start:stop, :top.shape[-1]] = where.to(torch.int32)
                 layer["values"][:, chunk.start:stop, :top.shape[-1]] = _byte(top)

@@ -24,6 +24,7 @@ from torch import Tensor
 from ...hf.route import AttentionChunk
 from ...inputs import Batch
 from ..probes.syntax import Parse, word_of_tokens
+from . import native
 from .base import ReducerBase, shared
 from .bootstrap import GROUPS
 
@@ -165,11 +166,18 @@ def _add_chunk(chunk: AttentionChunk, found: Alignment) -> Tensor | None:
     start, stop = chunk.start, chunk.stop
     G, W = len(found.keys), found.has_word.shape[1]
     state = chunk.call_memo.setdefault("syntax-to-word", {})  # per text: the word carried on, if any
+    compiled = native.usable(p)
     for b in found.texts:
         words_of = _text_words(found, b, W, H, p.device)
         best, partial = words_of["best"], words_of["partial"]  # (W, H), (H, W): kept for the batch, reused
         if start == 0:
             best.fill_(-1)
+        if compiled and "runs" not in words_of:  # once a batch
+            words_of["runs"] = native.word_runs(found.owner[b], H)
+        runs = words_of.get("runs")
+        if compiled and runs is not None:  # the same, in one pass a row (state: the word open, its keys)
+            state[b] = native.word_predictions(p[b], found.owner[b, start:stop], runs, state.get(b), chunk.last, best)
+            continue
         carried = state.get(b)
         first, rest, rest_column, key_words = _key_words(words_of, K)
         # gathers with the index expanded over (H, c): ~15x faster on the CPU than index_select on the last axis

@@ -119,7 +119,7 @@ class TypicalTexts(ReducerBase):
         assert self.batch is not None, "begin_batch first"
         batch, layer = self.batch, chunk.layer
         tokens = batch.tokens
-        found = row_values(chunk, tokens)
+        found = row_values(chunk, batch)
         names, per_text, per_count = list(found.names), found.sums, found.counts  # (M, B, H)
         if tokens.ids is not None:  # and, per text only, its own induction pattern
             targets = self._targets.of_rows(chunk.start, chunk.stop)

@@ -1,0 +1,337 @@
+/* The row readers of the analysis in one pass over each row of an attention chunk.
+
+   Built by native.py at first use (gcc -O3 -march=native -ffast-math), called through ctypes with
+   the GIL released, one call per thread on its own rows. The eager PyTorch code of heads.py,
+   longcontext.py and maps.py is the reference these are tested against; this file holds no other
+   idea. Weights are float32 (B, H, C, K), contiguous: rows start..start+C of a self-attention whose
+   real tokens are 0..n-1 (right padding), over its first K keys.
+
+   Per row i (absolute position), keys j, d = |i - j|: one vectorised pass for the head metrics
+   (mass, sum p d, p log p, largest weight, key-set masses: a single set of vector reductions a
+   row — a set per range of keys cost more than the keys themselves), then, for the long-context
+   metrics, the row's mass per distance bin (a plain sum per bin). */
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+
+#define BINS 18
+#define HEAD_VALUES 12 /* heads.ROW_METRICS order */
+#define LONG_VALUES 8  /* longcontext._ROW_METRICS order */
+
+/* One pass over a row's keys 0..K-1 (its position i): mass, sum p d (every term of one sign: no
+   cancellation), sum p log p, largest weight, and the key-set masses (flags: 1 first, 2 separator,
+   4 punctuation). Keys counted in int32 so that AVX2 converts them to float too. */
+static inline void sum_row(const float *restrict p, const uint8_t *restrict f, int32_t K, int32_t i,
+                           double *restrict out) {
+    float mass = 0.f, dist = 0.f, plogp = 0.f, max = 0.f, first = 0.f, sep = 0.f, punct = 0.f;
+    for (int32_t j = 0; j < K; j++) {
+        float v = p[j];
+        uint8_t bits = f[j];
+        mass += v;
+        dist += v * fabsf((float)(j - i));
+        plogp += v * logf(fmaxf(v, FLT_MIN)); /* 0 log 0 = 0: a finite log that 0 multiplies away */
+        max = fmaxf(max, v);
+        first += (bits & 1) ? v : 0.f;
+        sep += (bits & 2) ? v : 0.f;
+        punct += (bits & 4) ? v : 0.f;
+    }
+    out[0] = mass;
+    out[1] = dist;
+    out[2] = plogp;
+    out[3] = max;
+    out[4] = first;
+    out[5] = sep;
+    out[6] = punct;
+}
+
+static inline float sum_keys(const float *restrict p, int64_t a, int64_t b) {
+    float s = 0.f;
+    for (int64_t j = a; j < b; j++) s += p[j];
+    return s;
+}
+
+/* The row's mass per distance bin (d = 0, then [2^(k-1), 2^k) for k = 1..BINS-1, the last bin
+   taking every farther key): the keys within 15 of the row one by one, longer ranges summed whole. */
+static inline void distance_bins(const float *restrict p, int64_t K, int64_t i, double *restrict bins) {
+    int64_t lo = i - 15 < 0 ? 0 : i - 15, hi = i + 15 < K - 1 ? i + 15 : K - 1;
+    for (int64_t j = lo; j <= hi; j++) {
+        int64_t d = j < i ? i - j : j - i;
+        int k = 0;
+        while (d) { /* k: d in [2^(k-1), 2^k) */
+            k++;
+            d >>= 1;
+        }
+        bins[k] += p[j];
+    }
+    for (int k = 5; k < BINS; k++) {
+        int64_t near = (int64_t)1 << (k - 1), far = k == BINS - 1 ? INT64_MAX / 4 : ((int64_t)1 << k) - 1;
+        int64_t a = i - far < 0 ? 0 : i - far, b = i - near + 1 < K ? i - near + 1 : K; /* left of the row */
+        if (a < b) bins[k] += sum_keys(p, a, b);
+        a = i + near;
+        b = i + far + 1 < K ? i + far + 1 : K; /* right of it */
+        if (a < b) bins[k] += sum_keys(p, a, b);
+    }
+}
+
+static inline double key(const float *p, int64_t K, int64_t j) { return j >= 0 && j < K ? p[j] : 0.0; }
+
+/* Rows [row0, row1) of the B*H*C rows, added into heads (B, H, HEAD_VALUES) and, when long_sums is
+   not null, long_sums (B, H, LONG_VALUES) and hist (B, H, BINS), all float64 sums over the rows
+   whose query counts (valid (B, C), 1: a real token). flags (B, kstride) uint8: 1 the first real
+   token, 2 a separator, 4 punctuation. log_n (B, H, C): log of the keys each row may see (rows
+   with log_n > 0 count for entropy_norm and kl_uniform). */
+void row_statistics(const float *w, int64_t B, int64_t H, int64_t C, int64_t K, int64_t start,
+                    const uint8_t *flags, int64_t kstride, const uint8_t *valid, const float *log_n,
+                    int64_t row0, int64_t row1, double *heads, double *long_sums, double *hist) {
+    (void)B;
+    for (int64_t row = row0; row < row1; row++) {
+        int64_t c = row % C, bh = row / C, b = bh / H;
+        if (!valid[b * C + c]) continue;
+        const float *p = w + row * K;
+        int64_t i = start + c;
+        double s[7];
+        sum_row(p, flags + b * kstride, (int32_t)K, (int32_t)i, s);
+        double entropy = -s[2], logn = log_n[row];
+        double self = key(p, K, i), prev = key(p, K, i - 1), next = key(p, K, i + 1);
+        double *out = heads + bh * HEAD_VALUES;
+        out[0] += entropy;
+        out[2] += s[1];
+        out[3] += self;
+        out[4] += prev;
+        out[5] += next;
+        out[6] += key(p, K, i - 2) + prev + self + next + key(p, K, i + 2);
+        out[7] += s[4];
+        out[8] += s[5];
+        out[9] += s[6];
+        out[10] += s[3];
+        if (logn > 0) {
+            out[1] += entropy / (logn > 1e-12 ? logn : 1e-12);
+            out[11] += logn - entropy;
+        }
+        if (!long_sums) continue;
+        double bins[BINS] = {0};
+        distance_bins(p, K, i, bins);
+        /* d <= w (w = 64, 256, 1024, powers of 2): the bins below w's (d < w), and the two keys at w */
+        double window[3];
+        for (int n = 0; n < 3; n++) {
+            int64_t width = (int64_t)64 << (2 * n);
+            double inside = bins[0];
+            for (int k = 1; ((int64_t)1 << (k - 1)) < width; k++) inside += bins[k];
+            window[n] = inside + key(p, K, i - width) + key(p, K, i + width);
+        }
+        double first4 = 0, sink_far = 0; /* the first 4 keys; those of them farther than 1,024 */
+        for (int64_t j = 0; j < 4 && j < K; j++) {
+            first4 += p[j];
+            if (j <= i - 1025) sink_far += p[j];
+        }
+        /* d > w: the bins from w's on (d >= w), less the two keys at exactly w — summed, not the
+           difference of the row's mass and a window (a small mass would lose its digits) */
+        double beyond[2];
+        for (int n = 0; n < 2; n++) {
+            int64_t width = (int64_t)256 << (2 * n);
+            double outside = 0;
+            for (int k = BINS - 1; ((int64_t)1 << (k - 1)) >= width; k--) outside += bins[k];
+            beyond[n] = outside - key(p, K, i - width) - key(p, K, i + width);
+        }
+        double *ls = long_sums + bh * LONG_VALUES;
+        ls[0] += p[0];
+        ls[1] += first4;
+        ls[2] += beyond[0];
+        ls[3] += beyond[1];
+        ls[4] += window[0];
+        ls[5] += window[1];
+        ls[6] += window[2];
+        ls[7] += beyond[1] - sink_far;
+        double *h = hist + bh * BINS;
+        for (int k = 0; k < BINS; k++) h[k] += bins[k];
+    }
+}
+
+/* (v, key) before (w, other) in a top-k: the larger value, of equal values the earlier key. */
+static inline int before(float v, int64_t key, float w, int64_t other) { return v > w || (v == w && key < other); }
+
+/* Offer (x, key) to the k best (tv, ti: best first, filled with (-1, none) to begin). */
+static inline void offer(float *restrict tv, int64_t *restrict ti, int64_t k, float x, int64_t key) {
+    if (!before(x, key, tv[k - 1], ti[k - 1])) return;
+    int64_t at = k - 1;
+    while (at > 0 && before(x, key, tv[at - 1], ti[at - 1])) {
+        tv[at] = tv[at - 1];
+        ti[at] = ti[at - 1];
+        at--;
+    }
+    tv[at] = x;
+    ti[at] = key;
+}
+
+static inline void clear(float *tv, int64_t *ti, int64_t k) {
+    for (int64_t n = 0; n < k; n++) {
+        tv[n] = -1.f;
+        ti[n] = INT64_MAX;
+    }
+}
+
+#ifdef __AVX2__
+#include <immintrin.h>
+
+/* Eight vectors' lanes summed (or max'd) each: lane n of the result is vector n's — a tree of
+   pairwise steps (shuffles, no horizontal operation per vector). */
+#define PAIRS(op, a, b) op(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xDD))
+#define EIGHT(op, v, out)                                                                              \
+    do {                                                                                                \
+        __m256 t0 = PAIRS(op, v[0], v[1]), t1 = PAIRS(op, v[2], v[3]), t2 = PAIRS(op, v[4], v[5]),       \
+               t3 = PAIRS(op, v[6], v[7]);                                                              \
+        __m256 u0 = PAIRS(op, t0, t1), u1 = PAIRS(op, t2, t3);                                          \
+        out = op(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));          \
+    } while (0)
+
+/* Blocks of 8 or 16 keys (vectors: 1 or 2 a block), eight at a time while eight fit in K: their
+   sums and maxima; returns the first block not done. */
+static int64_t eight_blocks(const float *restrict p, int64_t K, int64_t block, float *restrict rs,
+                            float *restrict rm) {
+    int64_t n = 0;
+    for (; (n + 8) * block <= K; n += 8) {
+        __m256 sums[8], maxima[8];
+        for (int v = 0; v < 8; v++) {
+            const float *q = p + (n + v) * block;
+            __m256 x = _mm256_loadu_ps(q);
+            if (block == 16) {
+                __m256 y = _mm256_loadu_ps(q + 8);
+                sums[v] = _mm256_add_ps(x, y);
+                maxima[v] = _mm256_max_ps(x, y);
+            } else {
+                sums[v] = maxima[v] = x;
+            }
+        }
+        __m256 s, m;
+        EIGHT(_mm256_add_ps, sums, s);
+        EIGHT(_mm256_max_ps, maxima, m);
+        _mm256_storeu_ps(rs + n, s);
+        _mm256_storeu_ps(rm + n, m);
+    }
+    return n;
+}
+#endif
+
+/* Rows [row0, row1) of the H*C rows of one text's chunk (w: (H, C, K) with strides hstride,
+   kstride between heads and rows): each row's sums and maxima over blocks of `block` keys (sums,
+   maxima: (H, C, nb), nb = ceil(K / block)) and its k largest weights, largest first (top
+   (H, C, k) float32, where (H, C, k) int64 keys). Equal weights: the first key met is kept.
+   Blocks of 8 or 16 keys go eight at a time through vector lanes where the CPU has AVX2 (a
+   horizontal sum a block cost more than its keys). */
+void row_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block, int64_t k,
+                int64_t row0, int64_t row1, float *sums, float *maxima, float *top, int64_t *where) {
+    int64_t nb = (K + block - 1) / block;
+    float bv[64]; /* the k blocks of largest maxima */
+    int64_t bk[64];
+    for (int64_t row = row0; row < row1; row++) {
+        const float *p = w + (row / C) * hstride + (row % C) * kstride;
+        float *rs = sums + row * nb, *rm = maxima + row * nb;
+        int64_t n = 0;
+#ifdef __AVX2__
+        if (block == 8 || block == 16) n = eight_blocks(p, K, block, rs, rm);
+#endif
+        for (; n < nb; n++) {
+            int64_t a = n * block, b = a + block < K ? a + block : K;
+            float s = 0.f, m = -1.f;
+            for (int64_t j = a; j < b; j++) {
+                s += p[j];
+                m = fmaxf(m, p[j]);
+            }
+            rs[n] = s;
+            rm[n] = m;
+        }
+        /* the k-th largest block maximum bounds the k-th largest weight from below, so the k largest
+           weights lie in the k blocks of largest maxima (or, tied, in others): those blocks, largest
+           maximum first, until one's maximum is below the k-th largest weight found */
+        float *tv = top + row * k;
+        int64_t *ti = where + row * k;
+        int64_t nk = nb < k ? nb : k;
+        clear(bv, bk, nk);
+        for (int64_t m = 0; m < nb; m++) offer(bv, bk, nk, rm[m], m);
+        clear(tv, ti, k);
+        for (int64_t m = 0; m < nk && bv[m] >= tv[k - 1]; m++) {
+            int64_t a = bk[m] * block, b = a + block < K ? a + block : K;
+            for (int64_t j = a; j < b; j++) offer(tv, ti, k, p[j], j);
+        }
+    }
+}
+
+/* The key of the largest of a word-summed row a (keys 0..K-1): lone[j] marks the keys that are a
+   whole word, multi (M, 2) the (first key, keys) of the longer words in key order. Ties: the
+   earliest word. The maxima of 64-key blocks first (vectorised), then the first key that reaches
+   the largest one. */
+static int64_t word_argmax(const float *restrict a, int64_t K, const uint8_t *restrict lone,
+                           const int32_t *restrict multi, int64_t M, float *restrict block_max) {
+    int64_t nb = (K + 63) / 64;
+    float best = -1.f;
+    for (int64_t n = 0; n < nb; n++) {
+        int64_t lo = n * 64, hi = lo + 64 < K ? lo + 64 : K;
+        float m = -1.f;
+        for (int64_t j = lo; j < hi; j++) m = fmaxf(m, lone[j] ? a[j] : -1.f);
+        block_max[n] = m;
+        best = fmaxf(best, m);
+    }
+    int64_t at = -1;
+    for (int64_t n = 0; n < nb && at < 0; n++) {
+        if (block_max[n] < best) continue;
+        int64_t hi = (n + 1) * 64 < K ? (n + 1) * 64 : K;
+        for (int64_t j = n * 64; j < hi; j++) {
+            if (lone[j] && a[j] == best) {
+                at = j;
+                break;
+            }
+        }
+    }
+    for (int64_t m = 0; m < M && multi[2 * m] < K; m++) {
+        int64_t first = multi[2 * m], end = first + multi[2 * m + 1] < K ? first + multi[2 * m + 1] : K;
+        float s = 0.f;
+        for (int64_t j = first; j < end; j++) s += a[j];
+        if (s > best || (s == best && (at < 0 || first < at))) {
+            best = s;
+            at = first;
+        }
+    }
+    return at;
+}
+
+static int64_t predicted(const float *a, int64_t K, const int32_t *key_word, const uint8_t *lone,
+                         const int32_t *multi, int64_t M, float *scratch) {
+    int64_t at = word_argmax(a, K, lone, multi, M, scratch);
+    return at >= 0 ? key_word[at] : -1; /* no word among the keys */
+}
+
+/* One parsed text's rows c = 0..C-1 of a chunk (w: (H, C, K), strides hstride and kstride), heads
+   h0..h1-1: each source word's rows summed (a word's tokens are consecutive rows; row_word (C,)
+   each row's word, -1 none), and for every word whose rows end here the word it attends most —
+   best (W, H) int64, the word of the arg-max key (key_word (K,)). The word still open at the
+   chunk's end, unless `last`, is carried in acc (H, astride) over its first acc_keys keys (the
+   next chunk's K >= acc_keys; the keys after had weight 0 in its rows so far); `carried` is the
+   word acc holds on entry (-1: none). block_max: (H, ceil(K / 64)) scratch. */
+void word_predictions(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride,
+                      const int32_t *row_word, const int32_t *key_word, const uint8_t *lone,
+                      const int32_t *multi, int64_t M, float *acc, int64_t astride, int64_t carried,
+                      int64_t acc_keys, int64_t last, int64_t *best, int64_t H, int64_t h0, int64_t h1,
+                      float *block_max) {
+    int64_t nb = (K + 63) / 64;
+    for (int64_t h = h0; h < h1; h++) {
+        float *restrict a = acc + h * astride;
+        float *scratch = block_max + h * nb;
+        int64_t open = carried;
+        if (open >= 0)
+            for (int64_t j = acc_keys; j < K; j++) a[j] = 0.f;
+        for (int64_t c = 0; c < C; c++) {
+            int64_t word = row_word[c];
+            if (word < 0) continue;
+            const float *restrict p = w + h * hstride + c * kstride;
+            if (word != open) {
+                if (open >= 0) best[open * H + h] = predicted(a, K, key_word, lone, multi, M, scratch);
+                open = word;
+                for (int64_t j = 0; j < K; j++) a[j] = p[j];
+            } else {
+                for (int64_t j = 0; j < K; j++) a[j] += p[j];
+            }
+        }
+        if (open >= 0 && last) best[open * H + h] = predicted(a, K, key_word, lone, multi, M, scratch);
+    }
+}

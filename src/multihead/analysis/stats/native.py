@@ -1,0 +1,287 @@
+"""The row readers compiled for the CPU: every per-row statistic of a chunk in one pass (native.c).
+
+The eager readers (:mod:`.heads`, :mod:`.longcontext`, :mod:`.maps`) make a dozen passes over each
+chunk, each a few PyTorch operations, and on a CPU those passes — not the model — were most of an
+analysis's time (SmolLM2, 4,096 tokens: 8.5 of 25.6 s). ``native.c`` reads each row once: its keys
+cut into ranges of equal distance bin, each range summed once (mass, mass x offset, p log p, largest
+weight, key-set masses), every head and long-context metric a sum of ranges; and for a page's
+pooled text, each row's key-block sums, maxima and k largest weights.
+
+It is compiled at first use with the machine's C compiler (``$CC``, else ``gcc``; ``-O3
+-march=native -ffast-math``: vectorised, its ``logf`` from glibc's vector library; linked without
+``-ffast-math``, so that loading it leaves the process's floating point as it was) into the user's
+cache (``$XDG_CACHE_HOME/multihead``, keyed by the source, the flags and the CPU's features), and
+called through ctypes — which lets go of the GIL — one call per thread, each on its own rows. The
+eager code stays the reference (the tests hold the two together) and the path everywhere else:
+CUDA, float64, maps that are not right-padded, a machine without a compiler, or
+``MULTIHEAD_NATIVE=0``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import itertools
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ...hf.route import AttentionChunk
+from ...inputs import Batch, TokenInfo
+from .base import shared
+
+__all__ = ["ENV", "LONG", "RowSums", "WordRuns", "available", "row_blocks", "row_sums", "usable", "word_predictions",
+           "word_runs"]
+
+SOURCE = Path(__file__).with_name("native.c")
+#: Compiled with -ffast-math (vectorised reductions, glibc's vector logf) but linked without it: a
+#: shared library linked with it carries crtfastmath, which sets the CPU to flush subnormal floats to
+#: zero for the whole process the moment it is loaded — every other computation's numerics changed.
+COMPILE = ("-O3", "-march=native", "-ffast-math", "-fPIC", "-c")
+LINK = ("-shared",)
+#: ``MULTIHEAD_NATIVE=0`` keeps every reader eager (the reference).
+ENV = "MULTIHEAD_NATIVE"
+#: Map entries below which a chunk is read by the calling thread alone (threads cost ~50 µs a call).
+THREADED = 1 << 18
+BINS = 18
+#: The most weights a row's top-k of :func:`row_blocks` keeps (its heap lives on the stack).
+TOP_K = 64
+HEAD_VALUES = 12
+LONG_VALUES = 8
+
+
+def _cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "multihead" / "native"
+
+
+def _cpu_features() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """native.c built for this CPU and loaded, or None (no compiler, a failed build, ``ENV=0``)."""
+    if os.environ.get(ENV, "1") == "0":
+        return None
+    compiler = shutil.which(os.environ.get("CC") or "gcc")
+    if compiler is None:
+        return None
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, " ".join(COMPILE + LINK).encode(), compiler.encode(),
+                                     _cpu_features().encode()])).hexdigest()[:20]
+    path = _cache() / f"rows-{key}.so"
+    if not path.exists():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # built aside, renamed into place whole
+                built, objects = Path(tmp) / path.name, Path(tmp) / "native.o"
+                subprocess.run([compiler, *COMPILE, "-o", str(objects), str(SOURCE)], check=True, capture_output=True,
+                               timeout=120)
+                subprocess.run([compiler, *LINK, "-o", str(built), str(objects), "-lm"], check=True,
+                               capture_output=True, timeout=120)
+                os.replace(built, path)
+        except (OSError, subprocess.SubprocessError):
+            return None
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.row_statistics.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr]
+    lib.row_statistics.restype = None
+    lib.row_blocks.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr]
+    lib.row_blocks.restype = None
+    lib.word_predictions.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, ptr,
+                                     i64, i64, i64, ptr]
+    lib.word_predictions.restype = None
+    return lib
+
+
+def available() -> bool:
+    """Whether the compiled readers are in use on this machine."""
+    return _library() is not None
+
+
+def usable(weights: Tensor) -> bool:
+    """Whether a chunk's map can be read by the compiled readers: float32 in CPU memory, each row's
+    keys consecutive, and the library built."""
+    return (weights.device.type == "cpu" and weights.dtype == torch.float32 and weights.stride(-1) == 1
+            and available())
+
+
+_POOL: dict[int, ThreadPoolExecutor] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def _split(rows: int, entries: int) -> list[tuple[int, int]]:
+    """Rows 0..rows in as many consecutive ranges as torch uses threads (one when the chunk is small)."""
+    n = 1 if entries < THREADED else max(1, min(torch.get_num_threads(), rows))
+    bounds = [rows * k // n for k in range(n + 1)]
+    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def _run(calls: list) -> None:
+    """Each call on its own thread (ctypes releases the GIL), the first on this one."""
+    if len(calls) == 1:
+        calls[0]()
+        return
+    with _POOL_LOCK:
+        pool = _POOL.get(len(calls))
+        if pool is None:
+            pool = _POOL[len(calls)] = ThreadPoolExecutor(len(calls), thread_name_prefix="multihead-rows")
+    others = [pool.submit(call) for call in calls[1:]]
+    calls[0]()
+    for done in others:
+        done.result()
+
+
+@dataclass
+class RowSums:
+    """One chunk's row statistics summed over its counted rows (real queries), per text and head:
+    ``heads`` (B, H, 12) in :data:`~.heads.ROW_METRICS` order (``entropy_norm`` and ``kl_uniform``
+    over the rows that see more than one key: ``informative`` (B, H) of them, ``rows`` (B, 1) in
+    all); with ``long``, ``long`` (B, H, 8) in the long-context row metrics' order and ``hist``
+    (B, H, BINS) the mass per distance bin; float64."""
+
+    heads: Tensor
+    rows: Tensor
+    informative: Tensor
+    long: Tensor | None
+    hist: Tensor | None
+
+
+#: ``batch.memo`` key: a reducer of the pass reads the long-context sums (they cost a second pass a row).
+LONG = "native-long"
+
+
+def row_sums(chunk: AttentionChunk, batch: Batch) -> RowSums:
+    """The compiled row statistics of a chunk of a right-padded self-attention (see
+    :func:`usable`), computed once per chunk for every reader that asks; the long-context sums
+    too when a reducer of the pass set ``batch.memo[LONG]`` at its ``begin_batch``."""
+    return shared(chunk.memo, "native-rows", lambda: _row_sums(chunk, batch.tokens, bool(batch.memo.get(LONG))))
+
+
+def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool) -> RowSums:
+    p = chunk.weights.detach()  # (B, H, C, K) float32
+    if not p.is_contiguous():
+        p = p.contiguous()
+    B, H, C, K = p.shape
+    start = chunk.start
+    valid = tokens.valid.to(p.device)  # (B, T)
+    flags = (tokens.first[:, :K].to(torch.uint8) | tokens.separator[:, :K].to(torch.uint8) << 1
+             | tokens.punctuation[:, :K].to(torch.uint8) << 2).contiguous()  # (B, K)
+    queries = valid[:, start:start + C]  # (B, C)
+    seen = (chunk.visible & valid[:, None, None, :K]).sum(-1).expand(B, H, C)  # (B, H, C) keys each row may see
+    log_n = seen.float().clamp_min(1).log().contiguous()  # (B, H, C)
+    informative = (queries[:, None, :] & (seen > 1)).sum(-1, dtype=torch.float64)  # (B, H)
+    ranges = _split(B * H * C, p.numel())
+    outs = [(torch.zeros(B, H, HEAD_VALUES, dtype=torch.float64),
+             torch.zeros(B, H, LONG_VALUES, dtype=torch.float64) if long else None,
+             torch.zeros(B, H, BINS, dtype=torch.float64) if long else None) for _ in ranges]
+    lib = _library()
+    counted = queries.to(torch.uint8).contiguous()
+
+    def call(a: int, b: int, out: tuple):
+        pointers = [t.data_ptr() if t is not None else None for t in out]
+        return lambda: lib.row_statistics(p.data_ptr(), B, H, C, K, start, flags.data_ptr(), K, counted.data_ptr(),
+                                          log_n.data_ptr(), a, b, *pointers)
+
+    _run([call(a, b, out) for (a, b), out in zip(ranges, outs, strict=True)])
+    heads_sums, long_sums, hist = (None if parts[0] is None else sum(parts[1:], parts[0])
+                                   for parts in zip(*outs, strict=True))
+    return RowSums(heads_sums, queries.sum(-1, keepdim=True, dtype=torch.float64), informative, long_sums, hist)
+
+
+def row_blocks(weights: Tensor, block: int, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Each row's key-block sums and maxima over blocks of ``block`` keys (H, c, ceil(K / block))
+    and its k largest weights and their keys (H, c, k), largest first — of one text's rows
+    ``weights`` (H, c, K) float32 (any strides with consecutive keys; see :func:`usable`)."""
+    H, c, K = weights.shape
+    nb = -(-K // block)
+    sums, maxima = torch.empty(H, c, nb), torch.empty(H, c, nb)
+    top, where = torch.empty(H, c, k), torch.empty(H, c, k, dtype=torch.long)
+    lib = _library()
+    w = weights.detach()
+
+    def call(a: int, b: int):
+        return lambda: lib.row_blocks(w.data_ptr(), c, K, w.stride(0), w.stride(1), block, k, a, b,
+                                      sums.data_ptr(), maxima.data_ptr(), top.data_ptr(), where.data_ptr())
+
+    _run([call(a, b) for a, b in _split(H * c, w.numel())])
+    return sums, maxima, top, where
+
+
+@dataclass
+class WordRuns:
+    """A text's words as runs of consecutive keys, for :func:`word_predictions`: ``key_word`` (T,)
+    int32 each key's word (-1: none), ``lone`` (T,) uint8 1 where a key is a whole word, ``multi``
+    (M, 2) int32 the (first key, keys) of the longer words in key order; ``acc`` (H, T) float32 the
+    row sums of a word still open at a chunk's end."""
+
+    key_word: Tensor
+    lone: Tensor
+    multi: Tensor
+    acc: Tensor
+
+
+def word_runs(owner: Tensor, num_heads: int) -> WordRuns | None:
+    """A text's :class:`WordRuns` from ``owner`` (T,) each token's word (-1: none), or None when a
+    word's tokens are not consecutive (the eager readers take that text)."""
+    owner = owner.cpu()
+    T = len(owner)
+    keys = (owner >= 0).nonzero().squeeze(1)
+    words, counts = torch.unique_consecutive(owner[keys], return_counts=True)
+    if len(words) != len(owner[keys].unique()):  # a word in two places
+        return None
+    first = keys[counts.cumsum(0) - counts]  # (n,) each word's first key
+    if bool(((keys[counts.cumsum(0) - 1] - first + 1) != counts).any()):  # a gap inside a word
+        return None
+    lone = torch.zeros(T, dtype=torch.uint8)
+    lone[first[counts == 1]] = 1
+    multi = torch.stack([first[counts > 1], counts[counts > 1]], 1).to(torch.int32).contiguous()
+    return WordRuns(owner.to(torch.int32).contiguous(), lone, multi, torch.zeros(num_heads, T))
+
+
+def word_predictions(weights: Tensor, rows: Tensor, runs: WordRuns, carried: tuple[int, int] | None, last: bool,
+                     best: Tensor) -> tuple[int, int] | None:
+    """One parsed text's rows of a chunk, ``weights`` (H, c, K) float32 (consecutive keys) with
+    ``rows`` (c,) each row's word (-1: none): each source word's rows summed, and for each word whose
+    rows end in this chunk the word it attends most written into ``best`` (W, H) int64 — as
+    :func:`~.syntax._add_chunk` does (ties: the earliest word). ``carried``: the word still open
+    from the layer's last chunk and its keys then, as this returns it for the next chunk (None
+    when no word is open, and after the layer's last chunk)."""
+    H, c, K = weights.shape
+    row_word = rows.to(torch.int32).contiguous()
+    open_word, acc_keys = carried if carried is not None else (-1, 0)
+    scratch = torch.empty(H, -(-K // 64))
+    lib = _library()
+    w = weights.detach()
+    M = runs.multi.shape[0]
+
+    def call(h0: int, h1: int):
+        return lambda: lib.word_predictions(w.data_ptr(), c, K, w.stride(0), w.stride(1), row_word.data_ptr(),
+                                            runs.key_word.data_ptr(), runs.lone.data_ptr(), runs.multi.data_ptr(), M,
+                                            runs.acc.data_ptr(), runs.acc.stride(0), open_word, acc_keys, int(last),
+                                            best.data_ptr(), best.shape[1], h0, h1, scratch.data_ptr())
+
+    _run([call(a, b) for a, b in _split(H, w.numel())])
+    if last:
+        return None
+    in_words = row_word[row_word >= 0]
+    open_word = int(in_words[-1]) if len(in_words) else open_word
+    return (open_word, K) if open_word >= 0 else None

