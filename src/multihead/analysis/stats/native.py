@@ -79,7 +79,7 @@ def _library() -> ctypes.CDLL | None:
     if os.environ.get(ENV, "1") == "0":
         return None
     compiler = shutil.which(os.environ.get("CC") or "gcc")
-    if compiler is None:
+    if compiler is None or not SOURCE.is_file():
         return None
     source = SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([source, " ".join(COMPILE + LINK).encode(), compiler.encode(),
