@@ -168,3 +168,27 @@ def test_a_streamed_analysis_is_the_same_with_the_compiled_readers(name, request
     assert torch.equal(view.pooled.values, eager_view.pooled.values)
     torch.testing.assert_close(view.pooled.mass, eager_view.pooled.mass, rtol=1e-5, atol=1e-6)
     assert torch.equal(view.pooled.largest, eager_view.pooled.largest)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_long_context_reducer_takes_the_compiled_readers_for_float32_maps_only(dtype, monkeypatch):
+    """A float64 run's maps stay with the eager readers (the compiled ones read float32): the
+    reducer's sums are the same either way."""
+    chunk, batch = _chunk(2, 3, 1500, 1200, 300, [1500, 1300], True, 1)
+    chunk.weights = chunk.weights.to(dtype)
+    chunk.layer = 0
+    batch.host_tokens = batch.tokens
+
+    def sums():
+        found = longcontext.LongContextStatistics(1, 3)
+        found.begin_batch(batch)
+        chunk.memo = {}
+        found.update(chunk)
+        found.end_batch()
+        return found.sums.clone(), found.histogram.clone()
+
+    fast = sums()
+    _eager(monkeypatch)
+    slow = sums()
+    for got, want in zip(fast, slow, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

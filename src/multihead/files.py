@@ -170,11 +170,11 @@ def check_writable(out: str | Path) -> None:
         raise OutputFolderError(f"{out} cannot be written: it is on {mount[0]}, the kernel's {mount[1]} file system, "
                                 "not storage; choose a folder on a disk")
     target = Path(os.path.abspath(out))
-    existing = target
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
     probe_root: Path | None = None
     try:
+        existing = target
+        while not existing.exists() and existing != existing.parent:  # exists() raises for an unreadable parent
+            existing = existing.parent
         folder = existing
         if existing != target:  # the missing names, made under a unique folder of ours
             probe_root = Path(tempfile.mkdtemp(prefix=f".multihead-probe.{os.getpid()}.", dir=existing))

@@ -291,7 +291,8 @@ def _terms(model: HFModel, ids: Tensor, attention: Tensor, wanted: Wanted | None
 
     With ``wanted``, only those tokens' logits are made: the output embedding is handed the hidden
     states that predict them (a pre-hook), and whatever the model does to logits after it (Gemma's
-    soft-cap) still happens — SmolLM2's 49k-word vocabulary costs more than its 30 blocks per token."""
+    soft-cap) still happens: the logits of SmolLM2's 49k words and their log-sum-exp were a third of a
+    pass's time. Tokens of other shapes or calls of the output embedding: every token's logits."""
     ids, attention = ids.to(model.device), attention.to(model.device)
     if not model.is_causal:
         return model.body(input_ids=ids, attention_mask=attention).last_hidden_state.float()  # (B, T, D)
@@ -299,25 +300,28 @@ def _terms(model: HFModel, ids: Tensor, attention: Tensor, wanted: Wanted | None
     out = torch.full((B, T), float("nan"))
     head = model.model.get_output_embeddings() if wanted is not None else None
     if head is not None:
-        rows, at = (w.to(model.device) for w in wanted)  # the tokens predicted, from the positions before
+        rows, at = wanted  # the tokens predicted, from the positions before
+        sliced = []
 
-        picked = []
-
-        def predicting(_module: nn.Module, args: tuple) -> tuple:
-            picked.append(True)
-            return (args[0][rows, at - 1][None], *args[1:])  # (1, n, D)
+        def predicting(_module: nn.Module, args: tuple) -> tuple | None:
+            hidden = args[0] if args else None
+            if sliced or hidden is None or hidden.dim() != 3 or hidden.shape[:2] != (B, T):
+                sliced.append(False)  # not the one call on (B, T, D) hidden states: every logit instead
+                return None
+            sliced.append(True)
+            picked = hidden[rows.to(hidden.device), (at - 1).to(hidden.device)]  # (n, D) where the last block put them
+            return (picked[None], *args[1:])  # (1, n, D)
 
         hook = head.register_forward_pre_hook(predicting)
         try:
             logits = model.model(input_ids=ids, attention_mask=attention, use_cache=False).logits  # (1, n, V)
         finally:
             hook.remove()
-        if picked == [True]:
-            out[wanted] = _next_token_loss(logits[0], ids[rows, at]).cpu()
+        if sliced == [True]:
+            out[wanted] = _next_token_loss(logits[0], ids[rows.to(ids.device), at.to(ids.device)]).cpu()
             return out
-        # the model made its logits without calling its output embedding: every token's are here
-    else:
-        logits = model.model(input_ids=ids, attention_mask=attention, use_cache=False).logits  # (B, T, V)
+    # every token's logits (also where the model did not make them through its output embedding once)
+    logits = model.model(input_ids=ids, attention_mask=attention, use_cache=False).logits  # (B, T, V)
     loss = _next_token_loss(logits[:, :-1], ids[:, 1:])  # (B, T-1)
     out[:, 1:] = loss.masked_fill(~attention[:, 1:].bool(), float("nan"))
     if wanted is not None:

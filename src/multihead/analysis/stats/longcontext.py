@@ -76,7 +76,7 @@ class LongContextStatistics(ReducerBase):
                            p.new_zeros(L, dtype=torch.float64), p.new_zeros(L, H, BINS, dtype=torch.float64))
         sums, counted, histogram = self._batch
         counted[layer] += rows.sum()
-        if prefix and native.usable(p):  # the compiled readers' sums over the real rows
+        if prefix and native.usable(chunk.weights):  # the compiled readers' sums over the real rows
             found = native.row_sums(chunk, self.batch)
             sums[:, layer] += found.long.sum(0).T  # (8, H)
             histogram[layer] += found.hist.sum(0)  # (H, BINS)

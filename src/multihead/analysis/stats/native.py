@@ -24,6 +24,7 @@ import functools
 import hashlib
 import itertools
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -70,7 +71,7 @@ def _cpu_features() -> str:
                 return line
     except OSError:
         pass
-    return os.uname().machine
+    return platform.machine()
 
 
 @functools.cache
@@ -126,13 +127,15 @@ def usable(weights: Tensor) -> bool:
 
 _POOL: dict[int, ThreadPoolExecutor] = {}
 _POOL_LOCK = threading.Lock()
+if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads: new pools there
+    os.register_at_fork(after_in_child=_POOL.clear)
 
 
 def _split(rows: int, entries: int) -> list[tuple[int, int]]:
     """Rows 0..rows in as many consecutive ranges as torch uses threads (one when the chunk is small)."""
     n = 1 if entries < THREADED else max(1, min(torch.get_num_threads(), rows))
     bounds = [rows * k // n for k in range(n + 1)]
-    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a] or [(0, rows)]
 
 
 def _run(calls: list) -> None:
@@ -178,11 +181,16 @@ def row_sums(chunk: AttentionChunk, batch: Batch) -> RowSums:
 
 def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool) -> RowSums:
     p = chunk.weights.detach()  # (B, H, C, K) float32
+    if p.dtype != torch.float32 or p.device.type != "cpu":
+        raise TypeError(f"the compiled readers read float32 maps in CPU memory; got {p.dtype} on {p.device}")
     if not p.is_contiguous():
         p = p.contiguous()
     B, H, C, K = p.shape
     start = chunk.start
     valid = tokens.valid.to(p.device)  # (B, T)
+    if start < 0 or start + C > valid.shape[1] or K > valid.shape[1] or valid.shape[0] != B:
+        raise ValueError(f"rows {start}..{start + C} over {K} keys of a batch of {B} x {valid.shape[1]} tokens: "
+                         "the compiled readers read a self-attention's rows")
     flags = (tokens.first[:, :K].to(torch.uint8) | tokens.separator[:, :K].to(torch.uint8) << 1
              | tokens.punctuation[:, :K].to(torch.uint8) << 2).contiguous()  # (B, K)
     queries = valid[:, start:start + C]  # (B, C)
@@ -213,8 +221,11 @@ def row_blocks(weights: Tensor, block: int, k: int) -> tuple[Tensor, Tensor, Ten
     ``weights`` (H, c, K) float32 (any strides with consecutive keys; see :func:`usable`)."""
     H, c, K = weights.shape
     nb = -(-K // block)
-    sums, maxima = torch.empty(H, c, nb), torch.empty(H, c, nb)
-    top, where = torch.empty(H, c, k), torch.empty(H, c, k, dtype=torch.long)
+    if weights.dtype != torch.float32 or not 1 <= k <= min(K, TOP_K) or block < 1:
+        raise ValueError(f"row_blocks reads float32 rows for 1..{min(K, TOP_K)} largest weights; got {weights.dtype}, "
+                         f"k={k}, block={block}")
+    sums, maxima = torch.empty(H, c, nb, dtype=torch.float32), torch.empty(H, c, nb, dtype=torch.float32)
+    top, where = torch.empty(H, c, k, dtype=torch.float32), torch.empty(H, c, k, dtype=torch.long)
     lib = _library()
     w = weights.detach()
 
@@ -254,7 +265,7 @@ def word_runs(owner: Tensor, num_heads: int) -> WordRuns | None:
     lone = torch.zeros(T, dtype=torch.uint8)
     lone[first[counts == 1]] = 1
     multi = torch.stack([first[counts > 1], counts[counts > 1]], 1).to(torch.int32).contiguous()
-    return WordRuns(owner.to(torch.int32).contiguous(), lone, multi, torch.zeros(num_heads, T))
+    return WordRuns(owner.to(torch.int32).contiguous(), lone, multi, torch.zeros(num_heads, T, dtype=torch.float32))
 
 
 def word_predictions(weights: Tensor, rows: Tensor, runs: WordRuns, carried: tuple[int, int] | None, last: bool,
@@ -266,9 +277,14 @@ def word_predictions(weights: Tensor, rows: Tensor, runs: WordRuns, carried: tup
     from the layer's last chunk and its keys then, as this returns it for the next chunk (None
     when no word is open, and after the layer's last chunk)."""
     H, c, K = weights.shape
+    T = runs.key_word.shape[0]
+    if (weights.dtype != torch.float32 or runs.acc.shape != (H, T) or K > T or rows.shape != (c,)
+            or best.dtype != torch.long or best.shape[1] != H or not best.is_contiguous()):
+        raise ValueError("word_predictions: float32 rows (H, c, K <= T), their words (c,), a text's runs of H heads "
+                         "and best (W, H) int64")
     row_word = rows.to(torch.int32).contiguous()
     open_word, acc_keys = carried if carried is not None else (-1, 0)
-    scratch = torch.empty(H, -(-K // 64))
+    scratch = torch.empty(H, -(-K // 64), dtype=torch.float32)
     lib = _library()
     w = weights.detach()
     M = runs.multi.shape[0]

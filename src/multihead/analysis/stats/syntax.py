@@ -166,7 +166,7 @@ def _add_chunk(chunk: AttentionChunk, found: Alignment) -> Tensor | None:
     start, stop = chunk.start, chunk.stop
     G, W = len(found.keys), found.has_word.shape[1]
     state = chunk.call_memo.setdefault("syntax-to-word", {})  # per text: the word carried on, if any
-    compiled = native.usable(p)
+    compiled = native.usable(chunk.weights)  # float32 maps (a float64 run's stay eager)
     for b in found.texts:
         words_of = _text_words(found, b, W, H, p.device)
         best, partial = words_of["best"], words_of["partial"]  # (W, H), (H, W): kept for the batch, reused
