@@ -139,9 +139,7 @@ KERNEL_FILE_SYSTEMS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup"
 def file_system(path: str | Path) -> tuple[str, str] | None:
     """(mount point, file system type) of the mount holding ``path`` — or the first existing folder
     above it — from ``/proc/self/mounts``; None where the kernel does not say (not Linux)."""
-    existing = Path(os.path.abspath(path))
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = _nearest_existing(path)
     try:
         lines = Path("/proc/self/mounts").read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
@@ -158,6 +156,20 @@ def file_system(path: str | Path) -> tuple[str, str] | None:
     return best
 
 
+def _nearest_existing(path: str | Path) -> Path:
+    """``path`` made absolute, or its nearest ancestor that exists (one we may not read counts as
+    there: what writing into it does is the probe's to say)."""
+    existing = Path(os.path.abspath(path))
+    while existing != existing.parent:
+        try:
+            if existing.exists():
+                break
+        except OSError:  # an ancestor we may not search: exists() raises instead of answering
+            break
+        existing = existing.parent
+    return existing
+
+
 def check_writable(out: str | Path) -> None:
     """:class:`OutputFolderError` unless ``out`` is on storage (not the kernel's file systems) and
     takes a file: one is written and removed. Where ``out`` does not exist yet, its missing folders
@@ -172,9 +184,7 @@ def check_writable(out: str | Path) -> None:
     target = Path(os.path.abspath(out))
     probe_root: Path | None = None
     try:
-        existing = target
-        while not existing.exists() and existing != existing.parent:  # exists() raises for an unreadable parent
-            existing = existing.parent
+        existing = _nearest_existing(target)
         folder = existing
         if existing != target:  # the missing names, made under a unique folder of ours
             probe_root = Path(tempfile.mkdtemp(prefix=f".multihead-probe.{os.getpid()}.", dir=existing))

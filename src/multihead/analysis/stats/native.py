@@ -2,10 +2,11 @@
 
 The eager readers (:mod:`.heads`, :mod:`.longcontext`, :mod:`.maps`) make a dozen passes over each
 chunk, each a few PyTorch operations, and on a CPU those passes — not the model — were most of an
-analysis's time (SmolLM2, 4,096 tokens: 8.5 of 25.6 s). ``native.c`` reads each row once: its keys
-cut into ranges of equal distance bin, each range summed once (mass, mass x offset, p log p, largest
-weight, key-set masses), every head and long-context metric a sum of ranges; and for a page's
-pooled text, each row's key-block sums, maxima and k largest weights.
+analysis's time (SmolLM2, 4,096 tokens: 8.5 of 25.6 s). ``native.c`` reads each row in one
+vectorised pass for every head metric (mass, Σ p·|i − j|, p log p, largest weight, key-set masses)
+and a second over its distance bins for the long-context ones; for a page's pooled text, each row's
+key-block sums, maxima and k largest weights; for the syntax scores, each source word's most
+attended word.
 
 It is compiled at first use with the machine's C compiler (``$CC``, else ``gcc``; ``-O3
 -march=native -ffast-math``: vectorised, its ``logf`` from glibc's vector library; linked without
@@ -54,7 +55,7 @@ ENV = "MULTIHEAD_NATIVE"
 #: Map entries below which a chunk is read by the calling thread alone (threads cost ~50 µs a call).
 THREADED = 1 << 18
 BINS = 18
-#: The most weights a row's top-k of :func:`row_blocks` keeps (its heap lives on the stack).
+#: The most weights a row's top-k of :func:`row_blocks` keeps (its k best blocks live on the stack).
 TOP_K = 64
 HEAD_VALUES = 12
 LONG_VALUES = 8
