@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import multihead as mh
 from multihead.analysis.pipelines.analyze import collect_statistics
@@ -97,6 +99,45 @@ def test_syntax_heads_rank_texts_by_their_relation():
     assert first["texts"][0][1:] == [0.5, 4]
     assert [i for i, _, _ in second["texts"][:2]] == [12, 11]  # 1 of 1 before 1 of 4; 0 hits last
     assert 13 not in [i for i, _, _ in second["texts"]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 4), st.integers(1, 6))
+def test_stacked_tables_keep_what_one_table_per_name_keeps(seed, k, rounds):
+    """Every name's top-k of the stacked tables — several names offered at once, in any order, a
+    name new in any round, shards merged — is each name's best k candidates by key (never one keyed -inf)."""
+    from multihead.analysis.stats.typical import _Tops
+
+    g = torch.Generator().manual_seed(seed)
+    L, H, names = 2, 3, ["a", "b", "c", "d"]
+    shards = [_Tops(L, H, k), _Tops(L, H, k)]
+    seen: dict = {}  # (name, layer, head) -> every candidate (key, value, count, index)
+    text = 0
+    for r in range(rounds):
+        chosen = [n for n in names if torch.rand(1, generator=g) < 0.6] or ["a"]
+        layer, N = int(torch.randint(L, (1,), generator=g)), int(torch.randint(1, 5, (1,), generator=g))
+        key = torch.rand(len(chosen), H, N, generator=g, dtype=torch.float64)
+        key[torch.rand(key.shape, generator=g) < 0.2] = -torch.inf  # not present in that text
+        value, count = torch.rand(key.shape, generator=g, dtype=torch.float64), torch.randint(1, 9, key.shape)
+        index = torch.arange(text, text + N).expand(len(chosen), H, N)
+        text += N
+        shards[r % 2].offer(chosen, layer, key, value, count, index)
+        for i, name in enumerate(chosen):
+            for h in range(H):
+                seen.setdefault((name, layer, h), []).extend(
+                    (float(key[i, h, n]), float(value[i, h, n]), int(count[i, h, n]), int(index[i, h, n]))
+                    for n in range(N) if key[i, h, n] > -torch.inf)
+    whole = shards[0]
+    whole.merge(shards[1])
+    assert sorted(whole) == sorted({name for name, _, _ in seen} | set(shards[0]))
+    for name in whole:
+        top = whole[name]
+        for layer in range(L):
+            for h in range(H):
+                want = sorted(seen.get((name, layer, h), []), reverse=True)[:k]
+                kept = [(float(top.key[layer, h, j]), float(top.value[layer, h, j]), int(top.count[layer, h, j]),
+                         int(top.index[layer, h, j])) for j in range(k) if top.key[layer, h, j] > -torch.inf]
+                assert kept == want
 
 
 def test_syntax_texts_come_from_the_parses(minilm):

@@ -31,7 +31,7 @@ from torch import Tensor
 from ...hf.route import AttentionChunk
 from ...inputs import Batch
 from ..sections import Typical, TypicalHead
-from .base import ReducerBase
+from .base import ReducerBase, shared
 from .heads import row_values
 from .syntax import alignment, word_predictions
 
@@ -60,30 +60,69 @@ def measure_of(label: str) -> str:
 
 
 class _Top:
-    """A running top-k of (rank key, value, count, text index) per (L, H) cell."""
+    """A running top-k of (rank key, value, count, text index) per (L, H) cell: ``key``, ``value``,
+    ``count`` (L, H, k) float64 and ``index`` (L, H, k) int64 (-1: no text yet), best first."""
 
-    def __init__(self, num_layers: int, num_heads: int, k: int) -> None:
-        shape = (num_layers, num_heads, k)
-        self.key = torch.full(shape, -torch.inf, dtype=torch.float64)
-        self.value = torch.zeros(shape, dtype=torch.float64)
-        self.count = torch.zeros(shape, dtype=torch.float64)
-        self.index = torch.full(shape, -1, dtype=torch.long)
+    def __init__(self, key: Tensor, value: Tensor, count: Tensor, index: Tensor) -> None:
+        self.key, self.value, self.count, self.index = key, value, count, index
 
-    def offer(self, layer: int, key: Tensor, value: Tensor, count: Tensor, index: Tensor) -> None:
-        """Candidates for one layer: key, value and count (H, N), text indices (N,)."""
-        H, N = key.shape
-        self._keep(layer, key, value, count, index.view(1, N).expand(H, N))
 
-    def _keep(self, layer: int | slice, key: Tensor, value: Tensor, count: Tensor, index: Tensor) -> None:
-        k = self.key.shape[-1]
-        keys = torch.cat([self.key[layer], key], -1)
+class _Tops(Mapping[str, _Top]):
+    """Named running top-ks (a measure's, a relation's), stacked in one (R, L, H, k) table each, so
+    one layer's candidates of every name are kept in one step — a document's 40-odd relations are
+    one ``topk``, not forty. Reads as a mapping name -> :class:`_Top` (views of the stack)."""
+
+    def __init__(self, num_layers: int, num_heads: int, k: int, names: Sequence[str] = ()) -> None:
+        self._cell = (num_layers, num_heads, k)
+        self._at: dict[str, int] = {}
+        self.key = torch.empty(0, *self._cell, dtype=torch.float64)  # (R, L, H, k)
+        self.value = torch.empty(0, *self._cell, dtype=torch.float64)
+        self.count = torch.empty(0, *self._cell, dtype=torch.float64)
+        self.index = torch.empty(0, *self._cell, dtype=torch.long)
+        self.rows(names)
+
+    def rows(self, names: Sequence[str]) -> Tensor:
+        """(R',) the stack's rows of ``names``, new names getting empty tables."""
+        new = [n for n in dict.fromkeys(names) if n not in self._at]
+        if new:
+            n = len(new)
+            self.key = torch.cat([self.key, torch.full((n, *self._cell), -torch.inf, dtype=torch.float64)])
+            self.value = torch.cat([self.value, torch.zeros(n, *self._cell, dtype=torch.float64)])
+            self.count = torch.cat([self.count, torch.zeros(n, *self._cell, dtype=torch.float64)])
+            self.index = torch.cat([self.index, torch.full((n, *self._cell), -1, dtype=torch.long)])
+            base = len(self._at)
+            self._at.update((name, base + i) for i, name in enumerate(new))
+        return torch.tensor([self._at[n] for n in names], dtype=torch.long)
+
+    def offer(self, names: Sequence[str], layer: int | slice, key: Tensor, value: Tensor, count: Tensor,
+              index: Tensor) -> None:
+        """Candidates of each of ``names`` (R') at ``layer``: key, value, count and text index, each
+        (R', H, N) for one layer or (R', L, H, N) for ``slice(None)``; a candidate keyed -inf is never named."""
+        rows = self.rows(names)
+        k = self._cell[-1]
+        keys = torch.cat([self.key[rows, layer], key], -1)
         best = keys.topk(k, dim=-1).indices
         for mine, new in ((self.value, value), (self.count, count), (self.index, index)):
-            mine[layer] = torch.cat([mine[layer], new.to(mine.dtype)], -1).gather(-1, best)
-        self.key[layer] = keys.gather(-1, best)
+            mine[rows, layer] = torch.cat([mine[rows, layer], new.to(mine.dtype)], -1).gather(-1, best)
+        self.key[rows, layer] = keys.gather(-1, best)
 
-    def merge(self, other: _Top) -> None:
-        self._keep(slice(None), other.key, other.value, other.count, other.index)
+    def merge(self, other: _Tops) -> None:
+        """Add another stack's candidates, name by name."""
+        names = list(other)
+        if names:
+            theirs = other.rows(names)
+            self.offer(names, slice(None), other.key[theirs], other.value[theirs], other.count[theirs],
+                       other.index[theirs])
+
+    def __getitem__(self, name: str) -> _Top:
+        r = self._at[name]
+        return _Top(self.key[r], self.value[r], self.count[r], self.index[r])
+
+    def __iter__(self):
+        return iter(self._at)
+
+    def __len__(self) -> int:
+        return len(self._at)
 
 
 class TypicalTexts(ReducerBase):
@@ -95,8 +134,8 @@ class TypicalTexts(ReducerBase):
     def __init__(self, num_layers: int, num_heads: int, k: int = TOP) -> None:
         self.shape = (num_layers, num_heads)
         self.k = k
-        self.metrics = {m: _Top(num_layers, num_heads, k) for m in _RANKED}
-        self.syntax: dict[str, _Top] = {}
+        self.metrics = _Tops(num_layers, num_heads, k, _RANKED)
+        self.syntax = _Tops(num_layers, num_heads, k)  # a table per relation key, as the parses show them
         self._per_text: dict[int, tuple[list[str], Tensor, Tensor]] = {}  # a streamed layer's per-text sums
         self._targets: _BatchTargets | None = None  # the batch's own induction-pattern targets
 
@@ -141,12 +180,12 @@ class TypicalTexts(ReducerBase):
             found_syntax = alignment(batch)
             hit = found_syntax.hits(picked)  # (G, H)
             B, H = len(batch.texts), hit.shape[1]
-            for key in sorted(set(found_syntax.keys)):
-                rows = found_syntax.of_key(key)
-                text = found_syntax.batch[rows]  # (G_key,)
-                hits = torch.zeros(B, H, dtype=torch.float64).index_add_(0, text, hit[rows])  # (B, H)
-                count = torch.bincount(text, minlength=B).to(torch.float64)  # (B,) its dependents
-                self._add_syntax(layer, key, hits, count, batch.texts)
+            relations, cell = shared(batch.memo, "typical-relations", lambda: _relation_cells(found_syntax.keys,
+                                                                                              found_syntax.batch, B))
+            R = len(relations)
+            hits = torch.zeros(R * B, H, dtype=torch.float64).index_add_(0, cell, hit).view(R, B, H)
+            count = torch.bincount(cell, minlength=R * B).to(torch.float64).view(R, B)  # its dependents per text
+            self._add_syntax(layer, relations, hits, count, batch.texts)
 
     def result(self) -> TypicalTexts:
         """The running top texts (:meth:`section` picks each head's by its label)."""
@@ -155,32 +194,35 @@ class TypicalTexts(ReducerBase):
     def _add_metrics(self, layer: int, means: Mapping[str, Tensor], tokens: Tensor, ids: Sequence[int]) -> None:
         """One layer's per-text means, each (B, H) (NaN: not counted), of texts with ``tokens``
         (B,) real tokens and corpus indices ``ids``."""
-        index = torch.as_tensor(list(ids), dtype=torch.long)
-        short = (tokens.to(torch.float64) < MIN_TOKENS)[:, None]  # (B, 1)
-        for name, top in self.metrics.items():
-            if any(part not in means for part in name.split("+")):  # e.g. no token ids given
-                continue
-            value = sum(means[part] for part in name.split("+")).to(torch.float64).cpu()  # (B, H)
-            key = value.nan_to_num(-torch.inf) - 1e6 * short  # short texts after every long one
-            top.offer(layer, key.T, value.nan_to_num(0.0).T, tokens.to(torch.float64)[None].expand_as(key.T), index)
+        names = [n for n in self.metrics if all(part in means for part in n.split("+"))]  # e.g. no token ids given
+        if not names:
+            return
+        value = torch.stack([sum(means[part] for part in n.split("+")) for n in names]).to(torch.float64).cpu()
+        short = (tokens.to(torch.float64).cpu() < MIN_TOKENS)  # (B,)
+        key = value.nan_to_num(-torch.inf) - 1e6 * short[:, None]  # (M, B, H): short texts after every long one
+        M, B, H = value.shape
+        index = torch.as_tensor(list(ids), dtype=torch.long).view(1, 1, B).expand(M, H, B)
+        count = tokens.to(torch.float64).cpu().view(1, 1, B).expand(M, H, B)
+        self.metrics.offer(names, layer, key.transpose(1, 2), value.nan_to_num(0.0).transpose(1, 2), count, index)
 
-    def _add_syntax(self, layer: int, relation: str, hits: Tensor, count: Tensor, ids: Sequence[int]) -> None:
-        """One layer's syntax hits (B, H) for one relation over its ``count`` (B,) dependents per text."""
-        top = self.syntax.setdefault(relation, _Top(*self.shape, self.k))
-        present = count > 0
-        hits, count = hits[present].to(torch.float64), count[present].to(torch.float64)  # (N, H), (N,)
-        index = torch.as_tensor(list(ids), dtype=torch.long)[present]
-        share = hits / count[:, None]
-        top.offer(layer, (hits + share / 2).T, share.T, count[None].expand(hits.shape[1], -1), index)
+    def _add_syntax(self, layer: int, relations: str | Sequence[str], hits: Tensor, count: Tensor,
+                    ids: Sequence[int]) -> None:
+        """One layer's syntax hits (R, B, H) of ``relations`` (R) over their ``count`` (R, B)
+        dependents per text (one relation: (B, H) and (B,)); texts without a dependent are not named."""
+        if isinstance(relations, str):
+            relations, hits, count = [relations], hits[None], count[None]
+        hits, count = hits.to(torch.float64), count.to(torch.float64)
+        present = count > 0  # (R, B)
+        share = hits / count.where(present, 1.0)[..., None]  # (R, B, H)
+        key = (hits + share / 2).masked_fill(~present[..., None], -torch.inf)
+        R, B, H = hits.shape
+        index = torch.as_tensor(list(ids), dtype=torch.long).view(1, 1, B).expand(R, H, B)
+        self.syntax.offer(relations, layer, key.transpose(1, 2), share.transpose(1, 2),
+                          count[:, None, :].expand(R, H, B), index)
 
     def merge(self, other: TypicalTexts) -> None:
-        for name, top in other.metrics.items():
-            self.metrics[name].merge(top)
-        for relation, top in other.syntax.items():
-            if relation in self.syntax:
-                self.syntax[relation].merge(top)
-            else:
-                self.syntax[relation] = top
+        self.metrics.merge(other.metrics)
+        self.syntax.merge(other.syntax)
 
     def section(self, labels: Mapping[tuple[int, int], str], texts: Sequence[str]) -> Typical:
         """The report's ``typical`` section: per head, its label's measure and its top texts as
@@ -220,6 +262,14 @@ class _BatchTargets:
         lo, hi = bisect_left(self.rows, start), bisect_left(self.rows, stop)
         shift = torch.tensor([0, start, 0], device=self.target.device)
         return self.target[lo:hi] - shift, self.counted[:, start:stop]
+
+
+def _relation_cells(keys: Sequence[str], text: Tensor, B: int) -> tuple[list[str], Tensor]:
+    """A batch's relation keys, sorted, and each group's cell (G,) ``relation · B + text`` in
+    their (R, B) table: found once a batch, shared by its layers."""
+    relations = sorted(set(keys))
+    at = {key: r for r, key in enumerate(relations)}
+    return relations, torch.tensor([at[key] for key in keys], dtype=torch.long) * B + text
 
 
 def _batch_targets(batch: Batch, rows: int = 1024) -> _BatchTargets:
