@@ -33,10 +33,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..masks import Mask, TopK
+from .precision import as_half_product, compute_dtype, score_operands
 
 __all__ = ["Chunk", "chunked_attention", "fusable"]
 
-_HALF = (torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class _ChunkedAttention(torch.autograd.Function):
         with torch.autocast(q.device.type, enabled=False):
             B, H, _, Dk = q.shape
             Hkv = k.shape[1]
-            acc = _compute(q)
+            acc = compute_dtype(q)
             dq = torch.zeros_like(q)
             dk = torch.zeros(k.shape, dtype=acc, device=k.device)
             dv = torch.zeros(v.shape, dtype=acc, device=v.device)
@@ -166,10 +166,6 @@ class _Workspace:
         if self.buffer is None or self.buffer.numel() < n or self.buffer.dtype != dtype:
             self.buffer = torch.empty(n, dtype=dtype, device=like.device)
         return self.buffer[:n].view(shape)
-
-
-def _compute(q: Tensor) -> torch.dtype:
-    return torch.float32 if q.dtype in _HALF else q.dtype
 
 
 def _grouped(x: Tensor, Hkv: int) -> Tensor:
@@ -247,12 +243,14 @@ def _probabilities(q, k, v, chunk: Chunk, mask: Mask | None, scale: float, topk:
     picked = q[:, :, chunk.rows] if isinstance(chunk.rows, slice) else q.index_select(2, rows)  # (B, H, c, Dk)
     qc = _grouped(picked * scale, Hkv)  # (B, Hkv, G·c, Dk)
     kc, vc = _keys(k, chunk), _keys(v, chunk)  # (B, Hkv, W, Dk), (B, Hkv, W, Dv)
-    acc = _compute(q)
+    acc = compute_dtype(q)
     c, W = rows.numel(), chunk.n_keys
-    if acc == q.dtype:
-        s = torch.matmul(qc, kc.transpose(-1, -2), out=work.scores((B, Hkv, qc.shape[2], W), q, acc))
+    qs, ks = score_operands(qc, kc)  # float32 on a CPU for half inputs, as the math kernel's
+    if qs.dtype == acc:
+        s = torch.matmul(qs, ks.transpose(-1, -2), out=work.scores((B, Hkv, qc.shape[2], W), q, acc))
+        s = as_half_product(s, q.dtype)  # (B, Hkv, G·c, W) as the math kernel rounds them
     else:
-        s = (qc @ kc.transpose(-1, -2)).to(acc)
+        s = (qs @ ks.transpose(-1, -2)).to(acc)
     s = s.view(B, H, c, W)  # (B, H, c, W)
     visible = None
     if mask is not None:

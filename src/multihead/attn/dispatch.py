@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
 from ..masks import FULL, Mask, split_topk
 from .plans import keys_per_query
+from .precision import HALF
 
 __all__ = ["BACKENDS", "HALF", "MIN_CHUNKED_KEYS", "SPARSE_SHARE", "BackendChoice", "choose"]
 
 BACKENDS = ("auto", "math", "sdpa", "local", "sparse", "topk")
-HALF = (torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)

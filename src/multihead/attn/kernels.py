@@ -27,9 +27,10 @@ from torch import Tensor
 
 from ..masks import FULL, Causal, Mask, TopK, as_mask, split_topk
 from .chunked import chunked_attention, fusable
-from .dispatch import BACKENDS, HALF, BackendChoice, choose
+from .dispatch import BACKENDS, BackendChoice, choose
 from .memory import check_memory, estimate_memory
 from .plans import plan_chunks
+from .precision import HALF, as_half_product, compute_dtype, score_operands
 
 __all__ = ["BACKENDS", "BackendChoice", "attention", "explain_backend"]
 
@@ -138,10 +139,11 @@ def _math_attention(
     B, H, T, _ = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     G = H // Hkv  # grouped-query: query heads kv·G .. kv·G + G - 1 share key/value head kv
-    compute = torch.float32 if q.dtype in HALF else q.dtype
+    compute = compute_dtype(q)
     # The G query heads of a group are stacked as G·T rows against their one key head, so keys
     # and values are never copied G times.
     q3, k3 = q.reshape(B * Hkv, G * T, -1), k.reshape(B * Hkv, S, -1)  # views when contiguous
+    q3, k3 = score_operands(q3, k3)  # float32 on a CPU for half inputs (see precision.score_operands)
     # A power-of-two scale (head dims 16, 64, 256…) scales q exactly: one pass over (G·T, Dk), not
     # (G·T, S). Any other scales the product, as the reference implementations round it. (baddbmm's
     # alpha would cost no pass at all, but MKL's baddbmm runs at half bmm's speed once S nears 4k.)
@@ -150,7 +152,7 @@ def _math_attention(
     else:
         scores = torch.bmm(q3, k3.transpose(1, 2))
         scores = scores.mul_(scale) if not scores.requires_grad else scores * scale  # (B·Hkv, G·T, S)
-    scores = scores.view(B, H, T, S).to(compute)  # (B, H, T, S)
+    scores = as_half_product(scores, q.dtype).view(B, H, T, S).to(compute)  # (B, H, T, S), float32 for half inputs
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)  # (B, H, T, S) within ±softcap
     visible = None
