@@ -108,13 +108,21 @@ def _compare(chunk, batch):
     torch.testing.assert_close(found.hist, (hist * rows[:, None, :, None]).sum(2), rtol=1e-5, atol=1e-5)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(H=st.integers(1, 3), c=st.integers(1, 20), K=st.integers(1, 400), block=st.sampled_from([1, 3, 8, 12, 16, 20]),
-       k=st.integers(1, 16), sharp=st.floats(0, 8), seed=st.integers(0, 2**31))
-def test_row_blocks_equal_key_blocks_and_the_top_weights(H, c, K, block, k, sharp, seed):
+       k=st.integers(1, 16), sharp=st.floats(0, 8), seed=st.integers(0, 2**31), causal=st.booleans(),
+       ties=st.booleans())
+def test_row_blocks_equal_key_blocks_and_the_top_weights(H, c, K, block, k, sharp, seed, causal, ties):
+    """Also causal rows (zeros after each row's last key: fewer than k weights above 0) and weights
+    rounded to sixteenths (ties at the k-th place): the earliest keys of a tie are named."""
     k = min(k, K)
     g = torch.Generator().manual_seed(seed)
-    full = (torch.randn(H, c, K + 3, generator=g) * sharp).softmax(-1)
+    scores = torch.randn(H, c, K + 3, generator=g) * sharp
+    if causal:  # row i sees keys 0 .. i + K - c, as the rows of a causal chunk do
+        scores = scores.masked_fill(torch.ones(c, K + 3, dtype=torch.bool).triu(1 + max(0, K - c)), float("-inf"))
+    full = scores.softmax(-1)
+    if ties:
+        full = (full * 16).round() / 16
     w = full[:, :, :K]  # a view with a row stride above K, as a text's rows of a chunk are
     sums, maxima, top, where = native.row_blocks(w, block, k)
     want_sums, want_maxima = maps.key_blocks(w, block)
@@ -124,6 +132,8 @@ def test_row_blocks_equal_key_blocks_and_the_top_weights(H, c, K, block, k, shar
     assert torch.equal(top, want_top)  # the k largest, largest first
     assert torch.equal(w.gather(-1, where), top)  # ... at the keys named
     assert (where.sort(-1).values.diff(dim=-1) > 0).all()  # no key twice
+    order = (-w).sort(dim=-1, stable=True).indices  # largest first, a tie's keys in key order
+    assert torch.equal(where, order[..., :k])
 
 
 @pytest.mark.slow
