@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import multihead as mh
 from architectures import build, inputs
-from multihead.analysis.interventions.ablation import ablation_effects
+from multihead.analysis.interventions.ablation import ablation_effects, attribution_effects
 from multihead.analysis.interventions.direct import direct_logit_attribution
 from multihead.analysis.interventions.patching import EXAMPLES, patch_heads
 from multihead.hf.placement import (
@@ -181,6 +181,24 @@ def test_an_offloaded_model_gives_what_the_plain_one_gives(offloaded, smollm2):
 
     torch.testing.assert_close(mh.head_importance(offloaded, batches(offloaded), loss).scores,
                                mh.head_importance(smollm2, batches(smollm2), loss).scores, **exact)
+
+
+@pytest.mark.slow
+def test_attribution_on_an_offloaded_model_keeps_which_weights_take_a_gradient(offloaded, smollm2):
+    """The ablation estimate `analyze` runs first (gradients to the gates, none to the weights), after
+    inference-mode passes made the offload hooks' weights inference tensors: it equals the model in
+    memory's, and every weight that took a gradient before takes one after (it crashed on leaving,
+    and would have left the weights the hooks made during the pass without one)."""
+    ids = offloaded.tokenizer(TEXTS[:1], return_tensors="pt")
+    with torch.inference_mode():
+        offloaded.model(**ids)
+    before = {name: p.requires_grad for name, p in offloaded.model.named_parameters()}
+    assert any(p.is_inference() for p in offloaded.model.parameters())  # what made leaving fail
+    got = attribution_effects(offloaded, TEXTS[:2])
+    want = attribution_effects(smollm2, TEXTS[:2])
+    assert {name: p.requires_grad for name, p in offloaded.model.named_parameters()} == before
+    for mode in want:
+        torch.testing.assert_close(got[mode], want[mode], atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.slow

@@ -52,15 +52,25 @@ def replica_gates(num_layers: int, num_heads: int, groups: list[list[tuple[int, 
 @contextlib.contextmanager
 def gate_gradients_only(model: ModelLike) -> Iterator[None]:
     """While inside, the model's weights take no gradient: a backward pass then computes only what
-    the gates (or other inputs) need, not the weights' gradients too (half the backward)."""
-    params = [p for p in as_module(model).parameters() if p.requires_grad]
+    the gates (or other inputs) need, not the weights' gradients too (half the backward).
+
+    On leaving, the weights that took one take one again, found by name among the module's
+    parameters *then*: accelerate's offload hooks replace an offloaded module's parameters on every
+    pass (new ones, with the old ones' ``requires_grad``, made under inference mode when the pass
+    was), so the objects seen on entry may be gone."""
+    module = as_module(model)
+    wanted = {name for name, p in module.named_parameters() if p.requires_grad}
     try:
-        for p in params:
+        for p in module.parameters():
             p.requires_grad_(False)
         yield
     finally:
-        for p in params:
-            p.requires_grad_(True)
+        for name, p in module.named_parameters():
+            if name in wanted and not p.requires_grad:
+                # an inference tensor (a weight an offload hook made during an inference-mode pass)
+                # may be flagged only inside inference mode
+                with torch.inference_mode(p.is_inference()):
+                    p.requires_grad_(True)
 
 
 class HeadGates(Attachment):
