@@ -131,6 +131,21 @@ def test_huge_negative_float_mask_does_not_overflow_half(dtype, backend):
 
 
 @pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+def test_half_scores_are_rounded_as_the_eager_path_rounds_them(dtype, head_dim):
+    """transformers' eager attention: (q @ kᵀ) * scale in the half dtype — the product rounded, then
+    its scaling (a second rounding when the scale is no power of two: head dims 80, 128) — and the
+    softmax in float32. The math kernel (on a CPU: a float32 product of the half operands, rounded)
+    gives the same weights; rounding once only moved a quarter of the scores by a step."""
+    g = torch.Generator().manual_seed(head_dim)
+    q, k, v = (torch.randn(2, 4, 64, head_dim, generator=g).to(dtype) for _ in range(3))
+    eager = torch.softmax((q @ k.transpose(-1, -2)) * head_dim ** -0.5, -1, dtype=torch.float32).to(dtype)
+    _, w = mh.attention(q, k, v, None, backend="math", need_weights=True)
+    moved = (w.float() - eager.float()).abs()
+    assert float((moved > 0).float().mean()) < 0.01 and float(moved.max()) <= 2 * torch.finfo(dtype).eps
+
+
+@pytest.mark.parametrize("dtype", HALF)
 def test_half_inputs_softmax_in_float32(dtype):
     q, k, v = rand_qkv(2, 2, 1, 16, 16, 32, 32, dtype, seed=3)
     out, w = mh.attention(q, k, v, masks.causal(), backend="math", need_weights=True)

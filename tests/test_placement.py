@@ -205,3 +205,26 @@ def test_attribution_on_an_offloaded_model_keeps_which_weights_take_a_gradient(o
 def test_pruning_an_offloaded_model_is_refused_in_one_line(offloaded):
     with pytest.raises(ValueError, match="accelerate keeps part of this model offloaded"):
         mh.prune_heads(offloaded, {0: [0]})
+
+
+def test_weights_replaced_inside_take_a_gradient_again_after():
+    """gate_gradients_only on a model whose hooks replace its weights during the pass (as
+    accelerate's offload hooks do), a tied weight untied among them: on leaving, every name that
+    took a gradient takes one again — also a tied weight's second name, and one made in inference
+    mode; a weight that took none still takes none, also after an error inside."""
+    from multihead.hf.interventions import gate_gradients_only
+
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5), torch.nn.LayerNorm(5))
+    model[1].weight = model[0].weight  # tied, as an LM head with its input embedding
+    model[2].bias.requires_grad_(False)
+    before = {name: p.requires_grad for name, p in model.named_parameters(remove_duplicate=False)}
+    with gate_gradients_only(model):
+        assert not any(p.requires_grad for p in model.parameters())
+        # a hook untying and replacing weights, the new ones with the old ones' requires_grad (False)
+        model[1].weight = torch.nn.Parameter(model[0].weight.detach().clone(), requires_grad=False)
+        with torch.inference_mode():
+            model[0].weight = torch.nn.Parameter(torch.zeros(5, 3), requires_grad=False)
+    assert {name: p.requires_grad for name, p in model.named_parameters(remove_duplicate=False)} == before
+    with pytest.raises(RuntimeError, match="inside"), gate_gradients_only(model):
+        raise RuntimeError("inside")
+    assert {name: p.requires_grad for name, p in model.named_parameters(remove_duplicate=False)} == before

@@ -149,8 +149,8 @@ def _math_attention(
     # alpha would cost no pass at all, but MKL's baddbmm runs at half bmm's speed once S nears 4k.)
     if math.frexp(scale)[0] == 0.5:
         scores = torch.bmm(q3 * scale, k3.transpose(1, 2))  # (B·Hkv, G·T, S)
-    else:
-        scores = torch.bmm(q3, k3.transpose(1, 2))
+    else:  # the product rounded, then its scaling rounded, as a half GEMM and a half multiply round them
+        scores = as_half_product(torch.bmm(q3, k3.transpose(1, 2)), q.dtype)
         scores = scores.mul_(scale) if not scores.requires_grad else scores * scale  # (B·Hkv, G·T, S)
     scores = as_half_product(scores, q.dtype).view(B, H, T, S).to(compute)  # (B, H, T, S), float32 for half inputs
     if softcap is not None:

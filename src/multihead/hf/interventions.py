@@ -59,13 +59,14 @@ def gate_gradients_only(model: ModelLike) -> Iterator[None]:
     pass (new ones, with the old ones' ``requires_grad``, made under inference mode when the pass
     was), so the objects seen on entry may be gone."""
     module = as_module(model)
-    wanted = {name for name, p in module.named_parameters() if p.requires_grad}
+    # every name of a tied weight: the hooks may untie it, each module getting a parameter of its own
+    wanted = {name for name, p in module.named_parameters(remove_duplicate=False) if p.requires_grad}
     try:
         for p in module.parameters():
             p.requires_grad_(False)
         yield
     finally:
-        for name, p in module.named_parameters():
+        for name, p in module.named_parameters(remove_duplicate=False):
             if name in wanted and not p.requires_grad:
                 # an inference tensor (a weight an offload hook made during an inference-mode pass)
                 # may be flagged only inside inference mode

@@ -201,14 +201,15 @@ static inline int64_t at_least(const float *restrict x, int64_t n, float t) {
    negative — for the largest t with at least k of x >= t, which is the k-th largest itself
    (~30 counting passes, no data-dependent branch: a selection's mispredictions cost more). */
 static float kth_largest(const float *restrict x, int64_t n, int64_t k) {
-    float largest = 0.f;
+    uint32_t lo = 0, hi, bits = 0;
     for (int64_t i = 0; i < n; i++) {
-        if (!(x[i] >= 0.f) || signbit(x[i])) return -1.f; /* negative, -0 or NaN: not weights */
-        largest = fmaxf(largest, x[i]);
+        uint32_t b;
+        memcpy(&b, x + i, sizeof b);
+        if (b > 0x7f800000u) return -1.f; /* a sign bit or a NaN: not weights (tested on the bits: -ffast-math
+                                            folds float tests for NaN away) */
+        bits = b > bits ? b : bits;
     }
-    uint32_t lo = 0, hi, bits;
-    memcpy(&bits, &largest, sizeof bits);
-    hi = bits + 1; /* at_least(lo) >= k > at_least(hi) */
+    hi = bits + 1; /* the largest's bits + 1: at_least(lo) >= k > at_least(hi) */
     while (hi - lo > 1) {
         uint32_t mid = lo + (hi - lo) / 2;
         float t;

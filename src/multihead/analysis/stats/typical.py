@@ -82,7 +82,9 @@ class _Tops(Mapping[str, _Top]):
         self.rows(names)
 
     def rows(self, names: Sequence[str]) -> Tensor:
-        """(R',) the stack's rows of ``names``, new names getting empty tables."""
+        """(R',) the stack's rows of ``names`` (each once), new names getting empty tables."""
+        if len(set(names)) != len(names):  # one row twice in an index_put: which write wins is not defined
+            raise ValueError(f"a name offered twice at once: {sorted(names)}")
         new = [n for n in dict.fromkeys(names) if n not in self._at]
         if new:
             n = len(new)
