@@ -148,11 +148,13 @@ def _math_attention(
     # (G·T, S). Any other scales the product, as the reference implementations round it. (baddbmm's
     # alpha would cost no pass at all, but MKL's baddbmm runs at half bmm's speed once S nears 4k.)
     if math.frexp(scale)[0] == 0.5:
-        scores = torch.bmm(q3 * scale, k3.transpose(1, 2))  # (B·Hkv, G·T, S)
-    else:  # the product rounded, then its scaling rounded, as a half GEMM and a half multiply round them
-        scores = as_half_product(torch.bmm(q3, k3.transpose(1, 2)), q.dtype)
+        scores = as_half_product(torch.bmm(q3 * scale, k3.transpose(1, 2)), q.dtype)  # (B·Hkv, G·T, S)
+    elif q3.dtype != q.dtype:  # float32 operands of half inputs: the product rounded, then its scaling, as eager's
+        scores = as_half_product(torch.bmm(q3, k3.transpose(1, 2)), q.dtype, scale)  # (B·Hkv, G·T, S)
+    else:
+        scores = torch.bmm(q3, k3.transpose(1, 2))
         scores = scores.mul_(scale) if not scores.requires_grad else scores * scale  # (B·Hkv, G·T, S)
-    scores = as_half_product(scores, q.dtype).view(B, H, T, S).to(compute)  # (B, H, T, S), float32 for half inputs
+    scores = scores.view(B, H, T, S).to(compute)  # (B, H, T, S), float32 for half inputs
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)  # (B, H, T, S) within ±softcap
     visible = None

@@ -35,12 +35,14 @@ def score_operands(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
     return q, k
 
 
-def as_half_product(scores: Tensor, dtype: torch.dtype) -> Tensor:
+def as_half_product(scores: Tensor, dtype: torch.dtype, scale: float | None = None) -> Tensor:
     """Float32 scores made from half operands (:func:`score_operands`), rounded to ``dtype`` as a
-    half GEMM rounds its output — transformers' eager path softmaxes exactly those — and back to
-    float32 for the softmax; in place when no gradient is wanted. Others are returned as they are."""
+    half GEMM rounds its output — and, with ``scale``, then multiplied by it in ``dtype``: eager's
+    ``(q @ kᵀ) * scale``, two roundings — and back to float32 for the softmax; in place when no
+    gradient is wanted (one half-size temporary either way). Others are returned as they are."""
     if dtype not in HALF or scores.dtype == dtype:
         return scores
-    if scores.requires_grad:
-        return scores.to(dtype).to(scores.dtype)
-    return scores.copy_(scores.to(dtype))
+    half = scores.to(dtype)
+    if scale is not None:
+        half = half.mul_(scale) if not scores.requires_grad else half * scale
+    return half.to(scores.dtype) if scores.requires_grad else scores.copy_(half)
