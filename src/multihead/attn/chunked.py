@@ -38,7 +38,6 @@ from .precision import as_half_product, compute_dtype, score_operands
 __all__ = ["Chunk", "chunked_attention", "fusable"]
 
 
-
 @dataclass(frozen=True)
 class Chunk:
     """Query rows ``rows`` (a slice or a 1-D index tensor) and their candidate keys:

@@ -15,7 +15,7 @@ from ..masks import FULL, Mask, split_topk
 from .plans import keys_per_query
 from .precision import HALF
 
-__all__ = ["BACKENDS", "HALF", "MIN_CHUNKED_KEYS", "SPARSE_SHARE", "BackendChoice", "choose"]
+__all__ = ["BACKENDS", "MIN_CHUNKED_KEYS", "SPARSE_SHARE", "BackendChoice", "choose"]
 
 BACKENDS = ("auto", "math", "sdpa", "local", "sparse", "topk")
 

@@ -19,8 +19,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..masks import FULL, Mask, as_mask, split_topk
-from .dispatch import HALF, choose
+from .dispatch import choose
 from .plans import plan_cost
+from .precision import HALF
 
 __all__ = ["AttentionMemoryError", "LiveBytes", "MemoryEstimate", "available_memory", "check_memory",
            "estimate_memory"]

@@ -280,9 +280,6 @@ void row_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t k
             rs[n] = s;
             rm[n] = m;
         }
-        /* the k-th largest block maximum bounds the k-th largest weight from below, so the k largest
-           weights lie in the k blocks of largest maxima (or, tied, in others): those blocks, largest
-           maximum first, until one's maximum is below the k-th largest weight found */
         float *tv = top + row * k;
         int64_t *ti = where + row * k;
 #ifdef __AVX2__
@@ -303,6 +300,9 @@ void row_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t k
             }
         }
 #endif
+        /* the k-th largest block maximum bounds the k-th largest weight from below, so the k largest
+           weights lie in the k blocks of largest maxima (or, tied, in others): those blocks, largest
+           maximum first, until one's maximum is below the k-th largest weight found */
         int64_t nk = nb < k ? nb : k;
         clear(bv, bk, nk);
         for (int64_t m = 0; m < nb; m++) offer(bv, bk, nk, rm[m], m);

@@ -85,7 +85,7 @@ class _Tops(Mapping[str, _Top]):
         """(R',) the stack's rows of ``names`` (each once), new names getting empty tables."""
         if len(set(names)) != len(names):  # one row twice in an index_put: which write wins is not defined
             raise ValueError(f"a name offered twice at once: {sorted(names)}")
-        new = [n for n in dict.fromkeys(names) if n not in self._at]
+        new = [n for n in names if n not in self._at]
         if new:
             n = len(new)
             self.key = torch.cat([self.key, torch.full((n, *self._cell), -torch.inf, dtype=torch.float64)])
