@@ -135,14 +135,41 @@ def test_huge_negative_float_mask_does_not_overflow_half(dtype, backend):
 def test_half_scores_are_rounded_as_the_eager_path_rounds_them(dtype, head_dim):
     """transformers' eager attention: (q @ kᵀ) * scale in the half dtype — the product rounded, then
     its scaling (a second rounding when the scale is no power of two: head dims 80, 128) — and the
-    softmax in float32. The math kernel (on a CPU: a float32 product of the half operands, rounded)
-    gives the same weights; rounding once only moved a quarter of the scores by a step."""
+    softmax in float32. The math kernel (on a CPU with half units a half product, as eager's; without
+    them a float32 product of the half operands, rounded) gives the same weights; rounding once only
+    moved a quarter of the scores by a step."""
     g = torch.Generator().manual_seed(head_dim)
     q, k, v = (torch.randn(2, 4, 64, head_dim, generator=g).to(dtype) for _ in range(3))
     eager = torch.softmax((q @ k.transpose(-1, -2)) * head_dim ** -0.5, -1, dtype=torch.float32).to(dtype)
     _, w = mh.attention(q, k, v, None, backend="math", need_weights=True)
     moved = (w.float() - eager.float()).abs()
     assert float((moved > 0).float().mean()) < 0.01 and float(moved.max()) <= 2 * torch.finfo(dtype).eps
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("units", [True, False])
+def test_half_products_padded_to_the_key_grid_change_nothing(dtype, units, monkeypatch):
+    """On a CPU the half products run over keys padded to a multiple of KEY_GRID (a few oneDNN
+    shapes for every chunk): zero keys whose scores are dropped and zero weights — the weights, the
+    outputs and the gradients are those of the unpadded product, with half units or without."""
+    from multihead.attn import precision
+
+    monkeypatch.setattr(precision, "half_units", lambda dt: units)
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 6, 300, 80, generator=g).to(dtype)
+    k, v = (torch.randn(1, 2, 300, 80, generator=g).to(dtype) for _ in range(2))
+    found = {}
+    for grid in (precision.KEY_GRID, 1):
+        monkeypatch.setattr(precision, "KEY_GRID", grid)
+        assert precision.key_grid(q, 300) == (512 if units and grid > 1 else 300)
+        a, b, c = (t.clone().requires_grad_() for t in (q, k, v))
+        out, w = mh.attention(a, b, c, masks.causal(), backend="math", need_weights=True)
+        (out.float().square().sum() + w.float().mul(torch.arange(300.0)).sum()).backward()
+        found[grid] = out.detach(), w.detach(), a.grad, b.grad, c.grad
+        with torch.inference_mode():  # the in-place path (no graph): the same
+            assert torch.equal(mh.attention(q, k, v, masks.causal(), backend="math", need_weights=True)[1], w)
+    for padded, plain in zip(found[precision.KEY_GRID], found[1], strict=True):
+        torch.testing.assert_close(padded, plain, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", HALF)

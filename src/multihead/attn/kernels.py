@@ -30,7 +30,7 @@ from .chunked import chunked_attention, fusable
 from .dispatch import BACKENDS, BackendChoice, choose
 from .memory import check_memory, estimate_memory
 from .plans import plan_chunks
-from .precision import HALF, as_half_product, compute_dtype, score_operands
+from .precision import HALF, as_half_product, compute_dtype, key_grid, score_operands
 
 __all__ = ["BACKENDS", "BackendChoice", "attention", "explain_backend"]
 
@@ -144,15 +144,18 @@ def _math_attention(
     # and values are never copied G times.
     q3, k3 = q.reshape(B * Hkv, G * T, -1), k.reshape(B * Hkv, S, -1)  # views when contiguous
     q3, k3 = score_operands(q3, k3)  # float32 on a CPU for half inputs (see precision.score_operands)
+    grid = key_grid(k3, S)  # a half product on a CPU over a few key counts only (see precision.key_grid)
+    if grid != S:
+        k3 = F.pad(k3, (0, 0, 0, grid - S))  # (B·Hkv, grid, Dk): zero keys, their scores dropped below
     # A power-of-two scale (head dims 16, 64, 256…) scales q exactly: one pass over (G·T, Dk), not
     # (G·T, S). Any other scales the product, as the reference implementations round it. (baddbmm's
     # alpha would cost no pass at all, but MKL's baddbmm runs at half bmm's speed once S nears 4k.)
     if math.frexp(scale)[0] == 0.5:
-        scores = as_half_product(torch.bmm(q3 * scale, k3.transpose(1, 2)), q.dtype)  # (B·Hkv, G·T, S)
+        scores = as_half_product(torch.bmm(q3 * scale, k3.transpose(1, 2))[..., :S], q.dtype)  # (B·Hkv, G·T, S)
     elif q3.dtype != q.dtype:  # float32 operands of half inputs: the product rounded, then its scaling, as eager's
         scores = as_half_product(torch.bmm(q3, k3.transpose(1, 2)), q.dtype, scale)  # (B·Hkv, G·T, S)
     else:
-        scores = torch.bmm(q3, k3.transpose(1, 2))
+        scores = torch.bmm(q3, k3.transpose(1, 2))[..., :S]
         scores = scores.mul_(scale) if not scores.requires_grad else scores * scale  # (B·Hkv, G·T, S)
     scores = scores.view(B, H, T, S).to(compute)  # (B, H, T, S), float32 for half inputs
     if softcap is not None:
@@ -185,8 +188,19 @@ def _math_attention(
     if visible is not None and (weights.device.type != "cpu" or not bool(visible.all())):
         weights = weights.masked_fill(~visible, 0.0)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    grouped = dropped.to(v.dtype).reshape(B * Hkv, G * T, S)  # (B·Hkv, G·T, S)
-    out = torch.bmm(grouped, v.reshape(B * Hkv, S, -1)).view(B, H, T, -1)  # (B, H, T, Dv)
+    grouped = dropped.reshape(B * Hkv, G * T, S)  # (B·Hkv, G·T, S)
+    values = v.reshape(B * Hkv, S, -1)  # (B·Hkv, S, Dv)
+    grid = key_grid(v, S)
+    if grid == S:
+        grouped = grouped.to(v.dtype)
+    elif grouped.requires_grad:
+        grouped, values = F.pad(grouped.to(v.dtype), (0, grid - S)), F.pad(values, (0, 0, 0, grid - S))
+    else:  # the weights in the model's dtype beside zero weights for the padding keys: one pass
+        padded = grouped.new_empty(B * Hkv, G * T, grid, dtype=v.dtype)  # (B·Hkv, G·T, grid)
+        padded[..., S:].zero_()
+        padded[..., :S].copy_(grouped)
+        grouped, values = padded, F.pad(values, (0, 0, 0, grid - S))  # (B·Hkv, grid, Dv)
+    out = torch.bmm(grouped, values).view(B, H, T, -1)  # (B, H, T, Dv)
     return out, weights  # weights in the softmax's dtype (float32 for half-precision inputs)
 
 

@@ -6,12 +6,16 @@ fast path and the reference round the same way.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
-__all__ = ["HALF", "as_half_product", "compute_dtype", "score_operands"]
+__all__ = ["HALF", "KEY_GRID", "as_half_product", "compute_dtype", "half_units", "key_grid", "score_operands"]
 
 HALF = (torch.float16, torch.bfloat16)
+#: Key counts a half-precision product on a CPU is padded up to a multiple of (see :func:`key_grid`).
+KEY_GRID = 256
 
 
 def compute_dtype(q: Tensor) -> torch.dtype:
@@ -19,20 +23,46 @@ def compute_dtype(q: Tensor) -> torch.dtype:
     return torch.float32 if q.dtype in HALF else q.dtype
 
 
+@functools.cache
+def half_units(dtype: torch.dtype) -> bool:
+    """Whether this CPU multiplies ``dtype`` (bfloat16 or float16) in its own units — oneDNN on
+    AVX-512 BF16 / AMX, or AVX-512 FP16 / AMX-FP16 — rather than emulating it."""
+    try:
+        if dtype == torch.bfloat16:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        if dtype == torch.float16:
+            return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN: nothing native
+        pass
+    return False
+
+
 def score_operands(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
     """q (…, T, Dk) and k (…, S, Dk) as the scores' product takes them.
 
-    Half-precision on a CPU: raised to float32. A product of two half numbers is exact in float32,
-    so q·kᵀ is then what a float32-accumulating half GEMM holds before it rounds its output
-    (:func:`as_half_product` rounds it), formed by MKL's float32 GEMM instead of a oneDNN half GEMM
-    primitive per chunk shape, whose cache held ~80 MB at 4k tokens of SmolLM2 in bfloat16. On an
-    Intel Xeon with AMX the analysis of 1k tokens of SmolLM2 in bfloat16 went 3.0 → 2.3 s (the
-    attention 0.5 → 0.4 s, and the float32 cosine after it 0.93 → 0.58 s). Elsewhere (CUDA's
-    tensor cores, full precision) unchanged.
+    Half precision on a CPU without units for it (:func:`half_units`: an AVX2 machine): raised to
+    float32. A product of two half numbers is exact in float32, so q·kᵀ is then what a
+    float32-accumulating half GEMM holds before it rounds its output (:func:`as_half_product`
+    rounds it), at MKL's float32 speed instead of an emulated half GEMM's. A CPU with the units
+    multiplies in the half dtype itself, as the model's eager attention does there: on an Intel Xeon
+    with AMX 6x the float32 GEMM's speed (a 4k-token analysis of a Qwen2-1.5B shape: 31 → 27 s), with
+    its keys padded to :data:`KEY_GRID` (:func:`key_grid`). Elsewhere (CUDA's tensor cores, full
+    precision) unchanged.
     """
-    if q.dtype in HALF and q.device.type == "cpu":
+    if q.dtype in HALF and q.device.type == "cpu" and not half_units(q.dtype):
         return q.float(), k.float()  # small beside the (T, S) scores
     return q, k
+
+
+def key_grid(t: Tensor, keys: int) -> int:
+    """How many keys a product over ``keys`` keys of ``t``'s dtype is formed over: on a CPU in half
+    precision, the next multiple of :data:`KEY_GRID` — oneDNN builds and caches a primitive per
+    product shape, and the chunks of a causal layer each have their own key count (one per chunk,
+    ~100 at 8k tokens: their cache held hundreds of MB and their builds took seconds); with the
+    keys padded (zero keys, zero weights) a few shapes serve every chunk. Otherwise ``keys``."""
+    if t.dtype in HALF and t.device.type == "cpu" and keys % KEY_GRID and half_units(t.dtype):
+        return keys + KEY_GRID - keys % KEY_GRID
+    return keys
 
 
 def as_half_product(scores: Tensor, dtype: torch.dtype, scale: float | None = None) -> Tensor:

@@ -41,7 +41,7 @@ JS_BUDGET = 1 << 23
 #: about 9 s of JS work for 4 rows).
 MIN_JS_ROWS = 4
 #: elements of residual contributions (N x rows x D) formed at once for the cosine
-COSINE_CHUNK = 1 << 22
+COSINE_CHUNK = 1 << 24
 #: The most query rows of a batch the output cosine averages over (an even stride beyond): every
 #: row of a batch of sentences; of a long document a sample, so the heads' kept outputs (L·H·rows·Dv)
 #: stay bounded — 32 k tokens of an 8B model would otherwise keep 17 GB of them.
@@ -102,10 +102,11 @@ class RedundancyStatistics(ReducerBase):
         held = maps + L * H * cosine * head_dim * element_size
         step = max(1, COSINE_CHUNK // (N * hidden))
         # at the end, beside what is held: the JS's temporaries (the rows' lengths read from a bool
-        # copy of the maps, then blocks of JS_BLOCK mixtures and their logarithms) or one cosine
-        # step (the contributions in the model's dtype and in float32), whichever is more
+        # copy of the maps, then blocks of JS_BLOCK mixtures and their logarithms) or the cosine's
+        # block of contributions (float32) with one layer's temporaries, whichever is more
         js = max(N * sampled * keys, 2 * JS_BLOCK * 4)
-        return held, max(js, N * min(step, cosine) * hidden * (4 + element_size))
+        at_once = min(step, cosine)  # a block of every head's contributions; one layer's in the model's dtype
+        return held, max(js, N * at_once * hidden * 4 + H * at_once * hidden * (4 + element_size))
 
     def begin_batch(self, batch: Batch) -> None:
         """Choose the batch's sampled rows: an even stride through its real query tokens in (text,
@@ -196,17 +197,32 @@ class RedundancyStatistics(ReducerBase):
             outputs = self._all_outputs  # (L, H, R_c, Dv)
             R = outputs.shape[2]
             D = self._w_o[0].shape[0]
-            step = max(1, COSINE_CHUNK // (self.L * self.H * D))
+            H, N = self.H, self.L * self.H
+            step = min(R, max(1, COSINE_CHUNK // (N * D)))
+            # one block for every step's contributions (N, D, rows), made once: a fresh one per step, larger
+            # than glibc keeps in its heap, would be mapped and page-faulted anew each time
+            block = torch.empty(N * D * step, dtype=torch.float32, device=outputs.device)
+            half = None if outputs.dtype == torch.float32 else outputs.new_empty(H * D * step)
             for r in range(0, R, step):  # (N, D, rows) at a time: memory stays flat in the batch size
-                # W^O's columns of head h, (D, Dv) with row stride H·Dv, times its outputs transposed: one
-                # batched product over the heads that reads both in place (no copy; 3-4x an einsum's speed)
-                contrib = torch.cat([torch.bmm(self._w_o[layer].to(outputs.dtype).permute(1, 0, 2),
-                                               outputs[layer, :, r:r + step].transpose(1, 2))
-                                     for layer in range(self.L)]).float()  # (N, D, rows)
-                norm = contrib.square().sum(1, keepdim=True).sqrt_()  # (N, 1, rows): 2x .norm(dim=1)'s speed here
-                unit = contrib.div_(norm.clamp_min_(1e-12)).flatten(1)  # (N, D·rows)
+                n = min(step, R - r)
+                contrib = block[:N * D * n].view(N, D, n)
+                for layer in range(self.L):
+                    # W^O's columns of head h, (D, Dv) with row stride H·Dv, times its outputs transposed: one
+                    # batched product over the heads that reads both in place (no copy; 3-4x an einsum's speed);
+                    # in the model's dtype (its own W^O, no float32 copy of it)
+                    mine = contrib[layer * H:(layer + 1) * H]  # (H, D, rows), contiguous
+                    w_o = self._w_o[layer].to(outputs.dtype).permute(1, 0, 2)  # (H, D, Dv)
+                    if half is None:
+                        torch.bmm(w_o, outputs[layer, :, r:r + n].transpose(1, 2), out=mine)
+                    else:
+                        mine.copy_(torch.bmm(w_o, outputs[layer, :, r:r + n].transpose(1, 2),
+                                             out=half[:H * D * n].view(H, D, n)))
+                    # unit vectors layer by layer, while the layer's part is in cache: (H, 1, rows) norms
+                    norm = mine.square().sum(1, keepdim=True).sqrt_()  # 2x .norm(dim=1)'s speed here
+                    mine.div_(norm.clamp_min_(1e-12))
+                unit = contrib.view(N, D * n)  # (N, D·rows)
                 self.cos_sum += (unit @ unit.T).to(torch.float64).cpu()  # Σ_r cos_r for every pair
-                del contrib, unit  # before the next step's: one step's temporaries at a time
+            del block, half
             self.cos_count += R
         self._layers.clear()
         self._all_maps = self._all_outputs = None

@@ -312,19 +312,22 @@ class SyntaxStatistics(ReducerBase):
         found = alignment(batch)
         if found is None:
             return
-        G = self.groups
+        G, L_H = self.groups, self.shape
         for key, (src, tgt, n_words), row in zip(found.keys, found.offsets, found.batch.tolist(), strict=True):
             g = batch.texts[row] % G
-            hits = self.offset_hits.setdefault(key, torch.zeros(2 * MAX_OFFSET + 1, dtype=torch.float64))
-            by_group = self.group_offset.setdefault(key, torch.zeros(G, 2 * MAX_OFFSET + 1, dtype=torch.float64))
+            if key not in self.count:  # a relation seen for the first time: its tables, once (not per arc)
+                self.offset_hits[key] = torch.zeros(2 * MAX_OFFSET + 1, dtype=torch.float64)
+                self.group_offset[key] = torch.zeros(G, 2 * MAX_OFFSET + 1, dtype=torch.float64)
+                self.group_count[key] = torch.zeros(G, dtype=torch.float64)
+                self.correct[key] = torch.zeros(L_H, dtype=torch.float64)
+                self.group_correct[key] = torch.zeros(G, *L_H, dtype=torch.float64)
+            hits, by_group = self.offset_hits[key], self.group_offset[key]
             for k in range(-MAX_OFFSET, MAX_OFFSET + 1):
                 if k != 0 and 0 <= src + k < n_words and (src + k) in tgt:
                     hits[k + MAX_OFFSET] += 1
                     by_group[g, k + MAX_OFFSET] += 1
             self.count[key] += 1
-            self.group_count.setdefault(key, torch.zeros(G, dtype=torch.float64))[g] += 1
-            self.correct.setdefault(key, torch.zeros(self.shape, dtype=torch.float64))
-            self.group_correct.setdefault(key, torch.zeros(G, *self.shape, dtype=torch.float64))
+            self.group_count[key][g] += 1
 
     def update(self, chunk: AttentionChunk) -> None:
         assert self.batch is not None, "begin_batch first"
@@ -340,16 +343,16 @@ class SyntaxStatistics(ReducerBase):
             self.group_correct[key][:, chunk.layer].index_add_(0, group[mine], hit[mine])
 
     def merge(self, other: SyntaxStatistics) -> None:
-        for key, value in other.correct.items():
-            self.correct.setdefault(key, torch.zeros(self.shape, dtype=torch.float64)).add_(value)
-        for key, value in other.offset_hits.items():
-            self.offset_hits.setdefault(key, torch.zeros_like(value)).add_(value)
         for key, n in other.count.items():
             self.count[key] += n
-        for mine, theirs in ((self.group_correct, other.group_correct), (self.group_count, other.group_count),
+        for mine, theirs in ((self.correct, other.correct), (self.offset_hits, other.offset_hits),
+                             (self.group_correct, other.group_correct), (self.group_count, other.group_count),
                              (self.group_offset, other.group_offset)):
             for key, value in theirs.items():
-                mine.setdefault(key, torch.zeros_like(value)).add_(value)
+                if key in mine:
+                    mine[key].add_(value)
+                else:
+                    mine[key] = value.clone()
 
     def result(self, min_count: int = 1) -> SyntaxScores:
         keys = sorted(k for k, n in self.count.items() if n >= min_count)
