@@ -3,6 +3,8 @@ maps' numbers), never keeps a chunk, and merges shards (what torchrun's ranks do
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from multihead.analysis.probes.syntax import Parse
 from multihead.analysis.stats import REDUCERS, Reducer
@@ -11,7 +13,7 @@ from multihead.analysis.stats.heads import HeadStatistics
 from multihead.analysis.stats.longcontext import LongContextStatistics
 from multihead.analysis.stats.maps import HeadMaps, TextViews, WholeMaps
 from multihead.analysis.stats.patches import PatchStatistics
-from multihead.analysis.stats.redundancy import RedundancyStatistics
+from multihead.analysis.stats.redundancy import RedundancyStatistics, _gram
 from multihead.analysis.stats.syntax import SyntaxStatistics
 from multihead.analysis.stats.typical import TypicalTexts
 from multihead.inputs import Batch, TokenInfo
@@ -219,3 +221,14 @@ def _tensors(value):
             yield from _tensors(v)
     elif hasattr(value, "__dict__") and not isinstance(value, type):
         yield from _tensors(vars(value))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 64), st.integers(1, 5))
+def test_the_cosine_gram_from_bands_is_the_full_product(n, x, parts):
+    """The cosine's Gram multiplies the blocks on and above the diagonal only: the full product's
+    numbers (to float32 rounding), exactly symmetric."""
+    unit = torch.randn(n, x, generator=torch.Generator().manual_seed(n * x + parts))
+    gram = _gram(unit, parts)
+    assert torch.equal(gram, gram.T)
+    torch.testing.assert_close(gram, unit @ unit.T, rtol=1e-5, atol=1e-5)

