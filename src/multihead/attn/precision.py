@@ -25,8 +25,9 @@ def compute_dtype(q: Tensor) -> torch.dtype:
 
 @functools.cache
 def half_units(dtype: torch.dtype) -> bool:
-    """Whether this CPU multiplies ``dtype`` (bfloat16 or float16) in its own units — oneDNN on
-    AVX-512 BF16 / AMX, or AVX-512 FP16 / AMX-FP16 — rather than emulating it."""
+    """Whether this CPU multiplies ``dtype`` (bfloat16 or float16) through oneDNN's own kernels, as
+    PyTorch's checks report them (bfloat16 from AVX-512 on — fastest with AVX-512 BF16 or AMX; float16
+    with AVX-512 FP16 or AMX-FP16), rather than in PyTorch's scalar fallback (an AVX2 machine)."""
     try:
         if dtype == torch.bfloat16:
             return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
