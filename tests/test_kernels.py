@@ -149,27 +149,33 @@ def test_half_scores_are_rounded_as_the_eager_path_rounds_them(dtype, head_dim):
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("units", [True, False])
 def test_half_products_padded_to_the_key_grid_change_nothing(dtype, units, monkeypatch):
-    """On a CPU the half products run over keys padded to a multiple of KEY_GRID (a few oneDNN
-    shapes for every chunk): zero keys whose scores are dropped and zero weights — the weights, the
-    outputs and the gradients are those of the unpadded product, with half units or without."""
+    """On a CPU with half units the half products run over keys padded to a multiple of KEY_GRID
+    (a few oneDNN shapes for every chunk): zero keys whose scores are dropped and zero weights. The
+    weights are the unpadded ones bit for bit; the outputs and gradients (P·V summed over more zero
+    terms) within a unit in the last place of the dtype. Without half units nothing is padded."""
     from multihead.attn import precision
 
     monkeypatch.setattr(precision, "half_units", lambda dt: units)
     g = torch.Generator().manual_seed(7)
-    q = torch.randn(1, 6, 300, 80, generator=g).to(dtype)
-    k, v = (torch.randn(1, 2, 300, 80, generator=g).to(dtype) for _ in range(2))
+    q = torch.randn(2, 6, 300, 80, generator=g).to(dtype)
+    k, v = (torch.randn(2, 2, 300, 80, generator=g).to(dtype) for _ in range(2))
+    grids = (precision.KEY_GRID, 1)  # padded to 512 keys; not padded
     found = {}
-    for grid in (precision.KEY_GRID, 1):
+    for grid in grids:
         monkeypatch.setattr(precision, "KEY_GRID", grid)
         assert precision.key_grid(q, 300) == (512 if units and grid > 1 else 300)
         a, b, c = (t.clone().requires_grad_() for t in (q, k, v))
         out, w = mh.attention(a, b, c, masks.causal(), backend="math", need_weights=True)
         (out.float().square().sum() + w.float().mul(torch.arange(300.0)).sum()).backward()
+        with torch.inference_mode():  # the in-place path, no graph
+            still, weights = mh.attention(q, k, v, masks.causal(), backend="math", need_weights=True)
+        assert torch.equal(weights, w) and torch.equal(still, out)
         found[grid] = out.detach(), w.detach(), a.grad, b.grad, c.grad
-        with torch.inference_mode():  # the in-place path (no graph): the same
-            assert torch.equal(mh.attention(q, k, v, masks.causal(), backend="math", need_weights=True)[1], w)
-    for padded, plain in zip(found[precision.KEY_GRID], found[1], strict=True):
-        torch.testing.assert_close(padded, plain, atol=0, rtol=0)
+    (out, w, *grads), (plain_out, plain_w, *plain_grads) = found[grids[0]], found[grids[1]]
+    assert torch.equal(w, plain_w)
+    ulp = torch.finfo(dtype).eps
+    for padded, plain in zip([out, *grads], [plain_out, *plain_grads], strict=True):
+        torch.testing.assert_close(padded, plain, atol=ulp * plain.abs().max().item(), rtol=ulp)
 
 
 @pytest.mark.parametrize("dtype", HALF)

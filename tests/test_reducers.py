@@ -232,3 +232,35 @@ def test_the_cosine_gram_from_bands_is_the_full_product(n, x, parts):
     gram = _gram(unit, parts)
     assert torch.equal(gram, gram.T)
     torch.testing.assert_close(gram, unit @ unit.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_the_cosine_in_many_steps_is_the_cosine_in_one(dtype, monkeypatch):
+    """The cosine's block of contributions is filled step by step (a few rows at a time, the last
+    step partial, the block and a half model's staging buffer reused): the same sums as one step,
+    and as the definition — the mean over rows of the cosine of every two heads' W^O contributions."""
+    import multihead.analysis.stats.redundancy as redundancy
+
+    g = torch.Generator().manual_seed(3)
+    B, T, D, Dv = 2, 7, 5, 3
+    maps = [torch.softmax(torch.randn(B, H, T, T, generator=g), -1) for _ in range(L)]
+    outs = [torch.randn(B, H, T, Dv, generator=g).to(dtype) for _ in range(L)]
+    w_o = torch.randn(D, H * Dv, generator=g).to(dtype)
+    valid = torch.ones(B, T, dtype=torch.bool)
+    none = torch.zeros_like(valid)
+    found = {}
+    for chunk_elements in (redundancy.COSINE_CHUNK, L * H * D * 4):  # every row in one step; 4 rows a step
+        monkeypatch.setattr(redundancy, "COSINE_CHUNK", chunk_elements)
+        red = feed(RedundancyStatistics(L, H), TokenInfo(valid, none, none, none), maps, outputs=outs, w_o=w_o,
+                   rows_per_chunk=3)
+        assert red.cos_count == B * T  # 14 rows: 4 steps of 4, 4, 4, 2
+        found[chunk_elements] = red.cosine()
+    contributions = torch.stack([torch.einsum("btv,dv->btd", outs[layer][:, h].double(),
+                                              w_o.view(D, H, Dv)[:, h].double())
+                                 for layer in range(L) for h in range(H)]).flatten(1, 2)  # (N, rows, D)
+    unit = contributions / contributions.norm(dim=-1, keepdim=True)
+    want = torch.einsum("ard,brd->ab", unit, unit) / (B * T)
+    tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    one, many = found.values()
+    torch.testing.assert_close(many, one, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(many, want, atol=tolerance, rtol=tolerance)

@@ -244,7 +244,7 @@ def _probabilities(q, k, v, chunk: Chunk, mask: Mask | None, scale: float, topk:
     kc, vc = _keys(k, chunk), _keys(v, chunk)  # (B, Hkv, W, Dk), (B, Hkv, W, Dv)
     acc = compute_dtype(q)
     c, W = rows.numel(), chunk.n_keys
-    qs, ks = score_operands(qc, kc)  # float32 on a CPU for half inputs, as the math kernel's
+    qs, ks = score_operands(qc, kc, half_product=False)  # float32 on a CPU for half inputs: W changes every chunk
     if qs.dtype == acc:
         s = torch.matmul(qs, ks.transpose(-1, -2), out=work.scores((B, Hkv, qc.shape[2], W), q, acc))
         s = as_half_product(s, q.dtype)  # (B, Hkv, G·c, W) as the math kernel rounds them

@@ -143,7 +143,7 @@ def _math_attention(
     # The G query heads of a group are stacked as G·T rows against their one key head, so keys
     # and values are never copied G times.
     q3, k3 = q.reshape(B * Hkv, G * T, -1), k.reshape(B * Hkv, S, -1)  # views when contiguous
-    q3, k3 = score_operands(q3, k3)  # float32 on a CPU for half inputs (see precision.score_operands)
+    q3, k3 = score_operands(q3, k3)  # float32 on a CPU without half units (see precision.score_operands)
     grid = key_grid(k3, S)  # a half product on a CPU over a few key counts only (see precision.key_grid)
     if grid != S:
         k3 = F.pad(k3, (0, 0, 0, grid - S))  # (B·Hkv, grid, Dk): zero keys, their scores dropped below
@@ -153,7 +153,7 @@ def _math_attention(
     if math.frexp(scale)[0] == 0.5:
         scores = as_half_product(torch.bmm(q3 * scale, k3.transpose(1, 2))[..., :S], q.dtype)  # (B·Hkv, G·T, S)
     elif q3.dtype != q.dtype:  # float32 operands of half inputs: the product rounded, then its scaling, as eager's
-        scores = as_half_product(torch.bmm(q3, k3.transpose(1, 2)), q.dtype, scale)  # (B·Hkv, G·T, S)
+        scores = as_half_product(torch.bmm(q3, k3.transpose(1, 2))[..., :S], q.dtype, scale)  # (B·Hkv, G·T, S)
     else:
         scores = torch.bmm(q3, k3.transpose(1, 2))[..., :S]
         scores = scores.mul_(scale) if not scores.requires_grad else scores * scale  # (B·Hkv, G·T, S)

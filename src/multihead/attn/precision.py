@@ -25,32 +25,35 @@ def compute_dtype(q: Tensor) -> torch.dtype:
 
 @functools.cache
 def half_units(dtype: torch.dtype) -> bool:
-    """Whether this CPU multiplies ``dtype`` (bfloat16 or float16) through oneDNN's own kernels, as
-    PyTorch's checks report them (bfloat16 from AVX-512 on — fastest with AVX-512 BF16 or AMX; float16
-    with AVX-512 FP16 or AMX-FP16), rather than in PyTorch's scalar fallback (an AVX2 machine)."""
+    """Whether this CPU multiplies ``dtype`` (bfloat16 or float16) in units of its own through
+    oneDNN: bfloat16 with AVX-512 BF16 or AMX, float16 with AVX-512 FP16 or AMX-FP16 (PyTorch's
+    checks). Elsewhere — AVX2, an AVX-512 CPU without BF16 instructions, where oneDNN emulates it,
+    or another architecture — a half product is slower than a float32 one."""
     try:
         if dtype == torch.bfloat16:
-            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()) and bool(
+                torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
         if dtype == torch.float16:
             return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
-    except (AttributeError, RuntimeError):  # a build without oneDNN: nothing native
+    except (AttributeError, RuntimeError):  # a build without oneDNN or without these checks: none
         pass
     return False
 
 
-def score_operands(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+def score_operands(q: Tensor, k: Tensor, *, half_product: bool = True) -> tuple[Tensor, Tensor]:
     """q (…, T, Dk) and k (…, S, Dk) as the scores' product takes them.
 
-    Half precision on a CPU without units for it (:func:`half_units`: an AVX2 machine): raised to
-    float32. A product of two half numbers is exact in float32, so q·kᵀ is then what a
-    float32-accumulating half GEMM holds before it rounds its output (:func:`as_half_product`
-    rounds it), at MKL's float32 speed instead of an emulated half GEMM's. A CPU with the units
-    multiplies in the half dtype itself, as the model's eager attention does there: on an Intel Xeon
-    with AMX 6x the float32 GEMM's speed (a 4k-token analysis of a Qwen2-1.5B shape: 31 → 27 s), with
-    its keys padded to :data:`KEY_GRID` (:func:`key_grid`). Elsewhere (CUDA's tensor cores, full
-    precision) unchanged.
+    Half precision on a CPU without units for it (:func:`half_units`), or with ``half_product``
+    False: raised to float32. A product of two half numbers is exact in float32, so q·kᵀ is then
+    what a float32-accumulating half GEMM holds before it rounds its output (:func:`as_half_product`
+    rounds it), at MKL's float32 speed. A CPU with the units multiplies in the half dtype itself, as
+    the model's eager attention does there: on an Intel Xeon with AMX 6x the float32 product's speed
+    (the capture of 4k tokens of a Qwen2-1.5B shape 18.3 → 15.1 s), its keys padded to
+    :data:`KEY_GRID` (:func:`key_grid`). ``half_product=False`` is for kernels whose products take
+    a new key count every chunk, not padded (the chunked long kernels). Elsewhere (CUDA's tensor
+    cores, full precision) unchanged.
     """
-    if q.dtype in HALF and q.device.type == "cpu" and not half_units(q.dtype):
+    if q.dtype in HALF and q.device.type == "cpu" and not (half_product and half_units(q.dtype)):
         return q.float(), k.float()  # small beside the (T, S) scores
     return q, k
 
@@ -60,7 +63,10 @@ def key_grid(t: Tensor, keys: int) -> int:
     precision, the next multiple of :data:`KEY_GRID` — oneDNN builds and caches a primitive per
     product shape, and the chunks of a causal layer each have their own key count (one per chunk,
     ~100 at 8k tokens: their cache held hundreds of MB and their builds took seconds); with the
-    keys padded (zero keys, zero weights) a few shapes serve every chunk. Otherwise ``keys``."""
+    keys padded (zero keys, zero weights) a few shapes serve every chunk. The scores are the
+    unpadded ones bit for bit; P·V sums over more (zero) terms, which can move a bfloat16 output by
+    a unit in its last place — as a chunk's product over its K keys already differs from eager's
+    over all S. Otherwise ``keys``."""
     if t.dtype in HALF and t.device.type == "cpu" and keys % KEY_GRID and half_units(t.dtype):
         return keys + KEY_GRID - keys % KEY_GRID
     return keys

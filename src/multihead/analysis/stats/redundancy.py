@@ -107,7 +107,8 @@ class RedundancyStatistics(ReducerBase):
         # block of contributions (float32) with one layer's temporaries, whichever is more
         js = max(N * sampled * keys, 2 * JS_BLOCK * 4)
         at_once = min(step, cosine)  # a block of every head's contributions; one layer's in the model's dtype
-        return held, max(js, N * at_once * hidden * 4 + H * at_once * hidden * (4 + element_size))
+        gram = N * N * (4 + 4 + 8)  # the Gram's bands, the float32 Gram and its float64 sum
+        return held, max(js, N * at_once * hidden * 4 + H * at_once * hidden * (4 + element_size) + gram)
 
     def begin_batch(self, batch: Batch) -> None:
         """Choose the batch's sampled rows: an even stride through its real query tokens in (text,
@@ -194,16 +195,17 @@ class RedundancyStatistics(ReducerBase):
             R = maps.shape[1]
             self.js_sum += _pairwise_js(maps).cpu() * R
             self.js_count += R
-        if seen_all and len(self._w_o) == self.L:
+        if seen_all and len(self._w_o) == self.L and self._all_outputs.shape[2]:
             outputs = self._all_outputs  # (L, H, R_c, Dv)
             R = outputs.shape[2]
             D = self._w_o[0].shape[0]
             H, N = self.H, self.L * self.H
-            step = min(R, max(1, COSINE_CHUNK // (N * D)))
+            step = min(R, max(1, COSINE_CHUNK // (N * D)))  # R >= 1 here
             # one block for every step's contributions (N, D, rows), made once: a fresh one per step, larger
             # than glibc keeps in its heap, would be mapped and page-faulted anew each time
             block = torch.empty(N * D * step, dtype=torch.float32, device=outputs.device)
-            half = None if outputs.dtype == torch.float32 else outputs.new_empty(H * D * step)
+            # a half (or float64) model's products are formed in its dtype, then copied into the block
+            staging = None if outputs.dtype == torch.float32 else outputs.new_empty(H * D * step)
             for r in range(0, R, step):  # (N, D, rows) at a time: memory stays flat in the batch size
                 n = min(step, R - r)
                 contrib = block[:N * D * n].view(N, D, n)
@@ -213,16 +215,16 @@ class RedundancyStatistics(ReducerBase):
                     # in the model's dtype (its own W^O, no float32 copy of it)
                     mine = contrib[layer * H:(layer + 1) * H]  # (H, D, rows), contiguous
                     w_o = self._w_o[layer].to(outputs.dtype).permute(1, 0, 2)  # (H, D, Dv)
-                    if half is None:
+                    if staging is None:
                         torch.bmm(w_o, outputs[layer, :, r:r + n].transpose(1, 2), out=mine)
                     else:
                         mine.copy_(torch.bmm(w_o, outputs[layer, :, r:r + n].transpose(1, 2),
-                                             out=half[:H * D * n].view(H, D, n)))
+                                             out=staging[:H * D * n].view(H, D, n)))
                     # unit vectors layer by layer, while the layer's part is in cache: (H, 1, rows) norms
                     norm = mine.square().sum(1, keepdim=True).sqrt_()  # 2x .norm(dim=1)'s speed here
                     mine.div_(norm.clamp_min_(1e-12))
                 self.cos_sum += _gram(contrib.view(N, D * n)).to(torch.float64).cpu()  # Σ_r cos_r for every pair
-            del block, half
+            del block, staging
             self.cos_count += R
         self._layers.clear()
         self._all_maps = self._all_outputs = None
@@ -257,13 +259,16 @@ class RedundancyStatistics(ReducerBase):
 def _gram(unit: Tensor, parts: int = 3) -> Tensor:
     """unit @ unitᵀ (N, N) of unit (N, X), its blocks on and above the diagonal multiplied (in
     ``parts`` bands of rows) and mirrored below: 2/3 of the products (38 → 28 ms for the Qwen2
-    shape's 336 heads × 49,152), exactly symmetric (a block and its mirror are one product)."""
+    shape's 336 heads × 49,152); symmetric exactly (a block and its mirror are one product, a
+    diagonal block is averaged with its transpose), whatever the BLAS."""
     N = unit.shape[0]
     edges = [N * i // parts for i in range(parts + 1)]
     gram = unit.new_empty(N, N)
     for a, b in itertools.pairwise(edges):
         band = unit[a:b] @ unit[a:].T  # (b - a, N - a): this band against itself and every later one
-        gram[a:b, a:] = band
+        own = band[:, :b - a]  # (b - a, b - a)
+        gram[a:b, a:b] = (own + own.T) / 2
+        gram[a:b, b:] = band[:, b - a:]
         gram[b:, a:b] = band[:, b - a:].T
     return gram
 

@@ -315,7 +315,7 @@ class SyntaxStatistics(ReducerBase):
         G, L_H = self.groups, self.shape
         for key, (src, tgt, n_words), row in zip(found.keys, found.offsets, found.batch.tolist(), strict=True):
             g = batch.texts[row] % G
-            if key not in self.count:  # a relation seen for the first time: its tables, once (not per arc)
+            if key not in self.offset_hits:  # a relation seen for the first time: its tables, once (not per arc)
                 self.offset_hits[key] = torch.zeros(2 * MAX_OFFSET + 1, dtype=torch.float64)
                 self.group_offset[key] = torch.zeros(G, 2 * MAX_OFFSET + 1, dtype=torch.float64)
                 self.group_count[key] = torch.zeros(G, dtype=torch.float64)
@@ -343,6 +343,9 @@ class SyntaxStatistics(ReducerBase):
             self.group_correct[key][:, chunk.layer].index_add_(0, group[mine], hit[mine])
 
     def merge(self, other: SyntaxStatistics) -> None:
+        if (other.shape, other.groups) != (self.shape, self.groups):
+            raise ValueError(f"cannot merge syntax counts of {other.shape} heads in {other.groups} groups with "
+                             f"{self.shape} in {self.groups}")
         for key, n in other.count.items():
             self.count[key] += n
         for mine, theirs in ((self.correct, other.correct), (self.offset_hits, other.offset_hits),
