@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten
 from ..masks import FULL, Mask, as_mask, split_topk
 from .dispatch import choose
 from .plans import plan_cost
-from .precision import HALF
+from .precision import HALF, key_grid
 
 __all__ = ["AttentionMemoryError", "LiveBytes", "MemoryEstimate", "available_memory", "check_memory",
            "estimate_memory"]
@@ -78,7 +78,7 @@ def estimate_memory(
     if backend == "math":
         scores = B * H * T * S * acc
         copies = 3 if training else (1 if q.device.type == "cpu" else 2)
-        weights = B * H * T * S * item if q.dtype in HALF else 0
+        weights = B * H * T * key_grid(q, S) * item if q.dtype in HALF else 0  # on the key grid, padded
         total = copies * scores + weights + 2 * mask_bytes + out
         detail = f"{copies} x (B, H, T, S) = ({B}, {H}, {T}, {S}) scores in {_dtype_name(acc)}"
     elif backend == "sdpa":
