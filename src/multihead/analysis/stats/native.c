@@ -20,6 +20,43 @@
 #define HEAD_VALUES 12 /* heads.ROW_METRICS order */
 #define LONG_VALUES 8  /* longcontext._ROW_METRICS order */
 
+/* The head metrics' pass, the analysis's costliest (a log per weight), is vectorised 16 floats wide
+   where the CPU has AVX-512: GCC prefers 8 by default, and its 8-wide loop of the log below was slower
+   than glibc's vector logf, the 16-wide one 1.85x faster (one thread, rows of 4,096 keys: 1.27 → 0.69
+   ns a weight). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)
+#pragma GCC push_options
+#pragma GCC target("prefer-vector-width=512")
+#define WIDE_ROWS 1
+#endif
+
+/* ln x of a positive normal float, inline so that the row loop vectorises it: x = m·2^e with m in
+   [√½, √2), ln x = e·ln 2 + ln(1 + t), t = m − 1, by Cephes' logf polynomial (relative error
+   ~1.2e-7 over [1e-37, 2], the same as glibc's logf under -ffast-math). */
+static inline float log_positive(float x) {
+    int32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    float e = (float)((bits >> 23) - 127);
+    bits = (bits & 0x007fffff) | 0x3f800000; /* m in [1, 2) */
+    float m;
+    memcpy(&m, &bits, sizeof m);
+    int high = m > 1.41421356f;
+    m = high ? m * 0.5f : m;
+    e = high ? e + 1.0f : e;
+    float t = m - 1.0f, z = t * t;
+    float y = 7.0376836292E-2f;
+    y = y * t - 1.1514610310E-1f;
+    y = y * t + 1.1676998740E-1f;
+    y = y * t - 1.2420140846E-1f;
+    y = y * t + 1.4249322787E-1f;
+    y = y * t - 1.6668057665E-1f;
+    y = y * t + 2.0000714765E-1f;
+    y = y * t - 2.4999993993E-1f;
+    y = y * t + 3.3333331174E-1f;
+    y = y * t * z - 0.5f * z;
+    return t + y + e * 0.69314718056f;
+}
+
 /* One pass over a row's keys 0..K-1 (its position i): mass, sum p d (every term of one sign: no
    cancellation), sum p log p, largest weight, and the key-set masses (flags: 1 first, 2 separator,
    4 punctuation). Keys counted in int32 so that AVX2 converts them to float too. */
@@ -31,7 +68,7 @@ static inline void sum_row(const float *restrict p, const uint8_t *restrict f, i
         uint8_t bits = f[j];
         mass += v;
         dist += v * fabsf((float)(j - i));
-        plogp += v * logf(fmaxf(v, FLT_MIN)); /* 0 log 0 = 0: a finite log that 0 multiplies away */
+        plogp += v * log_positive(fmaxf(v, FLT_MIN)); /* 0 log 0 = 0: a finite log that 0 multiplies away */
         max = fmaxf(max, v);
         first += (bits & 1) ? v : 0.f;
         sep += (bits & 2) ? v : 0.f;
@@ -148,6 +185,10 @@ void row_statistics(const float *w, int64_t B, int64_t H, int64_t C, int64_t K, 
         for (int k = 0; k < BINS; k++) h[k] += bins[k];
     }
 }
+
+#ifdef WIDE_ROWS
+#pragma GCC pop_options
+#endif
 
 /* (v, key) before (w, other) in a top-k: the larger value, of equal values the earlier key. */
 static inline int before(float v, int64_t key, float w, int64_t other) { return v > w || (v == w && key < other); }
