@@ -9,7 +9,7 @@ key-block sums, maxima and k largest weights; for the syntax scores, each source
 attended word.
 
 It is compiled at first use with the machine's C compiler (``$CC``, else ``gcc``; ``-O3
--march=native -ffast-math``: vectorised, its ``logf`` from glibc's vector library; linked without
+-march=native -ffast-math``: vectorised, with an inline log the loop vectorises (16 wide on AVX-512); linked without
 ``-ffast-math``, so that loading it leaves the process's floating point as it was) into the user's
 cache (``$XDG_CACHE_HOME/multihead``, keyed by the source, the flags and the CPU's features), and
 called through ctypes — which lets go of the GIL — one call per thread, each on its own rows. The
@@ -45,7 +45,7 @@ __all__ = ["ENV", "LONG", "RowSums", "WordRuns", "available", "row_blocks", "row
            "word_runs"]
 
 SOURCE = Path(__file__).with_name("native.c")
-#: Compiled with -ffast-math (vectorised reductions, glibc's vector logf) but linked without it: a
+#: Compiled with -ffast-math (vectorised reductions and log) but linked without it: a
 #: shared library linked with it carries crtfastmath, which sets the CPU to flush subnormal floats to
 #: zero for the whole process the moment it is loaded — every other computation's numerics changed.
 COMPILE = ("-O3", "-march=native", "-ffast-math", "-fPIC", "-c")
