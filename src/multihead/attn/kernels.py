@@ -193,13 +193,15 @@ def _math_attention(
     grid = key_grid(v, S)
     if grid == S:
         grouped = grouped.to(v.dtype)
-    elif grouped.requires_grad:
-        grouped, values = F.pad(grouped.to(v.dtype), (0, grid - S)), F.pad(values, (0, 0, 0, grid - S))
-    else:  # the weights in the model's dtype beside zero weights for the padding keys: one pass
-        padded = grouped.new_empty(B * Hkv, G * T, grid, dtype=v.dtype)  # (B·Hkv, G·T, grid)
-        padded[..., S:].zero_()
-        padded[..., :S].copy_(grouped)
-        grouped, values = padded, F.pad(values, (0, 0, 0, grid - S))  # (B·Hkv, grid, Dv)
+    else:
+        values = F.pad(values, (0, 0, 0, grid - S))  # (B·Hkv, grid, Dv): zero values for the padding keys
+        if grouped.requires_grad:
+            grouped = F.pad(grouped.to(v.dtype), (0, grid - S))
+        else:  # the weights in the model's dtype beside zero weights for the padding keys: one pass
+            padded = grouped.new_empty(B * Hkv, G * T, grid, dtype=v.dtype)  # (B·Hkv, G·T, grid)
+            padded[..., S:].zero_()
+            padded[..., :S].copy_(grouped)
+            grouped = padded
     out = torch.bmm(grouped, values).view(B, H, T, -1)  # (B, H, T, Dv)
     return out, weights  # weights in the softmax's dtype (float32 for half-precision inputs)
 

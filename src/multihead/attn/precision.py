@@ -53,9 +53,14 @@ def score_operands(q: Tensor, k: Tensor, *, half_product: bool = True) -> tuple[
     a new key count every chunk, not padded (the chunked long kernels). Elsewhere (CUDA's tensor
     cores, full precision) unchanged.
     """
-    if q.dtype in HALF and q.device.type == "cpu" and not (half_product and half_units(q.dtype)):
+    if q.dtype in HALF and q.device.type == "cpu" and not (half_product and _half_product_on_cpu(q)):
         return q.float(), k.float()  # small beside the (T, S) scores
     return q, k
+
+
+def _half_product_on_cpu(t: Tensor) -> bool:
+    """Whether ``t`` is a half tensor on a CPU that multiplies it in its own units."""
+    return t.dtype in HALF and t.device.type == "cpu" and half_units(t.dtype)
 
 
 def key_grid(t: Tensor, keys: int) -> int:
@@ -67,7 +72,7 @@ def key_grid(t: Tensor, keys: int) -> int:
     unpadded ones bit for bit; P·V sums over more (zero) terms, which can move a bfloat16 output by
     a unit in its last place — as a chunk's product over its K keys already differs from eager's
     over all S. Otherwise ``keys``."""
-    if t.dtype in HALF and t.device.type == "cpu" and keys % KEY_GRID and half_units(t.dtype):
+    if keys % KEY_GRID and _half_product_on_cpu(t):
         return keys + KEY_GRID - keys % KEY_GRID
     return keys
 

@@ -21,15 +21,19 @@
 #define LONG_VALUES 8  /* longcontext._ROW_METRICS order */
 
 /* The head metrics' pass, the analysis's costliest (a log per weight), is vectorised 16 floats wide
-   where the CPU has AVX-512: GCC prefers 8 by default, and its 8-wide loop of the log below was slower
-   than glibc's vector logf, the 16-wide one 1.85x faster (one thread, rows of 4,096 keys: 1.27 → 0.69
-   ns a weight). */
+   with the inline log below where GCC compiles for AVX-512: 1.85x glibc's vector logf there (one
+   thread, rows of 4,096 keys: 1.27 → 0.69 ns a weight). Elsewhere (8 wide, AVX2, or clang) glibc's
+   logf stays: the inline log 8 wide was slower than it (1.17 → 1.55 ns on AVX2). */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)
 #pragma GCC push_options
 #pragma GCC target("prefer-vector-width=512")
 #define WIDE_ROWS 1
+#define ROW_LOG log_positive
+#else
+#define ROW_LOG logf
 #endif
 
+#ifdef WIDE_ROWS
 /* ln x of a positive normal float, inline so that the row loop vectorises it: x = m·2^e with m in
    [√½, √2), ln x = e·ln 2 + ln(1 + t), t = m − 1, by Cephes' logf polynomial (relative error
    ~1.2e-7 over [1e-37, 2], the same as glibc's logf under -ffast-math). */
@@ -56,6 +60,7 @@ static inline float log_positive(float x) {
     y = y * t * z - 0.5f * z;
     return t + y + e * 0.69314718056f;
 }
+#endif
 
 /* One pass over a row's keys 0..K-1 (its position i): mass, sum p d (every term of one sign: no
    cancellation), sum p log p, largest weight, and the key-set masses (flags: 1 first, 2 separator,
@@ -68,7 +73,7 @@ static inline void sum_row(const float *restrict p, const uint8_t *restrict f, i
         uint8_t bits = f[j];
         mass += v;
         dist += v * fabsf((float)(j - i));
-        plogp += v * log_positive(fmaxf(v, FLT_MIN)); /* 0 log 0 = 0: a finite log that 0 multiplies away */
+        plogp += v * ROW_LOG(fmaxf(v, FLT_MIN)); /* 0 log 0 = 0: a finite log that 0 multiplies away */
         max = fmaxf(max, v);
         first += (bits & 1) ? v : 0.f;
         sep += (bits & 2) ? v : 0.f;
