@@ -9,8 +9,9 @@ key-block sums, maxima and k largest weights; for the syntax scores, each source
 attended word.
 
 It is compiled at first use with the machine's C compiler (``$CC``, else ``gcc``; ``-O3
--march=native -ffast-math``: vectorised, with an inline log the loop vectorises (16 wide on AVX-512); linked without
-``-ffast-math``, so that loading it leaves the process's floating point as it was) into the user's
+-march=native -ffast-math``: vectorised — its log inline, 16 wide, under GCC on AVX-512, else glibc's
+vector ``logf``; linked without ``-ffast-math``, so that loading it leaves the process's floating
+point as it was) into the user's
 cache (``$XDG_CACHE_HOME/multihead``, keyed by the source, the flags and the CPU's features), and
 called through ctypes — which lets go of the GIL — one call per thread, each on its own rows. The
 eager code stays the reference (the tests hold the two together) and the path everywhere else:
