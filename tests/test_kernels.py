@@ -178,6 +178,44 @@ def test_half_products_padded_to_the_key_grid_change_nothing(dtype, units, monke
         torch.testing.assert_close(padded, plain, atol=ulp * plain.abs().max().item(), rtol=ulp)
 
 
+@pytest.mark.parametrize("dtype", [*HALF, torch.float32])
+@pytest.mark.parametrize("units", [True, False])
+def test_a_workspace_changes_nothing_but_where_the_maps_are_made(dtype, units, monkeypatch):
+    """Chunks of rows through the math kernel with a Workspace (as a capture streams a layer):
+    outputs and weights bit-equal to fresh tensors', chunk after chunk, with the key grid and
+    without, a padding mask, a scale that is no power of two; the map-shaped buffers are made once
+    for the largest chunk; under autograd the workspace is not used."""
+    from multihead.attn import precision
+    from multihead.attn.workspace import Workspace
+
+    monkeypatch.setattr(precision, "half_units", lambda dt: units)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 6, 260, 96, generator=g).to(dtype)
+    k, v = (torch.randn(2, 3, 260, 96, generator=g).to(dtype) for _ in range(2))
+    keep = torch.ones(2, 1, 1, 260, dtype=torch.bool)
+    keep[1, ..., 200:] = False  # the second text is 200 tokens long
+    mask = masks.causal() & masks.from_tensor(keep)
+    workspace = Workspace(map_entries=2 * 6 * 40 * 512)  # the largest chunk's map, over the key grid
+    held = set()
+    with torch.inference_mode():
+        for start in range(0, 260, 40):
+            stop = min(260, start + 40)
+            rows = masks.Rows(mask, start, 260, 260)
+            K = stop  # causal: the chunk's last row sees keys 0..stop-1
+            chunk_mask = masks.from_tensor(rows.materialize(stop - start, K))
+            args = (q[:, :, start:stop], k[:, :, :K], v[:, :, :K], chunk_mask)
+            fresh = mh.attention(*args, backend="math", need_weights=True, weights_dtype=torch.float32)
+            made = mh.attention(*args, backend="math", need_weights=True, weights_dtype=torch.float32,
+                                workspace=workspace)
+            assert torch.equal(made[0], fresh[0]) and torch.equal(made[1], fresh[1])
+            held.add(made[1].data_ptr())
+    assert len(held) == 1  # the weights of every chunk in one buffer, made for the largest at the first
+    a = q.clone().requires_grad_()
+    out, w = mh.attention(a, k, v, masks.causal(), backend="math", need_weights=True, workspace=Workspace())
+    out.float().sum().backward()  # nothing of the graph was overwritten by a reused buffer
+    assert a.grad is not None and torch.isfinite(a.grad).all()
+
+
 @pytest.mark.parametrize("dtype", HALF)
 def test_half_inputs_softmax_in_float32(dtype):
     q, k, v = rand_qkv(2, 2, 1, 16, 16, 32, 32, dtype, seed=3)

@@ -108,6 +108,42 @@ def _compare(chunk, batch):
     torch.testing.assert_close(found.hist, (hist * rows[:, None, :, None]).sum(2), rtol=1e-5, atol=1e-5)
 
 
+def _threaded_reads():
+    """All three readers on chunks large enough to be read in two ranges (two threads)."""
+    chunk, batch = _chunk(2, 3, 3000, 1800, 300, [3000, 2600], True, 7)
+    sums = native._row_sums(chunk, batch.tokens, True)
+    rows = chunk.weights[0]  # (H, c, K) one text's rows
+    blocks = native.row_blocks(rows, 16, 16)
+    owner = torch.arange(3000) // 3  # words of three tokens each
+    owner[owner % 5 == 0] = -1  # and tokens of no word
+    runs = native.word_runs(owner, 3)
+    best = torch.full((1000, 3), -7, dtype=torch.long)
+    native.word_predictions(rows, owner[1800:2100], runs, None, True, best)
+    return sums, blocks, best, owner[1800:2100]
+
+
+def test_the_readers_read_the_same_on_openmp_threads_and_on_a_pool_of_ours(monkeypatch):
+    """With OpenMP a reader's ranges run on PyTorch's own OpenMP threads in one call; built without
+    it, one call per range on a thread pool: the same ranges, so the same sums bit for bit."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    with_openmp = native._library()
+    if not with_openmp.openmp_parts():
+        pytest.skip("this compiler builds no OpenMP: the pool is the only path")
+    assert native._parts(3 * 300, 3 * 300 * 3000) == 2
+    threaded = _threaded_reads()
+    monkeypatch.setattr(native, "OPENMP", ())
+    native._library.cache_clear()
+    assert not native._library().openmp_parts()
+    pooled = _threaded_reads()
+    assert torch.equal(threaded[0].heads, pooled[0].heads)
+    assert torch.equal(threaded[0].long, pooled[0].long) and torch.equal(threaded[0].hist, pooled[0].hist)
+    for a, b in zip(threaded[1], pooled[1], strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(threaded[2], pooled[2])
+    read = threaded[3].unique()
+    assert (threaded[2][read[read >= 0]] >= 0).all() and (threaded[2][:590] == -7).all()  # the rows' words only
+
+
 @settings(max_examples=120, deadline=None)
 @given(H=st.integers(1, 3), c=st.integers(1, 20), K=st.integers(1, 400), block=st.sampled_from([1, 3, 8, 12, 16, 20]),
        k=st.integers(1, 16), sharp=st.floats(0, 8), seed=st.integers(0, 2**31), causal=st.booleans(),

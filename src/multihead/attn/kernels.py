@@ -31,6 +31,7 @@ from .dispatch import BACKENDS, BackendChoice, choose
 from .memory import check_memory, estimate_memory
 from .plans import plan_chunks
 from .precision import HALF, as_half_product, compute_dtype, key_grid, score_operands
+from .workspace import Workspace
 
 __all__ = ["BACKENDS", "BackendChoice", "attention", "explain_backend"]
 
@@ -50,6 +51,7 @@ def attention(
     softcap: float | None = None,
     sinks: Tensor | None = None,
     weights_dtype: torch.dtype | None = None,
+    workspace: Workspace | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Scaled dot-product attention over heads.
 
@@ -76,6 +78,11 @@ def attention(
             soft-maxed in float32; ``torch.float32`` hands over that result as it is — what the
             analyses read — while P·V still uses the weights rounded to v's dtype, as
             transformers' eager attention does.
+        workspace: buffers of a caller that streams chunks through the math kernel without
+            gradients (:class:`~multihead.attn.workspace.Workspace`): its scores and weights are
+            made in them, reused call after call — the weights returned then live there until
+            the next call with the same workspace. Ignored by the other backends and when a
+            gradient is wanted.
 
     Returns:
         ``(out, weights)``: out (B, H, T, Dv) in q's dtype; weights (B, H, T, S) before
@@ -99,7 +106,8 @@ def attention(
     check_memory(estimate_memory(q, k, v, mask, need_weights=need_weights, backend=choice.backend))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if choice.backend == "math":
-        out, weights = _math_attention(q, k, v, mask, scale, dropout_p, softcap=softcap, sinks=sinks)
+        out, weights = _math_attention(q, k, v, mask, scale, dropout_p, softcap=softcap, sinks=sinks,
+                                       workspace=workspace)
         return out, (weights.to(weights_dtype or q.dtype) if need_weights else None)
     if choice.backend == "sdpa":
         return _sdpa_attention(q, k, v, mask, scale, dropout_p), None
@@ -134,30 +142,33 @@ def explain_backend(
 
 def _math_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: float, dropout_p: float, *,
-    softcap: float | None = None, sinks: Tensor | None = None,
+    softcap: float | None = None, sinks: Tensor | None = None, workspace: Workspace | None = None,
 ) -> tuple[Tensor, Tensor]:
     B, H, T, _ = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     G = H // Hkv  # grouped-query: query heads kv·G .. kv·G + G - 1 share key/value head kv
     compute = compute_dtype(q)
+    if workspace is not None and (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+        workspace = None  # autograd keeps what it saves: no buffer reused under it
+    take = _Take(workspace, q.device)
     # The G query heads of a group are stacked as G·T rows against their one key head, so keys
     # and values are never copied G times.
     q3, k3 = q.reshape(B * Hkv, G * T, -1), k.reshape(B * Hkv, S, -1)  # views when contiguous
     q3, k3 = score_operands(q3, k3)  # float32 on a CPU without half units (see precision.score_operands)
     grid = key_grid(k3, S)  # a half product on a CPU over a few key counts only (see precision.key_grid)
     if grid != S:
-        k3 = F.pad(k3, (0, 0, 0, grid - S))  # (B·Hkv, grid, Dk): zero keys, their scores dropped below
+        k3 = take.padded("keys", k3, grid)  # (B·Hkv, grid, Dk): zero keys, their scores dropped below
     # A power-of-two scale (head dims 16, 64, 256…) scales q exactly: one pass over (G·T, Dk), not
     # (G·T, S). Any other scales the product, as the reference implementations round it. (baddbmm's
     # alpha would cost no pass at all, but MKL's baddbmm runs at half bmm's speed once S nears 4k.)
-    if math.frexp(scale)[0] == 0.5:
-        scores = as_half_product(torch.bmm(q3 * scale, k3.transpose(1, 2))[..., :S], q.dtype)  # (B·Hkv, G·T, S)
+    if math.frexp(scale)[0] == 0.5:  # scores (B·Hkv, G·T, S) in each branch
+        scores = as_half_product(take.bmm("product", q3 * scale, k3.transpose(1, 2))[..., :S], q.dtype)
     elif q3.dtype != q.dtype:  # float32 operands of half inputs: the product rounded, then its scaling, as eager's
-        scores = as_half_product(torch.bmm(q3, k3.transpose(1, 2))[..., :S], q.dtype, scale)  # (B·Hkv, G·T, S)
+        scores = as_half_product(take.bmm("product", q3, k3.transpose(1, 2))[..., :S], q.dtype, scale)
     else:
-        scores = torch.bmm(q3, k3.transpose(1, 2))[..., :S]
+        scores = take.bmm("product", q3, k3.transpose(1, 2))[..., :S]
         scores = scores.mul_(scale) if not scores.requires_grad else scores * scale  # (B·Hkv, G·T, S)
-    scores = scores.view(B, H, T, S).to(compute)  # (B, H, T, S), float32 for half inputs
+    scores = take.cast("weights", scores.view(B, H, T, S), compute)  # (B, H, T, S), float32 for half inputs
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)  # (B, H, T, S) within ±softcap
     visible = None
@@ -192,18 +203,51 @@ def _math_attention(
     values = v.reshape(B * Hkv, S, -1)  # (B·Hkv, S, Dv)
     grid = key_grid(v, S)
     if grid == S:
-        grouped = grouped.to(v.dtype)
+        grouped = take.cast("half weights", grouped, v.dtype)
     else:
-        values = F.pad(values, (0, 0, 0, grid - S))  # (B·Hkv, grid, Dv): zero values for the padding keys
+        values = take.padded("values", values, grid)  # (B·Hkv, grid, Dv): zero values for the padding keys
         if grouped.requires_grad:
             grouped = F.pad(grouped.to(v.dtype), (0, grid - S))
         else:  # the weights in the model's dtype beside zero weights for the padding keys: one pass
-            padded = grouped.new_empty(B * Hkv, G * T, grid, dtype=v.dtype)  # (B·Hkv, G·T, grid)
+            padded = take("half weights", (B * Hkv, G * T, grid), v.dtype)  # (B·Hkv, G·T, grid)
             padded[..., S:].zero_()
             padded[..., :S].copy_(grouped)
             grouped = padded
     out = torch.bmm(grouped, values).view(B, H, T, -1)  # (B, H, T, Dv)
     return out, weights  # weights in the softmax's dtype (float32 for half-precision inputs)
+
+
+class _Take:
+    """The math kernel's large tensors made fresh, or — with a :class:`Workspace` — in its buffers."""
+
+    def __init__(self, workspace: Workspace | None, device: torch.device) -> None:
+        self.workspace, self.device = workspace, device
+
+    def __call__(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, map_shaped: bool = True) -> Tensor:
+        if self.workspace is None:
+            return torch.empty(shape, dtype=dtype, device=self.device)
+        return self.workspace.take(name, shape, dtype, self.device, map_shaped=map_shaped)
+
+    def bmm(self, name: str, a: Tensor, b: Tensor) -> Tensor:
+        """a @ b (N, n, m) — into a buffer when there is a workspace and no gradient."""
+        if self.workspace is None or a.requires_grad or b.requires_grad:
+            return torch.bmm(a, b)
+        return torch.bmm(a, b, out=self(name, (a.shape[0], a.shape[1], b.shape[2]), a.dtype))
+
+    def cast(self, name: str, t: Tensor, dtype: torch.dtype) -> Tensor:
+        """``t.to(dtype)`` — into a buffer when there is a workspace and no gradient."""
+        if t.dtype == dtype or self.workspace is None or t.requires_grad:
+            return t.to(dtype)
+        return self(name, tuple(t.shape), dtype).copy_(t)
+
+    def padded(self, name: str, t: Tensor, n: int) -> Tensor:
+        """t (N, S, D) with zero rows after its S: (N, n, D)."""
+        if self.workspace is None or t.requires_grad:
+            return F.pad(t, (0, 0, 0, n - t.shape[1]))
+        out = self(name, (t.shape[0], n, t.shape[2]), t.dtype, map_shaped=False)
+        out[:, :t.shape[1]].copy_(t)
+        out[:, t.shape[1]:].zero_()
+        return out
 
 
 def _seen_by_every_row(keep: Tensor) -> int:

@@ -40,14 +40,17 @@ class AttentionCapture(Attachment):
     chunks of at most this many rows whatever its size; ``chunk_bytes``: the most map bytes of one
     streamed chunk (default :func:`~multihead.hf.route.chunk_bytes` of the layer's device: the
     CPU's heap rule, a share of the free memory on CUDA). A streamed chunk's keys end after the
-    last one any of its rows may see (K <= S; the keys after it have weight 0).
+    last one any of its rows may see (K <= S; the keys after it have weight 0). ``transient``: the
+    callback keeps nothing of a chunk's tensors once it returns (it copies what it keeps): a
+    streamed layer's maps are then made in buffers its next chunk reuses — faster on a CPU, and a
+    kept ``chunk.weights`` would be overwritten.
     """
 
     reads = True
 
     def __init__(self, model: ModelLike, callback: LayerCallback, *, at: str | Sequence[str] | None = None,
                  stack: str | None = None, chunk: int | None = None, budget: int = MAP_BUDGET,
-                 chunk_bytes: int | None = None) -> None:
+                 chunk_bytes: int | None = None, transient: bool = False) -> None:
         if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
             raise ValueError(f"chunk must be a positive number of query rows; got {chunk!r}")
         if not isinstance(budget, int) or budget < 1:
@@ -59,6 +62,7 @@ class AttentionCapture(Attachment):
         if chunk_bytes is not None and (not isinstance(chunk_bytes, int) or chunk_bytes < 1):
             raise ValueError(f"chunk_bytes must be a positive number of bytes; got {chunk_bytes!r}")
         self.rows = chunk
+        self.transient = bool(transient)
         self.budget = budget
         self.chunk_bytes = chunk_bytes
         self.sites = find_sites(self.model)

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from ..attn import attention
 from ..attn.layer import MultiHeadAttention, scale_heads
 from ..attn.memory import available_memory
+from ..attn.workspace import Workspace
 from ..masks import Mask, Rows, as_mask, causal, from_tensor, split_topk, window
 from .model import ModelLike, as_module
 from .sites import AttentionSite
@@ -141,6 +142,10 @@ class Attachment:
     budget: int = MAP_BUDGET
     #: the most map bytes of one streamed chunk (None: :func:`chunk_bytes` of the layer's device)
     chunk_bytes: int | None = None
+    #: whether :meth:`read` keeps nothing of a chunk's tensors once it returns: when every reader of a
+    #: streamed layer says so, its chunks' maps are made in buffers the next chunk reuses
+    #: (:class:`~multihead.attn.workspace.Workspace`)
+    transient: bool = False
 
     def mask(self, site: AttentionSite, layer: int) -> Mask | None:
         """A mask this layer's attention is intersected with (True = may attend)."""
@@ -498,6 +503,9 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
     # the layer's outputs in one block made before its chunks: a chunk's own output kept until the
     # layer ends would sit between the next chunks' buffers and grow a CPU heap by holes it cannot reuse
     outs = value.new_empty(B, H, T, value.shape[-1])  # (B, H, T, Dv)
+    # readers that keep nothing of a chunk: its maps in buffers every chunk of the layer reuses (no
+    # fresh pages a chunk for the heap to map and the kernel to zero)
+    workspace = Workspace(limit // 4) if all(a.transient for a in readers) else None
     start = 0
     while start < T:
         stop = min(T, start + rows_per_chunk)
@@ -512,17 +520,19 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
         chunk_mask = None if rows is None else _evaluated(rows, stop - start, K, query)
         out, weights = attention(query[:, :, start:stop], key[:, :, :K], value[:, :, :K], chunk_mask,
                                  scale=scaling, need_weights=True, backend="math", softcap=softcap, sinks=sinks,
-                                 weights_dtype=READ_DTYPE if query.dtype != torch.float64 else None
-                                 )  # (B, H, c, Dv), (B, H, c, K)
+                                 weights_dtype=READ_DTYPE if query.dtype != torch.float64 else None,
+                                 workspace=workspace)  # (B, H, c, Dv), (B, H, c, K)
         if gates is not None:
             out = _gated(out, gates, fill)
         chunk = AttentionChunk(site, layer, start, T, S, weights, out,
                                _visible(chunk_mask, stop - start, K, query.device), call_memo)
         for a in readers:
             a.read(chunk)
-        del chunk
+        del chunk, weights
         outs[:, :, start:stop] = out
         start = stop
+    if workspace is not None:
+        workspace.clear()
     return outs  # (B, H, T, Dv)
 
 

@@ -86,7 +86,8 @@ def run_pass(model: HFModel, batches: Iterable[Batch], reducers: Sequence[Reduce
     device = model.device
     if budget is None:  # maps above one chunk's bytes stream: on a CPU a larger one is slower, not faster
         budget = chunk_bytes(device)
-    capture = AttentionCapture(model.model, dispatch(reducers), at=at, chunk=chunk, budget=budget)
+    # a reducer never keeps a chunk (the Reducer protocol): the streamed maps may reuse their buffers
+    capture = AttentionCapture(model.model, dispatch(reducers), at=at, chunk=chunk, budget=budget, transient=True)
     with capture, torch.inference_mode():
         for batch in bar(batches, desc=desc, unit="batch", progress=progress, total=total):
             batch = batch.to(device)  # the maps are captured where the model runs: so are the tokens' flags

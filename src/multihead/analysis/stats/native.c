@@ -16,6 +16,31 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Each entry point splits its rows (or heads) in `parts` consecutive ranges and, when built with
+   OpenMP, runs them on the OpenMP threads of PyTorch's own runtime (the same libgomp, found by its
+   soname in the process): right after PyTorch's last parallel region its workers spin, waiting
+   for the next, and a thread pool of our own competed with them for the cores — rows of 4,096 keys
+   read by two threads of a Python pool 0.70 ns a weight after a PyTorch operation, by two OpenMP
+   threads 0.31. Without OpenMP the pragma is ignored and the caller passes one range a call. */
+#ifdef _OPENMP
+#define IN_PARTS _Pragma("omp parallel for schedule(static, 1) num_threads(parts) if (parts > 1)")
+#else
+#define IN_PARTS
+#endif
+
+/* 1 when built with OpenMP (the caller then makes one call with `parts` ranges). */
+int64_t openmp_parts(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static inline int64_t part_bound(int64_t lo, int64_t hi, int64_t part, int64_t parts) {
+    return lo + (hi - lo) * part / parts;
+}
+
 #define BINS 18
 #define HEAD_VALUES 12 /* heads.ROW_METRICS order */
 #define LONG_VALUES 8  /* longcontext._ROW_METRICS order */
@@ -124,10 +149,9 @@ static inline double key(const float *p, int64_t K, int64_t j) { return j >= 0 &
    whose query counts (valid (B, C), 1: a real token). flags (B, kstride) uint8: 1 the first real
    token, 2 a separator, 4 punctuation. log_n (B, H, C): log of the keys each row may see (rows
    with log_n > 0 count for entropy_norm and kl_uniform). */
-void row_statistics(const float *w, int64_t B, int64_t H, int64_t C, int64_t K, int64_t start,
-                    const uint8_t *flags, int64_t kstride, const uint8_t *valid, const float *log_n,
-                    int64_t row0, int64_t row1, double *heads, double *long_sums, double *hist) {
-    (void)B;
+static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int64_t start,
+                            const uint8_t *flags, int64_t kstride, const uint8_t *valid, const float *log_n,
+                            int64_t row0, int64_t row1, double *heads, double *long_sums, double *hist) {
     for (int64_t row = row0; row < row1; row++) {
         int64_t c = row % C, bh = row / C, b = bh / H;
         if (!valid[b * C + c]) continue;
@@ -188,6 +212,20 @@ void row_statistics(const float *w, int64_t B, int64_t H, int64_t C, int64_t K, 
         ls[7] += beyond[1] - sink_far;
         double *h = hist + bh * BINS;
         for (int k = 0; k < BINS; k++) h[k] += bins[k];
+    }
+}
+
+/* rows_statistics over rows [row0, row1) in `parts` ranges, part n adding into its own sums: heads
+   (parts, B, H, HEAD_VALUES), long_sums (parts, B, H, LONG_VALUES) and hist (parts, B, H, BINS). */
+void row_statistics(const float *w, int64_t B, int64_t H, int64_t C, int64_t K, int64_t start,
+                    const uint8_t *flags, int64_t kstride, const uint8_t *valid, const float *log_n,
+                    int64_t row0, int64_t row1, int64_t parts, double *heads, double *long_sums, double *hist) {
+    IN_PARTS
+    for (int64_t n = 0; n < parts; n++) {
+        int64_t bh = B * H;
+        rows_statistics(w, H, C, K, start, flags, kstride, valid, log_n, part_bound(row0, row1, n, parts),
+                        part_bound(row0, row1, n + 1, parts), heads + n * bh * HEAD_VALUES,
+                        long_sums ? long_sums + n * bh * LONG_VALUES : 0, long_sums ? hist + n * bh * BINS : 0);
     }
 }
 
@@ -304,8 +342,8 @@ static int64_t eight_blocks(const float *restrict p, int64_t K, int64_t block, f
    (H, C, k) float32, where (H, C, k) int64 keys). Equal weights: the first key met is kept.
    Blocks of 8 or 16 keys go eight at a time through vector lanes where the CPU has AVX2 (a
    horizontal sum a block cost more than its keys). */
-void row_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block, int64_t k,
-                int64_t row0, int64_t row1, float *sums, float *maxima, float *top, int64_t *where) {
+static void rows_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block,
+                        int64_t k, int64_t row0, int64_t row1, float *sums, float *maxima, float *top, int64_t *where) {
     int64_t nb = (K + block - 1) / block;
     float bv[64]; /* the k blocks of largest maxima */
     int64_t bk[64];
@@ -360,6 +398,15 @@ void row_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t k
     }
 }
 
+/* rows_blocks over rows [row0, row1) in `parts` ranges (each row's outputs are its own). */
+void row_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block, int64_t k,
+                int64_t row0, int64_t row1, int64_t parts, float *sums, float *maxima, float *top, int64_t *where) {
+    IN_PARTS
+    for (int64_t n = 0; n < parts; n++)
+        rows_blocks(w, C, K, hstride, kstride, block, k, part_bound(row0, row1, n, parts),
+                    part_bound(row0, row1, n + 1, parts), sums, maxima, top, where);
+}
+
 /* The key of the largest of a word-summed row a (keys 0..K-1): lone[j] marks the keys that are a
    whole word, multi (M, 2) the (first key, keys) of the longer words in key order. Ties: the
    earliest word. The maxima of 64-key blocks first (vectorised), then the first key that reaches
@@ -411,11 +458,11 @@ static int64_t predicted(const float *a, int64_t K, const int32_t *key_word, con
    chunk's end, unless `last`, is carried in acc (H, astride) over its first acc_keys keys (the
    next chunk's K >= acc_keys; the keys after had weight 0 in its rows so far); `carried` is the
    word acc holds on entry (-1: none). block_max: (H, ceil(K / 64)) scratch. */
-void word_predictions(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride,
-                      const int32_t *row_word, const int32_t *key_word, const uint8_t *lone,
-                      const int32_t *multi, int64_t M, float *acc, int64_t astride, int64_t carried,
-                      int64_t acc_keys, int64_t last, int64_t *best, int64_t H, int64_t h0, int64_t h1,
-                      float *block_max) {
+static void words_predicted(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride,
+                            const int32_t *row_word, const int32_t *key_word, const uint8_t *lone,
+                            const int32_t *multi, int64_t M, float *acc, int64_t astride, int64_t carried,
+                            int64_t acc_keys, int64_t last, int64_t *best, int64_t H, int64_t h0, int64_t h1,
+                            float *block_max) {
     int64_t nb = (K + 63) / 64;
     for (int64_t h = h0; h < h1; h++) {
         float *restrict a = acc + h * astride;
@@ -437,4 +484,17 @@ void word_predictions(const float *w, int64_t C, int64_t K, int64_t hstride, int
         }
         if (open >= 0 && last) best[open * H + h] = predicted(a, K, key_word, lone, multi, M, scratch);
     }
+}
+
+/* words_predicted for heads [h0, h1) in `parts` ranges (each head's sums and predictions are its own). */
+void word_predictions(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride,
+                      const int32_t *row_word, const int32_t *key_word, const uint8_t *lone,
+                      const int32_t *multi, int64_t M, float *acc, int64_t astride, int64_t carried,
+                      int64_t acc_keys, int64_t last, int64_t *best, int64_t H, int64_t h0, int64_t h1,
+                      int64_t parts, float *block_max) {
+    IN_PARTS
+    for (int64_t n = 0; n < parts; n++)
+        words_predicted(w, C, K, hstride, kstride, row_word, key_word, lone, multi, M, acc, astride, carried,
+                        acc_keys, last, best, H, part_bound(h0, h1, n, parts), part_bound(h0, h1, n + 1, parts),
+                        block_max);
 }

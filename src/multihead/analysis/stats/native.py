@@ -11,9 +11,12 @@ attended word.
 It is compiled at first use with the machine's C compiler (``$CC``, else ``gcc``; ``-O3
 -march=native -ffast-math``: vectorised — its log inline, 16 wide, under GCC on AVX-512, else glibc's
 vector ``logf``; linked without ``-ffast-math``, so that loading it leaves the process's floating
-point as it was) into the user's
-cache (``$XDG_CACHE_HOME/multihead``, keyed by the source, the flags and the CPU's features), and
-called through ctypes — which lets go of the GIL — one call per thread, each on its own rows. The
+point as it was; with ``-fopenmp`` where the compiler has it) into the user's cache
+(``$XDG_CACHE_HOME/multihead``, keyed by the source, the flags and the CPU's features), and called
+through ctypes — which lets go of the GIL. A chunk's rows are read in as many ranges as torch uses
+threads: on the OpenMP threads PyTorch's own runtime keeps (one call; its workers, spinning after
+PyTorch's last operation, had competed with threads of ours for the cores), else — built without
+OpenMP — one call per range, each on a thread of a pool of ours. The
 eager code stays the reference (the tests hold the two together) and the path everywhere else:
 CUDA, float64, maps that are not right-padded, a machine without a compiler, or
 ``MULTIHEAD_NATIVE=0``.
@@ -51,6 +54,9 @@ SOURCE = Path(__file__).with_name("native.c")
 #: zero for the whole process the moment it is loaded — every other computation's numerics changed.
 COMPILE = ("-O3", "-march=native", "-ffast-math", "-fPIC", "-c")
 LINK = ("-shared",)
+#: Added to both where the compiler has OpenMP: the readers' ranges then run on the threads of the
+#: OpenMP runtime PyTorch already runs (native.c, ``IN_PARTS``), not on a thread pool of ours.
+OPENMP = ("-fopenmp",)
 #: ``MULTIHEAD_NATIVE=0`` keeps every reader eager (the reference).
 ENV = "MULTIHEAD_NATIVE"
 #: Map entries below which a chunk is read by the calling thread alone (threads cost ~50 µs a call).
@@ -76,16 +82,10 @@ def _cpu_features() -> str:
     return platform.machine()
 
 
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    """native.c built for this CPU and loaded, or None (no compiler, a failed build, ``ENV=0``)."""
-    if os.environ.get(ENV, "1") == "0":
-        return None
-    compiler = shutil.which(os.environ.get("CC") or "gcc")
-    if compiler is None or not SOURCE.is_file():
-        return None
+def _build(compiler: str, flags: tuple[str, ...], link: tuple[str, ...]) -> ctypes.CDLL | None:
+    """native.c compiled with ``flags``, linked with ``link``, cached, and loaded (None: a failed build or load)."""
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(COMPILE + LINK).encode(), compiler.encode(),
+    key = hashlib.sha256(b"\0".join([source, " ".join(flags + link).encode(), compiler.encode(),
                                      _cpu_features().encode()])).hexdigest()[:20]
     path = _cache() / f"rows-{key}.so"
     if not path.exists():
@@ -93,24 +93,40 @@ def _library() -> ctypes.CDLL | None:
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # built aside, renamed into place whole
                 built, objects = Path(tmp) / path.name, Path(tmp) / "native.o"
-                subprocess.run([compiler, *COMPILE, "-o", str(objects), str(SOURCE)], check=True, capture_output=True,
+                subprocess.run([compiler, *flags, "-o", str(objects), str(SOURCE)], check=True, capture_output=True,
                                timeout=120)
-                subprocess.run([compiler, *LINK, "-o", str(built), str(objects), "-lm"], check=True,
+                subprocess.run([compiler, *link, "-o", str(built), str(objects), "-lm"], check=True,
                                capture_output=True, timeout=120)
                 os.replace(built, path)
         except (OSError, subprocess.SubprocessError):
             return None
     try:
-        lib = ctypes.CDLL(str(path))
-    except OSError:
+        return ctypes.CDLL(str(path))
+    except OSError:  # e.g. an OpenMP runtime that lacks a symbol version the compiler asked for
+        return None
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """native.c built for this CPU and loaded — with OpenMP where the compiler has it, else without
+    — or None (no compiler, a failed build, ``ENV=0``)."""
+    if os.environ.get(ENV, "1") == "0":
+        return None
+    compiler = shutil.which(os.environ.get("CC") or "gcc")
+    if compiler is None or not SOURCE.is_file():
+        return None
+    lib = _build(compiler, COMPILE + OPENMP, LINK + OPENMP) or _build(compiler, COMPILE, LINK)
+    if lib is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.row_statistics.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr]
+    lib.openmp_parts.argtypes = []
+    lib.openmp_parts.restype = i64
+    lib.row_statistics.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64, i64, ptr, ptr, ptr]
     lib.row_statistics.restype = None
-    lib.row_blocks.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr]
+    lib.row_blocks.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr]
     lib.row_blocks.restype = None
     lib.word_predictions.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, ptr,
-                                     i64, i64, i64, ptr]
+                                     i64, i64, i64, i64, ptr]
     lib.word_predictions.restype = None
     return lib
 
@@ -133,23 +149,27 @@ if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's t
     os.register_at_fork(after_in_child=_POOL.clear)
 
 
-def _split(rows: int, entries: int) -> list[tuple[int, int]]:
-    """Rows 0..rows in as many consecutive ranges as torch uses threads (one when the chunk is small)."""
-    n = 1 if entries < THREADED else max(1, min(torch.get_num_threads(), rows))
-    bounds = [rows * k // n for k in range(n + 1)]
-    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a] or [(0, rows)]
+def _parts(items: int, entries: int) -> int:
+    """In how many ranges a chunk's ``items`` (rows, or heads) are read: as many as torch uses
+    threads, one when the chunk is small."""
+    return 1 if entries < THREADED else max(1, min(torch.get_num_threads(), items))
 
 
-def _run(calls: list) -> None:
-    """Each call on its own thread (ctypes releases the GIL), the first on this one."""
-    if len(calls) == 1:
-        calls[0]()
+def _in_parts(items: int, parts: int, call) -> None:
+    """``call(lo, hi, parts, n)`` over items 0..items in ``parts`` ranges: one call on the OpenMP
+    threads where the library has them, else a call per range (``n`` its index, ``parts`` 1) each
+    on a thread of a pool of ours (ctypes releases the GIL), the first on this one."""
+    lib = _library()
+    if parts == 1 or lib.openmp_parts():
+        call(0, items, parts, 0)
         return
+    bounds = [items * n // parts for n in range(parts + 1)]
+    calls = [functools.partial(call, a, b, 1, n) for n, (a, b) in enumerate(itertools.pairwise(bounds))]
     with _POOL_LOCK:
-        pool = _POOL.get(len(calls))
+        pool = _POOL.get(parts)
         if pool is None:
-            pool = _POOL[len(calls)] = ThreadPoolExecutor(len(calls), thread_name_prefix="multihead-rows")
-    others = [pool.submit(call) for call in calls[1:]]
+            pool = _POOL[parts] = ThreadPoolExecutor(parts, thread_name_prefix="multihead-rows")
+    others = [pool.submit(c) for c in calls[1:]]
     calls[0]()
     for done in others:
         done.result()
@@ -199,21 +219,20 @@ def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool) -> RowSums:
     seen = (chunk.visible & valid[:, None, None, :K]).sum(-1).expand(B, H, C)  # (B, H, C) keys each row may see
     log_n = seen.float().clamp_min(1).log().contiguous()  # (B, H, C)
     informative = (queries[:, None, :] & (seen > 1)).sum(-1, dtype=torch.float64)  # (B, H)
-    ranges = _split(B * H * C, p.numel())
-    outs = [(torch.zeros(B, H, HEAD_VALUES, dtype=torch.float64),
-             torch.zeros(B, H, LONG_VALUES, dtype=torch.float64) if long else None,
-             torch.zeros(B, H, BINS, dtype=torch.float64) if long else None) for _ in ranges]
+    parts = _parts(B * H * C, p.numel())
+    sums = (torch.zeros(parts, B, H, HEAD_VALUES, dtype=torch.float64),  # (parts, B, H, ·): a range's own sums
+            torch.zeros(parts, B, H, LONG_VALUES, dtype=torch.float64) if long else None,
+            torch.zeros(parts, B, H, BINS, dtype=torch.float64) if long else None)
     lib = _library()
     counted = queries.to(torch.uint8).contiguous()
 
-    def call(a: int, b: int, out: tuple):
-        pointers = [t.data_ptr() if t is not None else None for t in out]
-        return lambda: lib.row_statistics(p.data_ptr(), B, H, C, K, start, flags.data_ptr(), K, counted.data_ptr(),
-                                          log_n.data_ptr(), a, b, *pointers)
+    def call(a: int, b: int, n_parts: int, n: int) -> None:
+        pointers = [t[n].data_ptr() if t is not None else None for t in sums]
+        lib.row_statistics(p.data_ptr(), B, H, C, K, start, flags.data_ptr(), K, counted.data_ptr(), log_n.data_ptr(),
+                           a, b, n_parts, *pointers)
 
-    _run([call(a, b, out) for (a, b), out in zip(ranges, outs, strict=True)])
-    heads_sums, long_sums, hist = (None if parts[0] is None else sum(parts[1:], parts[0])
-                                   for parts in zip(*outs, strict=True))
+    _in_parts(B * H * C, parts, call)
+    heads_sums, long_sums, hist = (None if t is None else t.sum(0) for t in sums)
     return RowSums(heads_sums, queries.sum(-1, keepdim=True, dtype=torch.float64), informative, long_sums, hist)
 
 
@@ -231,11 +250,11 @@ def row_blocks(weights: Tensor, block: int, k: int) -> tuple[Tensor, Tensor, Ten
     lib = _library()
     w = weights.detach()
 
-    def call(a: int, b: int):
-        return lambda: lib.row_blocks(w.data_ptr(), c, K, w.stride(0), w.stride(1), block, k, a, b,
-                                      sums.data_ptr(), maxima.data_ptr(), top.data_ptr(), where.data_ptr())
+    def call(a: int, b: int, parts: int, _: int) -> None:
+        lib.row_blocks(w.data_ptr(), c, K, w.stride(0), w.stride(1), block, k, a, b, parts, sums.data_ptr(),
+                       maxima.data_ptr(), top.data_ptr(), where.data_ptr())
 
-    _run([call(a, b) for a, b in _split(H * c, w.numel())])
+    _in_parts(H * c, _parts(H * c, w.numel()), call)
     return sums, maxima, top, where
 
 
@@ -291,13 +310,13 @@ def word_predictions(weights: Tensor, rows: Tensor, runs: WordRuns, carried: tup
     w = weights.detach()
     M = runs.multi.shape[0]
 
-    def call(h0: int, h1: int):
-        return lambda: lib.word_predictions(w.data_ptr(), c, K, w.stride(0), w.stride(1), row_word.data_ptr(),
-                                            runs.key_word.data_ptr(), runs.lone.data_ptr(), runs.multi.data_ptr(), M,
-                                            runs.acc.data_ptr(), runs.acc.stride(0), open_word, acc_keys, int(last),
-                                            best.data_ptr(), best.shape[1], h0, h1, scratch.data_ptr())
+    def call(h0: int, h1: int, parts: int, _: int) -> None:
+        lib.word_predictions(w.data_ptr(), c, K, w.stride(0), w.stride(1), row_word.data_ptr(),
+                             runs.key_word.data_ptr(), runs.lone.data_ptr(), runs.multi.data_ptr(), M,
+                             runs.acc.data_ptr(), runs.acc.stride(0), open_word, acc_keys, int(last), best.data_ptr(),
+                             best.shape[1], h0, h1, parts, scratch.data_ptr())
 
-    _run([call(a, b) for a, b in _split(H, w.numel())])
+    _in_parts(H, _parts(H, w.numel()), call)
     if last:
         return None
     in_words = row_word[row_word >= 0]
