@@ -90,7 +90,7 @@ def test_row_sums_equal_the_eager_readers_on_long_rows(T, start, C, causal):
 
 def _compare(chunk, batch):
     tokens = batch.tokens
-    found = native._row_sums(chunk, tokens, True)
+    found = native._row_sums(chunk, tokens, True, True)
     eager = heads.eager_row_values(chunk, tokens)
     assert eager.names == list(heads.ROW_METRICS)
     K = chunk.weights.shape[-1]
@@ -106,6 +106,9 @@ def _compare(chunk, batch):
     rows = tokens.valid[:, chunk.start:chunk.start + p.shape[2]].double()
     torch.testing.assert_close(found.long, (values * rows[:, None, :, None]).sum(2), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(found.hist, (hist * rows[:, None, :, None]).sum(2), rtol=1e-5, atol=1e-5)
+    # each key's weight from the real rows (vertical concentration's columns)
+    torch.testing.assert_close(found.columns.double(), (p * rows[:, None, :, None]).sum(2), rtol=1e-5, atol=1e-5)
+    assert native._row_sums(chunk, tokens, True).columns is None  # not asked for: not summed
 
 
 def _threaded_reads():
@@ -113,7 +116,7 @@ def _threaded_reads():
     chunk, batch = _chunk(2, 3, 3000, 1800, 300, [3000, 2600], True, 7)
     sums = native._row_sums(chunk, batch.tokens, True)
     rows = chunk.weights[0]  # (H, c, K) one text's rows
-    blocks = native.row_blocks(rows, 16, 16)
+    blocks = native.row_pooled(rows, 1800, 16, 4, 47, 16)
     owner = torch.arange(3000) // 3  # words of three tokens each
     owner[owner % 5 == 0] = -1  # and tokens of no word
     runs = native.word_runs(owner, 3)
@@ -146,12 +149,16 @@ def test_the_readers_read_the_same_on_openmp_threads_and_on_a_pool_of_ours(monke
 
 @settings(max_examples=120, deadline=None)
 @given(H=st.integers(1, 3), c=st.integers(1, 20), K=st.integers(1, 400), block=st.sampled_from([1, 3, 8, 12, 16, 20]),
-       k=st.integers(1, 16), sharp=st.floats(0, 8), seed=st.integers(0, 2**31), causal=st.booleans(),
-       ties=st.booleans())
-def test_row_blocks_equal_key_blocks_and_the_top_weights(H, c, K, block, k, sharp, seed, causal, ties):
-    """Also causal rows (zeros after each row's last key: fewer than k weights above 0) and weights
-    rounded to sixteenths (ties at the k-th place): the earliest keys of a tie are named."""
+       pool=st.integers(1, 4), k=st.integers(1, 16), sharp=st.floats(0, 8), seed=st.integers(0, 2**31),
+       causal=st.booleans(), ties=st.booleans(), data=st.data())
+def test_row_pooled_equals_the_pooled_maps_and_the_top_weights(H, c, K, block, pool, k, sharp, seed, causal, ties,
+                                                                 data):
+    """The page's cells (sums and maxima over pool·block x pool·block tokens) and each row's k
+    largest weights. Also causal rows (zeros after each row's last key: fewer than k weights above
+    0) and weights rounded to sixteenths (ties at the k-th place): the earliest keys of a tie are named."""
     k = min(k, K)
+    start = data.draw(st.integers(0, 40))
+    cells = -(-max(start + c, K) // (block * pool))
     g = torch.Generator().manual_seed(seed)
     scores = torch.randn(H, c, K + 3, generator=g) * sharp
     if causal:  # row i sees keys 0 .. i + K - c, as the rows of a causal chunk do
@@ -160,11 +167,12 @@ def test_row_blocks_equal_key_blocks_and_the_top_weights(H, c, K, block, k, shar
     if ties:
         full = (full * 16).round() / 16
     w = full[:, :, :K]  # a view with a row stride above K, as a text's rows of a chunk are
-    sums, maxima, top, where = native.row_blocks(w, block, k)
-    want_sums, want_maxima = maps.key_blocks(w, block)
+    mass, largest, top, where = native.row_pooled(w, start, block, pool, cells, k)
+    want_mass, want_largest, _ = maps.pooled_maps(w, start, block * pool, cells)
+    torch.testing.assert_close(mass, want_mass, rtol=1e-5, atol=1e-6)
+    assert torch.equal(largest, want_largest)
+    _, want_maxima = maps.key_blocks(w, block)
     want_top, _ = maps.top_weights(w, k, want_maxima, block)
-    torch.testing.assert_close(sums, want_sums, rtol=1e-6, atol=1e-6)
-    assert torch.equal(maxima, want_maxima)
     assert torch.equal(top, want_top)  # the k largest, largest first
     assert torch.equal(w.gather(-1, where), top)  # ... at the keys named
     assert (where.sort(-1).values.diff(dim=-1) > 0).all()  # no key twice

@@ -196,6 +196,7 @@ class HeadStatistics(ReducerBase):
         valid = batch.host_tokens.valid
         self.sentences += int(valid.shape[0])
         self.tokens += int(valid.sum())
+        batch.memo[native.COLUMNS] = True  # the compiled readers sum the columns (vertical) in their pass too
 
     def update(self, chunk: AttentionChunk) -> None:
         """Add one chunk of one layer's attention for the batch: query rows ``chunk.start`` ..
@@ -243,9 +244,14 @@ class HeadStatistics(ReducerBase):
                 column.zero_()
         else:
             column = self._columns.pop(layer)
-        real = bool(self.batch.host_tokens.valid[:, start:start + C].all())  # asked of the host copy, not the device
-        counted = p if real else p * valid[:, None, start:start + C, None]  # (B, H, C, K)
-        column[..., :K] += counted.sum(2)  # (B, H, K)
+        summed = native.row_sums(chunk, self.batch).columns if native.usable(chunk.weights) and tokens.positions[1] \
+            else None  # summed in the compiled readers' pass (asked for at begin_batch)
+        if summed is not None:
+            column[..., :K] += summed  # (B, H, K)
+        else:
+            real = bool(self.batch.host_tokens.valid[:, start:start + C].all())  # asked of the host, not the device
+            counted = p if real else p * valid[:, None, start:start + C, None]  # (B, H, C, K)
+            column[..., :K] += counted.sum(2)  # (B, H, K)
         if start + C < T:
             self._columns[layer] = column
             return

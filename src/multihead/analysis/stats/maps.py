@@ -142,8 +142,13 @@ def _by_row_block(sums: Tensor, maxima: Tensor, start: int, block: int, cells: i
     total[..., :nb].index_add_(1, row_block, sums)
     largest = torch.zeros(H, cells, cells, device=dev)
     largest[..., :nb].scatter_reduce_(1, row_block.view(1, c, 1).expand(H, c, nb), maxima, reduce="amax")
-    rows = torch.zeros(cells, device=dev).index_add_(0, row_block, torch.ones(c, device=dev))
-    return total, largest, rows
+    return total, largest, _rows_per_block(start, c, block, cells, dev)
+
+
+def _rows_per_block(start: int, c: int, block: int, cells: int, device: torch.device) -> Tensor:
+    """How many of the query rows ``start .. start + c`` fall in each block of ``block`` rows (cells,)."""
+    row_block = torch.arange(start, start + c, device=device) // block  # (c,)
+    return torch.zeros(cells, device=device).index_add_(0, row_block, torch.ones(c, device=device))
 
 
 #: Keys per block from which a pooled text's top-k candidates are read (see :func:`_fine_block`).
@@ -293,15 +298,17 @@ class TextViews(ReducerBase):
             else:
                 pooled = kept.pooled
                 fine = _fine_block(pooled.block)  # the top-k's candidates come from blocks of `fine` keys
-                if native.usable(w) and pooled.k <= native.TOP_K:  # one pass a row
-                    sums, maxima, top, where = native.row_blocks(w, fine, min(pooled.k, K))
+                if native.usable(w) and pooled.k <= native.TOP_K:  # one pass a row, cells and top-k
+                    total, big, top, where = native.row_pooled(w, chunk.start, fine, pooled.block // fine,
+                                                               pooled.cells, min(pooled.k, K))
+                    counted = _rows_per_block(chunk.start, w.shape[1], pooled.block, pooled.cells, w.device)
                 else:
                     sums, maxima = key_blocks(w, fine)  # (H, c, ceil(K / fine)) each
                     top, where = top_weights(w, min(pooled.k, K), maxima, fine)  # (H, c, k')
-                sums, maxima = _coarser(sums, maxima, pooled.block // fine)  # (H, c, nb) each
+                    sums, maxima = _coarser(sums, maxima, pooled.block // fine)  # (H, c, nb) each
+                    total, big, counted = _by_row_block(sums, maxima, chunk.start, pooled.block, pooled.cells)
                 layer["index"][:, chunk.start:stop, :top.shape[-1]] = where.to(torch.int32)
                 layer["values"][:, chunk.start:stop, :top.shape[-1]] = _byte(top)
-                total, big, counted = _by_row_block(sums, maxima, chunk.start, pooled.block, pooled.cells)
                 layer["mass"] += total
                 layer["rows"] += counted
                 torch.maximum(layer["largest"], big, out=layer["largest"])

@@ -146,12 +146,14 @@ static inline double key(const float *p, int64_t K, int64_t j) { return j >= 0 &
 
 /* Rows [row0, row1) of the B*H*C rows, added into heads (B, H, HEAD_VALUES) and, when long_sums is
    not null, long_sums (B, H, LONG_VALUES) and hist (B, H, BINS), all float64 sums over the rows
-   whose query counts (valid (B, C), 1: a real token). flags (B, kstride) uint8: 1 the first real
+   whose query counts (valid (B, C), 1: a real token), and, when columns (B, H, K) float32 is not
+   null, each key's weight summed over those rows. flags (B, kstride) uint8: 1 the first real
    token, 2 a separator, 4 punctuation. log_n (B, H, C): log of the keys each row may see (rows
    with log_n > 0 count for entropy_norm and kl_uniform). */
 static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int64_t start,
                             const uint8_t *flags, int64_t kstride, const uint8_t *valid, const float *log_n,
-                            int64_t row0, int64_t row1, double *heads, double *long_sums, double *hist) {
+                            int64_t row0, int64_t row1, double *heads, double *long_sums, double *hist,
+                            float *columns) {
     for (int64_t row = row0; row < row1; row++) {
         int64_t c = row % C, bh = row / C, b = bh / H;
         if (!valid[b * C + c]) continue;
@@ -161,6 +163,10 @@ static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int
         sum_row(p, flags + b * kstride, (int32_t)K, (int32_t)i, s);
         double entropy = -s[2], logn = log_n[row];
         double self = key(p, K, i), prev = key(p, K, i - 1), next = key(p, K, i + 1);
+        if (columns) { /* the weight each key receives, summed over the rows (vertical concentration) */
+            float *restrict column = columns + bh * K;
+            for (int64_t j = 0; j < K; j++) column[j] += p[j];
+        }
         double *out = heads + bh * HEAD_VALUES;
         out[0] += entropy;
         out[2] += s[1];
@@ -216,16 +222,19 @@ static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int
 }
 
 /* rows_statistics over rows [row0, row1) in `parts` ranges, part n adding into its own sums: heads
-   (parts, B, H, HEAD_VALUES), long_sums (parts, B, H, LONG_VALUES) and hist (parts, B, H, BINS). */
+   (parts, B, H, HEAD_VALUES), long_sums (parts, B, H, LONG_VALUES), hist (parts, B, H, BINS) and
+   columns (parts, B, H, K). */
 void row_statistics(const float *w, int64_t B, int64_t H, int64_t C, int64_t K, int64_t start,
                     const uint8_t *flags, int64_t kstride, const uint8_t *valid, const float *log_n,
-                    int64_t row0, int64_t row1, int64_t parts, double *heads, double *long_sums, double *hist) {
+                    int64_t row0, int64_t row1, int64_t parts, double *heads, double *long_sums, double *hist,
+                    float *columns) {
     IN_PARTS
     for (int64_t n = 0; n < parts; n++) {
         int64_t bh = B * H;
         rows_statistics(w, H, C, K, start, flags, kstride, valid, log_n, part_bound(row0, row1, n, parts),
                         part_bound(row0, row1, n + 1, parts), heads + n * bh * HEAD_VALUES,
-                        long_sums ? long_sums + n * bh * LONG_VALUES : 0, long_sums ? hist + n * bh * BINS : 0);
+                        long_sums ? long_sums + n * bh * LONG_VALUES : 0, long_sums ? hist + n * bh * BINS : 0,
+                        columns ? columns + n * bh * K : 0);
     }
 }
 
@@ -341,15 +350,21 @@ static int64_t eight_blocks(const float *restrict p, int64_t K, int64_t block, f
    maxima: (H, C, nb), nb = ceil(K / block)) and its k largest weights, largest first (top
    (H, C, k) float32, where (H, C, k) int64 keys). Equal weights: the first key met is kept.
    Blocks of 8 or 16 keys go eight at a time through vector lanes where the CPU has AVX2 (a
-   horizontal sum a block cost more than its keys). */
+   horizontal sum a block cost more than its keys).
+
+   With mass not null, a page's pooled maps instead: sums and maxima are one row's scratch (nb
+   each), and each row's blocks, `pool` at a time (cells of pool·block keys), are added into mass
+   and max'd into largest (H, cells, cells) at the row's block of pool·block query rows (the
+   chunk's rows are start..start+C-1). */
 static void rows_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block,
-                        int64_t k, int64_t row0, int64_t row1, float *sums, float *maxima, float *top, int64_t *where) {
+                        int64_t k, int64_t row0, int64_t row1, float *sums, float *maxima, float *top, int64_t *where,
+                        int64_t start, int64_t pool, int64_t cells, float *mass, float *largest) {
     int64_t nb = (K + block - 1) / block;
     float bv[64]; /* the k blocks of largest maxima */
     int64_t bk[64];
     for (int64_t row = row0; row < row1; row++) {
         const float *p = w + (row / C) * hstride + (row % C) * kstride;
-        float *rs = sums + row * nb, *rm = maxima + row * nb;
+        float *rs = mass ? sums : sums + row * nb, *rm = mass ? maxima : maxima + row * nb;
         int64_t n = 0;
 #ifdef __AVX2__
         if (block == 8 || block == 16) n = eight_blocks(p, K, block, rs, rm);
@@ -363,6 +378,20 @@ static void rows_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, i
             }
             rs[n] = s;
             rm[n] = m;
+        }
+        if (mass) { /* the row's cells: its blocks `pool` at a time, at its row block */
+            int64_t at = ((row / C) * cells + (start + row % C) / (pool * block)) * cells;
+            float *ms = mass + at, *lg = largest + at;
+            for (int64_t cell = 0; cell * pool < nb; cell++) {
+                int64_t a = cell * pool, b = a + pool < nb ? a + pool : nb;
+                float s = 0.f, m = 0.f;
+                for (int64_t j = a; j < b; j++) {
+                    s += rs[j];
+                    m = fmaxf(m, rm[j]);
+                }
+                ms[cell] += s;
+                lg[cell] = fmaxf(lg[cell], m);
+            }
         }
         float *tv = top + row * k;
         int64_t *ti = where + row * k;
@@ -398,13 +427,18 @@ static void rows_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, i
     }
 }
 
-/* rows_blocks over rows [row0, row1) in `parts` ranges (each row's outputs are its own). */
-void row_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block, int64_t k,
-                int64_t row0, int64_t row1, int64_t parts, float *sums, float *maxima, float *top, int64_t *where) {
+/* rows_blocks over rows [row0, row1) in `parts` ranges (each row's outputs are its own). With
+   mass not null (pooled maps), part n reads into its own scratch sums + n·nb and maxima + n·nb
+   and its own mass and largest + n·H·cells² (summed and max'd by the caller). */
+void row_blocks(const float *w, int64_t H, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block,
+                int64_t k, int64_t row0, int64_t row1, int64_t parts, float *sums, float *maxima, float *top,
+                int64_t *where, int64_t start, int64_t pool, int64_t cells, float *mass, float *largest) {
+    int64_t nb = (K + block - 1) / block, area = H * cells * cells;
     IN_PARTS
     for (int64_t n = 0; n < parts; n++)
         rows_blocks(w, C, K, hstride, kstride, block, k, part_bound(row0, row1, n, parts),
-                    part_bound(row0, row1, n + 1, parts), sums, maxima, top, where);
+                    part_bound(row0, row1, n + 1, parts), mass ? sums + n * nb : sums, mass ? maxima + n * nb : maxima,
+                    top, where, start, pool, cells, mass ? mass + n * area : 0, mass ? largest + n * area : 0);
 }
 
 /* The key of the largest of a word-summed row a (keys 0..K-1): lone[j] marks the keys that are a

@@ -45,8 +45,8 @@ from ...hf.route import AttentionChunk
 from ...inputs import Batch, TokenInfo
 from .base import shared
 
-__all__ = ["ENV", "LONG", "RowSums", "WordRuns", "available", "row_blocks", "row_sums", "usable", "word_predictions",
-           "word_runs"]
+__all__ = ["COLUMNS", "ENV", "LONG", "RowSums", "WordRuns", "available", "row_pooled", "row_sums", "usable",
+           "word_predictions", "word_runs"]
 
 SOURCE = Path(__file__).with_name("native.c")
 #: Compiled with -ffast-math (vectorised reductions and log) but linked without it: a
@@ -121,9 +121,10 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.openmp_parts.argtypes = []
     lib.openmp_parts.restype = i64
-    lib.row_statistics.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64, i64, ptr, ptr, ptr]
+    lib.row_statistics.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr]
     lib.row_statistics.restype = None
-    lib.row_blocks.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr]
+    lib.row_blocks.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64,
+                               i64, ptr, ptr]
     lib.row_blocks.restype = None
     lib.word_predictions.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, ptr,
                                      i64, i64, i64, i64, ptr]
@@ -181,27 +182,32 @@ class RowSums:
     ``heads`` (B, H, 12) in :data:`~.heads.ROW_METRICS` order (``entropy_norm`` and ``kl_uniform``
     over the rows that see more than one key: ``informative`` (B, H) of them, ``rows`` (B, 1) in
     all); with ``long``, ``long`` (B, H, 8) in the long-context row metrics' order and ``hist``
-    (B, H, BINS) the mass per distance bin; float64."""
+    (B, H, BINS) the mass per distance bin; float64. With ``columns``, ``columns`` (B, H, K) the
+    weight each key receives from the counted rows, float32."""
 
     heads: Tensor
     rows: Tensor
     informative: Tensor
     long: Tensor | None
     hist: Tensor | None
+    columns: Tensor | None = None
 
 
 #: ``batch.memo`` key: a reducer of the pass reads the long-context sums (they cost a second pass a row).
 LONG = "native-long"
+#: ``batch.memo`` key: a reducer of the pass reads the column sums (vertical concentration).
+COLUMNS = "native-columns"
 
 
 def row_sums(chunk: AttentionChunk, batch: Batch) -> RowSums:
     """The compiled row statistics of a chunk of a right-padded self-attention (see
     :func:`usable`), computed once per chunk for every reader that asks; the long-context sums
     too when a reducer of the pass set ``batch.memo[LONG]`` at its ``begin_batch``."""
-    return shared(chunk.memo, "native-rows", lambda: _row_sums(chunk, batch.tokens, bool(batch.memo.get(LONG))))
+    return shared(chunk.memo, "native-rows", lambda: _row_sums(chunk, batch.tokens, bool(batch.memo.get(LONG)),
+                                                              bool(batch.memo.get(COLUMNS))))
 
 
-def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool) -> RowSums:
+def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: bool = False) -> RowSums:
     p = chunk.weights.detach()  # (B, H, C, K) float32
     if p.dtype != torch.float32 or p.device.type != "cpu":
         raise TypeError(f"the compiled readers read float32 maps in CPU memory; got {p.dtype} on {p.device}")
@@ -222,7 +228,8 @@ def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool) -> RowSums:
     parts = _parts(B * H * C, p.numel())
     sums = (torch.zeros(parts, B, H, HEAD_VALUES, dtype=torch.float64),  # (parts, B, H, ·): a range's own sums
             torch.zeros(parts, B, H, LONG_VALUES, dtype=torch.float64) if long else None,
-            torch.zeros(parts, B, H, BINS, dtype=torch.float64) if long else None)
+            torch.zeros(parts, B, H, BINS, dtype=torch.float64) if long else None,
+            torch.zeros(parts, B, H, K, dtype=torch.float32) if columns else None)
     lib = _library()
     counted = queries.to(torch.uint8).contiguous()
 
@@ -232,30 +239,39 @@ def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool) -> RowSums:
                            a, b, n_parts, *pointers)
 
     _in_parts(B * H * C, parts, call)
-    heads_sums, long_sums, hist = (None if t is None else t.sum(0) for t in sums)
-    return RowSums(heads_sums, queries.sum(-1, keepdim=True, dtype=torch.float64), informative, long_sums, hist)
+    heads_sums, long_sums, hist, column_sums = (None if t is None else t.sum(0) for t in sums)
+    return RowSums(heads_sums, queries.sum(-1, keepdim=True, dtype=torch.float64), informative, long_sums, hist,
+                   column_sums)
 
 
-def row_blocks(weights: Tensor, block: int, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Each row's key-block sums and maxima over blocks of ``block`` keys (H, c, ceil(K / block))
-    and its k largest weights and their keys (H, c, k), largest first — of one text's rows
-    ``weights`` (H, c, K) float32 (any strides with consecutive keys; see :func:`usable`)."""
+def row_pooled(weights: Tensor, start: int, block: int, pool: int, cells: int, k: int
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One text's rows ``start .. start + c`` of a chunk, ``weights`` (H, c, K) float32 (any strides
+    with consecutive keys; see :func:`usable`), as a page pools them (:func:`~.maps.pooled_maps`):
+    their weight summed and their largest weight over cells of ``pool`` · ``block`` query rows by as
+    many keys, (H, cells, cells) each — this chunk's part, to add and max into a layer's — and each
+    row's k largest weights and their keys (H, c, k), largest first, found from its blocks of
+    ``block`` keys."""
     H, c, K = weights.shape
     nb = -(-K // block)
-    if weights.dtype != torch.float32 or not 1 <= k <= min(K, TOP_K) or block < 1:
-        raise ValueError(f"row_blocks reads float32 rows for 1..{min(K, TOP_K)} largest weights; got {weights.dtype}, "
-                         f"k={k}, block={block}")
-    sums, maxima = torch.empty(H, c, nb, dtype=torch.float32), torch.empty(H, c, nb, dtype=torch.float32)
+    if (weights.dtype != torch.float32 or not 1 <= k <= min(K, TOP_K) or block < 1 or pool < 1
+            or (start + c - 1) // (block * pool) >= cells or -(-nb // pool) > cells):
+        raise ValueError(f"row_pooled reads float32 rows for 1..{min(K, TOP_K)} largest weights into {cells} cells; "
+                         f"got {weights.dtype}, k={k}, block={block}, pool={pool}, rows {start}..{start + c}")
+    parts = _parts(H * c, weights.numel())
+    scratch = torch.empty(2, parts, nb, dtype=torch.float32)  # a row's block sums and maxima, a range each
+    mass, largest = torch.zeros(2, parts, H, cells, cells, dtype=torch.float32)  # a range's own cells
     top, where = torch.empty(H, c, k, dtype=torch.float32), torch.empty(H, c, k, dtype=torch.long)
     lib = _library()
     w = weights.detach()
 
-    def call(a: int, b: int, parts: int, _: int) -> None:
-        lib.row_blocks(w.data_ptr(), c, K, w.stride(0), w.stride(1), block, k, a, b, parts, sums.data_ptr(),
-                       maxima.data_ptr(), top.data_ptr(), where.data_ptr())
+    def call(a: int, b: int, n_parts: int, n: int) -> None:
+        lib.row_blocks(w.data_ptr(), H, c, K, w.stride(0), w.stride(1), block, k, a, b, n_parts,
+                       scratch[0, n].data_ptr(), scratch[1, n].data_ptr(), top.data_ptr(), where.data_ptr(), start,
+                       pool, cells, mass[n].data_ptr(), largest[n].data_ptr())
 
-    _in_parts(H * c, _parts(H * c, w.numel()), call)
-    return sums, maxima, top, where
+    _in_parts(H * c, parts, call)
+    return mass.sum(0), largest.amax(0), top, where
 
 
 @dataclass
