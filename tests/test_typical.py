@@ -178,6 +178,11 @@ def test_an_induction_heads_texts_are_those_it_copies_in():
     first, n1 = _repeats_followed(p[:, :, :4, :4], *_repeat_targets(ids, valid[:, :4], valid, 0, 4))
     second, n2 = _repeats_followed(p[:, :, 4:, :5], *_repeat_targets(ids, valid[:, 4:5], valid, 4, 5))
     assert (first + second)[0].tolist() == pytest.approx(total[0].tolist()) and (n1 + n2).tolist() == rows.tolist()
+    # one text read by its flat rows (a document), two by indexing: the same sums
+    ids2, valid2 = torch.cat([ids, ids]), torch.cat([valid, valid])
+    both, rows2 = _repeats_followed(torch.cat([p, p]), *_repeat_targets(ids2, valid2, valid2, 0, 6))
+    torch.testing.assert_close(both, torch.cat([total, total]))
+    assert rows2.tolist() == [[2, 2]] * 2
 
 
 def test_smollm2_induction_heads_name_texts_with_repeats(smollm2):

@@ -296,7 +296,8 @@ def _dense_mask(
     keep = mask.materialize(T, S, device=device)  # (..., T, S) bool
     _check_broadcast("mask", keep.shape, (B, H, T, S))
     visible = keep.any(dim=-1, keepdim=True)  # (..., T, 1)
-    keep = keep | ~visible
+    if keep.device.type != "cpu" or not bool(visible.all()):  # a CPU asks (a GPU computes faster than it syncs)
+        keep = keep | ~visible
     bias = mask.bias(T, S, dtype=bias_dtype, device=device)
     if bias is not None:
         _check_broadcast("mask", bias.shape, (B, H, T, S))

@@ -313,8 +313,12 @@ def _repeats_followed(p: Tensor, target: Tensor, counted: Tensor) -> tuple[Tenso
     (``counted`` (B, C)), its mass on the tokens right after those occurrences (``target``
     (N, 3) triples, :func:`_repeat_targets`). Returns the summed mass over such rows, (B, H), and
     how many rows there are, (B, H)."""
-    B, H, _, K = p.shape
+    B, H, C, K = p.shape
     b, c, k = target.unbind(1)  # (N,) each
-    picked = p[b, :, c, k.clamp_max(K - 1)] * (k < K)[:, None]  # (N, H): a key past the chunk's last has weight 0
-    mass = p.new_zeros(B, H).index_add_(0, b, picked)  # (B, H)
+    if B == 1 and p.is_contiguous():  # one text (a document): its heads' rows read at once, ~2.5x the indexing below
+        inside = k < K  # a key past the chunk's last has weight 0
+        mass = p.view(H, C * K).index_select(1, c[inside] * K + k[inside]).sum(1)[None]  # (1, H)
+    else:
+        picked = p[b, :, c, k.clamp_max(K - 1)] * (k < K)[:, None]  # (N, H): past the chunk's last key, weight 0
+        mass = p.new_zeros(B, H).index_add_(0, b, picked)  # (B, H)
     return mass, counted.sum(-1)[:, None].expand(B, H)
