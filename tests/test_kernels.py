@@ -210,10 +210,13 @@ def test_a_workspace_changes_nothing_but_where_the_maps_are_made(dtype, units, m
             assert torch.equal(made[0], fresh[0]) and torch.equal(made[1], fresh[1])
             held.add(made[1].data_ptr())
     assert len(held) == 1  # the weights of every chunk in one buffer, made for the largest at the first
-    a = q.clone().requires_grad_()
-    out, w = mh.attention(a, k, v, masks.causal(), backend="math", need_weights=True, workspace=Workspace())
-    out.float().sum().backward()  # nothing of the graph was overwritten by a reused buffer
-    assert a.grad is not None and torch.isfinite(a.grad).all()
+    grads = []
+    for lent in (Workspace(), None):  # under autograd the workspace is left alone: the same gradients
+        a = q.clone().requires_grad_()
+        out, w = mh.attention(a, k, v, masks.causal(), backend="math", need_weights=True, workspace=lent)
+        (out.float().sum() + w.float().square().sum()).backward()
+        grads.append(a.grad)
+    assert torch.equal(*grads) and torch.isfinite(grads[0]).all()
 
 
 @pytest.mark.parametrize("dtype", HALF)
