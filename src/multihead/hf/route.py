@@ -503,9 +503,11 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
     # the layer's outputs in one block made before its chunks: a chunk's own output kept until the
     # layer ends would sit between the next chunks' buffers and grow a CPU heap by holes it cannot reuse
     outs = value.new_empty(B, H, T, value.shape[-1])  # (B, H, T, Dv)
-    # readers that keep nothing of a chunk: its maps in buffers every chunk of the layer reuses (no
-    # fresh pages a chunk for the heap to map and the kernel to zero)
-    workspace = Workspace(limit // 4) if all(a.transient for a in readers) else None
+    # readers that keep nothing of a chunk, on a CPU: its maps in buffers every chunk of the layer
+    # reuses (no fresh pages a chunk for the heap to map and the kernel to zero; CUDA's caching
+    # allocator reuses its blocks itself)
+    reuse = query.device.type == "cpu" and all(a.transient for a in readers)
+    workspace = Workspace(limit // 4) if reuse else None
     start = 0
     while start < T:
         stop = min(T, start + rows_per_chunk)
