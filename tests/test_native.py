@@ -88,9 +88,9 @@ def test_row_sums_equal_the_eager_readers_on_long_rows(T, start, C, causal):
     _compare(chunk, batch)
 
 
-def _compare(chunk, batch):
+def _compare(chunk, batch, found=None):
     tokens = batch.tokens
-    found = native._row_sums(chunk, tokens, True, True)
+    found = found if found is not None else native._row_sums(chunk, tokens, True, True)
     eager = heads.eager_row_values(chunk, tokens)
     assert eager.names == list(heads.ROW_METRICS)
     K = chunk.weights.shape[-1]
@@ -112,9 +112,9 @@ def _compare(chunk, batch):
 
 
 def _threaded_reads():
-    """All three readers on chunks large enough to be read in two ranges (two threads)."""
+    """All three readers on chunks large enough to be read in several ranges (threads)."""
     chunk, batch = _chunk(2, 3, 3000, 1800, 300, [3000, 2600], True, 7)
-    sums = native._row_sums(chunk, batch.tokens, True)
+    sums = native._row_sums(chunk, batch.tokens, True, True)
     rows = chunk.weights[0]  # (H, c, K) one text's rows
     blocks = native.row_pooled(rows, 1800, 16, 4, 47, 16)
     owner = torch.arange(3000) // 3  # words of three tokens each
@@ -122,29 +122,42 @@ def _threaded_reads():
     runs = native.word_runs(owner, 3)
     best = torch.full((1000, 3), -7, dtype=torch.long)
     native.word_predictions(rows, owner[1800:2100], runs, None, True, best)
-    return sums, blocks, best, owner[1800:2100]
+    return sums, blocks, best, owner[1800:2100], chunk, batch
 
 
-def test_the_readers_read_the_same_on_openmp_threads_and_on_a_pool_of_ours(monkeypatch):
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_the_readers_read_the_same_on_openmp_threads_and_on_a_pool_of_ours(threads, monkeypatch):
     """With OpenMP a reader's ranges run on PyTorch's own OpenMP threads in one call; built without
-    it, one call per range on a thread pool: the same ranges, so the same sums bit for bit."""
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    it, one call per range on a thread pool: the same ranges, so the same sums bit for bit — and
+    the eager readers' sums, whichever (text, head) and row block a range starts or ends in (3 and
+    7 ranges split the 1,800 rows inside a head and inside a row block)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     with_openmp = native._library()
     if not with_openmp.openmp_parts():
         pytest.skip("this compiler builds no OpenMP: the pool is the only path")
-    assert native._parts(3 * 300, 3 * 300 * 3000) == 2
+    assert native._parts(6 * 300, 6 * 300 * 3000) == threads
     threaded = _threaded_reads()
     monkeypatch.setattr(native, "OPENMP", ())
     native._library.cache_clear()
     assert not native._library().openmp_parts()
     pooled = _threaded_reads()
-    assert torch.equal(threaded[0].heads, pooled[0].heads)
-    assert torch.equal(threaded[0].long, pooled[0].long) and torch.equal(threaded[0].hist, pooled[0].hist)
-    for a, b in zip(threaded[1], pooled[1], strict=True):
+    for name in ("heads", "long", "hist", "columns"):
+        assert torch.equal(getattr(threaded[0], name), getattr(pooled[0], name)), name
+    assert threaded[1][0] == pooled[1][0]
+    for a, b in zip(threaded[1][1:], pooled[1][1:], strict=True):
         assert torch.equal(a, b)
     assert torch.equal(threaded[2], pooled[2])
     read = threaded[3].unique()
     assert (threaded[2][read[read >= 0]] >= 0).all() and (threaded[2][:590] == -7).all()  # the rows' words only
+    # against the eager readers
+    chunk, batch = threaded[4:]
+    _compare(chunk, batch, threaded[0])
+    rows = chunk.weights[0]
+    first, mass, largest, _, _ = threaded[1]
+    want_mass, want_largest, _ = maps.pooled_maps(rows, 1800, 64, 47)
+    torch.testing.assert_close(mass, want_mass[:, first:first + mass.shape[1]], rtol=1e-5, atol=1e-6)
+    assert torch.equal(largest, want_largest[:, first:first + mass.shape[1]])
+    assert want_mass[:, :first].sum() == 0 and want_mass[:, first + mass.shape[1]:].sum() == 0  # no rows elsewhere
 
 
 @settings(max_examples=120, deadline=None)
@@ -167,10 +180,13 @@ def test_row_pooled_equals_the_pooled_maps_and_the_top_weights(H, c, K, block, p
     if ties:
         full = (full * 16).round() / 16
     w = full[:, :, :K]  # a view with a row stride above K, as a text's rows of a chunk are
-    mass, largest, top, where = native.row_pooled(w, start, block, pool, cells, k)
+    first, mass, largest, top, where = native.row_pooled(w, start, block, pool, cells, k)
     want_mass, want_largest, _ = maps.pooled_maps(w, start, block * pool, cells)
-    torch.testing.assert_close(mass, want_mass, rtol=1e-5, atol=1e-6)
-    assert torch.equal(largest, want_largest)
+    assert first == start // (block * pool) and mass.shape[1] == (start + c - 1) // (block * pool) - first + 1
+    blocks = slice(first, first + mass.shape[1])  # the row blocks the rows fall in; no weight in the others
+    torch.testing.assert_close(mass, want_mass[:, blocks], rtol=1e-5, atol=1e-6)
+    assert torch.equal(largest, want_largest[:, blocks])
+    assert want_mass[:, :first].sum() == 0 and want_mass[:, blocks.stop:].sum() == 0
     _, want_maxima = maps.key_blocks(w, block)
     want_top, _ = maps.top_weights(w, k, want_maxima, block)
     assert torch.equal(top, want_top)  # the k largest, largest first

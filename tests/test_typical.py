@@ -183,6 +183,13 @@ def test_an_induction_heads_texts_are_those_it_copies_in():
     both, rows2 = _repeats_followed(torch.cat([p, p]), *_repeat_targets(ids2, valid2, valid2, 0, 6))
     torch.testing.assert_close(both, torch.cat([total, total]))
     assert rows2.tolist() == [[2, 2]] * 2
+    # ... also when some targets lie past the chunk's last key (weight 0 there)
+    short = p[..., :3].contiguous()  # keys 0..2: the target of row 4 (key 2) is in, row 3's too (key 1)
+    one, _ = _repeats_followed(short, *_repeat_targets(ids, valid, valid, 0, 6))
+    two, _ = _repeats_followed(torch.cat([short, short]), *_repeat_targets(ids2, valid2, valid2, 0, 6))
+    torch.testing.assert_close(two, torch.cat([one, one]))
+    past = p[..., :2].contiguous()  # keys 0..1: row 4's target (key 2) is past the last
+    assert _repeats_followed(past, *_repeat_targets(ids, valid, valid, 0, 6))[0][0].tolist() == pytest.approx([0.7, 0])
 
 
 def test_smollm2_induction_heads_name_texts_with_repeats(smollm2):

@@ -148,8 +148,8 @@ def _math_attention(
     Hkv, S = k.shape[1], k.shape[2]
     G = H // Hkv  # grouped-query: query heads kv·G .. kv·G + G - 1 share key/value head kv
     compute = compute_dtype(q)
-    if workspace is not None and (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
-        workspace = None  # autograd keeps what it saves: no buffer reused under it
+    if workspace is not None and torch.is_grad_enabled():
+        workspace = None  # autograd keeps what it saves (of q, k, v, or a mask's bias): no buffer reused under it
     take = _Take(workspace, q.device)
     # The G query heads of a group are stacked as G·T rows against their one key head, so keys
     # and values are never copied G times.

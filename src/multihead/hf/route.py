@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from ..attn import attention
 from ..attn.layer import MultiHeadAttention, scale_heads
 from ..attn.memory import available_memory
+from ..attn.precision import KEY_GRID
 from ..attn.workspace import Workspace
 from ..masks import Mask, Rows, as_mask, causal, from_tensor, split_topk, window
 from .model import ModelLike, as_module
@@ -507,7 +508,10 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
     # reuses (no fresh pages a chunk for the heap to map and the kernel to zero; CUDA's caching
     # allocator reuses its blocks itself)
     reuse = query.device.type == "cpu" and all(a.transient for a in readers)
-    workspace = Workspace(limit // 4) if reuse else None
+    # its map-shaped buffers as large as the layer's largest chunk: the budget or the rows asked for,
+    # and keys padded to the half products' grid (attn.precision.key_grid) at most
+    largest = min(limit // 4, B * H * rows_per_chunk * S) * (S + KEY_GRID) // S
+    workspace = Workspace(largest) if reuse else None
     start = 0
     while start < T:
         stop = min(T, start + rows_per_chunk)

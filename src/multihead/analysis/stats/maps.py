@@ -299,19 +299,21 @@ class TextViews(ReducerBase):
                 pooled = kept.pooled
                 fine = _fine_block(pooled.block)  # the top-k's candidates come from blocks of `fine` keys
                 if native.usable(w) and pooled.k <= native.TOP_K:  # one pass a row, cells and top-k
-                    total, big, top, where = native.row_pooled(w, chunk.start, fine, pooled.block // fine,
-                                                               pooled.cells, min(pooled.k, K))
+                    first, total, big, top, where = native.row_pooled(w, chunk.start, fine, pooled.block // fine,
+                                                                      pooled.cells, min(pooled.k, K))
                     counted = _rows_per_block(chunk.start, w.shape[1], pooled.block, pooled.cells, w.device)
                 else:
                     sums, maxima = key_blocks(w, fine)  # (H, c, ceil(K / fine)) each
                     top, where = top_weights(w, min(pooled.k, K), maxima, fine)  # (H, c, k')
                     sums, maxima = _coarser(sums, maxima, pooled.block // fine)  # (H, c, nb) each
+                    first = 0
                     total, big, counted = _by_row_block(sums, maxima, chunk.start, pooled.block, pooled.cells)
                 layer["index"][:, chunk.start:stop, :top.shape[-1]] = where.to(torch.int32)
                 layer["values"][:, chunk.start:stop, :top.shape[-1]] = _byte(top)
-                layer["mass"] += total
+                blocks = slice(first, first + total.shape[1])  # the row blocks this chunk's rows are in
+                layer["mass"][:, blocks] += total
                 layer["rows"] += counted
-                torch.maximum(layer["largest"], big, out=layer["largest"])
+                torch.maximum(layer["largest"][:, blocks], big, out=layer["largest"][:, blocks])
             if stop == kept.n:  # the text's last rows of this layer: to host memory
                 kept.keep_layer(chunk.layer)
 

@@ -1,9 +1,10 @@
 /* The row readers of the analysis in one pass over each row of an attention chunk.
 
-   Built by native.py at first use (gcc -O3 -march=native -ffast-math), called through ctypes with
-   the GIL released, one call per thread on its own rows. The eager PyTorch code of heads.py,
-   longcontext.py and maps.py is the reference these are tested against; this file holds no other
-   idea. Weights are float32 (B, H, C, K), contiguous: rows start..start+C of a self-attention whose
+   Built by native.py at first use (gcc -O3 -march=native -ffast-math, -fopenmp where it builds),
+   called through ctypes with the GIL released: one call whose ranges of rows run on the OpenMP
+   threads, or built without OpenMP one call per range, each on a thread of native.py's pool. The
+   eager PyTorch code of heads.py, longcontext.py and maps.py is the reference these are tested
+   against; this file holds no other idea. Weights are float32 (B, H, C, K), contiguous: rows start..start+C of a self-attention whose
    real tokens are 0..n-1 (right padding), over its first K keys.
 
    Per row i (absolute position), keys j, d = |i - j|: one vectorised pass for the head metrics
@@ -146,14 +147,15 @@ static inline double key(const float *p, int64_t K, int64_t j) { return j >= 0 &
 
 /* Rows [row0, row1) of the B*H*C rows, added into heads (B, H, HEAD_VALUES) and, when long_sums is
    not null, long_sums (B, H, LONG_VALUES) and hist (B, H, BINS), all float64 sums over the rows
-   whose query counts (valid (B, C), 1: a real token), and, when columns (B, H, K) float32 is not
-   null, each key's weight summed over those rows. flags (B, kstride) uint8: 1 the first real
+   whose query counts (valid (B, C), 1: a real token), and, when columns float32 is not null, each
+   key's weight summed over those rows: columns (n, K) for the n (text, head) pairs bh0, bh0 + 1, …
+   the rows belong to. flags (B, kstride) uint8: 1 the first real
    token, 2 a separator, 4 punctuation. log_n (B, H, C): log of the keys each row may see (rows
    with log_n > 0 count for entropy_norm and kl_uniform). */
 static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int64_t start,
                             const uint8_t *flags, int64_t kstride, const uint8_t *valid, const float *log_n,
                             int64_t row0, int64_t row1, double *heads, double *long_sums, double *hist,
-                            float *columns) {
+                            float *columns, int64_t bh0) {
     for (int64_t row = row0; row < row1; row++) {
         int64_t c = row % C, bh = row / C, b = bh / H;
         if (!valid[b * C + c]) continue;
@@ -164,7 +166,7 @@ static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int
         double entropy = -s[2], logn = log_n[row];
         double self = key(p, K, i), prev = key(p, K, i - 1), next = key(p, K, i + 1);
         if (columns) { /* the weight each key receives, summed over the rows (vertical concentration) */
-            float *restrict column = columns + bh * K;
+            float *restrict column = columns + (bh - bh0) * K;
             for (int64_t j = 0; j < K; j++) column[j] += p[j];
         }
         double *out = heads + bh * HEAD_VALUES;
@@ -221,20 +223,26 @@ static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int
     }
 }
 
+/* How many (text, head) pairs rows [a, b) of C rows each touch. */
+static inline int64_t pairs_of_rows(int64_t a, int64_t b, int64_t C) { return a < b ? (b - 1) / C - a / C + 1 : 0; }
+
 /* rows_statistics over rows [row0, row1) in `parts` ranges, part n adding into its own sums: heads
-   (parts, B, H, HEAD_VALUES), long_sums (parts, B, H, LONG_VALUES), hist (parts, B, H, BINS) and
-   columns (parts, B, H, K). */
+   (parts, B, H, HEAD_VALUES), long_sums (parts, B, H, LONG_VALUES), hist (parts, B, H, BINS); and
+   into columns, part after part, the (text, head) pairs of its own rows only, (pairs, K) each (a few
+   rows a chunk at long context: a (B, H, K) block a part would outweigh the map). */
 void row_statistics(const float *w, int64_t B, int64_t H, int64_t C, int64_t K, int64_t start,
                     const uint8_t *flags, int64_t kstride, const uint8_t *valid, const float *log_n,
                     int64_t row0, int64_t row1, int64_t parts, double *heads, double *long_sums, double *hist,
                     float *columns) {
     IN_PARTS
     for (int64_t n = 0; n < parts; n++) {
-        int64_t bh = B * H;
-        rows_statistics(w, H, C, K, start, flags, kstride, valid, log_n, part_bound(row0, row1, n, parts),
-                        part_bound(row0, row1, n + 1, parts), heads + n * bh * HEAD_VALUES,
+        int64_t bh = B * H, a = part_bound(row0, row1, n, parts), b = part_bound(row0, row1, n + 1, parts);
+        int64_t before = 0; /* the pairs of the parts before this one */
+        for (int64_t m = 0; m < n; m++)
+            before += pairs_of_rows(part_bound(row0, row1, m, parts), part_bound(row0, row1, m + 1, parts), C);
+        rows_statistics(w, H, C, K, start, flags, kstride, valid, log_n, a, b, heads + n * bh * HEAD_VALUES,
                         long_sums ? long_sums + n * bh * LONG_VALUES : 0, long_sums ? hist + n * bh * BINS : 0,
-                        columns ? columns + n * bh * K : 0);
+                        columns ? columns + before * K : 0, a / C);
     }
 }
 
@@ -354,11 +362,12 @@ static int64_t eight_blocks(const float *restrict p, int64_t K, int64_t block, f
 
    With mass not null, a page's pooled maps instead: sums and maxima are one row's scratch (nb
    each), and each row's blocks, `pool` at a time (cells of pool·block keys), are added into mass
-   and max'd into largest (H, cells, cells) at the row's block of pool·block query rows (the
-   chunk's rows are start..start+C-1). */
+   and max'd into largest (H, nrb, cells) at the row's block of pool·block query rows, less rb0
+   (the chunk's rows are start..start+C-1: its row blocks rb0..rb0+nrb-1). */
 static void rows_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block,
                         int64_t k, int64_t row0, int64_t row1, float *sums, float *maxima, float *top, int64_t *where,
-                        int64_t start, int64_t pool, int64_t cells, float *mass, float *largest) {
+                        int64_t start, int64_t pool, int64_t cells, int64_t rb0, int64_t nrb, float *mass,
+                        float *largest) {
     int64_t nb = (K + block - 1) / block;
     float bv[64]; /* the k blocks of largest maxima */
     int64_t bk[64];
@@ -380,7 +389,7 @@ static void rows_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, i
             rm[n] = m;
         }
         if (mass) { /* the row's cells: its blocks `pool` at a time, at its row block */
-            int64_t at = ((row / C) * cells + (start + row % C) / (pool * block)) * cells;
+            int64_t at = ((row / C) * nrb + (start + row % C) / (pool * block) - rb0) * cells;
             float *ms = mass + at, *lg = largest + at;
             for (int64_t cell = 0; cell * pool < nb; cell++) {
                 int64_t a = cell * pool, b = a + pool < nb ? a + pool : nb;
@@ -429,16 +438,18 @@ static void rows_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, i
 
 /* rows_blocks over rows [row0, row1) in `parts` ranges (each row's outputs are its own). With
    mass not null (pooled maps), part n reads into its own scratch sums + n·nb and maxima + n·nb
-   and its own mass and largest + n·H·cells² (summed and max'd by the caller). */
+   and its own mass and largest + n·H·nrb·cells (summed and max'd by the caller). */
 void row_blocks(const float *w, int64_t H, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block,
                 int64_t k, int64_t row0, int64_t row1, int64_t parts, float *sums, float *maxima, float *top,
-                int64_t *where, int64_t start, int64_t pool, int64_t cells, float *mass, float *largest) {
-    int64_t nb = (K + block - 1) / block, area = H * cells * cells;
+                int64_t *where, int64_t start, int64_t pool, int64_t cells, int64_t rb0, int64_t nrb, float *mass,
+                float *largest) {
+    int64_t nb = (K + block - 1) / block, area = H * nrb * cells;
     IN_PARTS
     for (int64_t n = 0; n < parts; n++)
         rows_blocks(w, C, K, hstride, kstride, block, k, part_bound(row0, row1, n, parts),
                     part_bound(row0, row1, n + 1, parts), mass ? sums + n * nb : sums, mass ? maxima + n * nb : maxima,
-                    top, where, start, pool, cells, mass ? mass + n * area : 0, mass ? largest + n * area : 0);
+                    top, where, start, pool, cells, rb0, nrb, mass ? mass + n * area : 0,
+                    mass ? largest + n * area : 0);
 }
 
 /* The key of the largest of a word-summed row a (keys 0..K-1): lone[j] marks the keys that are a

@@ -4,9 +4,9 @@ The eager readers (:mod:`.heads`, :mod:`.longcontext`, :mod:`.maps`) make a doze
 chunk, each a few PyTorch operations, and on a CPU those passes — not the model — were most of an
 analysis's time (SmolLM2, 4,096 tokens: 8.5 of 25.6 s). ``native.c`` reads each row in one
 vectorised pass for every head metric (mass, Σ p·|i − j|, p log p, largest weight, key-set masses)
-and a second over its distance bins for the long-context ones; for a page's pooled text, each row's
-key-block sums, maxima and k largest weights; for the syntax scores, each source word's most
-attended word.
+and a second over its distance bins for the long-context ones, and the columns' sums for vertical
+concentration; for a page's pooled text, each row's key-block sums and maxima added into the page's
+cells and its k largest weights; for the syntax scores, each source word's most attended word.
 
 It is compiled at first use with the machine's C compiler (``$CC``, else ``gcc``; ``-O3
 -march=native -ffast-math``: vectorised — its log inline, 16 wide, under GCC on AVX-512, else glibc's
@@ -62,7 +62,7 @@ ENV = "MULTIHEAD_NATIVE"
 #: Map entries below which a chunk is read by the calling thread alone (threads cost ~50 µs a call).
 THREADED = 1 << 18
 BINS = 18
-#: The most weights a row's top-k of :func:`row_blocks` keeps (its k best blocks live on the stack).
+#: The most weights a row's top-k of :func:`row_pooled` keeps (its k best blocks live on the stack).
 TOP_K = 64
 HEAD_VALUES = 12
 LONG_VALUES = 8
@@ -124,7 +124,7 @@ def _library() -> ctypes.CDLL | None:
     lib.row_statistics.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr]
     lib.row_statistics.restype = None
     lib.row_blocks.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64,
-                               i64, ptr, ptr]
+                               i64, i64, i64, ptr, ptr]
     lib.row_blocks.restype = None
     lib.word_predictions.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, ptr,
                                      i64, i64, i64, i64, ptr]
@@ -202,7 +202,8 @@ COLUMNS = "native-columns"
 def row_sums(chunk: AttentionChunk, batch: Batch) -> RowSums:
     """The compiled row statistics of a chunk of a right-padded self-attention (see
     :func:`usable`), computed once per chunk for every reader that asks; the long-context sums
-    too when a reducer of the pass set ``batch.memo[LONG]`` at its ``begin_batch``."""
+    too when a reducer of the pass set ``batch.memo[LONG]`` at its ``begin_batch``, the columns
+    when one set ``batch.memo[COLUMNS]``."""
     return shared(chunk.memo, "native-rows", lambda: _row_sums(chunk, batch.tokens, bool(batch.memo.get(LONG)),
                                                               bool(batch.memo.get(COLUMNS))))
 
@@ -228,39 +229,53 @@ def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: boo
     parts = _parts(B * H * C, p.numel())
     sums = (torch.zeros(parts, B, H, HEAD_VALUES, dtype=torch.float64),  # (parts, B, H, ·): a range's own sums
             torch.zeros(parts, B, H, LONG_VALUES, dtype=torch.float64) if long else None,
-            torch.zeros(parts, B, H, BINS, dtype=torch.float64) if long else None,
-            torch.zeros(parts, B, H, K, dtype=torch.float32) if columns else None)
+            torch.zeros(parts, B, H, BINS, dtype=torch.float64) if long else None)
+    # the columns: each range's own (text, head) pairs only, range after range (native.c, row_statistics)
+    bounds = [B * H * C * n // parts for n in range(parts + 1)]
+    pairs = [(a // C, (b - 1) // C - a // C + 1 if b > a else 0) for a, b in itertools.pairwise(bounds)]
+    offsets = list(itertools.accumulate((n for _, n in pairs), initial=0))
+    column_parts = torch.zeros(offsets[-1], K, dtype=torch.float32) if columns else None  # (pairs, K)
     lib = _library()
     counted = queries.to(torch.uint8).contiguous()
 
     def call(a: int, b: int, n_parts: int, n: int) -> None:
         pointers = [t[n].data_ptr() if t is not None else None for t in sums]
         lib.row_statistics(p.data_ptr(), B, H, C, K, start, flags.data_ptr(), K, counted.data_ptr(), log_n.data_ptr(),
-                           a, b, n_parts, *pointers)
+                           a, b, n_parts, *pointers,
+                           None if column_parts is None else column_parts[offsets[n]:].data_ptr())
 
     _in_parts(B * H * C, parts, call)
-    heads_sums, long_sums, hist, column_sums = (None if t is None else t.sum(0) for t in sums)
+    heads_sums, long_sums, hist = (None if t is None else t.sum(0) for t in sums)
+    column_sums = None
+    if column_parts is not None:
+        column_sums = torch.zeros(B * H, K, dtype=torch.float32)
+        for (first, n), offset in zip(pairs, offsets, strict=False):
+            column_sums[first:first + n] += column_parts[offset:offset + n]
+        column_sums = column_sums.view(B, H, K)
     return RowSums(heads_sums, queries.sum(-1, keepdim=True, dtype=torch.float64), informative, long_sums, hist,
                    column_sums)
 
 
 def row_pooled(weights: Tensor, start: int, block: int, pool: int, cells: int, k: int
-               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+               ) -> tuple[int, Tensor, Tensor, Tensor, Tensor]:
     """One text's rows ``start .. start + c`` of a chunk, ``weights`` (H, c, K) float32 (any strides
     with consecutive keys; see :func:`usable`), as a page pools them (:func:`~.maps.pooled_maps`):
     their weight summed and their largest weight over cells of ``pool`` · ``block`` query rows by as
-    many keys, (H, cells, cells) each — this chunk's part, to add and max into a layer's — and each
-    row's k largest weights and their keys (H, c, k), largest first, found from its blocks of
-    ``block`` keys."""
+    many keys — this chunk's part, to add and max into a layer's (H, cells, cells): returns the first
+    row block its rows fall in, r, and the sums and maxima of its row blocks r .. r + n - 1, (H, n,
+    cells) each — and each row's k largest weights and their keys (H, c, k), largest first, found
+    from its blocks of ``block`` keys."""
     H, c, K = weights.shape
     nb = -(-K // block)
-    if (weights.dtype != torch.float32 or not 1 <= k <= min(K, TOP_K) or block < 1 or pool < 1
-            or (start + c - 1) // (block * pool) >= cells or -(-nb // pool) > cells):
+    first, last = start // (block * pool), (start + c - 1) // (block * pool)  # the chunk's row blocks
+    if (weights.dtype != torch.float32 or not 1 <= k <= min(K, TOP_K) or block < 1 or pool < 1 or last >= cells
+            or -(-nb // pool) > cells):
         raise ValueError(f"row_pooled reads float32 rows for 1..{min(K, TOP_K)} largest weights into {cells} cells; "
                          f"got {weights.dtype}, k={k}, block={block}, pool={pool}, rows {start}..{start + c}")
+    n_blocks = last - first + 1
     parts = _parts(H * c, weights.numel())
     scratch = torch.empty(2, parts, nb, dtype=torch.float32)  # a row's block sums and maxima, a range each
-    mass, largest = torch.zeros(2, parts, H, cells, cells, dtype=torch.float32)  # a range's own cells
+    mass, largest = torch.zeros(2, parts, H, n_blocks, cells, dtype=torch.float32)  # a range's own cells
     top, where = torch.empty(H, c, k, dtype=torch.float32), torch.empty(H, c, k, dtype=torch.long)
     lib = _library()
     w = weights.detach()
@@ -268,10 +283,10 @@ def row_pooled(weights: Tensor, start: int, block: int, pool: int, cells: int, k
     def call(a: int, b: int, n_parts: int, n: int) -> None:
         lib.row_blocks(w.data_ptr(), H, c, K, w.stride(0), w.stride(1), block, k, a, b, n_parts,
                        scratch[0, n].data_ptr(), scratch[1, n].data_ptr(), top.data_ptr(), where.data_ptr(), start,
-                       pool, cells, mass[n].data_ptr(), largest[n].data_ptr())
+                       pool, cells, first, n_blocks, mass[n].data_ptr(), largest[n].data_ptr())
 
     _in_parts(H * c, parts, call)
-    return mass.sum(0), largest.amax(0), top, where
+    return first, mass.sum(0), largest.amax(0), top, where
 
 
 @dataclass
