@@ -218,7 +218,8 @@ def _math_attention(
 
 
 class _Take:
-    """The math kernel's large tensors made fresh, or — with a :class:`Workspace` — in its buffers."""
+    """The math kernel's large tensors made fresh, or — with a :class:`Workspace`, which
+    :func:`_math_attention` only keeps when no gradient is wanted — in its buffers."""
 
     def __init__(self, workspace: Workspace | None, device: torch.device) -> None:
         self.workspace, self.device = workspace, device
@@ -229,20 +230,20 @@ class _Take:
         return self.workspace.take(name, shape, dtype, self.device, map_shaped=map_shaped)
 
     def bmm(self, name: str, a: Tensor, b: Tensor) -> Tensor:
-        """a @ b (N, n, m) — into a buffer when there is a workspace and no gradient."""
-        if self.workspace is None or a.requires_grad or b.requires_grad:
+        """a @ b (N, n, m) — into a buffer when there is a workspace."""
+        if self.workspace is None:
             return torch.bmm(a, b)
         return torch.bmm(a, b, out=self(name, (a.shape[0], a.shape[1], b.shape[2]), a.dtype))
 
     def cast(self, name: str, t: Tensor, dtype: torch.dtype) -> Tensor:
-        """``t.to(dtype)`` — into a buffer when there is a workspace and no gradient."""
-        if t.dtype == dtype or self.workspace is None or t.requires_grad:
+        """``t.to(dtype)`` — into a buffer when there is a workspace."""
+        if t.dtype == dtype or self.workspace is None:
             return t.to(dtype)
         return self(name, tuple(t.shape), dtype).copy_(t)
 
     def padded(self, name: str, t: Tensor, n: int) -> Tensor:
         """t (N, S, D) with zero rows after its S: (N, n, D)."""
-        if self.workspace is None or t.requires_grad:
+        if self.workspace is None:
             return F.pad(t, (0, 0, 0, n - t.shape[1]))
         out = self(name, (t.shape[0], n, t.shape[2]), t.dtype, map_shaped=False)
         out[:, :t.shape[1]].copy_(t)

@@ -45,11 +45,3 @@ class Workspace:
             size = max(n, self.map_entries) if map_shaped else n
             buffer = self._buffers[name] = torch.empty(size, dtype=dtype, device=device)
         return buffer[:n].view(shape)
-
-    def bytes(self) -> int:
-        """Bytes the buffers hold now."""
-        return sum(b.numel() * b.element_size() for b in self._buffers.values())
-
-    def clear(self) -> None:
-        """Let every buffer go."""
-        self._buffers.clear()

@@ -537,8 +537,6 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
         del chunk, weights
         outs[:, :, start:stop] = out
         start = stop
-    if workspace is not None:
-        workspace.clear()
     return outs  # (B, H, T, Dv)
 
 

@@ -156,6 +156,12 @@ def _parts(items: int, entries: int) -> int:
     return 1 if entries < THREADED else max(1, min(torch.get_num_threads(), items))
 
 
+def _bounds(items: int, parts: int) -> list[int]:
+    """Where ``parts`` consecutive ranges of items 0..items begin, and the last ends (native.c's
+    ``part_bound``)."""
+    return [items * n // parts for n in range(parts + 1)]
+
+
 def _in_parts(items: int, parts: int, call) -> None:
     """``call(lo, hi, parts, n)`` over items 0..items in ``parts`` ranges: one call on the OpenMP
     threads where the library has them, else a call per range (``n`` its index, ``parts`` 1) each
@@ -164,8 +170,7 @@ def _in_parts(items: int, parts: int, call) -> None:
     if parts == 1 or lib.openmp_parts():
         call(0, items, parts, 0)
         return
-    bounds = [items * n // parts for n in range(parts + 1)]
-    calls = [functools.partial(call, a, b, 1, n) for n, (a, b) in enumerate(itertools.pairwise(bounds))]
+    calls = [functools.partial(call, a, b, 1, n) for n, (a, b) in enumerate(itertools.pairwise(_bounds(items, parts)))]
     with _POOL_LOCK:
         pool = _POOL.get(parts)
         if pool is None:
@@ -231,8 +236,8 @@ def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: boo
             torch.zeros(parts, B, H, LONG_VALUES, dtype=torch.float64) if long else None,
             torch.zeros(parts, B, H, BINS, dtype=torch.float64) if long else None)
     # the columns: each range's own (text, head) pairs only, range after range (native.c, row_statistics)
-    bounds = [B * H * C * n // parts for n in range(parts + 1)]
-    pairs = [(a // C, (b - 1) // C - a // C + 1 if b > a else 0) for a, b in itertools.pairwise(bounds)]
+    pairs = [(a // C, (b - 1) // C - a // C + 1 if b > a else 0)
+             for a, b in itertools.pairwise(_bounds(B * H * C, parts))]
     offsets = list(itertools.accumulate((n for _, n in pairs), initial=0))
     column_parts = torch.zeros(offsets[-1], K, dtype=torch.float32) if columns else None  # (pairs, K)
     lib = _library()
