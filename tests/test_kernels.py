@@ -1,4 +1,5 @@
 import math
+import os
 
 import pytest
 import torch
@@ -152,10 +153,13 @@ def test_half_products_padded_to_the_key_grid_change_nothing(dtype, units, monke
     """On a CPU with half units the half products run over keys padded to a multiple of KEY_GRID
     (a few oneDNN shapes for every chunk): zero keys whose scores are dropped and zero weights. The
     weights are the unpadded ones bit for bit; the outputs and gradients (P·V summed over more zero
-    terms) within a unit in the last place of the dtype. Without half units nothing is padded."""
-    from multihead.attn import precision
+    terms) within a unit in the last place of the dtype. Without half units nothing is padded. (The
+    eager steps after the product, with and without a graph: the compiled softmax, which a pass
+    without a graph takes where it is built, is held to them below.)"""
+    from multihead.attn import fused, precision
 
     monkeypatch.setattr(precision, "half_units", lambda dt: units)
+    monkeypatch.setattr(fused, "available", lambda: False)
     g = torch.Generator().manual_seed(7)
     q = torch.randn(2, 6, 300, 80, generator=g).to(dtype)
     k, v = (torch.randn(2, 2, 300, 80, generator=g).to(dtype) for _ in range(2))
@@ -176,6 +180,113 @@ def test_half_products_padded_to_the_key_grid_change_nothing(dtype, units, monke
     ulp = torch.finfo(dtype).eps
     for padded, plain in zip([out, *grads], [plain_out, *plain_grads], strict=True):
         torch.testing.assert_close(padded, plain, atol=ulp * plain.abs().max().item(), rtol=ulp)
+
+
+def _compiled_softmax():
+    """The compiled half softmax (multihead.attn.fused), or a skip where this CPU has no AVX-512 (it is
+    built only for that; the eager steps run elsewhere) — a failure under CI when it has and it did not build."""
+    from multihead.attn import fused
+
+    if fused.available():
+        return fused
+    if "avx512f" in _cpu_flags() and "avx512bw" in _cpu_flags():
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("CI=true but attn/softmax.c did not build on this AVX-512 CPU (gcc with -fopenmp)")
+    pytest.skip("no AVX-512 on this CPU (or no C compiler): the math kernel's eager softmax is its only path")
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            return next((line for line in info if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+def _eager_and_compiled(monkeypatch, call):
+    """``call()`` once through the eager steps after the half product, once through the compiled softmax."""
+    from multihead.attn import fused
+
+    real = fused.available
+    monkeypatch.setattr(fused, "available", lambda: False)
+    eager = call()
+    monkeypatch.setattr(fused, "available", real)
+    return eager, call()
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("shape", [(1, 9, 3, 170, 2210, 64), (2, 12, 2, 100, 300, 128), (1, 4, 4, 7, 5, 96),
+                                   (2, 8, 2, 33, 1000, 80)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_compiled_half_softmax_is_the_eager_steps_within_float32s_rounding(dtype, shape, causal, monkeypatch):
+    """Half scores on a CPU with half units: the compiled pass (softmax.c) against the eager steps
+    (float32 copy, softmax, half copy) — float32 weights within 1e-6 relative, masked keys exactly 0,
+    rows summing to 1, the half outputs within a unit in their last place (a weight on a rounding
+    boundary may round the other way); head dims 80 and 128 scale the product in the half dtype,
+    key counts off the key grid (2,210, 300, 1,000) pad it."""
+    from multihead.attn import precision
+
+    _compiled_softmax()
+    monkeypatch.setattr(precision, "half_units", lambda dt: True)
+    B, H, Hkv, T, S, D = shape
+    g = torch.Generator().manual_seed(S)
+    q = (torch.randn(B, H, T, D, generator=g) * 2).to(dtype)
+    k, v = (torch.randn(B, Hkv, S, D, generator=g).to(dtype) for _ in range(2))
+    mask = masks.causal() if causal else None
+
+    def run():
+        with torch.inference_mode():
+            return mh.attention(q, k, v, mask, backend="math", need_weights=True, weights_dtype=torch.float32)
+
+    (out, w), (fast_out, fast_w) = _eager_and_compiled(monkeypatch, run)
+    assert fast_w.dtype == torch.float32 and fast_out.dtype == dtype
+    assert torch.equal(fast_w == 0, w == 0)  # the masked keys, and only they (no weight here underflows)
+    assert float(((fast_w - w).abs() / w.clamp_min(1e-30))[w > 0].max()) < 1e-6
+    assert float((fast_w.sum(-1) - w.sum(-1)).abs().max()) < 1e-5  # 1, or 0 for a row that sees no key (T > S)
+    ulp = torch.finfo(dtype).eps
+    torch.testing.assert_close(fast_out.float(), out.float(), atol=ulp * float(out.abs().max()), rtol=ulp)
+    assert float((fast_out != out).float().mean()) < 0.01
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_the_compiled_half_softmax_keeps_rows_that_see_nothing_and_huge_scores_finite(dtype, monkeypatch):
+    """A row that may see no key still gives zeros (the chunk goes the eager way); scores in the
+    thousands, far beyond exp's range beside a row's largest, give no NaN, a row of equal scores its
+    uniform weights."""
+    from multihead.attn import precision
+
+    _compiled_softmax()
+    monkeypatch.setattr(precision, "half_units", lambda dt: True)
+    g = torch.Generator().manual_seed(3)
+    big = 3000.0 if dtype == torch.bfloat16 else 100.0  # scores up to ~1e4-1e5: finite in the dtype
+    q = torch.randn(1, 2, 40, 64, generator=g).to(dtype)
+    k, v = (torch.randn(1, 2, 40, 64, generator=g).to(dtype) for _ in range(2))
+    q[0, 0, :10] = 0  # equal scores: uniform rows
+    q[0, 1, 10:20] *= big
+    keep = torch.ones(40, 40, dtype=torch.bool)
+    keep[30:] = False  # rows 30.. see nothing
+    with torch.inference_mode():
+        out, w = mh.attention(q, k, v, masks.from_tensor(keep), backend="math", need_weights=True,
+                              weights_dtype=torch.float32)
+        unmasked_out, unmasked_w = mh.attention(q, k, v, None, backend="math", need_weights=True,
+                                                weights_dtype=torch.float32)
+    assert torch.equal(w[..., 30:, :], torch.zeros_like(w[..., 30:, :])) and not out[..., 30:, :].any()
+    for weights in (w, unmasked_w):
+        assert not weights.isnan().any() and not out.isnan().any() and not unmasked_out.isnan().any()
+        torch.testing.assert_close(weights[0, 0, :10], torch.full((10, 40), 1 / 40), atol=1e-7, rtol=0)
+        assert float((weights[0, 1, 10:20].sum(-1) - 1).abs().max()) < 1e-5
+
+
+def test_the_compiled_half_softmax_refuses_tensors_it_cannot_read():
+    fused = _compiled_softmax()
+    product = torch.zeros(2, 3, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="do not fit"):
+        fused.half_softmax(product, 16, torch.empty(2, 3, 8), torch.empty(2, 3, 16, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="do not fit"):
+        fused.half_softmax(product, 16, torch.empty(2, 3, 16), torch.empty(2, 3, 16, dtype=torch.float16))
+    with pytest.raises(ValueError, match="do not fit"):
+        fused.half_softmax(product.transpose(0, 1), 16, torch.empty(2, 3, 16), torch.empty(3, 2, 16,
+                                                                                          dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("dtype", [*HALF, torch.float32])

@@ -14,7 +14,9 @@ Shapes: q (B, H, T, Dk); k (B, Hkv, S, Dk); v (B, Hkv, S, Dv), with Hkv dividing
 (B, H, T, S).
 
 A query row whose every key is masked yields zeros in ``out`` and in ``weights`` (never
-NaN), in every dtype. Half-precision inputs are soft-maxed in float32.
+NaN), in every dtype. Half-precision inputs are soft-maxed in float32 — on an AVX-512 CPU, without
+a gradient, in one compiled pass a row after their half product (:mod:`.fused`; the eager steps stay
+the reference it is tested against).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..masks import FULL, Causal, Mask, TopK, as_mask, split_topk
+from . import fused
 from .chunked import chunked_attention, fusable
 from .dispatch import BACKENDS, BackendChoice, choose
 from .memory import check_memory, estimate_memory
@@ -162,12 +165,19 @@ def _math_attention(
     # (G·T, S). Any other scales the product, as the reference implementations round it. (baddbmm's
     # alpha would cost no pass at all, but MKL's baddbmm runs at half bmm's speed once S nears 4k.)
     if math.frexp(scale)[0] == 0.5:  # scores (B·Hkv, G·T, S) in each branch
-        scores = as_half_product(take.bmm("product", q3 * scale, k3.transpose(1, 2))[..., :S], q.dtype)
+        product = take.bmm("product", q3 * scale, k3.transpose(1, 2))  # (B·Hkv, G·T, grid)
+        scores = as_half_product(product[..., :S], q.dtype)
     elif q3.dtype != q.dtype:  # float32 operands of half inputs: the product rounded, then its scaling, as eager's
-        scores = as_half_product(take.bmm("product", q3, k3.transpose(1, 2))[..., :S], q.dtype, scale)
+        product = take.bmm("product", q3, k3.transpose(1, 2))
+        scores = as_half_product(product[..., :S], q.dtype, scale)
     else:
-        scores = take.bmm("product", q3, k3.transpose(1, 2))[..., :S]
+        product = take.bmm("product", q3, k3.transpose(1, 2))
+        scores = product[..., :S]
         scores = scores.mul_(scale) if not scores.requires_grad else scores * scale  # (B·Hkv, G·T, S)
+    if _compiled_softmax_applies(product, mask, softcap, sinks, dropout_p):
+        fused_result = _fused_half_attention(product, v, mask, take, (B, H, T, S))
+        if fused_result is not None:
+            return fused_result
     scores = take.cast("weights", scores.view(B, H, T, S), compute)  # (B, H, T, S), float32 for half inputs
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)  # (B, H, T, S) within ±softcap
@@ -215,6 +225,39 @@ def _math_attention(
             grouped = padded
     out = torch.bmm(grouped, values).view(B, H, T, -1)  # (B, H, T, Dv)
     return out, weights  # weights in the softmax's dtype (float32 for half-precision inputs)
+
+
+def _compiled_softmax_applies(product: Tensor, mask: Mask | None, softcap: float | None, sinks: Tensor | None,
+             dropout_p: float) -> bool:
+    """Whether a chunk's softmax may take the compiled pass (:mod:`.fused`): half scores formed in
+    their dtype on a CPU with it, no gradient, nothing between the scores and the softmax but a
+    mask that only hides keys."""
+    return (product.dtype in HALF and product.device.type == "cpu" and not product.requires_grad
+            and softcap is None and sinks is None and dropout_p == 0 and not torch.compiler.is_compiling()
+            and (mask is None or (not mask.has_bias and split_topk(mask)[0] is None)) and fused.available())
+
+
+def _fused_half_attention(product: Tensor, v: Tensor, mask: Mask | None, take: _Take,
+                          shape: tuple[int, int, int, int]) -> tuple[Tensor, Tensor] | None:
+    """The rest of :func:`_math_attention` for half scores ``product`` (B·Hkv, G·T, grid) through
+    the compiled softmax: (out, float32 weights) — or None, having changed nothing but the masked
+    scores, when a row may see no key (the eager steps zero such rows)."""
+    B, H, T, S = shape
+    Hkv = v.shape[1]
+    if mask is not None:
+        keep, visible, _ = _dense_mask(mask, B, H, T, S, product.device, torch.float32)
+        if not bool(visible.all()):
+            return None
+        seen = _seen_by_every_row(keep)  # a causal chunk's past needs no fill
+        product[..., :S].view(B, H, T, S)[..., seen:].masked_fill_(~keep[..., seen:], float("-inf"))
+    weights = take("weights", (B, H, T, S), torch.float32)  # (B, H, T, S)
+    values = v.reshape(B * Hkv, S, -1)  # (B·Hkv, S, Dv)
+    grid = key_grid(v, S)
+    if grid != S:
+        values = take.padded("values", values, grid)  # (B·Hkv, grid, Dv): zero values for the padding keys
+    half = take("half weights", (B * Hkv, (H // Hkv) * T, grid), v.dtype)  # (B·Hkv, G·T, grid)
+    fused.half_softmax(product, S, weights, half)
+    return torch.bmm(half, values).view(B, H, T, -1), weights  # (B, H, T, Dv), (B, H, T, S)
 
 
 class _Take:

@@ -26,13 +26,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import itertools
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,6 +36,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ... import compiled
 from ...hf.route import AttentionChunk
 from ...inputs import Batch, TokenInfo
 from .base import shared
@@ -58,7 +54,7 @@ LINK = ("-shared",)
 #: OpenMP runtime PyTorch already runs (native.c, ``IN_PARTS``), not on a thread pool of ours.
 OPENMP = ("-fopenmp",)
 #: ``MULTIHEAD_NATIVE=0`` keeps every reader eager (the reference).
-ENV = "MULTIHEAD_NATIVE"
+ENV = compiled.ENV
 #: Map entries below which a chunk is read by the calling thread alone (threads cost ~50 µs a call).
 THREADED = 1 << 18
 BINS = 18
@@ -68,54 +64,14 @@ HEAD_VALUES = 12
 LONG_VALUES = 8
 
 
-def _cache() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "multihead" / "native"
-
-
-def _cpu_features() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.machine()
-
-
-def _build(compiler: str, flags: tuple[str, ...], link: tuple[str, ...]) -> ctypes.CDLL | None:
-    """native.c compiled with ``flags``, linked with ``link``, cached, and loaded (None: a failed build or load)."""
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(flags + link).encode(), compiler.encode(),
-                                     _cpu_features().encode()])).hexdigest()[:20]
-    path = _cache() / f"rows-{key}.so"
-    if not path.exists():
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # built aside, renamed into place whole
-                built, objects = Path(tmp) / path.name, Path(tmp) / "native.o"
-                subprocess.run([compiler, *flags, "-o", str(objects), str(SOURCE)], check=True, capture_output=True,
-                               timeout=120)
-                subprocess.run([compiler, *link, "-o", str(built), str(objects), "-lm"], check=True,
-                               capture_output=True, timeout=120)
-                os.replace(built, path)
-        except (OSError, subprocess.SubprocessError):
-            return None
-    try:
-        return ctypes.CDLL(str(path))
-    except OSError:  # e.g. an OpenMP runtime that lacks a symbol version the compiler asked for
-        return None
-
-
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     """native.c built for this CPU and loaded — with OpenMP where the compiler has it, else without
     — or None (no compiler, a failed build, ``ENV=0``)."""
-    if os.environ.get(ENV, "1") == "0":
+    if not compiled.enabled():
         return None
-    compiler = shutil.which(os.environ.get("CC") or "gcc")
-    if compiler is None or not SOURCE.is_file():
-        return None
-    lib = _build(compiler, COMPILE + OPENMP, LINK + OPENMP) or _build(compiler, COMPILE, LINK)
+    lib = compiled.build(SOURCE, "rows", COMPILE + OPENMP, LINK + OPENMP)
+    lib = lib or compiled.build(SOURCE, "rows", COMPILE, LINK)  # a compiler without OpenMP
     if lib is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p

@@ -1,0 +1,82 @@
+"""The math kernel's softmax of half-precision scores compiled for the CPU (``softmax.c``).
+
+On a CPU with half units (:func:`~multihead.attn.precision.half_units`: AVX-512 BF16 or AMX) the
+scores' product is formed in bfloat16 or float16, as the model's eager attention forms it. The
+eager steps after it — the scores copied to float32, soft-maxed, the weights rounded back to the
+half dtype for P·V — are three passes over every chunk of a streamed layer, most of what an
+analysis adds to a bfloat16 model's own forward there after the readers. ``softmax.c`` does them in
+one pass a row, on the OpenMP threads PyTorch already runs: both results, float32 weights for the
+readers and half weights (zeros for the keys the product was padded with) for P·V. Its exp is not
+PyTorch's (a few units in float32's last place apart; a half weight that lies on a rounding
+boundary can round the other way); the tests hold it to the eager steps, which remain everywhere
+else: without AVX-512 or a C compiler with OpenMP, with ``MULTIHEAD_NATIVE=0``, under autograd.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .. import compiled
+
+__all__ = ["available", "half_softmax"]
+
+SOURCE = Path(__file__).with_name("softmax.c")
+#: No -ffast-math: masked scores are -inf, and the compiler may not assume them away.
+FLAGS = ("-O3", "-march=native", "-fPIC", "-fopenmp", "-c")
+LINK = ("-shared", "-fopenmp")
+#: Map entries below which a chunk is soft-maxed by the calling thread alone (threads cost ~50 µs a call).
+THREADED = 1 << 16
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """softmax.c built for this CPU and loaded, or None: no compiler with OpenMP, no AVX-512, or
+    ``MULTIHEAD_NATIVE=0``."""
+    if not compiled.enabled():
+        return None
+    lib = compiled.build(SOURCE, "softmax", FLAGS, LINK)
+    if lib is None:
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.fused_available.argtypes = []
+    lib.fused_available.restype = i64
+    lib.half_softmax.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, i64]
+    lib.half_softmax.restype = None
+    return lib if lib.fused_available() else None
+
+
+def available() -> bool:
+    """Whether the compiled softmax is in use on this machine."""
+    return _library() is not None
+
+
+def half_softmax(product: Tensor, keys: int, weights: Tensor, half: Tensor) -> None:
+    """Each row's softmax over its first ``keys`` scores, written twice.
+
+    Args:
+        product: (N, R, P) bfloat16 or float16 scores, contiguous, P >= keys (the columns after
+            ``keys`` are not read); -inf where a key is masked.
+        keys: K, the keys each row is soft-maxed over.
+        weights: N·R·K float32, contiguous (any shape): the weights, row after row.
+        half: (N, R, P') in ``product``'s dtype, contiguous, P' >= K: the weights rounded to it,
+            zeros at keys K..P'-1.
+    """
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the compiled softmax is not available here (see multihead.attn.fused.available)")
+    N, R, P = product.shape
+    rows = N * R
+    laid_out = all(t.is_contiguous() and t.device.type == "cpu" for t in (product, weights, half))
+    if not (laid_out and product.dtype in (torch.bfloat16, torch.float16) and half.dtype == product.dtype
+            and weights.dtype == torch.float32 and weights.numel() == rows * keys and keys <= P
+            and half.shape[:2] == product.shape[:2] and half.shape[2] >= keys):
+        raise ValueError(f"half_softmax: product {tuple(product.shape)} {product.dtype}, weights {weights.numel()} "
+                         f"{weights.dtype}, half {tuple(half.shape)} {half.dtype} do not fit (see its docstring)")
+    parts = 1 if rows * keys < THREADED else max(1, min(torch.get_num_threads(), rows))
+    lib.half_softmax(product.data_ptr(), P, weights.data_ptr(), half.data_ptr(), half.shape[2], half.shape[2], rows,
+                     keys, int(product.dtype == torch.bfloat16), parts)
