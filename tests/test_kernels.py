@@ -217,13 +217,15 @@ def _eager_and_compiled(monkeypatch, call):
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("shape", [(1, 9, 3, 170, 2210, 64), (2, 12, 2, 100, 300, 128), (1, 4, 4, 7, 5, 96),
                                    (2, 8, 2, 33, 1000, 80)])
-@pytest.mark.parametrize("causal", [False, True])
-def test_the_compiled_half_softmax_is_the_eager_steps_within_float32s_rounding(dtype, shape, causal, monkeypatch):
-    """Half scores on a CPU with half units: the compiled pass (softmax.c) against the eager steps
-    (float32 copy, softmax, half copy) — float32 weights within 1e-6 relative, masked keys exactly 0,
-    rows summing to 1, the half outputs within a unit in their last place (a weight on a rounding
-    boundary may round the other way); head dims 80 and 128 scale the product in the half dtype,
-    key counts off the key grid (2,210, 300, 1,000) pad it."""
+@pytest.mark.parametrize("masking", ["none", "causal", "padded"])
+def test_the_compiled_half_softmax_is_the_eager_steps_within_float32s_rounding(dtype, shape, masking, monkeypatch):
+    """Half scores on a CPU with half units: the compiled pass (softmax.c, which reads the mask
+    itself) against the eager steps (float32 copy, masked fill, softmax, half copy) — float32 weights
+    within 1e-6 relative, masked keys exactly 0, rows summing to 1 or, seeing no key, all 0, the half
+    outputs within a unit in their last place (a weight on a rounding boundary may round the other
+    way); head dims 80 and 128 scale the product in the half dtype, key counts off the key grid
+    (2,210, 300, 1,000) pad it; a causal mask with T > S and a per-text padding mask (B, 1, 1, S)
+    leave rows that see nothing."""
     from multihead.attn import precision
 
     _compiled_softmax()
@@ -232,7 +234,11 @@ def test_the_compiled_half_softmax_is_the_eager_steps_within_float32s_rounding(d
     g = torch.Generator().manual_seed(S)
     q = (torch.randn(B, H, T, D, generator=g) * 2).to(dtype)
     k, v = (torch.randn(B, Hkv, S, D, generator=g).to(dtype) for _ in range(2))
-    mask = masks.causal() if causal else None
+    mask = None if masking == "none" else masks.causal()
+    if masking == "padded":  # the last text's keys after its first 3/4 are padding
+        keep = torch.ones(B, 1, 1, S, dtype=torch.bool)
+        keep[-1, ..., 3 * S // 4:] = False
+        mask = mask & masks.from_tensor(keep)
 
     def run():
         with torch.inference_mode():
@@ -250,7 +256,7 @@ def test_the_compiled_half_softmax_is_the_eager_steps_within_float32s_rounding(d
 
 @pytest.mark.parametrize("dtype", HALF)
 def test_the_compiled_half_softmax_keeps_rows_that_see_nothing_and_huge_scores_finite(dtype, monkeypatch):
-    """A row that may see no key still gives zeros (the chunk goes the eager way); scores in the
+    """A row that may see no key gives zeros (the compiled pass finds no key to see); scores in the
     thousands, far beyond exp's range beside a row's largest, give no NaN, a row of equal scores its
     uniform weights."""
     from multihead.attn import precision
@@ -279,14 +285,15 @@ def test_the_compiled_half_softmax_keeps_rows_that_see_nothing_and_huge_scores_f
 
 def test_the_compiled_half_softmax_refuses_tensors_it_cannot_read():
     fused = _compiled_softmax()
-    product = torch.zeros(2, 3, 16, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="do not fit"):
-        fused.half_softmax(product, 16, torch.empty(2, 3, 8), torch.empty(2, 3, 16, dtype=torch.bfloat16))
-    with pytest.raises(ValueError, match="do not fit"):
-        fused.half_softmax(product, 16, torch.empty(2, 3, 16), torch.empty(2, 3, 16, dtype=torch.float16))
-    with pytest.raises(ValueError, match="do not fit"):
-        fused.half_softmax(product.transpose(0, 1), 16, torch.empty(2, 3, 16), torch.empty(3, 2, 16,
-                                                                                          dtype=torch.bfloat16))
+    product, half = torch.zeros(2, 3, 16, dtype=torch.bfloat16), torch.empty(2, 3, 16, dtype=torch.bfloat16)
+    weights = torch.empty(1, 2, 3, 16)  # (B, H, T, K): B·H·T = 2·3 rows
+    fused.half_softmax(product, 16, weights, half)  # fits: uniform rows
+    assert torch.equal(weights, torch.full_like(weights, 1 / 16))
+    for bad in ({"weights": torch.empty(1, 2, 3, 8)}, {"half": half.half()}, {"product": product.transpose(0, 1)},
+                {"keep": torch.ones(3, 16)}):
+        args = {"product": product, "weights": weights, "half": half, "keep": None} | bad
+        with pytest.raises(ValueError, match=r"do not fit|bool"):
+            fused.half_softmax(args["product"], 16, args["weights"], args["half"], args["keep"])
 
 
 @pytest.mark.parametrize("dtype", [*HALF, torch.float32])

@@ -45,7 +45,7 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.fused_available.argtypes = []
     lib.fused_available.restype = i64
-    lib.half_softmax.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, i64]
+    lib.half_softmax.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64]
     lib.half_softmax.restype = None
     return lib if lib.fused_available() else None
 
@@ -55,16 +55,18 @@ def available() -> bool:
     return _library() is not None
 
 
-def half_softmax(product: Tensor, keys: int, weights: Tensor, half: Tensor) -> None:
+def half_softmax(product: Tensor, keys: int, weights: Tensor, half: Tensor, keep: Tensor | None = None) -> None:
     """Each row's softmax over its first ``keys`` scores, written twice.
 
     Args:
         product: (N, R, P) bfloat16 or float16 scores, contiguous, P >= keys (the columns after
-            ``keys`` are not read); -inf where a key is masked.
+            ``keys`` are not read).
         keys: K, the keys each row is soft-maxed over.
-        weights: N·R·K float32, contiguous (any shape): the weights, row after row.
+        weights: (B, H, T, K) float32, contiguous, B·H·T = N·R: the weights, row after row.
         half: (N, R, P') in ``product``'s dtype, contiguous, P' >= K: the weights rounded to it,
             zeros at keys K..P'-1.
+        keep: bool, broadcastable to (B, H, T, K): True where a row may see a key. A key it may not
+            see weighs 0; a row that may see none gives zeros (never NaN). None: every key.
     """
     lib = _library()
     if lib is None:
@@ -73,10 +75,22 @@ def half_softmax(product: Tensor, keys: int, weights: Tensor, half: Tensor) -> N
     rows = N * R
     laid_out = all(t.is_contiguous() and t.device.type == "cpu" for t in (product, weights, half))
     if not (laid_out and product.dtype in (torch.bfloat16, torch.float16) and half.dtype == product.dtype
-            and weights.dtype == torch.float32 and weights.numel() == rows * keys and keys <= P
-            and half.shape[:2] == product.shape[:2] and half.shape[2] >= keys):
-        raise ValueError(f"half_softmax: product {tuple(product.shape)} {product.dtype}, weights {weights.numel()} "
-                         f"{weights.dtype}, half {tuple(half.shape)} {half.dtype} do not fit (see its docstring)")
+            and weights.dtype == torch.float32 and weights.dim() == 4 and weights.shape[-1] == keys
+            and weights.numel() == rows * keys and keys <= P and half.shape[:2] == product.shape[:2]
+            and half.shape[2] >= keys):
+        raise ValueError(f"half_softmax: product {tuple(product.shape)} {product.dtype}, weights "
+                         f"{tuple(weights.shape)} {weights.dtype}, half {tuple(half.shape)} {half.dtype} do not fit "
+                         "(see its docstring)")
+    B, H, T, _ = weights.shape
+    strides = (0, 0, 0)
+    if keep is not None:
+        if keep.dtype != torch.bool or keep.device.type != "cpu":
+            raise ValueError(f"half_softmax: keep must be a bool CPU tensor; got {keep.dtype} on {keep.device}")
+        keep = keep.expand(B, H, T, keys)  # (B, H, T, K), a view: stride 0 where it broadcasts
+        if keep.stride(-1) != 1:
+            keep = keep.contiguous()
+        strides = keep.stride()[:3]
     parts = 1 if rows * keys < THREADED else max(1, min(torch.get_num_threads(), rows))
     lib.half_softmax(product.data_ptr(), P, weights.data_ptr(), half.data_ptr(), half.shape[2], half.shape[2], rows,
-                     keys, int(product.dtype == torch.bfloat16), parts)
+                     keys, int(product.dtype == torch.bfloat16), None if keep is None else keep.data_ptr(), H, T,
+                     *strides, parts)

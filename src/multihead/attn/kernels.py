@@ -175,9 +175,7 @@ def _math_attention(
         scores = product[..., :S]
         scores = scores.mul_(scale) if not scores.requires_grad else scores * scale  # (B·Hkv, G·T, S)
     if _compiled_softmax_applies(product, mask, softcap, sinks, dropout_p):
-        fused_result = _fused_half_attention(product, v, mask, take, (B, H, T, S))
-        if fused_result is not None:
-            return fused_result
+        return _fused_half_attention(product, v, mask, take, (B, H, T, S))
     scores = take.cast("weights", scores.view(B, H, T, S), compute)  # (B, H, T, S), float32 for half inputs
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)  # (B, H, T, S) within ±softcap
@@ -238,27 +236,24 @@ def _compiled_softmax_applies(product: Tensor, mask: Mask | None, softcap: float
 
 
 def _fused_half_attention(product: Tensor, v: Tensor, mask: Mask | None, take: _Take,
-                          shape: tuple[int, int, int, int]) -> tuple[Tensor, Tensor] | None:
+                          shape: tuple[int, int, int, int]) -> tuple[Tensor, Tensor]:
     """The rest of :func:`_math_attention` for half scores ``product`` (B·Hkv, G·T, grid) through
-    the compiled softmax: (out, float32 weights) — or None, having changed nothing but the masked
-    scores, when a row may see no key (the eager steps zero such rows)."""
+    the compiled softmax, which reads the mask itself (rows that may see no key: zeros): (out,
+    float32 weights)."""
     B, H, T, S = shape
     Hkv = v.shape[1]
+    keep = None
     if mask is not None:
-        keep, visible, _ = _dense_mask(mask, B, H, T, S, product.device, torch.float32)
-        if not bool(visible.all()):
-            return None
-        seen = _seen_by_every_row(keep)  # a causal chunk's past needs no fill
-        product[..., :S].view(B, H, T, S)[..., seen:].masked_fill_(~keep[..., seen:], float("-inf"))
+        keep = mask.materialize(T, S, device=product.device)  # (..., T, S) bool
+        _check_broadcast("mask", keep.shape, (B, H, T, S))
     weights = take("weights", (B, H, T, S), torch.float32)  # (B, H, T, S)
     values = v.reshape(B * Hkv, S, -1)  # (B·Hkv, S, Dv)
     grid = key_grid(v, S)
     if grid != S:
         values = take.padded("values", values, grid)  # (B·Hkv, grid, Dv): zero values for the padding keys
     half = take("half weights", (B * Hkv, (H // Hkv) * T, grid), v.dtype)  # (B·Hkv, G·T, grid)
-    fused.half_softmax(product, S, weights, half)
+    fused.half_softmax(product, S, weights, half, keep)
     return torch.bmm(half, values).view(B, H, T, -1), weights  # (B, H, T, Dv), (B, H, T, S)
-
 
 class _Take:
     """The math kernel's large tensors made fresh, or — with a :class:`Workspace`, which

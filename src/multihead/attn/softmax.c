@@ -1,12 +1,13 @@
 /* The math kernel's softmax of half-precision scores in one pass a row, on a CPU with AVX-512.
 
    Built by attn/fused.py at first use (compiled.build: -O3 -march=native, without -ffast-math:
-   the masked scores are -inf and must stay so), called through ctypes. The eager steps it replaces
-   (attn/kernels.py, the reference it is tested against): the half scores copied to float32, soft-
-   maxed in place, the weights rounded back to the half dtype beside zeros for the keys the half
-   product was padded with — three passes over a (B, H, c, K) chunk and its page-sized buffers,
-   0.51 ns a weight on an Intel Xeon with AMX (two threads, rows of 2,210 keys); this one reads each
-   row of scores once and writes both outputs while the row is in cache: 0.21 ns.
+   masked scores are -inf and must stay so), called through ctypes. The eager steps it replaces
+   (attn/kernels.py, the reference it is tested against): the mask's checks and its fill, the half
+   scores copied to float32, soft-maxed in place, the weights rounded back to the half dtype beside
+   zeros for the keys the half product was padded with — passes over a (B, H, c, K) chunk and its
+   page-sized buffers, 0.51 ns a weight on an Intel Xeon with AMX (two threads, rows of 2,210 keys)
+   before the mask's; this one reads each row of scores (and of the mask) once and writes both
+   outputs while the row is in cache: 0.25-0.29 ns with the mask.
 
    Per row: m = max_j s_j; e_j = exp(s_j − m); p_j = e_j · (1 / Σ e) — the same steps as PyTorch's
    CPU softmax, its exp a degree-6 polynomial after the reduction x = n·ln 2 + r (Cephes' expf
@@ -23,7 +24,7 @@
 #define IN_PARTS
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 
 int64_t fused_available(void) { return 1; }
@@ -68,25 +69,45 @@ static inline void store_half(uint16_t *d, __m512 v, __mmask16 k, int64_t bf16) 
 }
 
 /* rows x K half scores (row r at scores + r·score_stride) -> float32 weights (row r at weights +
-   r·K) and half weights (row r at half + r·half_stride, zeros at keys K..half_keys-1). */
+   r·K) and half weights (row r at half + r·half_stride, zeros at keys K..half_keys-1). Rows are
+   (b, h, t) of (B, H, T); keep, when not NULL, says which keys row (b, h, t) may see (1) — its row
+   at keep + b·keep_b + h·keep_h + t·keep_t, keys consecutive — and a key it may not see weighs 0;
+   a row that may see none gives zeros (as the eager kernel defines it: never NaN). */
 void half_softmax(const uint16_t *scores, int64_t score_stride, float *weights, uint16_t *half,
                   int64_t half_stride, int64_t half_keys, int64_t rows, int64_t K, int64_t bf16,
+                  const uint8_t *keep, int64_t H, int64_t T, int64_t keep_b, int64_t keep_h, int64_t keep_t,
                   int64_t parts) {
     IN_PARTS
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *s = scores + r * score_stride;
         float *w = weights + r * K;
         uint16_t *h = half + r * half_stride;
+        const uint8_t *seen = keep ? keep + (r / (H * T)) * keep_b + ((r / T) % H) * keep_h + (r % T) * keep_t : NULL;
+        /* the row's largest score; with a mask, the scores in float32 into the weights' row first (-inf
+           where a key may not be seen), read from there next */
         __m512 top = _mm512_set1_ps(-INFINITY);
         for (int64_t j = 0; j < K; j += 16) {
             __mmask16 k = lanes(K - j);
-            top = _mm512_mask_max_ps(top, k, top, load_half(s + j, k, bf16));
+            __m512 x = load_half(s + j, k, bf16);
+            if (seen) {
+                x = _mm512_mask_blend_ps(_mm_test_epi8_mask(_mm_maskz_loadu_epi8(k, seen + j), _mm_set1_epi8(1)),
+                                         _mm512_set1_ps(-INFINITY), x);
+                _mm512_mask_storeu_ps(w + j, k, x);
+            }
+            top = _mm512_mask_max_ps(top, k, top, x);
         }
-        __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+        float largest = _mm512_reduce_max_ps(top);
+        if (largest == -INFINITY) { /* no key to see */
+            for (int64_t j = 0; j < K; j++) w[j] = 0.0f;
+            for (int64_t j = 0; j < half_keys; j++) h[j] = 0;
+            continue;
+        }
+        __m512 m = _mm512_set1_ps(largest);
         __m512 total = _mm512_setzero_ps();
         for (int64_t j = 0; j < K; j += 16) {
             __mmask16 k = lanes(K - j);
-            __m512 e = exp_nonpositive(_mm512_sub_ps(load_half(s + j, k, bf16), m));
+            __m512 x = seen ? _mm512_maskz_loadu_ps(k, w + j) : load_half(s + j, k, bf16);
+            __m512 e = exp_nonpositive(_mm512_sub_ps(x, m)); /* -inf: 0 */
             _mm512_mask_storeu_ps(w + j, k, e);
             total = _mm512_mask_add_ps(total, k, total, e);
         }
@@ -108,9 +129,11 @@ int64_t fused_available(void) { return 0; }
 
 void half_softmax(const uint16_t *scores, int64_t score_stride, float *weights, uint16_t *half,
                   int64_t half_stride, int64_t half_keys, int64_t rows, int64_t K, int64_t bf16,
+                  const uint8_t *keep, int64_t H, int64_t T, int64_t keep_b, int64_t keep_h, int64_t keep_t,
                   int64_t parts) {
     (void)scores; (void)score_stride; (void)weights; (void)half; (void)half_stride; (void)half_keys;
-    (void)rows; (void)K; (void)bf16; (void)parts;
+    (void)rows; (void)K; (void)bf16; (void)keep; (void)H; (void)T; (void)keep_b; (void)keep_h; (void)keep_t;
+    (void)parts;
 }
 
 #endif
