@@ -283,6 +283,95 @@ def test_the_compiled_half_softmax_keeps_rows_that_see_nothing_and_huge_scores_f
         assert float((weights[0, 1, 10:20].sum(-1) - 1).abs().max()) < 1e-5
 
 
+@pytest.mark.parametrize("dtype", HALF)
+def test_the_compiled_half_softmax_reads_a_mask_per_head_under_grouped_query_attention(dtype, monkeypatch):
+    """Random keep masks that differ by head, text and row — (B, H, T, S), (1, H, T, S), (B, 1, T, 1)
+    and one whose keys are not consecutive in memory — over grouped-query heads (H = 6, Hkv = 2),
+    rows that may see no key among them: the eager steps' weights and outputs (and their zeros)."""
+    from multihead.attn import precision
+
+    _compiled_softmax()
+    monkeypatch.setattr(precision, "half_units", lambda dt: True)
+    g = torch.Generator().manual_seed(11)
+    B, H, Hkv, T, S = 2, 6, 2, 37, 300
+    q = (torch.randn(B, H, T, 64, generator=g) * 2).to(dtype)
+    k, v = (torch.randn(B, Hkv, S, 64, generator=g).to(dtype) for _ in range(2))
+    per_head = torch.rand(B, H, T, S, generator=g) < 0.3
+    per_head[0, 3, 5] = False  # a row that sees nothing
+    shapes = {"per text and head": per_head, "per head": per_head[:1], "per row": per_head[..., :1, :, :1],
+              "keys not consecutive": per_head.transpose(-1, -2).contiguous().transpose(-1, -2)}
+    for name, keep in shapes.items():
+        def run(keep=keep):
+            with torch.inference_mode():
+                return mh.attention(q, k, v, masks.from_tensor(keep), backend="math", need_weights=True,
+                                    weights_dtype=torch.float32)
+
+        (out, w), (fast_out, fast_w) = _eager_and_compiled(monkeypatch, run)
+        assert torch.equal(fast_w == 0, w == 0), name
+        torch.testing.assert_close(fast_w, w, atol=1e-7, rtol=1e-6, msg=name)
+        ulp = torch.finfo(dtype).eps
+        torch.testing.assert_close(fast_out.float(), out.float(), atol=ulp * float(out.abs().max()), rtol=ulp,
+                                   msg=name)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_the_compiled_half_softmax_keeps_nan_and_infinite_scores_as_the_eager_steps_do(dtype, monkeypatch):
+    """Nothing broken turns finite: a NaN score, +inf scores (alone or beside finite ones) and a row
+    whose visible scores are all -inf give NaN rows, as the eager softmax gives them; a row the mask
+    hides entirely still gives zeros; scores 90-100 below a row's largest give eager's subnormal
+    weights, not zeros."""
+    from multihead.attn import precision
+
+    _compiled_softmax()
+    monkeypatch.setattr(precision, "half_units", lambda dt: True)
+    T, S = 8, 40
+    product = torch.randn(1, T, S).to(dtype)
+    product[0, 0, 3] = float("nan")
+    product[0, 1] = float("inf")
+    product[0, 2, 7] = float("inf")
+    product[0, 3] = float("-inf")
+    product[0, 5, :20] = -95.0  # e^-95 ≈ 5e-42: subnormal in float32
+    product[0, 5, 20:] = 0.0
+    keep = torch.ones(T, S, dtype=torch.bool)
+    keep[4] = False  # row 4 sees nothing
+    keep[6, 3] = False  # row 6 hides a NaN
+    product[0, 6, 3] = float("nan")
+    from multihead.attn import fused
+
+    weights, half = torch.empty(1, 1, T, S), torch.empty(1, T, 64, dtype=dtype)
+    fused.half_softmax(product, S, weights, half, keep)
+    eager = torch.softmax(product.float().masked_fill(~keep, float("-inf")), -1)  # (1, T, S)
+    eager[:, 4] = 0.0  # the kernels' definition for a row that sees nothing
+    assert torch.equal(weights[0, 0].isnan(), eager[0].isnan())
+    assert weights[0, 0, :4].isnan().all() and not weights[0, 0, 4:].isnan().any()
+    assert torch.equal(weights[0, 0, 4], torch.zeros(S)) and torch.equal(half[0, 4], torch.zeros(64, dtype=dtype))
+    assert torch.equal(half[0, :4, :S].isnan(), eager[0, :4].isnan()) and not half[0, :, S:].any()
+    assert float(weights[0, 0, 5, 0]) > 0 and torch.equal(weights[0, 0, 5] == 0, eager[0, 5] == 0)
+    fine = ~eager[0].isnan()
+    torch.testing.assert_close(weights[0, 0][fine], eager[0][fine], atol=1e-7, rtol=1e-6)
+
+
+def test_a_traced_half_attention_records_the_eager_steps(monkeypatch):
+    """torch.jit.trace cannot see a ctypes call: while tracing, the math kernel takes the eager steps,
+    so the traced graph replays on new inputs what the kernel computes."""
+    from multihead.attn import precision
+
+    _compiled_softmax()
+    monkeypatch.setattr(precision, "half_units", lambda dt: True)
+    g = torch.Generator().manual_seed(2)
+    inputs = [torch.randn(1, 4, 30, 64, generator=g).bfloat16() for _ in range(3)]
+    fresh = [torch.randn(1, 4, 30, 64, generator=g).bfloat16() for _ in range(3)]
+
+    def attend(q, k, v):
+        return mh.attention(q, k, v, None, backend="math")[0]
+
+    with torch.no_grad():
+        traced = torch.jit.trace(attend, inputs, check_trace=False)
+        replayed, direct = traced(*fresh), attend(*fresh)
+    assert not replayed.isnan().any()
+    torch.testing.assert_close(replayed.float(), direct.float(), atol=torch.finfo(torch.bfloat16).eps * 4, rtol=0.01)
+
+
 def test_the_compiled_half_softmax_refuses_tensors_it_cannot_read():
     fused = _compiled_softmax()
     product, half = torch.zeros(2, 3, 16, dtype=torch.bfloat16), torch.empty(2, 3, 16, dtype=torch.bfloat16)

@@ -66,7 +66,8 @@ def half_softmax(product: Tensor, keys: int, weights: Tensor, half: Tensor, keep
         half: (N, R, P') in ``product``'s dtype, contiguous, P' >= K: the weights rounded to it,
             zeros at keys K..P'-1.
         keep: bool, broadcastable to (B, H, T, K): True where a row may see a key. A key it may not
-            see weighs 0; a row that may see none gives zeros (never NaN). None: every key.
+            see weighs 0; a row that may see none gives zeros (never NaN). None: every key. A row with
+            a NaN or +inf score at a key it may see, or -inf at all of them, gives NaN (as eager's).
     """
     lib = _library()
     if lib is None:
@@ -86,9 +87,9 @@ def half_softmax(product: Tensor, keys: int, weights: Tensor, half: Tensor, keep
     if keep is not None:
         if keep.dtype != torch.bool or keep.device.type != "cpu":
             raise ValueError(f"half_softmax: keep must be a bool CPU tensor; got {keep.dtype} on {keep.device}")
+        if keep.stride(-1) != 1 or keep.shape[-1] != keys:  # keys consecutive (a mask broadcast over them: made whole)
+            keep = keep.expand(*keep.shape[:-1], keys).contiguous()
         keep = keep.expand(B, H, T, keys)  # (B, H, T, K), a view: stride 0 where it broadcasts
-        if keep.stride(-1) != 1:
-            keep = keep.contiguous()
         strides = keep.stride()[:3]
     parts = 1 if rows * keys < THREADED else max(1, min(torch.get_num_threads(), rows))
     lib.half_softmax(product.data_ptr(), P, weights.data_ptr(), half.data_ptr(), half.shape[2], half.shape[2], rows,

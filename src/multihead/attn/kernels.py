@@ -232,6 +232,7 @@ def _compiled_softmax_applies(product: Tensor, mask: Mask | None, softcap: float
     mask that only hides keys."""
     return (product.dtype in HALF and product.device.type == "cpu" and not product.requires_grad
             and softcap is None and sinks is None and dropout_p == 0 and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing()  # a ctypes call is invisible to a trace (it would record empty weights)
             and (mask is None or (not mask.has_bias and split_topk(mask)[0] is None)) and fused.available())
 
 

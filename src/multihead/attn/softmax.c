@@ -12,8 +12,9 @@
    Per row: m = max_j s_j; e_j = exp(s_j − m); p_j = e_j · (1 / Σ e) — the same steps as PyTorch's
    CPU softmax, its exp a degree-6 polynomial after the reduction x = n·ln 2 + r (Cephes' expf
    coefficients; relative error ~2e-7, a few units in the last place of float32; exp of a score of
-   −inf, or of any below −87.3 beside the row's largest, is 0). Half weights are rounded to nearest,
-   ties to even, as PyTorch's conversion rounds them. */
+   −inf, or of any more than 104 below the row's largest, is 0). Half weights are rounded to
+   nearest, ties to even, as PyTorch's conversion rounds them. A row with a NaN or +inf score where
+   it may see a key, or only −inf ones, is NaN, as the eager softmax makes it. */
 
 #include <math.h>
 #include <stdint.h>
@@ -29,9 +30,11 @@
 
 int64_t fused_available(void) { return 1; }
 
+/* e^x for x <= 0 (a score less the row's largest): 0 below -104, where e^x rounds to 0 in float32,
+   and for -inf; subnormal between -104 and -87.3, as the eager exp gives them. */
 static inline __m512 exp_nonpositive(__m512 x) {
-    __mmask16 vanishing = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ); /* and -inf */
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+    __mmask16 vanishing = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.0f), _CMP_LT_OQ); /* and -inf */
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x); /* ln 2 in two parts: r exact */
@@ -84,22 +87,32 @@ void half_softmax(const uint16_t *scores, int64_t score_stride, float *weights, 
         uint16_t *h = half + r * half_stride;
         const uint8_t *seen = keep ? keep + (r / (H * T)) * keep_b + ((r / T) % H) * keep_h + (r % T) * keep_t : NULL;
         /* the row's largest score; with a mask, the scores in float32 into the weights' row first (-inf
-           where a key may not be seen), read from there next */
+           where a key may not be seen), read from there next. `visible`: whether the row may see a key;
+           `broken`: a key it may see scores NaN or +inf */
         __m512 top = _mm512_set1_ps(-INFINITY);
+        __mmask16 visible = 0, broken = 0;
         for (int64_t j = 0; j < K; j += 16) {
             __mmask16 k = lanes(K - j);
             __m512 x = load_half(s + j, k, bf16);
             if (seen) {
-                x = _mm512_mask_blend_ps(_mm_test_epi8_mask(_mm_maskz_loadu_epi8(k, seen + j), _mm_set1_epi8(1)),
-                                         _mm512_set1_ps(-INFINITY), x);
-                _mm512_mask_storeu_ps(w + j, k, x);
+                __m128i bytes = _mm_maskz_loadu_epi8(k, seen + j);
+                k = _mm_test_epi8_mask(bytes, bytes); /* any non-zero byte: True */
+                x = _mm512_mask_blend_ps(k, _mm512_set1_ps(-INFINITY), x);
+                _mm512_mask_storeu_ps(w + j, lanes(K - j), x);
             }
+            visible |= k;
+            broken |= _mm512_mask_cmp_ps_mask(k, x, _mm512_set1_ps(INFINITY), _CMP_NLT_UQ); /* NaN or +inf */
             top = _mm512_mask_max_ps(top, k, top, x);
         }
         float largest = _mm512_reduce_max_ps(top);
-        if (largest == -INFINITY) { /* no key to see */
-            for (int64_t j = 0; j < K; j++) w[j] = 0.0f;
-            for (int64_t j = 0; j < half_keys; j++) h[j] = 0;
+        if (!visible || broken || largest == -INFINITY) {
+            /* no key to see: zeros (the kernel's definition); NaN or infinite scores, or -inf at every key
+               it may see: NaN, as the eager softmax gives them — nothing turns finite here */
+            float fill = visible ? NAN : 0.0f;
+            uint16_t half_fill = visible ? (bf16 ? 0x7fc0 : 0x7e00) : 0;
+            for (int64_t j = 0; j < K; j++) w[j] = fill;
+            for (int64_t j = 0; j < K; j++) h[j] = half_fill;
+            for (int64_t j = K; j < half_keys; j++) h[j] = 0;
             continue;
         }
         __m512 m = _mm512_set1_ps(largest);
