@@ -208,25 +208,22 @@ def _math_attention(
         weights = weights.masked_fill(~visible, 0.0)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     grouped = dropped.reshape(B * Hkv, G * T, S)  # (B·Hkv, G·T, S)
-    values = v.reshape(B * Hkv, S, -1)  # (B·Hkv, S, Dv)
-    grid = key_grid(v, S)
+    values, grid = _values_on_grid(v, take)  # (B·Hkv, grid, Dv)
     if grid == S:
         grouped = take.cast("half weights", grouped, v.dtype)
-    else:
-        values = take.padded("values", values, grid)  # (B·Hkv, grid, Dv): zero values for the padding keys
-        if grouped.requires_grad:
-            grouped = F.pad(grouped.to(v.dtype), (0, grid - S))
-        else:  # the weights in the model's dtype beside zero weights for the padding keys: one pass
-            padded = take("half weights", (B * Hkv, G * T, grid), v.dtype)  # (B·Hkv, G·T, grid)
-            padded[..., S:].zero_()
-            padded[..., :S].copy_(grouped)
-            grouped = padded
+    elif grouped.requires_grad:
+        grouped = F.pad(grouped.to(v.dtype), (0, grid - S))
+    else:  # the weights in the model's dtype beside zero weights for the padding keys: one pass
+        padded = take("half weights", (B * Hkv, G * T, grid), v.dtype)  # (B·Hkv, G·T, grid)
+        padded[..., S:].zero_()
+        padded[..., :S].copy_(grouped)
+        grouped = padded
     out = torch.bmm(grouped, values).view(B, H, T, -1)  # (B, H, T, Dv)
     return out, weights  # weights in the softmax's dtype (float32 for half-precision inputs)
 
 
 def _compiled_softmax_applies(product: Tensor, mask: Mask | None, softcap: float | None, sinks: Tensor | None,
-             dropout_p: float) -> bool:
+                              dropout_p: float) -> bool:
     """Whether a chunk's softmax may take the compiled pass (:mod:`.fused`): half scores formed in
     their dtype on a CPU with it, no gradient, nothing between the scores and the softmax but a
     mask that only hides keys."""
@@ -248,13 +245,20 @@ def _fused_half_attention(product: Tensor, v: Tensor, mask: Mask | None, take: _
         keep = mask.materialize(T, S, device=product.device)  # (..., T, S) bool
         _check_broadcast("mask", keep.shape, (B, H, T, S))
     weights = take("weights", (B, H, T, S), torch.float32)  # (B, H, T, S)
-    values = v.reshape(B * Hkv, S, -1)  # (B·Hkv, S, Dv)
-    grid = key_grid(v, S)
-    if grid != S:
-        values = take.padded("values", values, grid)  # (B·Hkv, grid, Dv): zero values for the padding keys
+    values, grid = _values_on_grid(v, take)  # (B·Hkv, grid, Dv)
     half = take("half weights", (B * Hkv, (H // Hkv) * T, grid), v.dtype)  # (B·Hkv, G·T, grid)
     fused.half_softmax(product, S, weights, half, keep)
     return torch.bmm(half, values).view(B, H, T, -1), weights  # (B, H, T, Dv), (B, H, T, S)
+
+
+def _values_on_grid(v: Tensor, take: _Take) -> tuple[Tensor, int]:
+    """v (B, Hkv, S, Dv) as P·V takes it, (B·Hkv, grid, Dv) — zero values for the keys the half
+    product was padded with (:func:`~.precision.key_grid`) — and that grid."""
+    B, Hkv, S, Dv = v.shape
+    values = v.reshape(B * Hkv, S, Dv)  # a view when contiguous
+    grid = key_grid(v, S)
+    return (values if grid == S else take.padded("values", values, grid)), grid
+
 
 class _Take:
     """The math kernel's large tensors made fresh, or — with a :class:`Workspace`, which

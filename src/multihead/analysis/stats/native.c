@@ -354,17 +354,15 @@ static int64_t eight_blocks(const float *restrict p, int64_t K, int64_t block, f
 #endif
 
 /* Rows [row0, row1) of the H*C rows of one text's chunk (w: (H, C, K) with strides hstride,
-   kstride between heads and rows): each row's sums and maxima over blocks of `block` keys (sums,
-   maxima: (H, C, nb), nb = ceil(K / block)) and its k largest weights, largest first (top
-   (H, C, k) float32, where (H, C, k) int64 keys). Equal weights: the first key met is kept.
-   Blocks of 8 or 16 keys go eight at a time through vector lanes where the CPU has AVX2 (a
-   horizontal sum a block cost more than its keys).
-
-   With mass not null, a page's pooled maps instead: sums and maxima are one row's scratch (nb
-   each), and each row's blocks, `pool` at a time (cells of pool·block keys), are added into mass
-   and max'd into largest (H, nrb, cells) at the row's block of pool·block query rows, less rb0
-   (the chunk's rows are start..start+C-1: its row blocks rb0..rb0+nrb-1). */
-static void rows_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block,
+   kstride between heads and rows), as a page pools them: each row's sums and maxima over blocks of
+   `block` keys (sums, maxima: the row's scratch, nb = ceil(K / block) each), its blocks, `pool` at
+   a time (cells of pool·block keys), added into mass and max'd into largest (H, nrb, cells) at the
+   row's block of pool·block query rows, less rb0 (the chunk's rows are start..start+C-1: its row
+   blocks rb0..rb0+nrb-1); and its k largest weights, largest first (top (H, C, k) float32, where
+   (H, C, k) int64 keys). Equal weights: the first key met is kept. Blocks of 8 or 16 keys go eight
+   at a time through vector lanes where the CPU has AVX2 (a horizontal sum a block cost more than
+   its keys). */
+static void rows_pooled(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block,
                         int64_t k, int64_t row0, int64_t row1, float *sums, float *maxima, float *top, int64_t *where,
                         int64_t start, int64_t pool, int64_t cells, int64_t rb0, int64_t nrb, float *mass,
                         float *largest) {
@@ -373,7 +371,7 @@ static void rows_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, i
     int64_t bk[64];
     for (int64_t row = row0; row < row1; row++) {
         const float *p = w + (row / C) * hstride + (row % C) * kstride;
-        float *rs = mass ? sums : sums + row * nb, *rm = mass ? maxima : maxima + row * nb;
+        float *rs = sums, *rm = maxima;
         int64_t n = 0;
 #ifdef __AVX2__
         if (block == 8 || block == 16) n = eight_blocks(p, K, block, rs, rm);
@@ -388,19 +386,18 @@ static void rows_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, i
             rs[n] = s;
             rm[n] = m;
         }
-        if (mass) { /* the row's cells: its blocks `pool` at a time, at its row block */
-            int64_t at = ((row / C) * nrb + (start + row % C) / (pool * block) - rb0) * cells;
-            float *ms = mass + at, *lg = largest + at;
-            for (int64_t cell = 0; cell * pool < nb; cell++) {
-                int64_t a = cell * pool, b = a + pool < nb ? a + pool : nb;
-                float s = 0.f, m = 0.f;
-                for (int64_t j = a; j < b; j++) {
-                    s += rs[j];
-                    m = fmaxf(m, rm[j]);
-                }
-                ms[cell] += s;
-                lg[cell] = fmaxf(lg[cell], m);
+        /* the row's cells: its blocks `pool` at a time, at its row block */
+        int64_t at = ((row / C) * nrb + (start + row % C) / (pool * block) - rb0) * cells;
+        float *ms = mass + at, *lg = largest + at;
+        for (int64_t cell = 0; cell * pool < nb; cell++) {
+            int64_t a = cell * pool, b = a + pool < nb ? a + pool : nb;
+            float s = 0.f, m = 0.f;
+            for (int64_t j = a; j < b; j++) {
+                s += rs[j];
+                m = fmaxf(m, rm[j]);
             }
+            ms[cell] += s;
+            lg[cell] = fmaxf(lg[cell], m);
         }
         float *tv = top + row * k;
         int64_t *ti = where + row * k;
@@ -436,20 +433,19 @@ static void rows_blocks(const float *w, int64_t C, int64_t K, int64_t hstride, i
     }
 }
 
-/* rows_blocks over rows [row0, row1) in `parts` ranges (each row's outputs are its own). With
-   mass not null (pooled maps), part n reads into its own scratch sums + n·nb and maxima + n·nb
-   and its own mass and largest + n·H·nrb·cells (summed and max'd by the caller). */
-void row_blocks(const float *w, int64_t H, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block,
+/* rows_pooled over rows [row0, row1) in `parts` ranges: part n reads into its own scratch sums +
+   n·nb and maxima + n·nb and its own mass and largest + n·H·nrb·cells (summed and max'd by the
+   caller); each row's top-k is its own. */
+void row_pooled(const float *w, int64_t H, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block,
                 int64_t k, int64_t row0, int64_t row1, int64_t parts, float *sums, float *maxima, float *top,
                 int64_t *where, int64_t start, int64_t pool, int64_t cells, int64_t rb0, int64_t nrb, float *mass,
                 float *largest) {
     int64_t nb = (K + block - 1) / block, area = H * nrb * cells;
     IN_PARTS
     for (int64_t n = 0; n < parts; n++)
-        rows_blocks(w, C, K, hstride, kstride, block, k, part_bound(row0, row1, n, parts),
-                    part_bound(row0, row1, n + 1, parts), mass ? sums + n * nb : sums, mass ? maxima + n * nb : maxima,
-                    top, where, start, pool, cells, rb0, nrb, mass ? mass + n * area : 0,
-                    mass ? largest + n * area : 0);
+        rows_pooled(w, C, K, hstride, kstride, block, k, part_bound(row0, row1, n, parts),
+                    part_bound(row0, row1, n + 1, parts), sums + n * nb, maxima + n * nb, top, where, start, pool,
+                    cells, rb0, nrb, mass + n * area, largest + n * area);
 }
 
 /* The key of the largest of a word-summed row a (keys 0..K-1): lone[j] marks the keys that are a

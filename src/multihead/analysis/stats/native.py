@@ -79,9 +79,9 @@ def _library() -> ctypes.CDLL | None:
     lib.openmp_parts.restype = i64
     lib.row_statistics.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr]
     lib.row_statistics.restype = None
-    lib.row_blocks.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64,
+    lib.row_pooled.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64,
                                i64, i64, i64, ptr, ptr]
-    lib.row_blocks.restype = None
+    lib.row_pooled.restype = None
     lib.word_predictions.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, ptr,
                                      i64, i64, i64, i64, ptr]
     lib.word_predictions.restype = None
@@ -242,7 +242,7 @@ def row_pooled(weights: Tensor, start: int, block: int, pool: int, cells: int, k
     w = weights.detach()
 
     def call(a: int, b: int, n_parts: int, n: int) -> None:
-        lib.row_blocks(w.data_ptr(), H, c, K, w.stride(0), w.stride(1), block, k, a, b, n_parts,
+        lib.row_pooled(w.data_ptr(), H, c, K, w.stride(0), w.stride(1), block, k, a, b, n_parts,
                        scratch[0, n].data_ptr(), scratch[1, n].data_ptr(), top.data_ptr(), where.data_ptr(), start,
                        pool, cells, first, n_blocks, mass[n].data_ptr(), largest[n].data_ptr())
 
