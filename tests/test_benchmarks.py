@@ -80,7 +80,8 @@ def test_bench_scale_worker_measures_the_analysis_and_its_plan():
     assert 250e6 < found["weights"] < 290e6  # SmolLM2's 135M parameters in bfloat16
     assert found["tensors"] is None  # counted in a process of its own (the counting costs time)
     counted = bench_scale.worker("smollm2 bfloat16", bench_scale.METHODS[2], 300)
-    assert abs(counted["plan"] / counted["tensors"] - 1) < 0.2  # the plan against the tensors it predicts
+    assert abs(counted["planned_tensors"] / counted["tensors"] - 1) < 0.2  # the plan against the tensors it predicts
+    assert counted["plan"] >= counted["planned_tensors"]  # and the heap's holes beside them, where modelled
 
 
 def test_gpu_check_says_when_there_is_no_gpu(capsys):

@@ -14,6 +14,7 @@ from multihead.analysis.pipelines.analyze import collect_statistics
 from multihead.analysis.probes.syntax import Parse
 from multihead.analysis.stats.syntax import SyntaxStatistics, relation_keys
 from multihead.analysis.stats.typical import TypicalTexts
+from multihead.attn.heap import HeapRules
 from multihead.attn.memory import LiveBytes
 
 LLAMA_3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -59,7 +60,21 @@ def test_the_plan_is_within_20_percent_of_the_tensors_the_analysis_holds(smollm2
     found = mh.analysis.plan(smollm2, n, probes=False)
     with LiveBytes("cpu") as live:  # the plan itself, made inside for a long text, is on meta
         collect_statistics(smollm2, [text], views=[0], progress=False)
-    assert abs(found.working / live.peak - 1) <= 0.2, (found, live.peak)
+    assert abs(found.tensors / live.peak - 1) <= 0.2, (found, live.peak)
+
+
+def test_on_a_glibc_cpu_the_plan_adds_the_heaps_holes_and_elsewhere_counts_tensors(monkeypatch):
+    config = LlamaConfig(**{**LLAMA_3_8B, "hidden_size": 1024, "intermediate_size": 3584, "num_attention_heads": 8,
+                            "num_key_value_heads": 2, "vocab_size": 32000})
+    monkeypatch.setattr(plan_module, "heap_rules", lambda: HeapRules())  # as on Linux, whatever runs the test
+    cpu = mh.analysis.plan(config, 4096, dtype="bfloat16", device="cpu", probes=False, available=None)
+    assert cpu.holes > 0 and cpu.working == cpu.tensors + cpu.holes  # the pass is the peak here
+    assert "of it the heap's holes" in str(cpu)
+    cuda = mh.analysis.plan(config, 4096, dtype="bfloat16", device="cuda", probes=False, available=80 * 10**9)
+    assert cuda.holes == 0 and cuda.working == cuda.tensors and "holes" not in str(cuda)
+    monkeypatch.setattr(plan_module, "heap_rules", lambda: None)  # macOS, musl: not modelled
+    other = mh.analysis.plan(config, 4096, dtype="bfloat16", device="cpu", probes=False, available=None)
+    assert other.holes == 0 and other.working == other.tensors == cpu.tensors
 
 
 def test_a_long_run_that_will_not_fit_is_refused_before_the_pass(smollm2, monkeypatch):

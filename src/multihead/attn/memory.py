@@ -166,13 +166,16 @@ class LiveBytes(TorchDispatchMode):
     whole pass can be measured from its config alone (tensors made before entering, such as the
     weights, are not counted). Storage shared by views counts once; caching allocators' slack and
     kernels' private scratch are not tensors and are not seen. ``device``: count only tensors on
-    devices of this type (``"cpu"``, ``"meta"``...; None: every device)."""
+    devices of this type (``"cpu"``, ``"meta"``...; None: every device). With ``record``,
+    ``events`` lists every allocation and free in order, ``(key, +bytes)`` and ``(key, -bytes)``,
+    as :func:`~multihead.attn.heap.resident_peak` replays them."""
 
-    def __init__(self, device: str | None = None) -> None:
+    def __init__(self, device: str | None = None, *, record: bool = False) -> None:
         super().__init__()
         self.device = device
         self.live = 0
         self.peak = 0
+        self.events: list[tuple[int, int]] | None = [] if record else None
         self._sizes: dict[int, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -186,9 +189,14 @@ class LiveBytes(TorchDispatchMode):
                     continue
                 self._sizes[key] = storage.nbytes()
                 self.live += self._sizes[key]
+                if self.events is not None and self._sizes[key]:
+                    self.events.append((key, self._sizes[key]))
                 self.peak = max(self.peak, self.live)
                 weakref.finalize(storage, self._freed, key)
         return out
 
     def _freed(self, key: int) -> None:
-        self.live -= self._sizes.pop(key, 0)
+        size = self._sizes.pop(key, 0)
+        self.live -= size
+        if self.events is not None and size:
+            self.events.append((key, -size))

@@ -15,8 +15,12 @@ alone — before a weight is read, and for devices this machine does not have.
                :meth:`SyntaxStatistics.planned_bytes`) and the page's views of the chosen texts
                (:meth:`TextViews.planned_bytes`); on a CPU it adds to the device's total
     probes     the induction and retrieval probes' own passes (fixed, small shapes)
+    holes      on a CPU with glibc: the free holes the C heap keeps resident beside the pass's
+               tensors — the traced pass's allocations replayed under malloc's rules, the heap's
+               highest extent and the most mapped at once (:func:`~multihead.attn.heap.replay`,
+               :attr:`~multihead.attn.heap.HeapPeak.bound`); RSS is the tensors plus these
 
-``total = weights + statistics + max(pass, end-of-batch work, probes)``. A layer's activations
+``total = weights + statistics + max(pass + holes, end-of-batch work, probes)``. A layer's activations
 do not pile up (no cache, no hidden states kept), so the pass is traced through one layer of each
 kind the config names (full and sliding attention) and holds for any depth.
 
@@ -37,6 +41,7 @@ from typing import Any
 
 import torch
 
+from ...attn.heap import HeapRules, heap_rules, replay
 from ...attn.memory import LiveBytes, available_memory
 from ...hf.capture import AttentionCapture
 from ...hf.load import empty_model
@@ -67,6 +72,9 @@ READER_WORK = 2.5
 #: SmolLM2 at 700, 2,048 and 4,096 tokens: plans of 0.25 to 1.5 gave the same totals (+15 %, +17 %,
 #: +9 % of the tensors held), the pass's peak being elsewhere.
 NATIVE_READER_WORK = 1.5
+#: Passes the heap model replays the traced one (one layer of each kind) for its holes to settle:
+#: glibc's threshold moves after the first, and a pass's holes are the next one's to fill.
+REPLAYS = 3
 #: The induction probe's shape: texts x tokens (two copies of 40 random tokens and a BOS).
 INDUCTION_SHAPE = (16, 81)
 
@@ -93,10 +101,18 @@ class MemoryPlan:
     chunk: int
     host: int
     available: int | None
+    #: the C heap's free holes resident beside the pass's tensors (0: not modelled: not a CPU, not glibc)
+    holes: int = 0
 
     @property
     def working(self) -> int:
-        """Bytes above the weights at the run's peak, on the device (and the host's share on a CPU)."""
+        """Bytes above the weights at the run's peak, on the device (and the host's share on a CPU),
+        as the system counts them: the tensors and the allocator's holes."""
+        return self.tensors - self._pass + max(self.forward + self.holes, self.end_of_batch, self.probes)
+
+    @property
+    def tensors(self) -> int:
+        """The tensors alone above the weights at the run's peak (what :class:`LiveBytes` counts)."""
         return self.statistics + self._pass + (self.host if self.device == "cpu" else 0)
 
     @property
@@ -105,6 +121,7 @@ class MemoryPlan:
 
     @property
     def total(self) -> int:
+        """Bytes on the device at the run's peak, weights included."""
         return self.weights + self.working
 
     @property
@@ -115,9 +132,11 @@ class MemoryPlan:
         room = "" if self.available is None else f" of {_gib(self.available)} available"
         on_cpu = f" + host {_gib(self.host)}" if self.host and self.device == "cpu" else ""
         beside = f"; {_gib(self.host)} of sums and views in host memory" if self.host and self.device != "cpu" else ""
+        holes = f"; {_gib(self.holes)} of it the heap's holes" if self.holes else ""
+        work = self.working - self.statistics - (self.host if self.device == "cpu" else 0)
         return (f"memory plan for {self.model} ({self.dtype} on {self.device}, {self.batch} x {self.tokens:,} "
-                f"tokens): weights {_gib(self.weights)} + pass {_gib(self._pass)} (chunks of at most "
-                f"{self.chunk / 2**20:.0f} MiB) + statistics {_gib(self.statistics)}{on_cpu} = "
+                f"tokens): weights {_gib(self.weights)} + pass {_gib(work)} (chunks of at most "
+                f"{self.chunk / 2**20:.0f} MiB{holes}) + statistics {_gib(self.statistics)}{on_cpu} = "
                 f"{_gib(self.total)}{room}{beside}")
 
 
@@ -171,14 +190,16 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     body = empty_model(_one_layer_of_each_kind(config), dtype, base=True)
     work = NATIVE_READER_WORK if device.type == "cpu" and dtype != torch.float64 and native.available() else \
         READER_WORK
-    forward, largest = _traced(body, batch, tokens, chunk=chunk, budget=budget, limit=limit, work=work)
+    forward, largest, events = _traced(body, batch, tokens, chunk=chunk, budget=budget, limit=limit, work=work)
+    rules = heap_rules() if device.type == "cpu" else None
+    holes = max(_replayed(events, rules) - forward, 0) if rules else 0
     probe = 0
     if probes:
         probe = max(_traced(body, *INDUCTION_SHAPE, chunk=None, budget=budget, limit=limit, work=work)[0],
                     _traced(body, 1, RETRIEVAL["haystack"] + 2 * NEEDLE + 1, chunk=256, budget=budget,
                             limit=limit, work=work)[0])
     return MemoryPlan(name, str(device), str(dtype).removeprefix("torch."), tokens, batch, weights, forward,
-                      statistics, end, probe, largest, host, available)
+                      statistics, end, probe, largest, host, available, holes)
 
 
 def check_plan(found: MemoryPlan) -> None:
@@ -189,10 +210,10 @@ def check_plan(found: MemoryPlan) -> None:
 
 
 def _traced(body: Any, batch: int, tokens: int, *, chunk: int | None, budget: int, limit: int,
-            work: float) -> tuple[int, int]:
-    """(peak bytes above the weights, largest chunk's map bytes) of one pass of ``body`` on meta,
-    its attention streamed to a reader that takes ``work`` (:data:`READER_WORK`,
-    :data:`NATIVE_READER_WORK`) × each chunk's rows over all keys."""
+            work: float) -> tuple[int, int, list[tuple[int, int]]]:
+    """(peak bytes above the weights, largest chunk's map bytes, the allocations and frees in order)
+    of one pass of ``body`` on meta, its attention streamed to a reader that takes ``work``
+    (:data:`READER_WORK`, :data:`NATIVE_READER_WORK`) × each chunk's rows over all keys."""
     largest = 0
 
     def reader(part: AttentionChunk) -> None:
@@ -204,9 +225,26 @@ def _traced(body: Any, batch: int, tokens: int, *, chunk: int | None, budget: in
     ids = torch.zeros(batch, tokens, dtype=torch.long, device="meta")
     extra = {"use_cache": False} if takes(body, "use_cache") else {}
     with torch.inference_mode(), AttentionCapture(body, reader, chunk=chunk, budget=budget, chunk_bytes=limit), \
-            _FullBatch("meta") as live:
+            _FullBatch("meta", record=True) as live:
         body(input_ids=ids, attention_mask=torch.ones_like(ids), **extra)
-    return live.peak, largest
+    return live.peak, largest, list(live.events or ())
+
+
+def _replayed(events: list[tuple[int, int]], rules: HeapRules) -> int:
+    """What :data:`REPLAYS` passes of ``events`` one after another make resident under ``rules``
+    (the heap's highest extent and the most mapped at once: a long pass's heap, once grown, stays);
+    what one pass leaves alive is freed before the next (a layer's output, once the next has read it)."""
+    sequence: list[tuple[tuple[int, int], int]] = []
+    for n in range(REPLAYS):
+        alive: dict[int, int] = {}
+        for key, size in events:
+            sequence.append(((n, key), size))
+            if size > 0:
+                alive[key] = size
+            else:
+                alive.pop(key, None)
+        sequence += [((n, key), -size) for key, size in alive.items()]
+    return replay(sequence, rules).bound
 
 
 #: the ops that bring a tensor's value to the host
