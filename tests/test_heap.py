@@ -118,9 +118,11 @@ def test_the_rules_follow_glibcs_environment_variables(monkeypatch):
     monkeypatch.setattr(platform, "libc_ver", lambda *a, **k: ("glibc", "2.36"))
     assert heap_rules({}) == HeapRules()
     fixed = heap_rules({"MALLOC_MMAP_THRESHOLD_": "1048576"})
-    assert fixed == HeapRules(mmap_threshold=MiB, trim_threshold=2 * heap.MMAP_THRESHOLD, dynamic=False)
-    assert heap_rules({"MALLOC_TRIM_THRESHOLD_": "0"}).dynamic is False
+    assert fixed == HeapRules(mmap_threshold=MiB, trim_threshold=heap.TRIM_THRESHOLD, dynamic=False)
+    assert heap_rules({"MALLOC_TRIM_THRESHOLD_": "0"}) == HeapRules(trim_threshold=0, dynamic=False)
     assert heap_rules({"MALLOC_TOP_PAD_": "lots"}) == HeapRules()  # glibc ignores what it cannot read
+    assert heap_rules({"MALLOC_TOP_PAD_": "-1", "MALLOC_MMAP_THRESHOLD_": "65536"}) == HeapRules(
+        mmap_threshold=65536, dynamic=False)
     monkeypatch.setattr(platform, "libc_ver", lambda *a, **k: ("", ""))
     assert heap_rules({}) is None  # musl, macOS, Windows: not modelled
 
@@ -160,7 +162,6 @@ def test_the_model_predicts_the_real_glibcs__resident():
     events = [tuple(e) for e in found["events"]]
     tensors = max(sum(n for _, n in events[: i + 1]) for i in range(len(events)))
     # glibc's threshold after the warm-up is 30 MiB (dynamic); the model starts there
-    predicted = _resident(events, HeapRules(mmap_threshold=_mapped(30 * MiB),
-                                                trim_threshold=2 * _mapped(30 * MiB)))
+    predicted = _resident(events, HeapRules(mmap_threshold=_mapped(30 * MiB), trim_threshold=2 * _mapped(30 * MiB)))
     assert abs(predicted / found["rise"] - 1) < 0.1, (predicted / MiB, found["rise"] / MiB)
     assert found["rise"] > 1.3 * tensors  # the holes are real: tensors alone fall well short

@@ -2,8 +2,9 @@
 
 Tensors on a CPU come from ``malloc``. On Linux (glibc) a request of at least the *mmap threshold*
 gets its own mapping and goes back to the system when freed; a smaller one is cut from the heap,
-best fit among the free holes, else from the top. A hole stays resident until the free space at
-the top exceeds the *trim threshold*. The threshold is dynamic: freeing a mapped chunk of up to
+best fit among the free holes, else from the top. Free space goes back to the system only at the
+heap's top, and only beyond the *trim threshold*: a hole below a block in use stays resident. The
+mmap threshold is dynamic: freeing a mapped chunk of up to
 32 MiB raises it to that chunk's size (and the trim threshold to twice that), so a streamed pass
 whose chunks are 24 MiB soon takes them from the heap, and a later, larger request that fits no
 hole grows the heap although the tensors alive are fewer. On SmolLM2 and a Qwen2-1.5B shape these
@@ -37,6 +38,7 @@ __all__ = ["HeapPeak", "HeapRules", "heap_rules", "replay"]
 #: glibc's defaults on 64-bit systems
 MMAP_THRESHOLD = 128 * 1024
 MMAP_THRESHOLD_MAX = 32 * 2**20
+TRIM_THRESHOLD = 128 * 1024
 TOP_PAD = 128 * 1024
 PAGE = 4096
 #: a chunk's header and alignment (SIZE_SZ, MALLOC_ALIGNMENT) and its smallest size
@@ -51,7 +53,7 @@ class HeapRules:
     goes back to the system, down to ``top_pad``."""
 
     mmap_threshold: int = MMAP_THRESHOLD
-    trim_threshold: int = 2 * MMAP_THRESHOLD
+    trim_threshold: int = TRIM_THRESHOLD
     top_pad: int = TOP_PAD
     dynamic: bool = True
 
@@ -64,14 +66,14 @@ def heap_rules(environ: dict[str, str] | None = None) -> HeapRules | None:
     env = os.environ if environ is None else environ
     names = {"mmap_threshold": "MALLOC_MMAP_THRESHOLD_", "trim_threshold": "MALLOC_TRIM_THRESHOLD_",
              "top_pad": "MALLOC_TOP_PAD_"}
-    given = {field: env[name] for field, name in names.items() if env.get(name, "").strip()}
-    try:
-        values = {field: int(text) for field, text in given.items()}
-    except ValueError:
-        return HeapRules()  # glibc ignores a value it cannot read; so does the model
+    values: dict[str, int] = {}
+    for field, name in names.items():
+        text = env.get(name, "").strip()
+        if text.isdigit():  # glibc ignores a value it cannot read; so does the model
+            values[field] = int(text)
     if not values:
         return HeapRules()
-    return HeapRules(**{"trim_threshold": 2 * MMAP_THRESHOLD, **values}, dynamic=False)
+    return HeapRules(**values, dynamic=False)
 
 
 @dataclass(frozen=True)
