@@ -81,7 +81,6 @@ def test_bench_scale_worker_measures_the_analysis_and_its_plan():
     assert found["tensors"] is None  # counted in a process of its own (the counting costs time)
     counted = bench_scale.worker("smollm2 bfloat16", bench_scale.METHODS[2], 300)
     assert abs(counted["planned_tensors"] / counted["tensors"] - 1) < 0.2  # the plan against the tensors it predicts
-    assert counted["plan"] >= counted["planned_tensors"]  # and the heap's holes beside them, where modelled
 
 
 def test_gpu_check_says_when_there_is_no_gpu(capsys):

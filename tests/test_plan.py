@@ -125,3 +125,15 @@ def test_the_plan_counts_the_syntax_and_top_text_tables_each_relation_holds(smol
                                               - TypicalTexts.planned_bytes(L, H, 0))
     with pytest.raises(ValueError, match="relations must be a count of relation keys"):
         mh.analysis.plan(smollm2, 1024, relations=-1)
+
+
+def test_the_printed_plan_names_holes_only_where_they_count():
+    base = dict(model="m", device="cpu", dtype="bfloat16", tokens=4096, batch=1, weights=2**30, statistics=0,
+                probes=0, chunk=24 * 2**20, host=0, available=None)
+    peak_in_pass = plan_module.MemoryPlan(**base, forward=2**30, end_of_batch=0, holes=2**29)
+    assert peak_in_pass.working == 2**30 + 2**29 and "0.50 GiB of it the heap's holes" in str(peak_in_pass)
+    assert "pass 1.50 GiB" in str(peak_in_pass)
+    peak_at_end = plan_module.MemoryPlan(**base, forward=2**30, end_of_batch=3 * 2**30, holes=2**29)
+    assert peak_at_end.working == 3 * 2**30 and "holes" not in str(peak_at_end)
+    partly = plan_module.MemoryPlan(**base, forward=2**30, end_of_batch=2**30 + 2**28, holes=2**29)
+    assert partly.working == 2**30 + 2**29 and "0.25 GiB of it the heap's holes" in str(partly)

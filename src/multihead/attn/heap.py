@@ -1,8 +1,9 @@
 """What the C heap makes resident for a sequence of allocations: glibc's malloc, replayed.
 
-Tensors on a CPU come from ``malloc``. On Linux (glibc) a request of at least the *mmap threshold*
-gets its own mapping and goes back to the system when freed; a smaller one is cut from the heap,
-best fit among the free holes, else from the top. Free space goes back to the system only at the
+Tensors on a CPU come from ``malloc``. On Linux (glibc) a request is cut from the heap — best fit
+among its free holes, else from the free space at its top; one that fits neither and asks at least
+the *mmap threshold* gets its own mapping, which goes back to the system when freed; a smaller one
+grows the heap. Free space goes back to the system only at the
 heap's top, and only beyond the *trim threshold*: a hole below a block in use stays resident. The
 mmap threshold is dynamic: freeing a mapped chunk of up to
 32 MiB raises it to that chunk's size (and the trim threshold to twice that), so a streamed pass
@@ -18,11 +19,13 @@ allocations replayed: the heap reached its extent in the third of 30 layers and 
 peak came when a layer's MLP mapped its 48 MiB blocks on top of it.) :attr:`HeapPeak.bound` — the
 heap's highest extent plus the most mapped at once — is what a plan takes.
 
-The rules are glibc's (malloc/malloc.c: ``sysmalloc``, ``_int_free``, ``systrim``), simplified:
-best fit over every hole (glibc's bins give the same choice for the large requests that matter),
-no per-thread arenas, small requests treated as large ones. Its environment variables
-(``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_TOP_PAD_``) are read as glibc reads
-them: setting any turns the dynamic threshold off.
+The rules are glibc's (malloc/malloc.c: ``_int_malloc``, ``sysmalloc``, ``_int_free``, ``systrim``),
+simplified: best fit over every hole (glibc's bins give the same choice for the large requests that
+matter), no per-thread arenas, small requests treated as large ones (no tcache or fastbins), the
+top padding ``sysmalloc`` adds when it grows the heap left out, and of ``posix_memalign`` only the
+larger request it makes (PyTorch aligns to 64 bytes). Its settings (``MALLOC_MMAP_THRESHOLD_``,
+``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_TOP_PAD_``, ``MALLOC_MMAP_MAX_`` and their ``GLIBC_TUNABLES``
+names) are read from the environment: setting any turns the dynamic threshold off.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import platform
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["HeapPeak", "HeapRules", "heap_rules", "replay"]
+__all__ = ["Heap", "HeapPeak", "HeapRules", "heap_rules", "replay"]
 
 #: glibc's defaults on 64-bit systems
 MMAP_THRESHOLD = 128 * 1024
@@ -43,37 +46,53 @@ TOP_PAD = 128 * 1024
 PAGE = 4096
 #: a chunk's header and alignment (SIZE_SZ, MALLOC_ALIGNMENT) and its smallest size
 HEADER, ALIGN, MIN_CHUNK = 8, 16, 32
+#: a free of at least this much checks the top for trimming (FASTBIN_CONSOLIDATION_THRESHOLD)
+CONSOLIDATE = 64 * 1024
+#: the alignment PyTorch's CPU allocator asks ``posix_memalign`` for
+MEMALIGN = 64
 
 
 @dataclass(frozen=True)
 class HeapRules:
-    """The allocator's settings: requests of ``mmap_threshold`` bytes or more are mapped; with
-    ``dynamic``, freeing a mapped chunk of up to ``MMAP_THRESHOLD_MAX`` raises the threshold to its
-    size (and ``trim_threshold`` to twice that); free space above ``trim_threshold`` at the heap's top
-    goes back to the system, down to ``top_pad``."""
+    """The allocator's settings: requests of ``mmap_threshold`` bytes or more that no hole holds are
+    mapped (none where not ``maps``: ``MALLOC_MMAP_MAX_=0``); with ``dynamic``, freeing a mapped
+    chunk of up to ``MMAP_THRESHOLD_MAX`` raises the threshold to its size (and ``trim_threshold`` to
+    twice that); free space of ``trim_threshold`` or more at the heap's top goes back to the system,
+    but for ``top_pad``."""
 
     mmap_threshold: int = MMAP_THRESHOLD
     trim_threshold: int = TRIM_THRESHOLD
     top_pad: int = TOP_PAD
     dynamic: bool = True
+    maps: bool = True
 
 
 def heap_rules(environ: dict[str, str] | None = None) -> HeapRules | None:
-    """This process's allocator rules: glibc's, with its environment variables; None where the C
+    """This process's allocator rules: glibc's, with its settings from the environment
+    (``GLIBC_TUNABLES``' ``glibc.malloc.*``, before the ``MALLOC_*_`` variables); None where the C
     library is not glibc (macOS, Windows, musl: their allocators are not modelled)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
     env = os.environ if environ is None else environ
     names = {"mmap_threshold": "MALLOC_MMAP_THRESHOLD_", "trim_threshold": "MALLOC_TRIM_THRESHOLD_",
-             "top_pad": "MALLOC_TOP_PAD_"}
+             "top_pad": "MALLOC_TOP_PAD_", "mmap_max": "MALLOC_MMAP_MAX_"}
+    given = {field: env.get(name, "") for field, name in names.items()}
+    for item in env.get("GLIBC_TUNABLES", "").split(":"):
+        name, _, text = item.partition("=")
+        if name.startswith("glibc.malloc.") and name.removeprefix("glibc.malloc.") in names:
+            given[name.removeprefix("glibc.malloc.")] = text
     values: dict[str, int] = {}
-    for field, name in names.items():
-        text = env.get(name, "").strip()
-        if text.isdigit():  # glibc ignores a value it cannot read; so does the model
-            values[field] = int(text)
+    for field, text in given.items():
+        try:  # glibc reads decimal, hex and octal, and ignores a value it cannot read; so does the model
+            values[field] = int(text.strip(), 0)
+        except ValueError:
+            continue
+        if values[field] < 0:
+            del values[field]
     if not values:
         return HeapRules()
-    return HeapRules(**values, dynamic=False)
+    maps = values.pop("mmap_max", 1) > 0  # any of these set turns glibc's dynamic threshold off
+    return HeapRules(**values, dynamic=False, maps=maps)
 
 
 @dataclass(frozen=True)
@@ -96,71 +115,89 @@ class HeapPeak:
 def replay(events: Iterable[tuple[Hashable, int]], rules: HeapRules | None = None) -> HeapPeak:
     """Run ``events`` in order under ``rules`` (default: glibc's): ``(key, +n)`` allocates n bytes
     under ``key``; ``(key, -n)`` frees that allocation (frees of unknown keys are ignored)."""
-    rules = rules or HeapRules()
-    threshold, trim = rules.mmap_threshold, rules.trim_threshold
-    holes: list[tuple[int, int]] = []  # (address, size), sorted by address, never adjacent
-    top = 0  # the heap's end: every byte below it is in use or in a hole
-    placed: dict[Hashable, tuple[int, int]] = {}  # key -> (address or -1 if mapped, chunk size)
-    mapped = peak = highest = most_mapped = 0
+    heap = Heap(rules or HeapRules())
+    peak = highest = most_mapped = 0
     for key, n in events:
         if n > 0:
-            size = max(MIN_CHUNK, -(-(n + HEADER) // ALIGN) * ALIGN)
-            if size >= threshold:
-                size = -(-(size + HEADER) // PAGE) * PAGE
-                placed[key] = (-1, size)
-                mapped += size
-                most_mapped = max(most_mapped, mapped)
-            else:
-                address, top = _take(holes, size, top)
-                placed[key] = (address, size)
-                highest = max(highest, top)
-            peak = max(peak, mapped + top)
-            continue
-        found = placed.pop(key, None)
-        if found is None:
-            continue
-        address, size = found
-        if address < 0:
-            mapped -= size
-            if rules.dynamic and threshold < size <= MMAP_THRESHOLD_MAX:
-                threshold, trim = size, 2 * size
-            continue
-        top = _give_back(holes, address, size, top, trim, rules.top_pad)
+            heap.allocate(key, n)
+            peak = max(peak, heap.mapped + heap.top)
+            highest = max(highest, heap.top)
+            most_mapped = max(most_mapped, heap.mapped)
+        else:
+            heap.free(key)
     return HeapPeak(peak, highest, most_mapped)
 
 
-def _take(holes: list[tuple[int, int]], size: int, top: int) -> tuple[int, int]:
-    """Cut ``size`` bytes from the best-fitting hole, else from the top: (address, new top)."""
-    best = -1
-    for i, (_, room) in enumerate(holes):
-        if room >= size and (best < 0 or room < holes[best][1]):
-            best = i
-            if room == size:
-                break
-    if best >= 0:
-        address, room = holes.pop(best)
-        if room - size >= MIN_CHUNK:
-            holes.insert(best, (address + size, room - size))
-        return address, top
-    if holes and holes[-1][0] + holes[-1][1] == top:  # the last hole is the top chunk's start: extend it
-        address, _ = holes.pop()
-        return address, address + size
-    return top, top + size
+class Heap:
+    """glibc's main arena as the module describes it: ``holes`` (address, size) sorted by address,
+    never adjacent, every byte below ``top`` in a hole or a placed chunk (a hole ending at ``top`` is
+    the top chunk's free part); ``placed`` maps a key to (address, or -1 if mapped; chunk size);
+    ``mapped``: bytes in mapped chunks."""
 
+    def __init__(self, rules: HeapRules) -> None:
+        self.rules = rules
+        self.threshold, self.trim = rules.mmap_threshold, rules.trim_threshold
+        self.holes: list[tuple[int, int]] = []
+        self.top = 0
+        self.placed: dict[Hashable, tuple[int, int]] = {}
+        self.mapped = 0
 
-def _give_back(holes: list[tuple[int, int]], address: int, size: int, top: int, trim: int, pad: int) -> int:
-    """Free a heap chunk: merge it with the holes beside it; trim the top above ``trim``. The new top."""
-    i = bisect.bisect(holes, (address, size))
-    if i < len(holes) and holes[i][0] == address + size:
-        size += holes.pop(i)[1]
-    if i > 0 and holes[i - 1][0] + holes[i - 1][1] == address:
-        i -= 1
-        address, before = holes.pop(i)
-        size += before
-    if address + size == top and size > trim:  # systrim: the free top goes back, but for the padding
-        kept = min(size, -(-pad // PAGE) * PAGE)
-        if kept:
-            holes.insert(i, (address, kept))
-        return address + kept
-    holes.insert(i, (address, size))
-    return top
+    def allocate(self, key: Hashable, n: int) -> None:
+        """``_int_malloc``: the best-fitting hole, else the top chunk's free part, else a mapping (at
+        least the threshold), else the heap grown from its top."""
+        size = max(MIN_CHUNK, -(-(n + HEADER) // ALIGN) * ALIGN)
+        at_top = self.holes[-1] if self.holes and sum(self.holes[-1]) == self.top else None
+        best = -1
+        for i, (_, room) in enumerate(self.holes[:-1] if at_top else self.holes):
+            if room >= size and (best < 0 or room < self.holes[best][1]):
+                best = i
+                if room == size:
+                    break
+        if best >= 0 or (at_top and at_top[1] >= size):
+            i = best if best >= 0 else len(self.holes) - 1
+            address, room = self.holes.pop(i)
+            if room - size >= MIN_CHUNK:
+                self.holes.insert(i, (address + size, room - size))
+            else:  # too little left to be a chunk: it goes with this one
+                size = room
+            self.placed[key] = (address, size)
+            return
+        # PyTorch asks posix_memalign for 64-byte alignment: glibc requests that much and a chunk more
+        request = size + MEMALIGN + MIN_CHUNK
+        if self.rules.maps and request >= self.threshold:
+            mapping = -(-(request + HEADER) // PAGE) * PAGE
+            self.placed[key] = (-1, mapping)
+            self.mapped += mapping
+            return
+        address = self.holes.pop()[0] if at_top else self.top
+        self.placed[key] = (address, size)
+        self.top = address + size
+
+    def free(self, key: Hashable) -> None:
+        """``_int_free``: a mapping goes back (and may raise the threshold); a heap chunk merges with
+        the holes beside it, and free space at the top beyond the trim threshold goes back."""
+        found = self.placed.pop(key, None)
+        if found is None:
+            return
+        address, size = found
+        if address < 0:
+            self.mapped -= size
+            # glibc compares the size with its IS_MMAPPED bit set (chunksize_nomask)
+            if self.rules.dynamic and self.threshold < (size | 2) <= MMAP_THRESHOLD_MAX:
+                self.threshold, self.trim = size, 2 * size
+            return
+        holes = self.holes
+        i = bisect.bisect(holes, (address, size))
+        if i < len(holes) and holes[i][0] == address + size:
+            size += holes.pop(i)[1]
+        if i > 0 and sum(holes[i - 1]) == address:
+            i -= 1
+            address, before = holes.pop(i)
+            size += before
+        if address + size == self.top and size >= CONSOLIDATE and size >= self.trim:
+            # systrim: whole pages go back, but for the padding and a chunk's worth
+            extra = (size - MIN_CHUNK - 1 - self.rules.top_pad) // PAGE * PAGE
+            if extra > 0:
+                size -= extra
+                self.top -= extra
+        holes.insert(i, (address, size))

@@ -168,7 +168,7 @@ class LiveBytes(TorchDispatchMode):
     kernels' private scratch are not tensors and are not seen. ``device``: count only tensors on
     devices of this type (``"cpu"``, ``"meta"``...; None: every device). With ``record``,
     ``events`` lists every allocation and free in order, ``(key, +bytes)`` and ``(key, -bytes)``,
-    as :func:`~multihead.attn.heap.resident_peak` replays them."""
+    as :func:`~multihead.attn.heap.replay` runs them."""
 
     def __init__(self, device: str | None = None, *, record: bool = False) -> None:
         super().__init__()

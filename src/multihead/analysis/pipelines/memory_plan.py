@@ -132,8 +132,9 @@ class MemoryPlan:
         room = "" if self.available is None else f" of {_gib(self.available)} available"
         on_cpu = f" + host {_gib(self.host)}" if self.host and self.device == "cpu" else ""
         beside = f"; {_gib(self.host)} of sums and views in host memory" if self.host and self.device != "cpu" else ""
-        holes = f"; {_gib(self.holes)} of it the heap's holes" if self.holes else ""
         work = self.working - self.statistics - (self.host if self.device == "cpu" else 0)
+        counted = work - self._pass  # what the holes add to the tensors' peak (none where the end of batch is it)
+        holes = f"; {_gib(counted)} of it the heap's holes" if counted > 0 else ""
         return (f"memory plan for {self.model} ({self.dtype} on {self.device}, {self.batch} x {self.tokens:,} "
                 f"tokens): weights {_gib(self.weights)} + pass {_gib(work)} (chunks of at most "
                 f"{self.chunk / 2**20:.0f} MiB{holes}) + statistics {_gib(self.statistics)}{on_cpu} = "
