@@ -148,7 +148,8 @@ class Heap:
         size = max(MIN_CHUNK, -(-(n + HEADER) // ALIGN) * ALIGN)
         at_top = self.holes[-1] if self.holes and sum(self.holes[-1]) == self.top else None
         best = -1
-        for i, (_, room) in enumerate(self.holes[:-1] if at_top else self.holes):
+        for i in range(len(self.holes) - (at_top is not None)):  # the top chunk only when no hole fits
+            room = self.holes[i][1]
             if room >= size and (best < 0 or room < self.holes[best][1]):
                 best = i
                 if room == size:

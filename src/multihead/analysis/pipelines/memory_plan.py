@@ -108,7 +108,7 @@ class MemoryPlan:
     def working(self) -> int:
         """Bytes above the weights at the run's peak, on the device (and the host's share on a CPU),
         as the system counts them: the tensors and the allocator's holes."""
-        return self.tensors - self._pass + max(self.forward + self.holes, self.end_of_batch, self.probes)
+        return self.statistics + self._resident_pass + (self.host if self.device == "cpu" else 0)
 
     @property
     def tensors(self) -> int:
@@ -118,6 +118,11 @@ class MemoryPlan:
     @property
     def _pass(self) -> int:
         return max(self.forward, self.end_of_batch, self.probes)
+
+    @property
+    def _resident_pass(self) -> int:
+        """The pass's peak with the heap's holes beside its forward."""
+        return max(self.forward + self.holes, self.end_of_batch, self.probes)
 
     @property
     def total(self) -> int:
@@ -132,7 +137,7 @@ class MemoryPlan:
         room = "" if self.available is None else f" of {_gib(self.available)} available"
         on_cpu = f" + host {_gib(self.host)}" if self.host and self.device == "cpu" else ""
         beside = f"; {_gib(self.host)} of sums and views in host memory" if self.host and self.device != "cpu" else ""
-        work = self.working - self.statistics - (self.host if self.device == "cpu" else 0)
+        work = self._resident_pass
         counted = work - self._pass  # what the holes add to the tensors' peak (none where the end of batch is it)
         holes = f"; {_gib(counted)} of it the heap's holes" if counted > 0 else ""
         return (f"memory plan for {self.model} ({self.dtype} on {self.device}, {self.batch} x {self.tokens:,} "
