@@ -46,6 +46,15 @@ def _env():
     return dict(os.environ, OMP_NUM_THREADS="1")
 
 
+def _torchrun(config):
+    """Two ranks of ``multihead.train``; on failure the ranks' own words (the head of stderr) and
+    the launcher's verdict (its tail), since a rank that aborts says why only in the former."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--standalone", "-m", "multihead.train", str(config)],
+                          capture_output=True, text=True, env=_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[:2500] + "\n[...]\n" + done.stderr[-1200:]
+
+
 def _weights(tmp_path, name):
     return load_file(str(tmp_path / name / "checkpoint" / "model.safetensors"))
 
@@ -84,11 +93,7 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path):
 def test_two_processes_equal_one_with_the_same_global_batch(tmp_path):
     subprocess.run([sys.executable, "-m", "multihead.train", str(_config(tmp_path, "one", steps=15, every=15))],
                    check=True, env=_env(), timeout=300)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--standalone", "-m", "multihead.train",
-                           str(_config(tmp_path, "two", steps=15, every=15))],
-                          capture_output=True, text=True, env=_env(), timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    _torchrun(_config(tmp_path, "two", steps=15, every=15))
     one, two = _weights(tmp_path, "one"), _weights(tmp_path, "two")
     # W^K's bias gets a zero gradient in exact arithmetic (softmax ignores a constant added to every
     # score), so AdamW's normalised steps follow rounding noise there; every other weight must agree.
@@ -131,15 +136,33 @@ def test_fsdp_two_processes_smoke_test_equals_one_process(tmp_path):
                    check=True, env=_env(), timeout=300)
     path = _config(tmp_path, "fsdp", steps=6, every=6)
     path.write_text(path.read_text() + "fsdp = true\n")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--standalone", "-m", "multihead.train", str(path)],
-                          capture_output=True, text=True, env=_env(), timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    _torchrun(path)
     one, two = _weights(tmp_path, "one"), _weights(tmp_path, "fsdp")
     assert one.keys() == two.keys()
     for key in one:
         if not key.endswith("k_proj.bias"):  # see the DDP test
             torch.testing.assert_close(two[key], one[key], atol=2e-5, rtol=1e-4)
+
+
+END_RANK = """
+import atexit, os, sys
+from multihead.train import end_rank
+
+atexit.register(lambda: print("finalised", flush=True))
+sys.stdout.write("buffered line")  # no newline, no flush: end_rank must flush it
+sys.exit(end_rank(3))
+"""
+
+
+@pytest.mark.parametrize("world", ["1", "2"])
+def test_a_torchrun_rank_ends_without_the_interpreter_teardown_and_loses_no_output(world):
+    # Under torchrun the teardown is where gloo's worker thread can abort the rank (see end_rank),
+    # so a rank skips it (no atexit line) yet keeps its buffered output and its exit code.
+    done = subprocess.run([sys.executable, "-c", END_RANK], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, WORLD_SIZE=world))
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.startswith("buffered line")
+    assert ("finalised" in done.stdout) == (world == "1"), done.stdout
 
 
 def test_a_run_trains_in_bfloat16_mixed_precision_on_the_cpu(tmp_path):

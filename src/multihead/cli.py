@@ -325,9 +325,10 @@ def _run_prune(args: argparse.Namespace) -> int:
 
 def _run_train(args: argparse.Namespace) -> int:
     from .jobs import train_job
+    from .train import end_rank
 
     train_job(args.config, force=args.force)
-    return 0
+    return end_rank(0)  # a torchrun rank ends without the interpreter's teardown (see end_rank)
 
 
 def _run_presets(args: argparse.Namespace) -> int:
