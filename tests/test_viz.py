@@ -134,3 +134,26 @@ def test_byte_level_tokens_are_shown_as_text(smollm2, minilm):
     assert not any("Ġ" in t or "\ufffd" in t for t in tokens) and tokens[-3:] == [" cat", " sat", "."]
     tokens, _ = viz.attention_maps(minilm, "Unbelievably, it sat.")
     assert tokens[:3] == ["[CLS]", "un", "##bel"] and tokens[-1] == "[SEP]"  # WordPiece pieces keep their ##
+
+
+def test_a_written_page_is_the_page_as_utf8_with_its_data_in_ascii_json(tmp_path):
+    """page_bytes (what a report folder writes) is page_html encoded, its data ASCII JSON that
+    reads back whole — CJK, an emoji and markup in a text included — and report.html ends in one
+    newline, as before pages were written piece by piece."""
+    import json
+    import re
+
+    from multihead.render.page import page_bytes, page_data, page_html
+
+    tokens = ["小明", "把", "🎂", "</script><b>&"]
+    maps = torch.softmax(torch.randn(2, 3, 4, 4), -1)
+    data = page_data([("小明把🎂</script><b>&", tokens, maps)])
+    data["model"] = "模型 <i>"
+    written = page_bytes(data)
+    same = re.compile(rb"mh-[0-9a-f]{12}")  # each page's own container id
+    assert same.sub(b"mh-x", written) == same.sub(b"mh-x", page_html(data).encode("utf-8"))
+    assert written.endswith(b"</html>\n") and not written.endswith(b"\n\n")
+    script = re.search(rb'<script type="application/json" id="mh-[0-9a-f]{12}-data">(.*?)</script>', written, re.S)
+    assert script is not None and script.group(1).isascii() and b"<" not in script.group(1)
+    assert json.loads(script.group(1)) == json.loads(json.dumps(data))  # every string back as it was
+    assert "模型 &lt;i&gt;" in written.decode("utf-8")  # the title: escaped, in UTF-8

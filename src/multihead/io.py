@@ -26,7 +26,7 @@ from .analysis.interventions.patching import SCHEMA as PATCHING_SCHEMA
 from .analysis.interventions.patching import Patching
 from .analysis.report import SCHEMA, Report
 from .files import StagedFiles, check_output_folder
-from .render import compare_page, patching_page, report_html
+from .render import compare_page, patching_page, report_html_bytes
 
 __all__ = ["REPORT_FILES", "check_compare_folder", "check_patching_folder", "check_report_folder",
            "write_compare_folder", "write_patching_folder", "write_report_folder"]
@@ -48,12 +48,12 @@ def write_report_folder(report: Report, out: str | Path, *, force: bool = False)
     (``report.views``), else the static page of the label map, tables and probes of every stack (a
     vision model's with every head's attention over its first image)."""
     folder = check_report_folder(out, force=force)
-    page = report_html(report)
+    page = report_html_bytes(report)
     with StagedFiles() as staged:
         staged.folder(folder)
         staged.stage(folder / "report.json", report.to_json())
         report.to_csv(staged.stage(folder / "report.csv"))
-        staged.stage(folder / "report.html", page.rstrip("\n"))
+        staged.stage(folder / "report.html", page)
         return staged.commit()
 
 

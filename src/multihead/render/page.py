@@ -41,7 +41,7 @@ from ..jsonable import json_number, json_value
 from .glyphs import embedded_font_css
 from .js import page_script
 
-__all__ = ["PAGE_DATA_VERSION", "AttentionPage", "page_body", "page_data", "page_html", "write_page"]
+__all__ = ["PAGE_DATA_VERSION", "AttentionPage", "page_body", "page_bytes", "page_data", "page_html", "write_page"]
 
 #: The version of the page's data (page.js reads it; a page of another version says so).
 PAGE_DATA_VERSION = 2
@@ -209,13 +209,21 @@ def _overview(report: Report) -> dict:
 
 
 def _json_for_script(value: object) -> str:
-    """JSON that cannot end the script element it sits in."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """JSON that cannot end the script element it sits in — ASCII only (other characters as
+    ``\\uXXXX``): a long document's page data is tens of MB of base64, and one CJK character in a
+    text would make Python hold all of it at 2 bytes a character (4 for an emoji), in each copy."""
+    text = json.dumps(value, ensure_ascii=True, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def page_body(data: dict) -> str:
     """The page as a fragment: a container with its own id, its data and its script."""
+    return "".join(_body_pieces(data))
+
+
+def _body_pieces(data: dict) -> tuple[str, str, str]:
+    """:func:`page_body` in three pieces: the markup before the data, the data (ASCII JSON: most of
+    the page), the markup after it — joined only as bytes when the page is written (:func:`page_bytes`)."""
     root = f"mh-{uuid.uuid4().hex[:12]}"
     script = page_script(root)
     title = html.escape(str(data.get("model", "attention")))
@@ -252,17 +260,28 @@ def page_body(data: dict) -> str:
             '<select class="mh-sim-order" aria-label="order of the heads"><option value="layer">layer order'
             '</option><option value="group">grouped (Ward groups on the diagonal)</option></select><br>'
             '<canvas class="mh-similarity"></canvas><ul class="mh-clusters"></ul></div>'
-            f'<script type="application/json" id="{root}-data">{_json_for_script(data)}</script>'
-            f"<script>{script}</script></div>")
+            f'<script type="application/json" id="{root}-data">',
+            _json_for_script(data),
+            f"</script><script>{script}</script></div>")
 
 
 def page_html(data: dict) -> str:
     """A whole HTML document: everything inline, and a policy that forbids any network load."""
+    return "".join(_html_pieces(data))
+
+
+def page_bytes(data: dict) -> bytes:
+    """:func:`page_html` as UTF-8, encoded piece by piece: the page is never one str (a long
+    document's: 32 MB of data, held at 2 bytes a character once the script's "×" joined it)."""
+    return b"".join([piece.encode("utf-8") for piece in _html_pieces(data)])
+
+
+def _html_pieces(data: dict) -> tuple[str, ...]:
     csp = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; font-src data:"
     title = html.escape(str(data.get("model", "attention")))
     return (f'<!DOCTYPE html><html><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
-            f"<title>multihead: {title}</title></head><body>{page_body(data)}</body></html>\n")
+            f"<title>multihead: {title}</title></head><body>", *_body_pieces(data), "</body></html>\n")
 
 
 class AttentionPage:
@@ -278,8 +297,9 @@ class AttentionPage:
         return page_html(self.data)
 
     def save(self, path: str | Path) -> Path:
-        return write_page(self.html(), path)
+        return write_page(page_bytes(self.data), path)
 
 
-def write_page(page: str, path: str | Path) -> Path:
+def write_page(page: str | bytes, path: str | Path) -> Path:
+    """Write a page (:func:`page_html`, or :func:`page_bytes` for a long document's) atomically."""
     return write_atomically(path, page)
