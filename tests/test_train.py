@@ -175,3 +175,36 @@ def test_a_run_trains_in_bfloat16_mixed_precision_on_the_cpu(tmp_path):
     assert all(p.dtype == torch.float32 for p in model.parameters())
     losses = [json.loads(line)["loss"] for line in (tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+
+def test_device_and_dtype_on_the_command_line_replace_the_configs(tmp_path, capsys):
+    """`multihead train --device/--dtype` (and `python -m multihead.train`, what torchrun starts):
+    the config's [run] device and precision replaced; a device that is not here, float16 or a
+    precision other than the folder's run: one line, exit 2, nothing written."""
+    path = _config(tmp_path, "flags", steps=2, every=2)
+    out = tmp_path / "flags"
+    for flags, words in ((["--device", "cuda:7"], "--device: device 'cuda:7' is not"),
+                         (["--device", "tpu"], "expected auto, cpu, cuda, cuda:N or mps"),
+                         (["--dtype", "float16"], "float16 training needs loss scaling: use bfloat16")):
+        if flags == ["--device", "cuda:7"] and torch.cuda.device_count() > 7:
+            continue
+        code, _, err = run_cli(["train", str(path), *flags], capsys)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+        assert not out.exists()
+    code, _, err = run_cli(["train", str(path), "--device", "cpu", "--dtype", "bfloat16", "-q"], capsys)
+    assert code == 0, err
+    record = json.loads((out / "run.json").read_text())
+    assert record["identity"]["precision"] == "bfloat16" and record["run"]["device"] == "cpu"
+    # the folder is a bfloat16 run's: the config's own float32 may not resume it, in either entry point
+    code, _, err = run_cli(["train", str(path)], capsys)
+    assert code == 2 and "its precision is 'bfloat16', this config's 'float32'" in err, err
+    done = subprocess.run([sys.executable, "-m", "multihead.train", str(path)], capture_output=True, text=True,
+                          env=_env(), timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "its precision is 'bfloat16'" in done.stderr
+    code, _, err = run_cli(["train", str(path), "--dtype", "bfloat16", "-q"], capsys)
+    assert code == 0, err  # with its own precision it resumes (and finds its steps done)
+    # and the reverse: a float32 run's folder is not a bfloat16 config's
+    path.write_text(path.read_text().replace(str(out), str(tmp_path / "f32")))
+    assert run_cli(["train", str(path), "-q"], capsys)[0] == 0
+    code, _, err = run_cli(["train", str(path), "--dtype", "bfloat16"], capsys)
+    assert code == 2 and "its precision is 'float32', this config's 'bfloat16'" in err, err

@@ -199,6 +199,12 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("config", help="the run's TOML file (see docs/training.md)")
     tr.add_argument("--force", action="store_true", help="train into a non-empty folder that holds no run (never over "
                     "the names a run writes)")
+    tr.add_argument("--device", default=None, help="replaces the config's [run] device: auto (a CUDA GPU, else the "
+                    "CPU), cpu, cuda or cuda:N; under torchrun each process takes the GPU of its LOCAL_RANK")
+    tr.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                    help="auto (default): the config's [run] precision (float32 unless it says bfloat16); bfloat16: "
+                         "autocast mixed precision, the weights and optimiser in float32; float16 is refused (it "
+                         "needs loss scaling)")
 
     ps = command("presets", _run_presets, "the model table: layers, heads, d_model, d_k, parameters, attention FLOPs")
     ps.add_argument("--length", type=_count(1), default=2048, help="context length for the FLOPs column (default 2048)")
@@ -327,7 +333,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from .jobs import train_job
     from .train import end_rank
 
-    train_job(args.config, force=args.force)
+    train_job(args.config, force=args.force, device=args.device, dtype=args.dtype)
     return end_rank(0)  # a torchrun rank ends without the interpreter's teardown (see end_rank)
 
 

@@ -323,9 +323,10 @@ def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10
     return job
 
 
-def train_job(config: str, *, force: bool = False) -> None:
-    """``multihead train``: the config checked (every section's keys), the run's folder claimed
-    before anything is written, the run trained or resumed."""
+def train_job(config: str, *, force: bool = False, device: str | None = None, dtype: str = "auto") -> None:
+    """``multihead train``: the config checked (every section's keys; ``device`` and ``dtype``
+    replacing its ``[run] device`` and ``precision``), the run's folder claimed before anything is
+    written, the run trained or resumed."""
     from .train import load_config, train
 
-    train(load_config(config, force=force))
+    train(load_config(config, force=force, device=device, dtype=dtype))

@@ -101,9 +101,23 @@ PRECISIONS = ("float32", "bfloat16")
 POSITIVE = {"steps", "layers", "heads", "dim", "hidden", "seq_len", "batch_size", "lr", "log_every"}
 
 
-def load_config(path: str | Path, *, force: bool = False) -> TrainConfig:
+def load_config(path: str | Path, *, force: bool = False, device: str | None = None,
+                dtype: str = "auto") -> TrainConfig:
     """Read and check a TOML config; ValueError naming the file and the first bad key — an unknown
-    key with the closest known one, a value of the wrong type or range."""
+    key with the closest known one, a value of the wrong type or range.
+
+    ``device`` and ``dtype`` (the command line's ``--device`` and ``--dtype``) replace ``[run]
+    device`` and ``[run] precision``; dtype ``auto`` keeps the config's precision (float32 unless it
+    says bfloat16), and float16 is refused: mixed precision in float16 needs loss scaling.
+    """
+    if dtype not in ("auto", *PRECISIONS):
+        hint = "; float16 training needs loss scaling: use bfloat16 (mixed precision)" if dtype == "float16" else ""
+        raise ValueError(f"--dtype must be auto, {' or '.join(PRECISIONS)} for training; got {dtype!r}{hint}")
+    if device is not None:
+        try:
+            resolve_device(device)
+        except PlacementError as err:
+            raise ValueError(f"--device: {err}") from None
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such config file" if not path.exists() else f"{path} is a folder, expected "
@@ -125,6 +139,10 @@ def load_config(path: str | Path, *, force: bool = False) -> TrainConfig:
             setattr(c, key, raw[key])
     for section in ("model", "data", "optim", "run"):
         getattr(c, section).update(raw.get(section, {}))
+    if device is not None:
+        c.run["device"] = device
+    if dtype != "auto":
+        c.run["precision"] = dtype
     if c.data["source"] not in TEXT_SOURCES:
         raise ValueError(f"{path}: data.source must be 'hamlet' or 'treebank'; got {c.data['source']!r}")
     if c.run.get("precision", "float32") not in PRECISIONS:
@@ -358,8 +376,11 @@ def claim_folder(c: TrainConfig) -> bool:
         data = read_json(marker, "a multihead run's record")
         if not isinstance(data, dict) or data.get("schema") != RUN_SCHEMA or not isinstance(data.get("identity"), dict):
             raise ValueError(f"out {marker} is not a multihead run's record; choose another folder")
-        mine, theirs = c.identity(), data["identity"]
-        for section, values in mine.items():
+        # a float32 run's identity names no precision: both compared with it filled in, every section
+        # of either (a bfloat16 run's folder is not a float32 config's to resume, nor the reverse)
+        mine, theirs = ({"precision": "float32", **identity} for identity in (c.identity(), data["identity"]))
+        for section in [*mine, *(s for s in theirs if s not in mine)]:
+            values = mine.get(section)
             if theirs.get(section) != values:
                 differs = next((k for k in values if theirs.get(section, {}).get(k) != values[k]), None) \
                     if isinstance(values, dict) else None
@@ -462,16 +483,28 @@ def _save_weights(state: dict, folder: Path, step: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m multihead.train CONFIG.toml", file=sys.stderr)
-        return 2
+    """``python -m multihead.train CONFIG.toml [--device D] [--dtype X]`` (what torchrun starts):
+    the flags as ``multihead train`` has them."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m multihead.train")
+    parser.add_argument("config")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default="auto")
     try:
-        config = load_config(args[0])
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as stop:  # argparse's own line and usage, exit 2
+        return int(stop.code or 0)
+    try:
+        config = load_config(args.config, device=args.device, dtype=args.dtype)
     except (OSError, ValueError) as err:
         print(f"multihead train: error: {err}", file=sys.stderr)
         return 2
-    train(config)
+    try:
+        train(config)
+    except (OSError, ValueError) as err:  # the run's folder, a resume: one line, as `multihead train` says it
+        print(f"multihead train: error: {err}", file=sys.stderr)
+        return end_rank(2)
     return end_rank(0)
 
 
