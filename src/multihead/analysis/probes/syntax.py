@@ -28,8 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Parse", "load_spacy", "parse_with_spacy", "parses_for", "read_conllu", "spacy_available",
-           "word_of_tokens"]
+__all__ = ["Parse", "in_latin_script", "load_spacy", "parse_with_spacy", "parses_for", "read_conllu",
+           "spacy_available", "word_of_tokens"]
 
 Span = tuple[int, int]
 
@@ -54,6 +54,19 @@ class Parse:
             by_governor[(g, rel)].add(d)
         out.extend((g, frozenset(deps), f"{rel}>") for (g, rel), deps in by_governor.items())
         return out
+
+
+#: Where Latin letters are in Unicode: Basic Latin to Latin Extended-B, IPA aside, and Latin Extended Additional.
+LATIN = ((0x41, 0x24F), (0x1E00, 0x1EFF))
+
+
+def in_latin_script(text: str) -> bool:
+    """Whether most of ``text``'s letters are Latin (a text without letters: yes). spaCy's English
+    pipeline reads English: on Chinese, Japanese, Cyrillic … it still returns a tree, of junk, and
+    relation scores over it would be scores of nothing (a text read this way is skipped instead)."""
+    letters = [ord(c) for c in text if c.isalpha()]
+    latin = sum(any(lo <= c <= hi for lo, hi in LATIN) for c in letters)
+    return 2 * latin >= len(letters)
 
 
 def parse_with_spacy(texts: Sequence[str], nlp=None) -> list[Parse]:
