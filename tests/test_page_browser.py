@@ -624,6 +624,20 @@ def evidence_page(tmp_path_factory, smollm2):
     return path, report
 
 
+def test_the_overview_says_which_texts_spacy_did_not_parse(browser, evidence_page):
+    """The page's corpus has the articles' Chinese sentence (twice): its syntax section counts it,
+    and the overview says so above the relations' table."""
+    path, report = evidence_page
+    if report.sections.syntax is None:
+        pytest.skip("spaCy is not installed here (CI installs it)")
+    unread = report.sections.syntax.not_parsed  # the Chinese sentence, once on its own, once in the sample
+    assert unread == 2 and report.sections.syntax.relations
+    root = _open(browser, path)
+    root.find_element("css selector", '.mh-tab[data-view="overview"]').click()
+    notes = [p.text for p in root.find_elements("css selector", '.mh-view[data-view="overview"] p.mh-note')]
+    assert any(n.startswith(f"{unread} texts not parsed: not in Latin script") for n in notes), notes
+
+
 def test_a_head_opens_on_the_induction_probe_and_a_relations_example(browser, evidence_page):
     from selenium.webdriver.support.ui import Select
 
