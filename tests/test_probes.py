@@ -293,7 +293,7 @@ def test_spacys_english_pipeline_reads_only_the_texts_in_latin_script(minilm, ca
     none = mh.analyze(minilm, ["小明把蛋糕递给小红，因为她不饿了。"], parses="spacy", coreference=False, ablation=0,
                       progress=False)
     assert none.sections.syntax.relations == {} and none.sections.syntax.not_parsed == 1
-    assert "Syntax: not scored; 1 texts not parsed" in mh.render.analyze_text(none)
+    assert "Syntax: not scored; 1 text not parsed: not in Latin script" in mh.render.analyze_text(none)
     back = mh.analysis.Report.from_json(_write(none, tmp_path))
     assert back.sections.syntax.not_parsed == 1 and "not_parsed" not in alone.to_dict()["sections"]["syntax"]
 

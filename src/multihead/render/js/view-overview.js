@@ -83,7 +83,7 @@ export function overviewView(page) {
     }
     if (o.syntax) {
       box.appendChild(el("h3", {}, "Syntax: best head per relation against the best fixed offset"));
-      if (o.syntax.not_parsed) box.appendChild(el("p", { "class": "mh-note" }, o.syntax.not_parsed + " texts not parsed: not in Latin script (spaCy's en_core_web_sm reads English)."));
+      if (o.syntax.not_parsed) box.appendChild(el("p", { "class": "mh-note" }, o.syntax.not_parsed + (o.syntax.not_parsed === 1 ? " text" : " texts") + " not parsed: not in Latin script (spaCy's en_core_web_sm reads English)."));
       const rows = Object.entries(o.syntax.relations).filter(([, d]) => d.count >= o.syntax.min_count)
         .sort((a, b) => (b[1].best.accuracy - b[1].baseline) - (a[1].best.accuracy - a[1].baseline)).slice(0, 15);
       if (Object.keys(o.syntax.relations).length) box.appendChild(tableOf(["relation", "count", "best head", "accuracy", "baseline (offset)", "margin needed (95%)", "beats it"],
