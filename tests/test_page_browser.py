@@ -709,3 +709,48 @@ def test_every_heads_typical_texts_open_on_the_page(browser, evidence_page):
             "for (let k = 0; k < d.length; k += 4) if (d[k] < 200) n++; return n;", canvas)
         assert ink > 0
         assert f"L{entry.layer}.H{entry.head} on a corpus text" in root.find_element("css selector", ".mh-detail").text
+
+
+def test_a_head_whose_rows_the_page_did_not_store_shows_its_blocks_and_says_why(browser, tmp_path, monkeypatch):
+    """A long text whose rows of every head pass the page's size keeps the rows of the heads that fit
+    (render.page.stored_heads): such a head shows its pooled blocks with a note and no zoom; a stored
+    head zooms to its rows."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    from multihead.analysis.stats.maps import Pooled, TextView
+    from multihead.render import page as page_module
+
+    L, H, T, k, cells = 2, 2, 640, 2, 20
+    g = torch.Generator().manual_seed(3)
+    index = torch.randint(0, T, (L, H, T, k), generator=g, dtype=torch.int32)
+    values = torch.full((L, H, T, k), 100, dtype=torch.uint8)
+    values[1, 0] = 250  # the sharpest head: the one stored
+    pooled = Pooled(block=T // cells, cells=cells, k=k, index=index, values=values,
+                    mass=torch.rand(L, H, cells, cells, generator=g),
+                    largest=torch.rand(L, H, cells, cells, generator=g))
+    monkeypatch.setattr(page_module, "TOP_K_BYTES", T * k * 3)  # one head's rows
+    data = page_data([TextView("long", [f"t{i}" for i in range(T)], pooled=pooled)])
+    assert data["sentences"][0]["heads"] == [2]
+    path = write_page(page_html(data), tmp_path / "stored.html")
+
+    def matrix_of(layer, head):
+        from selenium.webdriver.support.ui import Select
+
+        root = _open(browser, path)
+        root.find_element("css selector", '.mh-tab[data-view="matrix"]').click()
+        Select(root.find_element("css selector", "select.mh-layer")).select_by_value(str(layer))
+        Select(root.find_element("css selector", "select.mh-head")).select_by_value(str(head))
+        return root, root.find_element("css selector", "canvas.mh-matrix")
+
+    root, matrix = matrix_of(0, 1)
+    title = root.find_element("css selector", ".mh-matrix-title").text
+    assert title.startswith("layer 0, head 1") and "its rows are not stored" in title and "1 of 4 heads" in title, title
+    assert "click to zoom" not in title and not root.find_element("css selector", ".mh-zoom").is_displayed()
+    ActionChains(browser).move_to_element_with_offset(matrix, *_cell(matrix, 10, 3, cells)).click().perform()
+    assert "its rows are not stored" in root.find_element("css selector", ".mh-matrix-title").text  # no zoom
+    root, matrix = matrix_of(1, 0)
+    title = root.find_element("css selector", ".mh-matrix-title").text
+    assert title.startswith("layer 1, head 0") and "click to zoom" in title, title
+    ActionChains(browser).move_to_element_with_offset(matrix, *_cell(matrix, 10, 3, cells)).click().perform()
+    assert "rows " in root.find_element("css selector", ".mh-matrix-title").text  # zoomed into its stored rows
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []

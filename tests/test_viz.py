@@ -157,3 +157,69 @@ def test_a_written_page_is_the_page_as_utf8_with_its_data_in_ascii_json(tmp_path
     assert script is not None and script.group(1).isascii() and b"<" not in script.group(1)
     assert json.loads(script.group(1)) == json.loads(json.dumps(data))  # every string back as it was
     assert "模型 &lt;i&gt;" in written.decode("utf-8")  # the title: escaped, in UTF-8
+
+
+def _pooled_view(L, H, T, k, seed=0):
+    """A long text's pooled view with each row's k keys drawn anywhere in 0..T-1."""
+    from multihead.analysis.stats.maps import Pooled, TextView
+
+    g = torch.Generator().manual_seed(seed)
+    index = torch.randint(0, T, (L, H, T, k), generator=g, dtype=torch.int32)
+    values = torch.randint(0, 256, (L, H, T, k), generator=g).to(torch.uint8)
+    cells = 4
+    pooled = Pooled(block=-(-T // cells), cells=cells, k=k, index=index, values=values,
+                    mass=torch.rand(L, H, cells, cells, generator=g),
+                    largest=torch.rand(L, H, cells, cells, generator=g))
+    return TextView("long", [f"t{i}" for i in range(T)], pooled=pooled)
+
+
+def _unpacked(entry, field, dtype):
+    import base64
+    import gzip
+
+    import numpy as np
+
+    return torch.from_numpy(np.frombuffer(gzip.decompress(base64.b64decode(entry[field])), dtype).astype(np.int64))
+
+
+def test_a_long_texts_keys_past_65536_are_stored_whole():
+    """uint16 keys would wrap at 65,536 tokens (a 100k-token document's key 70,000 shown as 4,464):
+    such a text's keys are stored as uint32, and the entry says so; shorter texts keep uint16."""
+    from multihead.render.page import page_data
+
+    view = _pooled_view(1, 1, 70_000, 1)
+    view.pooled.index[0, 0, -1, 0] = 69_999
+    entry = page_data([view])["sentences"][0]
+    assert entry["key_bytes"] == 4
+    assert torch.equal(_unpacked(entry, "index", "<u4"), view.pooled.index.flatten().long())
+    short = page_data([_pooled_view(1, 1, 600, 2)])["sentences"][0]
+    assert "key_bytes" not in short and len(_unpacked(short, "index", "<u2")) == 600 * 2
+
+
+def test_a_long_texts_rows_stay_within_the_pages_size(monkeypatch):
+    """Where even one weight a row of every head passes the page's budget (an 8B model's 1,024 heads
+    at 32k tokens: 100 MB), the page stores the rows of as many heads as fit — those whose stored
+    weights carry the most attention — and lists them; within the budget, every head's."""
+    from multihead.analysis.stats import maps
+    from multihead.render import page
+    from multihead.render.page import page_data, stored_heads
+
+    L, H, T, k = 2, 3, 50, 2
+    view = _pooled_view(L, H, T, k, seed=1)
+    values = view.pooled.values.view(L * H, T, k)
+    values[4] = 250  # the sharpest heads: 4, then 1, then the rest (at most 200 a weight)
+    values[1] = 220
+    values[[0, 2, 3, 5]] = values[[0, 2, 3, 5]].clamp_max(200)
+    assert stored_heads(view.pooled.values) is None  # 6 heads x 50 rows x 2: far within 20 MiB
+    assert "heads" not in page_data([view])["sentences"][0]
+    budget = 2 * T * k * 3 + 5  # two heads' rows
+    assert stored_heads(view.pooled.values, budget) == [1, 4]
+    assert maps.top_k_for(1024, 32_768) == 1  # the budget's k: no floor above it
+    monkeypatch.setattr(page, "TOP_K_BYTES", budget)
+    entry = page_data([view])["sentences"][0]
+    assert entry["heads"] == [1, 4] and entry["k"] == k
+    index = _unpacked(entry, "index", "<u2").view(2, T, k)
+    stored = _unpacked(entry, "values", "u1").view(2, T, k)
+    assert torch.equal(index, view.pooled.index.view(L * H, T, k)[[1, 4]].long())
+    assert torch.equal(stored, values[[1, 4]].long())
+    assert len(_unpacked(entry["pooled"], "mass", "u1")) == L * H * 4 * 4  # the pooled blocks: every head's still

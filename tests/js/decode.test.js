@@ -4,7 +4,7 @@ import { gzipSync } from "node:zlib";
 import { test } from "node:test";
 
 import { b64, dataProblem, DATA_VERSION, eachEntry, inflatedEntry, keptShare, pooledBlock, rolloutLayer, sparseEntry,
-  weightAt } from "../../src/multihead/render/js/decode.js";
+  storedHead, weightAt } from "../../src/multihead/render/js/decode.js";
 
 const base64 = (bytes) => Buffer.from(bytes).toString("base64");
 
@@ -50,6 +50,34 @@ test("a long text's gzip'd arrays inflate to the same entries, with its pooled b
   assert.ok(Math.abs(block.mass - (128 / 255) ** 2 * 0.5) < 1e-12);
   assert.ok(Math.abs(block.max - (128 / 255) ** 2) < 1e-12);
   assert.equal(pooledBlock(entry.pooled, 2, 0, 1, 1, 1).mass, 0.25);  // head 1's last block: the scale itself
+});
+
+test("a text of more than 65,536 tokens reads its keys as uint32", () => {
+  const T = 70000, idx = new Uint32Array(T), val = new Uint8Array(T).fill(9);  // 1 head, k = 1
+  idx[T - 1] = 69999; idx[3] = 65536;
+  const entry = sparseEntry({ tokens: new Array(T).fill("t"), k: 1, key_bytes: 4, index: base64(new Uint8Array(idx.buffer)),
+    values: base64(val) });
+  const seen = [];
+  eachEntry(entry, 1, 0, 0, T - 1, (j) => seen.push(j));
+  eachEntry(entry, 1, 0, 0, 3, (j) => seen.push(j));
+  assert.deepEqual(seen, [69999, 65536]);
+  assert.equal(weightAt(entry, 1, 0, 0, 3, 65536), 9 / 255);
+});
+
+test("a page that stored some heads' rows reads those and no other", async () => {
+  // 2 layers x 2 heads; the rows of heads 1 (l0 h1) and 2 (l1 h0) stored, in that order: sentence()'s two heads' rows
+  const plain = sentence(), gz = (text) => gzipSync(Buffer.from(text, "base64")).toString("base64");
+  const long = { ...plain, gzip: true, heads: [1, 2], index: gz(plain.index), values: gz(plain.values) };
+  const entry = await inflatedEntry(long);
+  assert.ok(storedHead(entry, 2, 0, 1) && storedHead(entry, 2, 1, 0));
+  assert.ok(!storedHead(entry, 2, 0, 0) && !storedHead(entry, 2, 1, 1));
+  const rows = (l, h, i) => { const out = []; eachEntry(entry, 2, l, h, i, (j, w) => out.push([j, w])); return out; };
+  assert.deepEqual(rows(0, 1, 2), [[2, 60 / 255], [0, 30 / 255]]);  // the first stored head: sentence()'s head 0
+  assert.deepEqual(rows(1, 0, 2), [[2, 120 / 255], [0, 30 / 255]]);  // the second: its head 1
+  assert.deepEqual(rows(0, 0, 2), []);  // not stored: no entries, never another head's
+  assert.equal(weightAt(entry, 2, 1, 1, 2, 2), null);
+  assert.equal(keptShare(entry, 2, 1, 1, 2), 0);
+  assert.ok(storedHead(sparseEntry(plain), 2, 1, 1));  // a page without the list: every head
 });
 
 test("rollout reads one layer of (L, T, T); flow is one (T, T)", () => {

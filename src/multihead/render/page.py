@@ -35,13 +35,14 @@ from torch import Tensor
 from .. import __version__
 from ..analysis.labels import label_codes, legend
 from ..analysis.report import Report
-from ..analysis.stats.maps import LONG_TEXT, Pooled, TextView
+from ..analysis.stats.maps import LONG_TEXT, TOP_K_BYTES, Pooled, TextView
 from ..files import write_atomically
 from ..jsonable import json_number, json_value
 from .glyphs import embedded_font_css
 from .js import page_script
 
-__all__ = ["PAGE_DATA_VERSION", "AttentionPage", "page_body", "page_bytes", "page_data", "page_html", "write_page"]
+__all__ = ["PAGE_DATA_VERSION", "AttentionPage", "page_body", "page_bytes", "page_data", "page_html", "stored_heads",
+           "write_page"]
 
 #: The version of the page's data (page.js reads it; a page of another version says so).
 PAGE_DATA_VERSION = 2
@@ -79,8 +80,33 @@ def _sparse_rows(maps: Tensor, k: int) -> tuple[str, str, int]:
     k = min(k, T)
     values, index = maps.float().topk(k, dim=-1)  # (L, H, T, k)
     q = (values.clamp(0, 1) * 255).round().to(torch.uint8)
-    idx = index.to(torch.int32).numpy().astype("<u2")
-    return base64.b64encode(idx.tobytes()).decode(), base64.b64encode(q.numpy().tobytes()).decode(), k
+    return base64.b64encode(_key_bytes(index, T)).decode(), base64.b64encode(q.numpy().tobytes()).decode(), k
+
+
+def _key_bytes(index: Tensor, tokens: int) -> bytes:
+    """Stored keys (any shape) as the page reads them: little-endian uint16, or uint32 for a text of
+    more than 65,536 tokens (the entry then says ``key_bytes: 4``; uint16 would wrap its keys)."""
+    return index.to(torch.int64).numpy().astype("<u2" if tokens <= 1 << 16 else "<u4").tobytes()
+
+
+def _key_width(tokens: int) -> dict:
+    """The entry field that tells the page its keys are uint32 (none for uint16: older pages' form)."""
+    return {} if tokens <= 1 << 16 else {"key_bytes": 4}
+
+
+def stored_heads(values: Tensor, budget: int = TOP_K_BYTES) -> list[int] | None:
+    """Which heads' rows a long text's page stores, of ``values`` (L, H, T, k) its rows' k largest
+    weights as bytes: None — every head — while they fit ``budget`` bytes (3 a weight), else the
+    flat indices (l·H + h, ascending) of as many heads as fit, those whose stored weights carry the
+    largest share of their attention first (a sharp head's rows say what its pooled blocks cannot;
+    a diffuse head's top weights say little), at least one."""
+    L, H, T, k = values.shape
+    if L * H * T * k * 3 <= budget:
+        return None
+    fit = max(1, budget // (T * k * 3))
+    share = values.to(torch.float32).sum(-1).mean(-1).flatten()  # (L·H,) the mean stored weight of a row
+    order = sorted(range(L * H), key=lambda n: (-float(share[n]), n))
+    return sorted(order[:fit])
 
 
 def _bytes(values: Tensor) -> str:
@@ -101,9 +127,16 @@ def _pooled_entry(view: TextView, pooled: Pooled) -> dict:
     scale = mass.flatten(2).amax(-1).clamp_min(1e-12)  # (L, H) each head's largest block mass
     mass_q = (mass / scale[..., None, None]).sqrt().mul(255).round().to(torch.uint8)
     largest_q = largest.clamp(0, 1).sqrt().mul(255).round().to(torch.uint8)
-    return {"text": view.text, "tokens": view.tokens, "k": pooled.k, "gzip": True,
-            "index": _pack(pooled.index.numpy().astype("<u2").tobytes()),
-            "values": _pack(pooled.values.numpy().tobytes()),
+    T = len(view.tokens)
+    index, values = pooled.index, pooled.values  # (L, H, T, k) each
+    heads = stored_heads(values, TOP_K_BYTES)
+    chosen = {}
+    if heads is not None:  # the rows of the heads that fit the page's budget, in flat order
+        index, values = index.flatten(0, 1)[heads], values.flatten(0, 1)[heads]  # (n, T, k) each
+        chosen = {"heads": heads}
+    return {"text": view.text, "tokens": view.tokens, "k": pooled.k, "gzip": True, **_key_width(T), **chosen,
+            "index": _pack(_key_bytes(index, T)),
+            "values": _pack(values.contiguous().numpy().tobytes()),
             "pooled": {"block": pooled.block, "cells": pooled.cells, "mass": _pack(mass_q.numpy().tobytes()),
                        "max": _pack(largest_q.numpy().tobytes()),
                        "mass_scale": [round(float(s), 6) for s in scale.flatten()]}}
@@ -115,7 +148,7 @@ def _dense_entry(view: TextView, top_k: int | None) -> dict:
     # a view may ask for fewer (a probe's input: a peak or two per row, ``extra["top_k"]``)
     k = top_k or view.extra.get("top_k") or (16 if L * H * T > 20_000 else 32)
     idx, val, k = _sparse_rows(maps, k)
-    entry = {"text": view.text, "tokens": list(view.tokens), "k": k, "index": idx, "values": val}
+    entry = {"text": view.text, "tokens": list(view.tokens), "k": k, **_key_width(T), "index": idx, "values": val}
     if view.extra.get("purpose"):  # an input that defines a label (a probe, a head's typical text)
         entry["purpose"] = str(view.extra["purpose"])
     rollout, flow = view.rollout_and_flow()
@@ -182,7 +215,8 @@ def _report_data(report: Report) -> dict:
         for (text, layer, head), view in sorted(report.head_views.items()):
             data["head_texts"].setdefault(str(layer * report.num_heads + head), []).append(
                 {"text": text, "k": int(view.index.shape[-1]),
-                 "index": base64.b64encode(view.index.numpy().astype("<u2").tobytes()).decode(),
+                 **_key_width(len(view.tokens)),
+                 "index": base64.b64encode(_key_bytes(view.index, len(view.tokens))).decode(),
                  "values": base64.b64encode(view.values.numpy().tobytes()).decode()})
     return data
 

@@ -29,15 +29,25 @@ export async function inflate(text) {
   return new Uint8Array(await new Response(stream).arrayBuffer());
 }
 
-// A text's rows as the views read them: {idx: Uint16Array, val: Uint8Array, k, T[, pooled]} (plain)
+// Stored keys: uint16, or uint32 for a text of more than 65,536 tokens (key_bytes 4)
+function keys(bytes, width) {
+  return width === 4 ? new Uint32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4)
+    : new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 2);
+}
+
+// Which heads' rows are stored: all (null), or — a long text whose rows of every head would pass the
+// page's size — the listed flat heads l·H + h, their rows one after another in that order
+function slots(heads) { return heads ? new Map(heads.map((flat, n) => [flat, n])) : null; }
+
+// A text's rows as the views read them: {idx: Uint16Array | Uint32Array, val: Uint8Array, k, T, slots[, pooled]} (plain)
 export function sparseEntry(d) {
-  return { idx: new Uint16Array(b64(d.index).buffer), val: b64(d.values), k: d.k, T: d.tokens.length };
+  return { idx: keys(b64(d.index), d.key_bytes), val: b64(d.values), k: d.k, T: d.tokens.length, slots: slots(d.heads) };
 }
 
 // The same for a long text, whose arrays (and block-pooled maps) are gzip-compressed
 export async function inflatedEntry(d) {
   const [idx, val] = await Promise.all([inflate(d.index), inflate(d.values)]);
-  const entry = { idx: new Uint16Array(idx.buffer), val: val, k: d.k, T: d.tokens.length };
+  const entry = { idx: keys(idx, d.key_bytes), val: val, k: d.k, T: d.tokens.length, slots: slots(d.heads) };
   if (d.pooled) {
     const [mass, max] = await Promise.all([inflate(d.pooled.mass), inflate(d.pooled.max)]);
     entry.pooled = { block: d.pooled.block, cells: d.pooled.cells, mass: mass, max: max, scale: d.pooled.mass_scale };
@@ -45,9 +55,19 @@ export async function inflatedEntry(d) {
   return entry;
 }
 
+// Whether the page stored head (l, h)'s rows (a long text's page may keep only some heads')
+export function storedHead(entry, H, l, h) { return !entry.slots || entry.slots.has(l * H + h); }
+
+// Where row i of head (l, h) begins in the stored arrays, or -1 when its head's rows were not stored
+function rowAt(entry, H, l, h, i) {
+  const slot = entry.slots ? entry.slots.get(l * H + h) : l * H + h;
+  return slot === undefined ? -1 : (slot * entry.T + i) * entry.k;
+}
+
 // fn(j, weight) for each stored entry of row i of head (l, h); H heads per layer
 export function eachEntry(entry, H, l, h, i, fn) {
-  const base = ((l * H + h) * entry.T + i) * entry.k;
+  const base = rowAt(entry, H, l, h, i);
+  if (base < 0) return;
   for (let e = 0; e < entry.k; e++) {
     const v = entry.val[base + e];
     if (v > 0) fn(entry.idx[base + e], v / 255);
@@ -56,7 +76,8 @@ export function eachEntry(entry, H, l, h, i, fn) {
 
 // The stored weight of key j in row i, or null when the row did not keep it
 export function weightAt(entry, H, l, h, i, j) {
-  const base = ((l * H + h) * entry.T + i) * entry.k;
+  const base = rowAt(entry, H, l, h, i);
+  if (base < 0) return null;
   for (let e = 0; e < entry.k; e++) if (entry.idx[base + e] === j) return entry.val[base + e] / 255;
   return null;
 }

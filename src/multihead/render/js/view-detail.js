@@ -27,7 +27,7 @@ export function detailView(page) {
   function drawTypical(box, l, h, entry, text) {
     box.textContent = "";
     const tokens = data.typical_tokens[String(entry.text)], T = tokens.length;
-    const sparse = sparseEntry({ index: entry.index, values: entry.values, k: entry.k, tokens: tokens });
+    const sparse = sparseEntry({ index: entry.index, values: entry.values, k: entry.k, key_bytes: entry.key_bytes, tokens: tokens });
     const cell = Math.max(4, Math.min(22, Math.floor(420 / T))), M = 96;
     const canvas = el("canvas", { "class": "mh-typical-map" });
     canvas.width = M + T * cell + 8; canvas.height = M + T * cell + 8;

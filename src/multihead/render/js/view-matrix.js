@@ -1,5 +1,5 @@
 // The matrix view: one head's heatmap, the value under the pointer; long texts pooled, with zoom.
-import { keptShare, pooledBlock, weightAt } from "./decode.js";
+import { keptShare, pooledBlock, storedHead, weightAt } from "./decode.js";
 import { blue } from "./scales.js";
 import { blockSpan, cellAt, wholeRegion, ZOOM_FULL, zoomed } from "./zoom.js";
 import { BAR, colourBar, MARGIN, positionAxis, setGeometry, tokenLabels } from "./canvas.js";
@@ -17,8 +17,9 @@ export function matrixView(page) {
   function drawMatrixView() {
     const canvas = q("canvas.mh-matrix");
     const toks = data.sentences[state.sentence].tokens, T = toks.length, pool = pooled(state.sentence);
-    const k = sparse(state.sentence).k;
-    q(".mh-zoom").style.display = pool ? "" : "none";
+    const k = sparse(state.sentence).k, rows = storedHead(sparse(state.sentence), H, state.layer, state.head);
+    if (pool && !rows) state.zoom = null;  // a head whose rows the page did not store: its blocks are all there is
+    q(".mh-zoom").style.display = pool && rows ? "" : "none";
     // block mass / block max is a choice of the pooled map only: zoomed into stored weights it does not apply
     q(".mh-pool-mode").style.display = pool && region().n === T ? "" : "none";
     const tested = evidence(state.layer, state.head);
@@ -40,7 +41,7 @@ export function matrixView(page) {
       positionAxis(ctx, 0, 0, C * pool.block, C * cell, A);
       q(".mh-matrix-title").textContent = title + " — blocks of " + pool.block + " x " + pool.block + " tokens, " +
         (state.poolMode === "max" ? "the largest weight in each block" : "each block's mass (its rows' mean weight on its keys)") +
-        " (colour ∝ √value); click to zoom" + stored;
+        " (colour ∝ √value)" + (rows ? "; click to zoom" + stored : unstored());
       return;
     }
     const z = region(), G = Math.min(z.n, 256), cell = Math.max(2, Math.min(24, Math.floor(560 / G)));
@@ -65,6 +66,11 @@ export function matrixView(page) {
     const where = z.n < T ? " — rows " + z.i0 + "–" + (Math.min(T, z.i0 + z.n) - 1) + ", keys " + z.j0 + "–" + (Math.min(T, z.j0 + z.n) - 1) +
       (z.n > ZOOM_FULL ? " (each cell the largest stored weight in it; click to zoom)" : " at full resolution") : "";
     q(".mh-matrix-title").textContent = title + where + stored;
+  }
+  function unstored() {  // why a long text's head has no zoom: the page's size kept the rows of other heads
+    const kept = sparse(state.sentence).slots.size;
+    return " — its rows are not stored: of a text this long the page keeps the rows of " + kept + " of " + page.L * H +
+      " heads within its size, those whose largest weights carry most of their attention";
   }
   function zoomAt(i, j, factor) {
     state.zoom = zoomed(region(), i, j, factor);
@@ -116,7 +122,7 @@ export function matrixView(page) {
   });
   q("canvas.mh-matrix").addEventListener("click", (ev) => {
     const cellAt = matrixCell(ev);
-    if (cellAt && pooled(state.sentence)) zoomAt(cellAt[0], cellAt[1], 4);
+    if (cellAt && pooled(state.sentence) && storedHead(sparse(state.sentence), H, state.layer, state.head)) zoomAt(cellAt[0], cellAt[1], 4);
   });
   q(".mh-zoom-out").addEventListener("click", () => { const z = region(); zoomAt(z.i0 + z.n / 2, z.j0 + z.n / 2, 0.25); });
   q(".mh-zoom-all").addEventListener("click", () => { state.zoom = null; draw(); });
