@@ -163,7 +163,10 @@ def test_syntax_texts_come_from_the_parses(minilm):
 
 def test_an_induction_heads_texts_are_those_it_copies_in():
     """The texts' own induction pattern: a repeated token's mass on the token after its earlier occurrence."""
-    from multihead.analysis.stats.typical import _repeat_targets, _repeats_followed
+    from multihead.analysis.stats.typical import _repeats_followed, _RepeatTargets
+
+    def targets(ids, valid, start, stop):
+        return _RepeatTargets(ids, valid, torch.device("cpu")).of_rows(start, stop)
 
     ids = torch.tensor([[5, 6, 7, 5, 6, 0]])  # a b c a b, then padding
     valid = torch.tensor([[True] * 5 + [False]])
@@ -171,25 +174,77 @@ def test_an_induction_heads_texts_are_those_it_copies_in():
     p[:, :, :, 0] = 1.0  # every row on the first token ...
     p[0, 0, 3] = torch.tensor([0.3, 0.7, 0, 0, 0, 0])  # ... but head 0: the second 'a' on 'b' (after the first 'a')
     p[0, 0, 4] = torch.tensor([0.1, 0.1, 0.8, 0, 0, 0])  # the second 'b' on 'c' (after the first 'b')
-    total, rows = _repeats_followed(p, *_repeat_targets(ids, valid, valid, 0, 6))
+    total, rows = _repeats_followed(p, *targets(ids, valid, 0, 6))
     assert rows.tolist() == [[2, 2]]  # rows 3 and 4 repeat an earlier token
     assert total[0].tolist() == pytest.approx([0.7 + 0.8, 0.0])
     # the same rows handed over in two chunks, as the streamed capture does
-    first, n1 = _repeats_followed(p[:, :, :4, :4], *_repeat_targets(ids, valid[:, :4], valid, 0, 4))
-    second, n2 = _repeats_followed(p[:, :, 4:, :5], *_repeat_targets(ids, valid[:, 4:5], valid, 4, 5))
+    first, n1 = _repeats_followed(p[:, :, :4, :4], *targets(ids, valid, 0, 4))
+    second, n2 = _repeats_followed(p[:, :, 4:, :5], *targets(ids, valid, 4, 5))
     assert (first + second)[0].tolist() == pytest.approx(total[0].tolist()) and (n1 + n2).tolist() == rows.tolist()
     # one text read by its flat rows (a document), two by indexing: the same sums
     ids2, valid2 = torch.cat([ids, ids]), torch.cat([valid, valid])
-    both, rows2 = _repeats_followed(torch.cat([p, p]), *_repeat_targets(ids2, valid2, valid2, 0, 6))
+    both, rows2 = _repeats_followed(torch.cat([p, p]), *targets(ids2, valid2, 0, 6))
     torch.testing.assert_close(both, torch.cat([total, total]))
     assert rows2.tolist() == [[2, 2]] * 2
     # ... also when some targets lie past the chunk's last key (weight 0 there)
     short = p[..., :3].contiguous()  # keys 0..2: the target of row 4 (key 2) is in, row 3's too (key 1)
-    one, _ = _repeats_followed(short, *_repeat_targets(ids, valid, valid, 0, 6))
-    two, _ = _repeats_followed(torch.cat([short, short]), *_repeat_targets(ids2, valid2, valid2, 0, 6))
+    one, _ = _repeats_followed(short, *targets(ids, valid, 0, 6))
+    two, _ = _repeats_followed(torch.cat([short, short]), *targets(ids2, valid2, 0, 6))
     torch.testing.assert_close(two, torch.cat([one, one]))
     past = p[..., :2].contiguous()  # keys 0..1: row 4's target (key 2) is past the last
-    assert _repeats_followed(past, *_repeat_targets(ids, valid, valid, 0, 6))[0][0].tolist() == pytest.approx([0.7, 0])
+    assert _repeats_followed(past, *targets(ids, valid, 0, 6))[0][0].tolist() == pytest.approx([0.7, 0])
+
+
+def _brute_targets(ids, valid, start, stop):
+    """The definition, over a (B, C, T) mask: key j follows an earlier real occurrence of row i's token."""
+    B, T = ids.shape
+    i = torch.arange(start, stop)[:, None]
+    j = torch.arange(T)[None, :]
+    before = torch.cat([ids.new_full((B, 1), -1), ids[:, :-1]], 1)  # (B, T) the token before each key
+    real_before = torch.cat([valid.new_zeros(B, 1), valid[:, :-1]], 1) & valid  # (B, T)
+    target = (ids[:, start:stop, None] == before[:, None, :]) & real_before[:, None, :] & (j <= i)  # (B, C, T)
+    target &= valid[:, start:stop, None]
+    return target.nonzero(), target.any(-1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_induction_targets_are_the_definitions_chunk_by_chunk(data):
+    """Each chunk's (text, row, key) triples, from the batch's token index, equal the definition's
+    (right-padded texts, tokens repeated often, any chunk)."""
+    from multihead.analysis.stats.typical import _RepeatTargets
+
+    B, T = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 40))
+    vocabulary = data.draw(st.integers(1, 6))
+    ids = torch.tensor(data.draw(st.lists(st.lists(st.integers(0, vocabulary - 1), min_size=T, max_size=T),
+                                          min_size=B, max_size=B)))
+    lengths = [T] + [data.draw(st.integers(0, T)) for _ in range(B - 1)]
+    valid = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+    start = data.draw(st.integers(0, T - 1))
+    stop = data.draw(st.integers(start + 1, T))
+    index = _RepeatTargets(ids, valid, torch.device("cpu"))
+    for _ in range(2):  # made, then kept for the next layer's same chunk
+        found, counted = index.of_rows(start, stop)
+        want, want_counted = _brute_targets(ids, valid, start, stop)
+        assert found.tolist() == want.tolist()  # by text, row, key
+        assert torch.equal(counted, want_counted)
+
+
+def test_a_long_documents_induction_targets_are_made_a_chunk_at_a_time():
+    """20,000 tokens of two kinds: the document has ~10^8 targets (2.4 GB as triples), its index O(T)
+    and one chunk's rows their own few; not kept beyond the budget."""
+    from multihead.analysis.stats.typical import TARGETS_KEPT, _RepeatTargets
+
+    T = 20_000
+    ids = (torch.arange(T) % 7 == 0).long()[None]  # (1, T)
+    valid = torch.ones(1, T, dtype=torch.bool)
+    index = _RepeatTargets(ids, valid, torch.device("cpu"))
+    assert int(index.count.sum()) > 10**8 > TARGETS_KEPT and index._kept is None
+    held = sum(t.numel() for t in (index.occurrences, index.first, index.count))
+    assert held <= 3 * T
+    found, counted = index.of_rows(15_000, 15_004)
+    want, want_counted = _brute_targets(ids, valid, 15_000, 15_004)
+    assert found.tolist() == want.tolist() and torch.equal(counted, want_counted)
 
 
 def test_smollm2_induction_heads_name_texts_with_repeats(smollm2):

@@ -22,7 +22,6 @@ three-token text any head looks like anything.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -139,7 +138,7 @@ class TypicalTexts(ReducerBase):
         self.metrics = _Tops(num_layers, num_heads, k, _RANKED)
         self.syntax = _Tops(num_layers, num_heads, k)  # a table per relation key, as the parses show them
         self._per_text: dict[int, tuple[list[str], Tensor, Tensor]] = {}  # a streamed layer's per-text sums
-        self._targets: _BatchTargets | None = None  # the batch's own induction-pattern targets
+        self._targets: _RepeatTargets | None = None  # the batch's own induction-pattern targets
 
     @staticmethod
     def planned_bytes(num_layers: int, num_heads: int, relations: int = 0, k: int = TOP) -> int:
@@ -150,7 +149,9 @@ class TypicalTexts(ReducerBase):
     def begin_batch(self, batch: Batch) -> None:
         super().begin_batch(batch)
         self._per_text = {}
-        self._targets = None if batch.tokens.ids is None else _batch_targets(batch)
+        host = batch.host_tokens
+        self._targets = None if host.ids is None else _RepeatTargets(host.ids, host.valid,
+                                                                      batch.tokens.valid.device)
 
     def end_batch(self) -> None:
         self._targets = None
@@ -246,24 +247,58 @@ class TypicalTexts(ReducerBase):
                        {str(i): texts[i][:TEXT_CHARS] for i in sorted(named)})
 
 
-class _BatchTargets:
-    """A batch's induction-pattern targets (:func:`_repeat_targets`) over all its rows, found once
-    from its tokens in host memory and kept on the batch's device sorted by row, so each chunk
-    takes a slice (no chunk leaves a block of its own behind, none asks the device for a count)."""
+class _RepeatTargets:
+    """A batch's induction-pattern targets — for each real row i, the keys j that follow an earlier
+    occurrence of its token (ids[j - 1] = ids[i], j - 1 < i, tokens j - 1 and j real) — handed out
+    a chunk of rows at a time from an index of its tokens built once in host memory, O(B·T).
 
-    def __init__(self, target: Tensor, counted: Tensor, device: torch.device) -> None:
-        order = target[:, 1].argsort(stable=True)  # (N,) by row
-        target = target[order]
-        self.rows = target[:, 1].tolist()  # for slicing at any chunk's rows
-        self.target = target.to(device)  # (N, 3) (text, row, key)
-        self.counted = counted.to(device)  # (B, T) the rows that have a target
+    A frequent token's row has as many targets as the token's earlier occurrences, so a document's
+    targets grow with the square of its length: an 81,590-token one has tens of millions of (text,
+    row, key) triples, which held at once took 3.4 GiB of a tiny model's run. A chunk's own are
+    bounded by its rows; while the batch's all fit :data:`TARGETS_KEPT`, each chunk's are kept for
+    the next layers (the same chunks), else made again. Made on the host and moved to the batch's
+    device: no chunk asks the device for a count."""
+
+    def __init__(self, ids: Tensor, valid: Tensor, device: torch.device) -> None:
+        B, T = ids.shape
+        ids = ids.to(torch.int64)
+        position = torch.arange(T)
+        # the occurrences a later row can copy from: real tokens followed by a real token
+        follows = valid.clone()  # (B, T)
+        follows[:, :-1] &= valid[:, 1:]
+        follows[:, -1] = False
+        vocabulary = int(ids.max()) + 1 if ids.numel() else 1
+        run = (torch.arange(B)[:, None] * vocabulary + ids) * T  # (B, T) where each row's (text, token) run starts
+        self.occurrences = (run + position)[follows].sort().values  # (M,) by text, token, position
+        self.first = torch.searchsorted(self.occurrences, run)  # (B, T) each row's run in it
+        before = torch.searchsorted(self.occurrences, run + position) - self.first  # occurrences before row i
+        self.count = torch.where(valid, before, 0)  # (B, T): a padding row has none
+        self.T, self.device = T, device
+        self._kept: dict[tuple[int, int], tuple[Tensor, Tensor]] | None = (
+            {} if int(self.count.sum()) <= TARGETS_KEPT else None)
 
     def of_rows(self, start: int, stop: int) -> tuple[Tensor, Tensor]:
-        """The targets of rows ``start`` .. ``stop`` with rows counted from ``start``, and which of
-        those rows have one (B, stop - start)."""
-        lo, hi = bisect_left(self.rows, start), bisect_left(self.rows, stop)
-        shift = torch.tensor([0, start, 0], device=self.target.device)
-        return self.target[lo:hi] - shift, self.counted[:, start:stop]
+        """The targets of rows ``start`` .. ``stop`` as (N, 3) (text, row counted from ``start``,
+        key) triples, by text and row, keys ascending; and which of those rows have one (B, stop - start)."""
+        if self._kept is not None and (start, stop) in self._kept:
+            return self._kept[(start, stop)]
+        C = stop - start
+        count = self.count[:, start:stop].flatten()  # (B·C,)
+        total = int(count.sum())
+        row = torch.repeat_interleave(torch.arange(len(count)), count, output_size=total)  # (N,) its flat (text, row)
+        nth = torch.arange(total) - torch.repeat_interleave(count.cumsum(0) - count, count, output_size=total)
+        at = torch.repeat_interleave(self.first[:, start:stop].flatten(), count, output_size=total) + nth
+        key = self.occurrences[at] % self.T + 1  # (N,) the token after each earlier occurrence
+        found = (torch.stack([row // C, row % C, key], 1).to(self.device),
+                 (self.count[:, start:stop] > 0).to(self.device))
+        if self._kept is not None:
+            self._kept[(start, stop)] = found
+        return found
+
+
+#: The most induction-pattern targets of a batch kept for its layers (:class:`_RepeatTargets`;
+#: 24 bytes each: 48 MiB).
+TARGETS_KEPT = 1 << 21
 
 
 def _relation_cells(keys: Sequence[str], text: Tensor, B: int) -> tuple[list[str], Tensor]:
@@ -274,44 +309,10 @@ def _relation_cells(keys: Sequence[str], text: Tensor, B: int) -> tuple[list[str
     return relations, torch.tensor([at[key] for key in keys], dtype=torch.long) * B + text
 
 
-def _batch_targets(batch: Batch, rows: int = 1024) -> _BatchTargets:
-    """:class:`_BatchTargets` of a batch, found ``rows`` query rows at a time (a (B, rows, T) mask)."""
-    host = batch.host_tokens
-    T = host.valid.shape[1]
-    found, counted = [], []
-    for start in range(0, T, rows):
-        q_valid = host.valid[:, start:start + rows]
-        target, any_target = _repeat_targets(host.ids, q_valid, host.valid, start, T)
-        found.append(target + torch.tensor([0, start, 0]))
-        counted.append(any_target)
-    target = torch.cat(found) if found else torch.zeros(0, 3, dtype=torch.long)
-    counted_rows = torch.cat(counted, 1) if counted else torch.zeros_like(host.valid)
-    return _BatchTargets(target, counted_rows, batch.tokens.valid.device)
-
-
-def _repeat_targets(ids: Tensor, q_valid: Tensor, valid: Tensor, start: int, K: int) -> tuple[Tensor, Tensor]:
-    """Where a text's own induction pattern points, for query rows ``start``.. (``q_valid`` (B, C))
-    over its first K keys: ``target`` (N, 3), the (example, row, key) triples where key j follows
-    an earlier occurrence (at j - 1 < i) of row i's token, for real rows only; and ``counted``
-    (B, C), the real rows that have one. ids, valid (B, T).
-
-    The triples, not a (B, C, K) mask: a row's token recurs a few times, not K, so reading p at
-    them costs far less than a pass over the map."""
-    B, C = q_valid.shape
-    rows = ids[:, start:start + C]  # (B, C)
-    i = torch.arange(start, start + C, device=ids.device)[:, None]  # (C, 1)
-    j = torch.arange(K, device=ids.device)[None, :]  # (1, K): key j follows token j - 1
-    before = torch.cat([ids.new_full((B, 1), -1), ids[:, :K - 1]], 1)  # (B, K) the token before each key
-    real_before = torch.cat([valid.new_zeros(B, 1), valid[:, :K - 1]], 1) & valid[:, :K]  # (B, K)
-    target = (rows[:, :, None] == before[:, None, :]) & real_before[:, None, :] & (j <= i)  # (B, C, K)
-    target &= q_valid[:, :, None]
-    return target.nonzero(), target.any(-1)
-
-
 def _repeats_followed(p: Tensor, target: Tensor, counted: Tensor) -> tuple[Tensor, Tensor]:
     """A text's own induction pattern in p (B, H, C, K): for each row that repeats an earlier token
     (``counted`` (B, C)), its mass on the tokens right after those occurrences (``target``
-    (N, 3) triples, :func:`_repeat_targets`). Returns the summed mass over such rows, (B, H), and
+    (N, 3) triples, :class:`_RepeatTargets`). Returns the summed mass over such rows, (B, H), and
     how many rows there are, (B, H)."""
     B, H, C, K = p.shape
     b, c, k = target.unbind(1)  # (N,) each
