@@ -258,3 +258,19 @@ def test_smollm2_induction_heads_name_texts_with_repeats(smollm2):
         assert e["texts"] and {i for i, _, _ in e["texts"]} <= {0, 2}, e
     # and the strongest copies for real: most of a repeated token's attention on what followed it before
     assert max(e["texts"][0][1] for e in heads) > 0.3, heads
+
+
+def test_a_heads_own_map_is_not_run_on_a_text_too_long_to_keep(minilm, monkeypatch):
+    """head_views keeps a head's map on texts of at most HEAD_VIEW_TOKENS tokens: a longer typical
+    text (a document) gets no pass of its own — it had cost a 81,590-token run a quarter of its time."""
+    from multihead.analysis.pipelines import views
+    from multihead.analysis.stats.maps import HEAD_VIEW_TOKENS
+
+    passes = []
+    run = views.run_pass
+    monkeypatch.setattr(views, "run_pass", lambda *args, **kwargs: (passes.append(1), run(*args, **kwargs))[1])
+    long = " ".join(["word"] * (HEAD_VIEW_TOKENS + 20))
+    assert views.head_views(minilm, [long], {0: {(0, 1)}}) == {} and passes == []
+    found = views.head_views(minilm, [long, "A short one."], {0: {(0, 1)}, 1: {(2, 3)}})
+    assert list(found) == [(1, 2, 3)] and passes == [1]
+    assert found[(1, 2, 3)].tokens[1] == "a" and found[(1, 2, 3)].index.shape[0] == len(found[(1, 2, 3)].tokens)

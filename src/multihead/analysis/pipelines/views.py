@@ -17,7 +17,7 @@ from torch import Tensor
 from ...hf.model import HFModel, require_loaded
 from ...inputs import check_texts
 from ..rollout import FLOW_TOKENS, attention_flow, attention_rollout
-from ..stats.maps import LONG_TEXT, HeadMaps, HeadView, TextView, TextViews
+from ..stats.maps import HEAD_VIEW_TOKENS, LONG_TEXT, HeadMaps, HeadView, TextView, TextViews
 from .common import Encoded, encode_corpus, run_pass, text_batches
 
 __all__ = ["Rollout", "attention_maps", "head_views", "rollout", "text_views", "token_views"]
@@ -51,12 +51,16 @@ def token_views(model: HFModel, ids: Sequence[Sequence[int]], *, top_k: int | No
 def head_views(model: HFModel, texts: Sequence[str], wanted: dict[int, set[tuple[int, int]]]
                ) -> dict[tuple[int, int, int], HeadView]:
     """Single heads' maps on single texts: ``wanted`` maps an index of ``texts`` to the (layer,
-    head) cells to keep there (one pass over those texts; :class:`~multihead.analysis.stats.maps.HeadMaps`)."""
+    head) cells to keep there (one pass over those texts; :class:`~multihead.analysis.stats.maps.HeadMaps`),
+    texts of at most :data:`~multihead.analysis.stats.maps.HEAD_VIEW_TOKENS` tokens only — a longer
+    one is not run at all (a document's own pass, for nothing kept, had taken a quarter of its run)."""
     model = require_loaded(model, "head_views")
     chosen = sorted(wanted)
+    encoded = encode_corpus(model, [texts[i] for i in chosen], truncate=True) if chosen else Encoded([], None)
+    short = [n for n, ids in enumerate(encoded.ids) if len(ids) <= HEAD_VIEW_TOKENS]
+    chosen, encoded = [chosen[n] for n in short], Encoded([encoded.ids[n] for n in short], None)
     if not chosen:
         return {}
-    encoded = encode_corpus(model, [texts[i] for i in chosen], truncate=True)
     maps = HeadMaps({n: wanted[i] for n, i in enumerate(chosen)}, {n: texts[i] for n, i in enumerate(chosen)},
                     model.tokenizer)
     run_pass(model, text_batches(model, encoded, range(len(chosen)), 16), [maps], desc="views", progress=False)

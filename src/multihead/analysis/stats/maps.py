@@ -32,8 +32,8 @@ from ..rollout import attention_flow, attention_rollout
 from . import native
 from .base import ReducerBase
 
-__all__ = ["FLOW_BUDGET", "LONG_TEXT", "POOLED_CELLS", "ROLLOUT_TOKENS", "HeadMaps", "HeadView", "Pooled", "TextView",
-           "TextViews", "WholeMaps", "key_blocks", "pooled_maps", "top_k_for", "top_weights"]
+__all__ = ["FLOW_BUDGET", "HEAD_VIEW_TOKENS", "LONG_TEXT", "POOLED_CELLS", "ROLLOUT_TOKENS", "HeadMaps", "HeadView",
+           "Pooled", "TextView", "TextViews", "WholeMaps", "key_blocks", "pooled_maps", "top_k_for", "top_weights"]
 
 #: Above this many tokens a text is kept pooled (the head view's lines and the plain matrix stop
 #: being readable long before).
@@ -369,6 +369,10 @@ class HeadView:
     values: Tensor
 
 
+#: A head's own map is kept on texts of at most this many tokens (:class:`HeadMaps`).
+HEAD_VIEW_TOKENS = 128
+
+
 class HeadMaps(ReducerBase):
     """Keeps single heads' maps on single texts (a reducer): ``wanted`` maps a corpus index to the
     (layer, head) cells whose rows to keep — e.g. every head on the texts where it is most typical
@@ -376,7 +380,7 @@ class HeadMaps(ReducerBase):
     Texts of more than ``longest`` tokens are left out."""
 
     def __init__(self, wanted: Mapping[int, set[tuple[int, int]]], texts: Mapping[int, str], tokenizer: Any, *,
-                 k: int = 16, longest: int = 128) -> None:
+                 k: int = 16, longest: int = HEAD_VIEW_TOKENS) -> None:
         self.wanted = {i: set(cells) for i, cells in wanted.items()}
         self.texts = dict(texts)
         self.tokenizer = tokenizer
