@@ -194,6 +194,10 @@ def test_a_long_texts_keys_past_65536_are_stored_whole():
     assert torch.equal(_unpacked(entry, "index", "<u4"), view.pooled.index.flatten().long())
     short = page_data([_pooled_view(1, 1, 600, 2)])["sentences"][0]
     assert "key_bytes" not in short and len(_unpacked(short, "index", "<u2")) == 600 * 2
+    from multihead.analysis.stats.maps import TOP_K_BYTES, top_k_for
+
+    # the budget counts 5 bytes a weight past 65,536 tokens: 8 heads at 81,590 tokens keep 6 a row, not 10
+    assert top_k_for(8, 81_590) == TOP_K_BYTES // (8 * 81_590 * 5) == 6 and top_k_for(8, 65_536) == 13
 
 
 def test_a_long_texts_rows_stay_within_the_pages_size(monkeypatch):

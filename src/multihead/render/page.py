@@ -35,7 +35,7 @@ from torch import Tensor
 from .. import __version__
 from ..analysis.labels import label_codes, legend
 from ..analysis.report import Report
-from ..analysis.stats.maps import LONG_TEXT, TOP_K_BYTES, Pooled, TextView
+from ..analysis.stats.maps import LONG_TEXT, TOP_K_BYTES, Pooled, TextView, stored_bytes
 from ..files import write_atomically
 from ..jsonable import json_number, json_value
 from .glyphs import embedded_font_css
@@ -86,24 +86,25 @@ def _sparse_rows(maps: Tensor, k: int) -> tuple[str, str, int]:
 def _key_bytes(index: Tensor, tokens: int) -> bytes:
     """Stored keys (any shape) as the page reads them: little-endian uint16, or uint32 for a text of
     more than 65,536 tokens (the entry then says ``key_bytes: 4``; uint16 would wrap its keys)."""
-    return index.to(torch.int64).numpy().astype("<u2" if tokens <= 1 << 16 else "<u4").tobytes()
+    return index.to(torch.int64).numpy().astype("<u2" if stored_bytes(tokens) == 3 else "<u4").tobytes()
 
 
 def _key_width(tokens: int) -> dict:
     """The entry field that tells the page its keys are uint32 (none for uint16: older pages' form)."""
-    return {} if tokens <= 1 << 16 else {"key_bytes": 4}
+    return {} if stored_bytes(tokens) == 3 else {"key_bytes": 4}
 
 
 def stored_heads(values: Tensor, budget: int = TOP_K_BYTES) -> list[int] | None:
     """Which heads' rows a long text's page stores, of ``values`` (L, H, T, k) its rows' k largest
-    weights as bytes: None — every head — while they fit ``budget`` bytes (3 a weight), else the
-    flat indices (l·H + h, ascending) of as many heads as fit, those whose stored weights carry the
-    largest share of their attention first (a sharp head's rows say what its pooled blocks cannot;
-    a diffuse head's top weights say little), at least one."""
+    weights as bytes: None — every head — while they fit ``budget`` bytes (``stored_bytes`` a
+    weight), else the flat indices (l·H + h, ascending) of as many heads as fit, those whose
+    stored weights carry the largest share of their attention first (a sharp head's rows say what
+    its pooled blocks cannot; a diffuse head's top weights say little), at least one."""
     L, H, T, k = values.shape
-    if L * H * T * k * 3 <= budget:
+    row = T * k * stored_bytes(T)  # one head's rows
+    if L * H * row <= budget:
         return None
-    fit = max(1, budget // (T * k * 3))
+    fit = max(1, budget // row)
     share = values.to(torch.float32).sum(-1).mean(-1).flatten()  # (L·H,) the mean stored weight of a row
     order = sorted(range(L * H), key=lambda n: (-float(share[n]), n))
     return sorted(order[:fit])

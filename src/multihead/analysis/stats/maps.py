@@ -33,14 +33,15 @@ from . import native
 from .base import ReducerBase
 
 __all__ = ["FLOW_BUDGET", "HEAD_VIEW_TOKENS", "LONG_TEXT", "POOLED_CELLS", "ROLLOUT_TOKENS", "HeadMaps", "HeadView",
-           "Pooled", "TextView", "TextViews", "WholeMaps", "key_blocks", "pooled_maps", "top_k_for", "top_weights"]
+           "Pooled", "TextView", "TextViews", "WholeMaps", "key_blocks", "pooled_maps", "stored_bytes", "top_k_for",
+           "top_weights"]
 
 #: Above this many tokens a text is kept pooled (the head view's lines and the plain matrix stop
 #: being readable long before).
 LONG_TEXT = 512
 #: The pooled maps have at most this many blocks a side.
 POOLED_CELLS = 128
-#: Bytes of stored top-k entries (3 bytes each: a uint16 key, a uint8 weight) a page may hold
+#: Bytes of stored top-k entries (3 bytes each: a uint16 key, a uint8 weight; 5 past 65,536 tokens) a page may hold
 #: before compression; k is the largest that fits, between 1 and 16 (SmolLM2 at 4,096 tokens: 6,
 #: a page of ~18 MB; at 8,192: 3; MiniLM at 512: 16). Where even one weight a row of every head
 #: passes it (an 8B model's 1,024 heads at 32k tokens: 100 MB), the page stores the rows of the
@@ -50,7 +51,13 @@ TOP_K_BYTES = 20 << 20
 
 def top_k_for(num_heads_total: int, tokens: int) -> int:
     """How many weights per row a page of ``num_heads_total`` heads over ``tokens`` tokens stores."""
-    return max(1, min(16, TOP_K_BYTES // max(1, num_heads_total * tokens * 3)))
+    return max(1, min(16, TOP_K_BYTES // max(1, num_heads_total * tokens * stored_bytes(tokens))))
+
+
+def stored_bytes(tokens: int) -> int:
+    """Bytes a page stores per kept weight of a text of ``tokens`` tokens: a uint8 weight and its
+    key, uint16 — or uint32 past 65,536 tokens, where uint16 would wrap."""
+    return 3 if tokens <= 1 << 16 else 5
 
 
 @dataclass
