@@ -1,5 +1,7 @@
 """Each head's most typical texts of the corpus (multihead.analysis.stats.typical), kept during analyze."""
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -218,16 +220,21 @@ def test_induction_targets_are_the_definitions_chunk_by_chunk(data):
     vocabulary = data.draw(st.integers(1, 6))
     ids = torch.tensor(data.draw(st.lists(st.lists(st.integers(0, vocabulary - 1), min_size=T, max_size=T),
                                           min_size=B, max_size=B)))
-    lengths = [T] + [data.draw(st.integers(0, T)) for _ in range(B - 1)]
-    valid = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
-    start = data.draw(st.integers(0, T - 1))
-    stop = data.draw(st.integers(start + 1, T))
+    if data.draw(st.booleans()):  # right-padded, as batches are
+        lengths = [T] + [data.draw(st.integers(0, T)) for _ in range(B - 1)]
+        valid = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+    else:  # any mask: the definition holds for holes too
+        valid = torch.tensor(data.draw(st.lists(st.lists(st.booleans(), min_size=T, max_size=T), min_size=B,
+                                                max_size=B)))
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, T - 1), max_size=4)))) if T > 1 else []
+    chunks = list(itertools.pairwise([0, *cuts, T]))  # a layer's chunks
     index = _RepeatTargets(ids, valid, torch.device("cpu"))
-    for _ in range(2):  # made, then kept for the next layer's same chunk
-        found, counted = index.of_rows(start, stop)
-        want, want_counted = _brute_targets(ids, valid, start, stop)
-        assert found.tolist() == want.tolist()  # by text, row, key
-        assert torch.equal(counted, want_counted)
+    for _ in range(2):  # made, then (kept or made again) for the next layer's same chunks
+        for start, stop in chunks:
+            found, counted = index.of_rows(start, stop)
+            want, want_counted = _brute_targets(ids, valid, start, stop)
+            assert found.tolist() == want.tolist()  # by text, row, key
+            assert torch.equal(counted, want_counted)
 
 
 def test_a_long_documents_induction_targets_are_made_a_chunk_at_a_time():
@@ -239,12 +246,18 @@ def test_a_long_documents_induction_targets_are_made_a_chunk_at_a_time():
     ids = (torch.arange(T) % 7 == 0).long()[None]  # (1, T)
     valid = torch.ones(1, T, dtype=torch.bool)
     index = _RepeatTargets(ids, valid, torch.device("cpu"))
-    assert int(index.count.sum()) > 10**8 > TARGETS_KEPT and index._kept is None
+    assert int(index.count.sum()) > 10**8 > TARGETS_KEPT
     held = sum(t.numel() for t in (index.occurrences, index.first, index.count))
     assert held <= 3 * T
     found, counted = index.of_rows(15_000, 15_004)
     want, want_counted = _brute_targets(ids, valid, 15_000, 15_004)
     assert found.tolist() == want.tolist() and torch.equal(counted, want_counted)
+    assert index._kept_count == len(found) <= TARGETS_KEPT  # a chunk's own: kept for the next layers
+    index.of_rows(19_800, 20_000)  # ~3.4 million targets: past what is kept
+    assert list(index._kept) == [(15_000, 15_004)] and index._kept_count <= TARGETS_KEPT
+    empty = _RepeatTargets(torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 0, dtype=torch.bool),
+                           torch.device("cpu"))
+    assert empty.count.shape == (2, 0)
 
 
 def test_smollm2_induction_heads_name_texts_with_repeats(smollm2):

@@ -210,14 +210,17 @@ def test_a_long_texts_rows_stay_within_the_pages_size(monkeypatch):
 
     L, H, T, k = 2, 3, 50, 2
     view = _pooled_view(L, H, T, k, seed=1)
-    values = view.pooled.values.view(L * H, T, k)
+    values, index = view.pooled.values.view(L * H, T, k), view.pooled.index.view(L * H, T, k)
+    index.clamp_min_(4)  # keys off the sinks ...
     values[4] = 250  # the sharpest heads: 4, then 1, then the rest (at most 200 a weight)
     values[1] = 220
     values[[0, 2, 3, 5]] = values[[0, 2, 3, 5]].clamp_max(200)
-    assert stored_heads(view.pooled.values) is None  # 6 heads x 50 rows x 2: far within 20 MiB
+    values[0], index[0, :, 0] = 255, 0  # ... but head 0's largest weight of every row is on key 0: a sink
+    pooled = view.pooled
+    assert stored_heads(pooled.index, pooled.values) is None  # 6 heads x 50 rows x 2: far within 20 MiB
     assert "heads" not in page_data([view])["sentences"][0]
     budget = 2 * T * k * 3 + 5  # two heads' rows
-    assert stored_heads(view.pooled.values, budget) == [1, 4]
+    assert stored_heads(pooled.index, pooled.values, budget) == [1, 4]  # the sink's 255s do not count
     assert maps.top_k_for(1024, 32_768) == 1  # the budget's k: no floor above it
     monkeypatch.setattr(page, "TOP_K_BYTES", budget)
     entry = page_data([view])["sentences"][0]

@@ -94,20 +94,27 @@ def _key_width(tokens: int) -> dict:
     return {} if stored_bytes(tokens) == 3 else {"key_bytes": 4}
 
 
-def stored_heads(values: Tensor, budget: int = TOP_K_BYTES) -> list[int] | None:
-    """Which heads' rows a long text's page stores, of ``values`` (L, H, T, k) its rows' k largest
-    weights as bytes: None — every head — while they fit ``budget`` bytes (``stored_bytes`` a
-    weight), else the flat indices (l·H + h, ascending) of as many heads as fit, those whose
-    stored weights carry the largest share of their attention first (a sharp head's rows say what
-    its pooled blocks cannot; a diffuse head's top weights say little), at least one."""
+def stored_heads(index: Tensor, values: Tensor, budget: int = TOP_K_BYTES) -> list[int] | None:
+    """Which heads' rows a long text's page stores, of ``index`` and ``values`` (L, H, T, k) its
+    rows' k largest weights (their keys, and the weights as bytes): None — every head — while they
+    fit ``budget`` bytes (``stored_bytes`` a weight), else the flat indices (l·H + h, ascending) of
+    as many heads as fit, at least one: those whose stored weights off the first 4 keys carry the
+    largest share of their attention first — a sharp head's rows say what its pooled blocks cannot,
+    a diffuse head's top weights say little, and a sink's column the blocks show whole."""
     L, H, T, k = values.shape
     row = T * k * stored_bytes(T)  # one head's rows
     if L * H * row <= budget:
         return None
     fit = max(1, budget // row)
-    share = values.to(torch.float32).sum(-1).mean(-1).flatten()  # (L·H,) the mean stored weight of a row
+    off_sinks = values.to(torch.float32) * (index >= SINK_KEYS)  # (L, H, T, k)
+    share = off_sinks.sum(-1).mean(-1).flatten()  # (L·H,) a row's mean stored weight off the sinks
     order = sorted(range(L * H), key=lambda n: (-float(share[n]), n))
     return sorted(order[:fit])
+
+
+#: The first keys a page's choice of stored heads leaves aside (attention sinks: their column shows
+#: in the pooled blocks whole).
+SINK_KEYS = 4
 
 
 def _bytes(values: Tensor) -> str:
@@ -130,7 +137,7 @@ def _pooled_entry(view: TextView, pooled: Pooled) -> dict:
     largest_q = largest.clamp(0, 1).sqrt().mul(255).round().to(torch.uint8)
     T = len(view.tokens)
     index, values = pooled.index, pooled.values  # (L, H, T, k) each
-    heads = stored_heads(values, TOP_K_BYTES)
+    heads = stored_heads(index, values, TOP_K_BYTES)
     chosen = {}
     if heads is not None:  # the rows of the heads that fit the page's budget, in flat order
         index, values = index.flatten(0, 1)[heads], values.flatten(0, 1)[heads]  # (n, T, k) each

@@ -42,7 +42,7 @@ LONG_TEXT = 512
 #: The pooled maps have at most this many blocks a side.
 POOLED_CELLS = 128
 #: Bytes of stored top-k entries (3 bytes each: a uint16 key, a uint8 weight; 5 past 65,536 tokens) a page may hold
-#: before compression; k is the largest that fits, between 1 and 16 (SmolLM2 at 4,096 tokens: 6,
+#: for one text before compression; k is the largest that fits, between 1 and 16 (SmolLM2 at 4,096 tokens: 6,
 #: a page of ~18 MB; at 8,192: 3; MiniLM at 512: 16). Where even one weight a row of every head
 #: passes it (an 8B model's 1,024 heads at 32k tokens: 100 MB), the page stores the rows of the
 #: heads that fit (:func:`~multihead.render.page.stored_heads`).

@@ -255,8 +255,8 @@ class _RepeatTargets:
     A frequent token's row has as many targets as the token's earlier occurrences, so a document's
     targets grow with the square of its length: an 81,590-token one has tens of millions of (text,
     row, key) triples, which held at once took 3.4 GiB of a tiny model's run. A chunk's own are
-    bounded by its rows; while the batch's all fit :data:`TARGETS_KEPT`, each chunk's are kept for
-    the next layers (the same chunks), else made again. Made on the host and moved to the batch's
+    bounded by its rows; each chunk's are kept for the next layers (the same chunks) while all kept
+    fit :data:`TARGETS_KEPT`, the others made again. Made on the host and moved to the batch's
     device: no chunk asks the device for a count."""
 
     def __init__(self, ids: Tensor, valid: Tensor, device: torch.device) -> None:
@@ -266,7 +266,7 @@ class _RepeatTargets:
         # the occurrences a later row can copy from: real tokens followed by a real token
         follows = valid.clone()  # (B, T)
         follows[:, :-1] &= valid[:, 1:]
-        follows[:, -1] = False
+        follows[:, T - 1:] = False  # (no column at all when T = 0)
         vocabulary = int(ids.max()) + 1 if ids.numel() else 1
         run = (torch.arange(B)[:, None] * vocabulary + ids) * T  # (B, T) where each row's (text, token) run starts
         self.occurrences = (run + position)[follows].sort().values  # (M,) by text, token, position
@@ -274,13 +274,13 @@ class _RepeatTargets:
         before = torch.searchsorted(self.occurrences, run + position) - self.first  # occurrences before row i
         self.count = torch.where(valid, before, 0)  # (B, T): a padding row has none
         self.T, self.device = T, device
-        self._kept: dict[tuple[int, int], tuple[Tensor, Tensor]] | None = (
-            {} if int(self.count.sum()) <= TARGETS_KEPT else None)
+        self._kept: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}  # chunk -> its targets, for the next layers
+        self._kept_count = 0  # the targets kept: at most TARGETS_KEPT
 
     def of_rows(self, start: int, stop: int) -> tuple[Tensor, Tensor]:
         """The targets of rows ``start`` .. ``stop`` as (N, 3) (text, row counted from ``start``,
         key) triples, by text and row, keys ascending; and which of those rows have one (B, stop - start)."""
-        if self._kept is not None and (start, stop) in self._kept:
+        if (start, stop) in self._kept:
             return self._kept[(start, stop)]
         C = stop - start
         count = self.count[:, start:stop].flatten()  # (B·C,)
@@ -291,8 +291,9 @@ class _RepeatTargets:
         key = self.occurrences[at] % self.T + 1  # (N,) the token after each earlier occurrence
         found = (torch.stack([row // C, row % C, key], 1).to(self.device),
                  (self.count[:, start:stop] > 0).to(self.device))
-        if self._kept is not None:
+        if self._kept_count + total <= TARGETS_KEPT:  # kept while they fit: the chunks first met
             self._kept[(start, stop)] = found
+            self._kept_count += total
         return found
 
 

@@ -31,8 +31,9 @@ const state = { poolMode: "mass", zoom: null, sentence: 0, layer: 0, head: 0, he
 
 const q = (sel) => root.querySelector(sel);
 
-// --- data: per row, the k largest weights: uint16 key indices + uint8 values (0..255 = 0..1), base64;
-// long texts also carry block-pooled maps, and their arrays are gzip-compressed (inflated at start) ---
+// --- data: per row, the k largest weights: uint16 key indices (uint32 past 65,536 tokens) + uint8 values
+// (0..255 = 0..1), base64; long texts also carry block-pooled maps, and their arrays are gzip-compressed
+// (inflated at start); a long text may store some heads' rows only (its "heads") ---
 const decoded = new Map();
 async function prepare(s) {  // a long text's arrays are inflated once, at the start
   const d = data.sentences[s];
