@@ -94,6 +94,11 @@ def _key_width(tokens: int) -> dict:
     return {} if stored_bytes(tokens) == 3 else {"key_bytes": 4}
 
 
+#: The first keys a page's choice of stored heads leaves aside (attention sinks: their column shows
+#: in the pooled blocks whole).
+SINK_KEYS = 4
+
+
 def stored_heads(index: Tensor, values: Tensor, budget: int = TOP_K_BYTES) -> list[int] | None:
     """Which heads' rows a long text's page stores, of ``index`` and ``values`` (L, H, T, k) its
     rows' k largest weights (their keys, and the weights as bytes): None — every head — while they
@@ -108,13 +113,7 @@ def stored_heads(index: Tensor, values: Tensor, budget: int = TOP_K_BYTES) -> li
     fit = max(1, budget // row)
     off_sinks = values.to(torch.float32) * (index >= SINK_KEYS)  # (L, H, T, k)
     share = off_sinks.sum(-1).mean(-1).flatten()  # (L·H,) a row's mean stored weight off the sinks
-    order = sorted(range(L * H), key=lambda n: (-float(share[n]), n))
-    return sorted(order[:fit])
-
-
-#: The first keys a page's choice of stored heads leaves aside (attention sinks: their column shows
-#: in the pooled blocks whole).
-SINK_KEYS = 4
+    return share.argsort(descending=True, stable=True)[:fit].sort().values.tolist()  # ties: the earlier head
 
 
 def _bytes(values: Tensor) -> str:

@@ -286,8 +286,8 @@ class _RepeatTargets:
         count = self.count[:, start:stop].flatten()  # (B·C,)
         total = int(count.sum())
         row = torch.repeat_interleave(torch.arange(len(count)), count, output_size=total)  # (N,) its flat (text, row)
-        nth = torch.arange(total) - torch.repeat_interleave(count.cumsum(0) - count, count, output_size=total)
-        at = torch.repeat_interleave(self.first[:, start:stop].flatten(), count, output_size=total) + nth
+        nth = torch.arange(total) - (count.cumsum(0) - count)[row]  # (N,) which of its row's targets
+        at = self.first[:, start:stop].flatten()[row] + nth  # (N,) where in the occurrences
         key = self.occurrences[at] % self.T + 1  # (N,) the token after each earlier occurrence
         found = (torch.stack([row // C, row % C, key], 1).to(self.device),
                  (self.count[:, start:stop] > 0).to(self.device))
