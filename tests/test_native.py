@@ -4,6 +4,7 @@ a CPU: the same head metrics, long-context sums, page blocks and top weights, an
 
 from __future__ import annotations
 
+import math
 import os
 import types
 
@@ -202,6 +203,52 @@ def test_row_pooled_equals_the_pooled_maps_and_the_top_weights(H, c, K, block, p
     assert torch.equal(where, order[..., :k])
 
 
+@settings(max_examples=60, deadline=None)
+@given(N=st.integers(1, 12), R=st.integers(1, 6), S=st.integers(1, 700), sharp=st.floats(0, 12),
+       threads=st.integers(1, 3), seed=st.integers(0, 2**31), data=st.data())
+def test_pairwise_js_is_the_definition(N, R, S, sharp, threads, seed, data):
+    """The compiled JS of every two heads against the definition in float64 and the eager blocks
+    (:func:`redundancy._pairwise_js`): rows of any length (each row's keys beyond a point 0 in
+    every head, as a causal or padded row is), sharp and flat heads, a head copied (distance 0 to
+    the bit), two heads on disjoint keys (distance 1); the same to the bit in any number of ranges.
+    Each row's JS (the square of its distance) is held to float64's within float32's rounding of
+    the entropies; the distance, its square root, only within that rounding's square root."""
+    from multihead.analysis.stats.redundancy import _pairwise_js
+
+    g = torch.Generator().manual_seed(seed)
+    maps = torch.zeros(N, R, S)
+    for r in range(R):
+        n = data.draw(st.integers(1, S), label=f"row {r}'s keys")
+        maps[:, r, :n] = torch.softmax(sharp * torch.randn(N, n, generator=g), -1)
+    disjoint = N >= 2 and S >= 2 and data.draw(st.booleans(), label="disjoint")
+    if disjoint:
+        maps[N - 2:] = 0
+        maps[N - 2, :, 0] = 1.0
+        maps[N - 1, :, 1] = 1.0
+    heads = N - 2 if disjoint else N
+    copied = data.draw(st.sampled_from([None, *[(a, b) for a in range(heads) for b in range(heads) if a != b]]))
+    if copied:
+        maps[copied[1]] = maps[copied[0]]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch, "get_num_threads", lambda: threads)
+        mp.setattr(native, "THREADED", 0)  # in ranges even when small
+        got = native.pairwise_js(maps)
+    assert torch.equal(got, native.pairwise_js(maps))  # small: one range
+    assert torch.equal(got, got.T) and (got.diagonal() == 0).all()
+    p = maps.double()[:, None]  # (N, 1, R, S)
+    q = maps.double()[None]  # (1, N, R, S)
+    m = (p + q) / 2
+    js = ((torch.xlogy(p, p) + torch.xlogy(q, q)) / 2 - torch.xlogy(m, m)).sum(-1).clamp_min(0) / math.log(2)
+    rows = torch.stack([native.pairwise_js(maps[:, r:r + 1].contiguous()) for r in range(R)], -1)  # (N, N, R)
+    torch.testing.assert_close(rows.square(), js, rtol=0, atol=2e-6)
+    torch.testing.assert_close(got, rows.sum(-1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, _pairwise_js(maps) * R, rtol=0, atol=2e-3 * R)
+    if copied:
+        assert got[copied] == 0
+    if disjoint:
+        assert got[N - 2, N - 1] == pytest.approx(R, abs=1e-6)  # disjoint keys: distance 1 on every row
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["minilm", "smollm2"])
 def test_a_streamed_analysis_is_the_same_with_the_compiled_readers(name, request, monkeypatch):
@@ -236,6 +283,8 @@ def test_a_streamed_analysis_is_the_same_with_the_compiled_readers(name, request
                       (fast.long.histogram, slow.long.histogram)):
         torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-4)
     assert torch.equal(fast.heads.counts, slow.heads.counts)
+    assert fast.redundancy.js_count == slow.redundancy.js_count
+    torch.testing.assert_close(fast.redundancy.js(), slow.redundancy.js(), rtol=1e-5, atol=1e-5)
     assert set(fast.syntax.correct) == set(slow.syntax.correct) and fast.syntax.correct
     for key in slow.syntax.correct:
         assert torch.equal(fast.syntax.correct[key], slow.syntax.correct[key]), key

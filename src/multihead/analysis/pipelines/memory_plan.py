@@ -54,7 +54,7 @@ from ..probes.retrieval import PROBE as RETRIEVAL
 from ..stats import native
 from ..stats.heads import HeadStatistics
 from ..stats.maps import TextViews
-from ..stats.redundancy import RedundancyStatistics
+from ..stats.redundancy import RedundancyStatistics, gram_dtype
 from ..stats.syntax import SyntaxStatistics
 from ..stats.typical import TypicalTexts
 
@@ -186,7 +186,8 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     statistics = end = host = 0
     if redundancy:
         held, end = RedundancyStatistics.planned_bytes(L, H, batch * tokens, tokens, D, Dv,
-                                                       element_size=dtype.itemsize)
+                                                       element_size=dtype.itemsize,
+                                                       gram_size=gram_dtype(dtype, device).itemsize)
         statistics += held
     # the head metrics' running sums and bootstrap groups, the top texts, the syntax counts per relation
     host = (HeadStatistics.planned_bytes(L, H) + TypicalTexts.planned_bytes(L, H, relations)

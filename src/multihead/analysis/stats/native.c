@@ -246,6 +246,68 @@ void row_statistics(const float *w, int64_t B, int64_t H, int64_t C, int64_t K, 
     }
 }
 
+/* Σ_j m_j ln m_j over keys 0..K-1 of the mixture m = (p + q) / 2 (0 ln 0 = 0): float lanes over
+   blocks of 256 keys, the blocks added in double. Of q = p it is Σ p ln p exactly as this sums it
+   (m = p in float), so a head's JS with itself is 0 to the bit. */
+static inline double mixture_plogp(const float *restrict p, const float *restrict q, int64_t K) {
+    double total = 0.0;
+    for (int64_t j0 = 0; j0 < K; j0 += 256) {
+        int64_t j1 = j0 + 256 < K ? j0 + 256 : K;
+        float s = 0.f;
+        for (int64_t j = j0; j < j1; j++) {
+            float m = 0.5f * (p[j] + q[j]);
+            s += m * ROW_LOG(fmaxf(m, FLT_MIN));
+        }
+        total += s;
+    }
+    return total;
+}
+
+/* The Jensen–Shannon distances of every two of N heads on R rows: maps (N, R, S) float32, each
+   row r read up to its length (written into lengths (R,)): its last key any head weighs, plus one
+   (at least 1) — the keys after add exactly 0. own (N, R) scratch: Σ p ln p of each head's row.
+   out (N, N): Σ_r sqrt(JS(a, b)_r) in bits, JS = (own_a + own_b) / 2 − Σ m ln m clamped at 0, for
+   b > a (0 on the diagonal), each part the rows a = n, n + parts, … of the triangle (interleaved:
+   the parts' shares of pairs about equal); the caller mirrors it. */
+void pairwise_js(const float *maps, int64_t N, int64_t R, int64_t S, int64_t parts, int64_t *lengths, double *own,
+                 double *out) {
+    IN_PARTS
+    for (int64_t n = 0; n < parts; n++)
+        for (int64_t r = n; r < R; r += parts) {
+            int64_t length = 1;
+            for (int64_t a = 0; a < N; a++) {
+                const float *p = maps + (a * R + r) * S;
+                for (int64_t j = S - 1; j >= length; j--)
+                    if (p[j] != 0.f) {
+                        length = j + 1;
+                        break;
+                    }
+            }
+            lengths[r] = length;
+        }
+    IN_PARTS
+    for (int64_t n = 0; n < parts; n++)
+        for (int64_t a = n; a < N; a += parts)
+            for (int64_t r = 0; r < R; r++) {
+                const float *p = maps + (a * R + r) * S;
+                own[a * R + r] = mixture_plogp(p, p, lengths[r]);
+            }
+    IN_PARTS
+    for (int64_t n = 0; n < parts; n++)
+        for (int64_t a = n; a < N; a += parts) {
+            out[a * N + a] = 0.0; /* a head and itself: the same rows */
+            for (int64_t b = a + 1; b < N; b++) {
+                double sum = 0.0;
+                for (int64_t r = 0; r < R; r++) {
+                    double js = 0.5 * (own[a * R + r] + own[b * R + r])
+                                - mixture_plogp(maps + (a * R + r) * S, maps + (b * R + r) * S, lengths[r]);
+                    sum += js > 0.0 ? sqrt(js / 0.69314718055994531) : 0.0;
+                }
+                out[a * N + b] = sum;
+            }
+        }
+}
+
 #ifdef WIDE_ROWS
 #pragma GCC pop_options
 #endif

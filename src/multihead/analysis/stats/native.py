@@ -41,8 +41,8 @@ from ...hf.route import AttentionChunk
 from ...inputs import Batch, TokenInfo
 from .base import shared
 
-__all__ = ["COLUMNS", "ENV", "LONG", "RowSums", "WordRuns", "available", "row_pooled", "row_sums", "usable",
-           "word_predictions", "word_runs"]
+__all__ = ["COLUMNS", "ENV", "LONG", "RowSums", "WordRuns", "available", "pairwise_js", "row_pooled", "row_sums",
+           "usable", "word_predictions", "word_runs"]
 
 SOURCE = Path(__file__).with_name("native.c")
 #: Compiled with -ffast-math (vectorised reductions and log) but linked without it: a
@@ -85,6 +85,8 @@ def _library() -> ctypes.CDLL | None:
     lib.word_predictions.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, ptr,
                                      i64, i64, i64, i64, ptr]
     lib.word_predictions.restype = None
+    lib.pairwise_js.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr]
+    lib.pairwise_js.restype = None
     return lib
 
 
@@ -314,3 +316,24 @@ def word_predictions(weights: Tensor, rows: Tensor, runs: WordRuns, carried: tup
     in_words = row_word[row_word >= 0]
     open_word = int(in_words[-1]) if len(in_words) else open_word
     return (open_word, K) if open_word >= 0 else None
+
+
+def pairwise_js(maps: Tensor) -> Tensor:
+    """Σ over rows of the Jensen–Shannon distance (base 2) of every two heads: maps (N, R, S)
+    float32, contiguous, in CPU memory (see :func:`usable`) -> (N, N) float64, symmetric, 0 on the
+    diagonal — :func:`~.redundancy._pairwise_js` times R, in one pass per pair (each row read up
+    to its last key any head weighs; the logs inline and 16 wide, summed in float32 over blocks of
+    256 keys and in float64 beyond), its pairs in as many ranges as torch uses threads."""
+    N, R, S = maps.shape
+    if not (usable(maps) and maps.is_contiguous()):
+        raise ValueError("pairwise_js: float32 maps (N, R, S), contiguous, in CPU memory")
+    lengths = torch.empty(R, dtype=torch.int64)
+    own = torch.empty(N, R, dtype=torch.float64)
+    out = torch.empty(N, N, dtype=torch.float64)
+    parts = _parts(N, N * N * R * S // 2)
+    lib = _library()
+    if parts > 1 and not lib.openmp_parts():  # a build without OpenMP: one range of pairs, on this thread
+        parts = 1
+    lib.pairwise_js(maps.data_ptr(), N, R, S, parts, lengths.data_ptr(), own.data_ptr(), out.data_ptr())
+    upper = out.triu(1)
+    return upper + upper.T

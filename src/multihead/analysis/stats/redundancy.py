@@ -12,8 +12,9 @@ Of one batch, every layer's sampled query rows and its heads' outputs are kept u
 ends (cross-layer pairs need them side by side), then reduced and released; nothing grows with
 the corpus, and no layer's whole map is ever kept (a streamed document reduces the same way).
 
-JS costs N²/2 · rows · keys elementwise logs (≈15 ns each on this machine's CPU), far more than
-the forward pass itself, so each batch contributes an even stride of its query rows chosen to
+JS costs N²/2 · rows · keys elementwise logs (on a CPU in one compiled pass a pair,
+:func:`~.native.pairwise_js`, ≈0.25 ns a pair-element on two cores; the eager blocks, the
+reference and CUDA's path, ~3 ns), so each batch contributes an even stride of its query rows chosen to
 keep that work within :data:`JS_BUDGET` (2^23: about a hundred rows of a 32-sentence MiniLM
 batch, a dozen for SmolLM2's 270 heads; at least :data:`MIN_JS_ROWS`, taken from the middle of
 their strides); ``rows_js`` in the report says how many rows the JS averages rest on. The cosine
@@ -31,8 +32,10 @@ from bisect import bisect_left
 import torch
 from torch import Tensor
 
+from ...attn.precision import HALF, half_units
 from ...hf.route import AttentionChunk
 from ...inputs import Batch
+from . import native
 from .base import ReducerBase
 
 __all__ = ["JS_BUDGET", "RedundancyStatistics", "clusters", "most_redundant"]
@@ -91,11 +94,12 @@ class RedundancyStatistics(ReducerBase):
 
     @staticmethod
     def planned_bytes(num_layers: int, num_heads: int, rows: int, keys: int, hidden: int, head_dim: int, *,
-                      element_size: int = 4) -> tuple[int, int]:
+                      element_size: int = 4, gram_size: int = 4) -> tuple[int, int]:
         """(bytes held through a batch of ``rows`` real query rows over ``keys`` keys, bytes its
         end-of-batch work adds): each layer's sampled rows (H, R_s, S) in float32 and its heads'
         outputs at the cosine's rows (H, R_c, Dv) in the model's dtype (``element_size`` bytes; W^O
-        is the model's own, not a copy); at the end the JS's blocks or one cosine step."""
+        is the model's own, not a copy); at the end the JS's blocks or one cosine step, its
+        contributions in ``gram_size`` bytes (:func:`gram_dtype`)."""
         L, H, N = num_layers, num_heads, num_layers * num_heads
         sampled = len(range(rows)[_row_sample(N, rows, keys, JS_BUDGET)])
         cosine = len(range(rows)[_cosine_sample(N, hidden, rows)])
@@ -104,11 +108,14 @@ class RedundancyStatistics(ReducerBase):
         step = max(1, COSINE_CHUNK // (N * hidden))
         # at the end, beside what is held: the JS's temporaries (the rows' lengths read from a bool
         # copy of the maps, then blocks of JS_BLOCK mixtures and their logarithms) or the cosine's
-        # block of contributions (float32) with one layer's temporaries, whichever is more
+        # block of contributions (gram_size) with one layer's temporaries, whichever is more
         js = max(N * sampled * keys, 2 * JS_BLOCK * 4)
-        at_once = min(step, cosine)  # a block of every head's contributions; one layer's in the model's dtype
-        gram = N * N * (4 + 4 + 8)  # the Gram's bands, the float32 Gram and its float64 sum
-        return held, max(js, N * at_once * hidden * 4 + H * at_once * hidden * (4 + element_size) + gram)
+        at_once = min(step, cosine)  # a block of every head's contributions
+        # one layer's temporaries: its float32 squares beside its products in the model's dtype (a float32
+        # block) or beside its float32 copy (a block in the half dtype itself)
+        layer = H * at_once * hidden * (4 + (element_size if gram_size == 4 else 4))
+        gram = N * N * (4 + 4 + 8)  # the Gram's bands, the Gram and its float64 sum
+        return held, max(js, N * at_once * hidden * gram_size + layer + gram)
 
     def begin_batch(self, batch: Batch) -> None:
         """Choose the batch's sampled rows: an even stride through its real query tokens in (text,
@@ -193,7 +200,7 @@ class RedundancyStatistics(ReducerBase):
         if seen_all:
             maps = self._all_maps.flatten(0, 1)  # (N, R_s, S), layer by layer
             R = maps.shape[1]
-            self.js_sum += _pairwise_js(maps).cpu() * R
+            self.js_sum += js_sums(maps)
             self.js_count += R
         if seen_all and len(self._w_o) == self.L and self._all_outputs.shape[2]:
             outputs = self._all_outputs  # (L, H, R_c, Dv)
@@ -201,11 +208,12 @@ class RedundancyStatistics(ReducerBase):
             D = self._w_o[0].shape[0]
             H, N = self.H, self.L * self.H
             step = min(R, max(1, COSINE_CHUNK // (N * D)))  # R >= 1 here
+            in_dtype = gram_dtype(outputs.dtype, outputs.device)  # the contributions' and their Gram's
             # one block for every step's contributions (N, D, rows), made once: a fresh one per step, larger
             # than glibc keeps in its heap, would be mapped and page-faulted anew each time
-            block = torch.empty(N * D * step, dtype=torch.float32, device=outputs.device)
-            # a half (or float64) model's products are formed in its dtype, then copied into the block
-            staging = None if outputs.dtype == torch.float32 else outputs.new_empty(H * D * step)
+            block = torch.empty(N * D * step, dtype=in_dtype, device=outputs.device)
+            # a model whose products are not the Gram's dtype forms them in its own, then copies them into the block
+            staging = None if outputs.dtype == in_dtype else outputs.new_empty(H * D * step)
             for r in range(0, R, step):  # (N, D, rows) at a time: memory stays flat in the batch size
                 n = min(step, R - r)
                 contrib = block[:N * D * n].view(N, D, n)
@@ -220,9 +228,11 @@ class RedundancyStatistics(ReducerBase):
                     else:
                         mine.copy_(torch.bmm(w_o, outputs[layer, :, r:r + n].transpose(1, 2),
                                              out=staging[:H * D * n].view(H, D, n)))
-                    # unit vectors layer by layer, while the layer's part is in cache: (H, 1, rows) norms
-                    norm = mine.square().sum(1, keepdim=True).sqrt_()  # 2x .norm(dim=1)'s speed here
-                    mine.div_(norm.clamp_min_(1e-12))
+                    # unit vectors layer by layer, while the layer's part is in cache: (H, 1, rows) norms summed
+                    # in float32 whatever the block's dtype (2x .norm(dim=1)'s speed for float32)
+                    wide = mine if mine.dtype == torch.float32 else mine.float()
+                    norm = wide.square().sum(1, keepdim=True).sqrt_()
+                    mine.div_(norm.clamp_min_(1e-12))  # a half block: each quotient formed in float32, then rounded
                 self.cos_sum += _gram(contrib.view(N, D * n)).to(torch.float64).cpu()  # Σ_r cos_r for every pair
             del block, staging
             self.cos_count += R
@@ -256,6 +266,22 @@ class RedundancyStatistics(ReducerBase):
         return self
 
 
+def gram_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
+    """The dtype the cosine's contributions and their Gram are formed in: a half-precision model's own
+    on a CPU with units for it (:func:`~multihead.attn.precision.half_units`), float32 otherwise.
+
+    A half model's contributions are products in its dtype already (each rounded to it); rounding
+    their unit vectors to it as well and multiplying them in its units — oneDNN sums each product in
+    float32 and rounds the step's (N, N) sums once, which float64 then adds — moves a mean cosine by
+    at most ~6e-3 in bfloat16 (2^-8 from the unit vectors' rounding, by Cauchy–Schwarz, 2^-9 from the
+    sums') and by less than 1e-3 in practice (SmolLM2 at 1k: 8.2e-4; docs/analysis.md), for 2.6x
+    (AVX-512 BF16, AMD EPYC) to 4x (AMX) the float32 Gram's speed — the largest single step of a
+    bfloat16 model's analysis. Float32 on CUDA, where the float32 Gram is cheap beside the model."""
+    if dtype in HALF and torch.device(device).type == "cpu" and half_units(dtype):
+        return dtype
+    return torch.float32
+
+
 def _gram(unit: Tensor, parts: int = 3) -> Tensor:
     """unit @ unitᵀ (N, N) of unit (N, X), its blocks on and above the diagonal multiplied (in
     ``parts`` bands of rows) and mirrored below: 2/3 of the products (38 → 28 ms for the Qwen2
@@ -271,6 +297,14 @@ def _gram(unit: Tensor, parts: int = 3) -> Tensor:
         gram[a:b, b:] = band[:, b - a:]
         gram[b:, a:b] = band[:, b - a:].T
     return gram
+
+
+def js_sums(maps: Tensor) -> Tensor:
+    """Σ over rows of sqrt(JS) between every two heads, maps (N, R, S) -> (N, N) float64 on the host:
+    the compiled pass (:func:`~.native.pairwise_js`) where it reads the maps, else the eager one."""
+    if native.usable(maps) and maps.is_contiguous():
+        return native.pairwise_js(maps)
+    return _pairwise_js(maps).cpu() * maps.shape[1]
 
 
 def _pairwise_js(maps: Tensor, budget: int = JS_BLOCK) -> Tensor:
