@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multihead.analysis.stats import heads, longcontext, maps, native
+from multihead.analysis.stats import heads, longcontext, maps, native, typical
 from multihead.inputs import TokenInfo
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -113,6 +113,14 @@ def _compare(chunk, batch, found=None):
     # each key's weight from the real rows (vertical concentration's columns)
     torch.testing.assert_close(found.columns.double(), (p * rows[:, None, :, None]).sum(2), rtol=1e-5, atol=1e-5)
     assert native._row_sums(chunk, tokens, True).columns is None  # not asked for: not summed
+    # the induction pattern's mass, tokens drawn from a few (many repeats), against the eager reader
+    B, T = tokens.valid.shape
+    ids = torch.randint(0, 4, (B, T), generator=torch.Generator().manual_seed(T))
+    keys = typical.RepeatKeys.of(ids, tokens.valid)
+    repeat = native._row_sums(chunk, tokens, False, False, (keys.prev, keys.token)).repeat
+    want, _ = typical._repeats_followed(p, keys, chunk.start)  # in float64: exact enough to hold them to
+    torch.testing.assert_close(repeat, want.double(), rtol=1e-5, atol=1e-5)
+    assert native._row_sums(chunk, tokens, False).repeat is None
 
 
 def _threaded_reads():
@@ -283,6 +291,10 @@ def test_a_streamed_analysis_is_the_same_with_the_compiled_readers(name, request
                       (fast.long.histogram, slow.long.histogram)):
         torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-4)
     assert torch.equal(fast.heads.counts, slow.heads.counts)
+    for measure in ("repeat_successor", "entropy_norm"):  # the typical texts: the same values and texts
+        mine, theirs = fast.typical.metrics[measure], slow.typical.metrics[measure]
+        torch.testing.assert_close(mine.value, theirs.value, rtol=1e-5, atol=1e-5)
+        assert torch.equal(mine.index, theirs.index), measure
     assert fast.redundancy.js_count == slow.redundancy.js_count
     torch.testing.assert_close(fast.redundancy.js(), slow.redundancy.js(), rtol=1e-5, atol=1e-5)
     assert set(fast.syntax.correct) == set(slow.syntax.correct) and fast.syntax.correct

@@ -165,36 +165,29 @@ def test_syntax_texts_come_from_the_parses(minilm):
 
 def test_an_induction_heads_texts_are_those_it_copies_in():
     """The texts' own induction pattern: a repeated token's mass on the token after its earlier occurrence."""
-    from multihead.analysis.stats.typical import _repeats_followed, _RepeatTargets
-
-    def targets(ids, valid, start, stop):
-        return _RepeatTargets(ids, valid, torch.device("cpu")).of_rows(start, stop)
+    from multihead.analysis.stats.typical import RepeatKeys, _repeats_followed
 
     ids = torch.tensor([[5, 6, 7, 5, 6, 0]])  # a b c a b, then padding
     valid = torch.tensor([[True] * 5 + [False]])
+    keys = RepeatKeys.of(ids, valid)
     p = torch.zeros(1, 2, 6, 6)
     p[:, :, :, 0] = 1.0  # every row on the first token ...
     p[0, 0, 3] = torch.tensor([0.3, 0.7, 0, 0, 0, 0])  # ... but head 0: the second 'a' on 'b' (after the first 'a')
     p[0, 0, 4] = torch.tensor([0.1, 0.1, 0.8, 0, 0, 0])  # the second 'b' on 'c' (after the first 'b')
-    total, rows = _repeats_followed(p, *targets(ids, valid, 0, 6))
+    total, rows = _repeats_followed(p, keys, 0)
     assert rows.tolist() == [[2, 2]]  # rows 3 and 4 repeat an earlier token
     assert total[0].tolist() == pytest.approx([0.7 + 0.8, 0.0])
     # the same rows handed over in two chunks, as the streamed capture does
-    first, n1 = _repeats_followed(p[:, :, :4, :4], *targets(ids, valid, 0, 4))
-    second, n2 = _repeats_followed(p[:, :, 4:, :5], *targets(ids, valid, 4, 5))
+    first, n1 = _repeats_followed(p[:, :, :4, :4], keys, 0)
+    second, n2 = _repeats_followed(p[:, :, 4:, :5], keys, 4)
     assert (first + second)[0].tolist() == pytest.approx(total[0].tolist()) and (n1 + n2).tolist() == rows.tolist()
-    # one text read by its flat rows (a document), two by indexing: the same sums
-    ids2, valid2 = torch.cat([ids, ids]), torch.cat([valid, valid])
-    both, rows2 = _repeats_followed(torch.cat([p, p]), *targets(ids2, valid2, 0, 6))
+    # two texts: each its own
+    keys2 = RepeatKeys.of(torch.cat([ids, ids]), torch.cat([valid, valid]))
+    both, rows2 = _repeats_followed(torch.cat([p, p]), keys2, 0)
     torch.testing.assert_close(both, torch.cat([total, total]))
     assert rows2.tolist() == [[2, 2]] * 2
-    # ... also when some targets lie past the chunk's last key (weight 0 there)
-    short = p[..., :3].contiguous()  # keys 0..2: the target of row 4 (key 2) is in, row 3's too (key 1)
-    one, _ = _repeats_followed(short, *targets(ids, valid, 0, 6))
-    two, _ = _repeats_followed(torch.cat([short, short]), *targets(ids2, valid2, 0, 6))
-    torch.testing.assert_close(two, torch.cat([one, one]))
-    past = p[..., :2].contiguous()  # keys 0..1: row 4's target (key 2) is past the last
-    assert _repeats_followed(past, *targets(ids, valid, 0, 6))[0][0].tolist() == pytest.approx([0.7, 0])
+    past = p[..., :2].contiguous()  # keys 0..1: row 4's target (key 2) is past the chunk's last
+    assert _repeats_followed(past, keys, 0)[0][0].tolist() == pytest.approx([0.7, 0])
 
 
 def _brute_targets(ids, valid, start, stop):
@@ -206,15 +199,16 @@ def _brute_targets(ids, valid, start, stop):
     real_before = torch.cat([valid.new_zeros(B, 1), valid[:, :-1]], 1) & valid  # (B, T)
     target = (ids[:, start:stop, None] == before[:, None, :]) & real_before[:, None, :] & (j <= i)  # (B, C, T)
     target &= valid[:, start:stop, None]
-    return target.nonzero(), target.any(-1)
+    return target, target.any(-1)
 
 
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
-def test_induction_targets_are_the_definitions_chunk_by_chunk(data):
-    """Each chunk's (text, row, key) triples, from the batch's token index, equal the definition's
-    (right-padded texts, tokens repeated often, any chunk)."""
-    from multihead.analysis.stats.typical import _RepeatTargets
+def test_the_induction_pattern_is_the_definitions_chunk_by_chunk(data):
+    """Each chunk's rows' mass on their targets, from the batch's O(B·T) keys, equals the sum of the
+    definition's (text, row, key) targets; its counted rows too (right-padded texts or any mask,
+    tokens repeated often, any chunk, keys up to the chunk's last row or all)."""
+    from multihead.analysis.stats.typical import RepeatKeys, _repeats_followed
 
     B, T = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 40))
     vocabulary = data.draw(st.integers(1, 6))
@@ -227,37 +221,38 @@ def test_induction_targets_are_the_definitions_chunk_by_chunk(data):
         valid = torch.tensor(data.draw(st.lists(st.lists(st.booleans(), min_size=T, max_size=T), min_size=B,
                                                 max_size=B)))
     cuts = sorted(set(data.draw(st.lists(st.integers(1, T - 1), max_size=4)))) if T > 1 else []
-    chunks = list(itertools.pairwise([0, *cuts, T]))  # a layer's chunks
-    index = _RepeatTargets(ids, valid, torch.device("cpu"))
-    for _ in range(2):  # made, then (kept or made again) for the next layer's same chunks
-        for start, stop in chunks:
-            found, counted = index.of_rows(start, stop)
-            want, want_counted = _brute_targets(ids, valid, start, stop)
-            assert found.tolist() == want.tolist()  # by text, row, key
-            assert torch.equal(counted, want_counted)
+    causal = data.draw(st.booleans())
+    keys = RepeatKeys.of(ids, valid)
+    p = torch.rand(B, 2, T, T, generator=torch.Generator().manual_seed(T * B + vocabulary))
+    for start, stop in itertools.pairwise([0, *cuts, T]):  # a layer's chunks
+        K = stop if causal else T
+        chunk = p[:, :, start:stop, :K]
+        mass, counted = _repeats_followed(chunk, keys, start)
+        target, want_counted = _brute_targets(ids, valid, start, stop)
+        want = (chunk * target[:, None, :, :K]).sum((2, 3))  # (B, H)
+        torch.testing.assert_close(mass, want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(counted, want_counted.sum(-1)[:, None].expand_as(counted))
 
 
-def test_a_long_documents_induction_targets_are_made_a_chunk_at_a_time():
-    """20,000 tokens of two kinds: the document has ~10^8 targets (2.4 GB as triples), its index O(T)
-    and one chunk's rows their own few; not kept beyond the budget."""
-    from multihead.analysis.stats.typical import TARGETS_KEPT, _RepeatTargets
+def test_a_long_documents_induction_pattern_holds_no_targets():
+    """20,000 tokens of two kinds: the document has ~10^8 targets (2.4 GB as triples); its keys are
+    three (T,) rows, and a chunk's mass is the definition's."""
+    from multihead.analysis.stats.typical import RepeatKeys, _repeats_followed
 
     T = 20_000
     ids = (torch.arange(T) % 7 == 0).long()[None]  # (1, T)
     valid = torch.ones(1, T, dtype=torch.bool)
-    index = _RepeatTargets(ids, valid, torch.device("cpu"))
-    assert int(index.count.sum()) > 10**8 > TARGETS_KEPT
-    held = sum(t.numel() for t in (index.occurrences, index.first, index.count))
-    assert held <= 3 * T
-    found, counted = index.of_rows(15_000, 15_004)
-    want, want_counted = _brute_targets(ids, valid, 15_000, 15_004)
-    assert found.tolist() == want.tolist() and torch.equal(counted, want_counted)
-    assert index._kept_count == len(found) <= TARGETS_KEPT  # a chunk's own: kept for the next layers
-    index.of_rows(19_800, 20_000)  # ~3.4 million targets: past what is kept
-    assert list(index._kept) == [(15_000, 15_004)] and index._kept_count <= TARGETS_KEPT
-    empty = _RepeatTargets(torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 0, dtype=torch.bool),
-                           torch.device("cpu"))
-    assert empty.count.shape == (2, 0)
+    keys = RepeatKeys.of(ids, valid)
+    assert sum(t.numel() for t in (keys.prev, keys.token, keys.counted)) == 3 * T
+    start, stop = 15_000, 15_004
+    p = torch.rand(1, 3, stop - start, stop, generator=torch.Generator().manual_seed(0))
+    target, counted = _brute_targets(ids, valid, start, stop)
+    assert counted.all() and int(target.sum()) > 30_000  # four rows of 2,000-13,000 targets each
+    mass, rows = _repeats_followed(p, keys, start)
+    torch.testing.assert_close(mass, (p * target[:, None, :, :stop]).sum((2, 3)), rtol=1e-5, atol=1e-3)
+    assert rows.tolist() == [[4, 4, 4]]
+    empty = RepeatKeys.of(torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 0, dtype=torch.bool))
+    assert empty.counted.shape == (2, 0)
 
 
 def test_smollm2_induction_heads_name_texts_with_repeats(smollm2):

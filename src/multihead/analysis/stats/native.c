@@ -114,6 +114,14 @@ static inline void sum_row(const float *restrict p, const uint8_t *restrict f, i
     out[6] = punct;
 }
 
+/* A row's mass on its keys 0..n-1 whose token before them is the row's own (prev (K,) int32: that
+   token, -1 where it or the key is not real): its induction pattern's targets. */
+static inline double repeat_mass(const float *restrict p, const int32_t *restrict prev, int32_t token, int64_t n) {
+    float s = 0.f;
+    for (int64_t j = 0; j < n; j++) s += prev[j] == token ? p[j] : 0.f;
+    return s;
+}
+
 static inline float sum_keys(const float *restrict p, int64_t a, int64_t b) {
     float s = 0.f;
     for (int64_t j = a; j < b; j++) s += p[j];
@@ -155,7 +163,8 @@ static inline double key(const float *p, int64_t K, int64_t j) { return j >= 0 &
 static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int64_t start,
                             const uint8_t *flags, int64_t kstride, const uint8_t *valid, const float *log_n,
                             int64_t row0, int64_t row1, double *heads, double *long_sums, double *hist,
-                            float *columns, int64_t bh0) {
+                            double *repeat, float *columns, int64_t bh0, const int32_t *key_token,
+                            const int32_t *token) {
     for (int64_t row = row0; row < row1; row++) {
         int64_t c = row % C, bh = row / C, b = bh / H;
         if (!valid[b * C + c]) continue;
@@ -165,6 +174,8 @@ static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int
         sum_row(p, flags + b * kstride, (int32_t)K, (int32_t)i, s);
         double entropy = -s[2], logn = log_n[row];
         double self = key(p, K, i), prev = key(p, K, i - 1), next = key(p, K, i + 1);
+        if (repeat && token[b * C + c] >= 0) /* the induction pattern: the keys after earlier occurrences */
+            repeat[bh] += repeat_mass(p, key_token + b * K, token[b * C + c], i < K - 1 ? i + 1 : K);
         if (columns) { /* the weight each key receives, summed over the rows (vertical concentration) */
             float *restrict column = columns + (bh - bh0) * K;
             for (int64_t j = 0; j < K; j++) column[j] += p[j];
@@ -227,13 +238,15 @@ static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int
 static inline int64_t pairs_of_rows(int64_t a, int64_t b, int64_t C) { return a < b ? (b - 1) / C - a / C + 1 : 0; }
 
 /* rows_statistics over rows [row0, row1) in `parts` ranges, part n adding into its own sums: heads
-   (parts, B, H, HEAD_VALUES), long_sums (parts, B, H, LONG_VALUES), hist (parts, B, H, BINS); and
+   (parts, B, H, HEAD_VALUES), long_sums (parts, B, H, LONG_VALUES), hist (parts, B, H, BINS), repeat
+   (parts, B, H) when not null — each row's mass on the keys j <= its position whose token before
+   them is its own (prev (B, K) int32, each key's; token (B, C) int32, each row's, < 0: none); and
    into columns, part after part, the (text, head) pairs of its own rows only, (pairs, K) each (a few
    rows a chunk at long context: a (B, H, K) block a part would outweigh the map). */
 void row_statistics(const float *w, int64_t B, int64_t H, int64_t C, int64_t K, int64_t start,
                     const uint8_t *flags, int64_t kstride, const uint8_t *valid, const float *log_n,
                     int64_t row0, int64_t row1, int64_t parts, double *heads, double *long_sums, double *hist,
-                    float *columns) {
+                    double *repeat, float *columns, const int32_t *prev, const int32_t *token) {
     IN_PARTS
     for (int64_t n = 0; n < parts; n++) {
         int64_t bh = B * H, a = part_bound(row0, row1, n, parts), b = part_bound(row0, row1, n + 1, parts);
@@ -242,7 +255,7 @@ void row_statistics(const float *w, int64_t B, int64_t H, int64_t C, int64_t K, 
             before += pairs_of_rows(part_bound(row0, row1, m, parts), part_bound(row0, row1, m + 1, parts), C);
         rows_statistics(w, H, C, K, start, flags, kstride, valid, log_n, a, b, heads + n * bh * HEAD_VALUES,
                         long_sums ? long_sums + n * bh * LONG_VALUES : 0, long_sums ? hist + n * bh * BINS : 0,
-                        columns ? columns + before * K : 0, a / C);
+                        repeat ? repeat + n * bh : 0, columns ? columns + before * K : 0, a / C, prev, token);
     }
 }
 

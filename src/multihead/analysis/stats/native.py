@@ -4,9 +4,11 @@ The eager readers (:mod:`.heads`, :mod:`.longcontext`, :mod:`.maps`) make a doze
 chunk, each a few PyTorch operations, and on a CPU those passes — not the model — were most of an
 analysis's time (SmolLM2, 4,096 tokens: 8.5 of 25.6 s). ``native.c`` reads each row in one
 vectorised pass for every head metric (mass, Σ p·|i − j|, p log p, largest weight, key-set masses)
-and a second over its distance bins for the long-context ones, and the columns' sums for vertical
-concentration; for a page's pooled text, each row's key-block sums and maxima added into the page's
-cells and its k largest weights; for the syntax scores, each source word's most attended word.
+and a second over its distance bins for the long-context ones, the columns' sums for vertical
+concentration, and each row's mass on its induction-pattern targets (one comparison a key); for
+a page's pooled text, each row's key-block sums and maxima added into the page's cells and its k
+largest weights; for the syntax scores, each source word's most attended word; and redundancy's
+Jensen–Shannon distance of every two heads (:func:`pairwise_js`).
 
 It is compiled at first use with the machine's C compiler (``$CC``, else ``gcc``; ``-O3
 -march=native -ffast-math``: vectorised — its log inline, 16 wide, under GCC on AVX-512, else glibc's
@@ -41,8 +43,8 @@ from ...hf.route import AttentionChunk
 from ...inputs import Batch, TokenInfo
 from .base import shared
 
-__all__ = ["COLUMNS", "ENV", "LONG", "RowSums", "WordRuns", "available", "pairwise_js", "row_pooled", "row_sums",
-           "usable", "word_predictions", "word_runs"]
+__all__ = ["COLUMNS", "ENV", "LONG", "REPEAT", "RowSums", "WordRuns", "available", "pairwise_js", "row_pooled",
+           "row_sums", "usable", "word_predictions", "word_runs"]
 
 SOURCE = Path(__file__).with_name("native.c")
 #: Compiled with -ffast-math (vectorised reductions and log) but linked without it: a
@@ -77,7 +79,8 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.openmp_parts.argtypes = []
     lib.openmp_parts.restype = i64
-    lib.row_statistics.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr]
+    lib.row_statistics.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr,
+                                   ptr, ptr, ptr]
     lib.row_statistics.restype = None
     lib.row_pooled.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64,
                                i64, i64, i64, ptr, ptr]
@@ -146,7 +149,9 @@ class RowSums:
     over the rows that see more than one key: ``informative`` (B, H) of them, ``rows`` (B, 1) in
     all); with ``long``, ``long`` (B, H, 8) in the long-context row metrics' order and ``hist``
     (B, H, BINS) the mass per distance bin; float64. With ``columns``, ``columns`` (B, H, K) the
-    weight each key receives from the counted rows, float32."""
+    weight each key receives from the counted rows, float32. With the batch's repeat keys
+    (``batch.memo[REPEAT]``), ``repeat`` (B, H) float64: each text's rows' mass on the keys right
+    after earlier occurrences of their token (:class:`~.typical.RepeatKeys`)."""
 
     heads: Tensor
     rows: Tensor
@@ -154,24 +159,30 @@ class RowSums:
     long: Tensor | None
     hist: Tensor | None
     columns: Tensor | None = None
+    repeat: Tensor | None = None
 
 
 #: ``batch.memo`` key: a reducer of the pass reads the long-context sums (they cost a second pass a row).
 LONG = "native-long"
 #: ``batch.memo`` key: a reducer of the pass reads the column sums (vertical concentration).
 COLUMNS = "native-columns"
+#: ``batch.memo`` key: the batch's (prev, token) (B, T) int32 of :class:`~.typical.RepeatKeys`: the
+#: rows' mass on their induction-pattern targets is summed in the same pass.
+REPEAT = "native-repeat"
 
 
 def row_sums(chunk: AttentionChunk, batch: Batch) -> RowSums:
     """The compiled row statistics of a chunk of a right-padded self-attention (see
     :func:`usable`), computed once per chunk for every reader that asks; the long-context sums
     too when a reducer of the pass set ``batch.memo[LONG]`` at its ``begin_batch``, the columns
-    when one set ``batch.memo[COLUMNS]``."""
+    when one set ``batch.memo[COLUMNS]``, the induction pattern's mass with ``batch.memo[REPEAT]``."""
     return shared(chunk.memo, "native-rows", lambda: _row_sums(chunk, batch.tokens, bool(batch.memo.get(LONG)),
-                                                              bool(batch.memo.get(COLUMNS))))
+                                                              bool(batch.memo.get(COLUMNS)),
+                                                              batch.memo.get(REPEAT)))
 
 
-def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: bool = False) -> RowSums:
+def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: bool = False,
+              repeat: tuple[Tensor, Tensor] | None = None) -> RowSums:
     p = chunk.weights.detach()  # (B, H, C, K) float32
     if p.dtype != torch.float32 or p.device.type != "cpu":
         raise TypeError(f"the compiled readers read float32 maps in CPU memory; got {p.dtype} on {p.device}")
@@ -192,7 +203,11 @@ def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: boo
     parts = _parts(B * H * C, p.numel())
     sums = (torch.zeros(parts, B, H, HEAD_VALUES, dtype=torch.float64),  # (parts, B, H, ·): a range's own sums
             torch.zeros(parts, B, H, LONG_VALUES, dtype=torch.float64) if long else None,
-            torch.zeros(parts, B, H, BINS, dtype=torch.float64) if long else None)
+            torch.zeros(parts, B, H, BINS, dtype=torch.float64) if long else None,
+            torch.zeros(parts, B, H, dtype=torch.float64) if repeat is not None else None)
+    if repeat is not None:  # each key's token before it (B, K), each row's own token (B, C)
+        prev_keys = repeat[0][:, :K].to(torch.int32).contiguous()
+        row_tokens = repeat[1][:, start:start + C].to(torch.int32).contiguous()
     # the columns: each range's own (text, head) pairs only, range after range (native.c, row_statistics)
     pairs = [(a // C, (b - 1) // C - a // C + 1 if b > a else 0)
              for a, b in itertools.pairwise(_bounds(B * H * C, parts))]
@@ -205,10 +220,12 @@ def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: boo
         pointers = [t[n].data_ptr() if t is not None else None for t in sums]
         lib.row_statistics(p.data_ptr(), B, H, C, K, start, flags.data_ptr(), K, counted.data_ptr(), log_n.data_ptr(),
                            a, b, n_parts, *pointers,
-                           None if column_parts is None else column_parts[offsets[n]:].data_ptr())
+                           None if column_parts is None else column_parts[offsets[n]:].data_ptr(),
+                           prev_keys.data_ptr() if repeat is not None else None,
+                           row_tokens.data_ptr() if repeat is not None else None)
 
     _in_parts(B * H * C, parts, call)
-    heads_sums, long_sums, hist = (None if t is None else t.sum(0) for t in sums)
+    heads_sums, long_sums, hist, repeat_sums = (None if t is None else t.sum(0) for t in sums)
     column_sums = None
     if column_parts is not None:
         column_sums = torch.zeros(B * H, K, dtype=torch.float32)
@@ -216,7 +233,7 @@ def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: boo
             column_sums[first:first + n] += column_parts[offset:offset + n]
         column_sums = column_sums.view(B, H, K)
     return RowSums(heads_sums, queries.sum(-1, keepdim=True, dtype=torch.float64), informative, long_sums, hist,
-                   column_sums)
+                   column_sums, repeat_sums)
 
 
 def row_pooled(weights: Tensor, start: int, block: int, pool: int, cells: int, k: int

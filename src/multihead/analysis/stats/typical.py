@@ -23,6 +23,7 @@ three-token text any head looks like anything.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -30,11 +31,12 @@ from torch import Tensor
 from ...hf.route import AttentionChunk
 from ...inputs import Batch
 from ..sections import Typical, TypicalHead
+from . import native
 from .base import ReducerBase, shared
-from .heads import row_values
+from .heads import native_rows, row_values
 from .syntax import alignment, word_predictions
 
-__all__ = ["FALLBACK", "MEASURES", "MIN_TOKENS", "TOP", "TypicalTexts", "measure_of"]
+__all__ = ["FALLBACK", "MEASURES", "MIN_TOKENS", "TOP", "RepeatKeys", "TypicalTexts", "measure_of"]
 
 #: Texts kept per head and measure.
 TOP = 3
@@ -138,7 +140,7 @@ class TypicalTexts(ReducerBase):
         self.metrics = _Tops(num_layers, num_heads, k, _RANKED)
         self.syntax = _Tops(num_layers, num_heads, k)  # a table per relation key, as the parses show them
         self._per_text: dict[int, tuple[list[str], Tensor, Tensor]] = {}  # a streamed layer's per-text sums
-        self._targets: _RepeatTargets | None = None  # the batch's own induction-pattern targets
+        self._repeat: RepeatKeys | None = None  # the batch's tokens as its induction pattern reads them
 
     @staticmethod
     def planned_bytes(num_layers: int, num_heads: int, relations: int = 0, k: int = TOP) -> int:
@@ -150,11 +152,13 @@ class TypicalTexts(ReducerBase):
         super().begin_batch(batch)
         self._per_text = {}
         host = batch.host_tokens
-        self._targets = None if host.ids is None else _RepeatTargets(host.ids, host.valid,
-                                                                      batch.tokens.valid.device)
+        self._repeat = None
+        if host.ids is not None:  # made once a batch on the host; read on the batch's device (and by native.row_sums)
+            self._repeat = RepeatKeys.of(host.ids, host.valid).to(batch.tokens.valid.device)
+            batch.memo[native.REPEAT] = (self._repeat.prev, self._repeat.token)
 
     def end_batch(self) -> None:
-        self._targets = None
+        self._repeat = None
 
     def update(self, chunk: AttentionChunk) -> None:
         """Add one chunk's per-text sums; at the layer's last chunk, offer each text's means."""
@@ -164,8 +168,12 @@ class TypicalTexts(ReducerBase):
         found = row_values(chunk, batch)
         names, per_text, per_count = list(found.names), found.sums, found.counts  # (M, B, H)
         if tokens.ids is not None:  # and, per text only, its own induction pattern
-            targets = self._targets.of_rows(chunk.start, chunk.stop)
-            copy_sum, copy_rows = _repeats_followed(chunk.weights.detach().float(), *targets)  # (B, H)
+            compiled = native_rows(chunk, batch)
+            if compiled is not None and compiled.repeat is not None:  # summed in the compiled row pass
+                copy_sum = compiled.repeat  # (B, H)
+                copy_rows = self._repeat.counted[:, chunk.start:chunk.stop].sum(-1)[:, None].expand_as(copy_sum)
+            else:
+                copy_sum, copy_rows = _repeats_followed(chunk.weights.detach().float(), self._repeat, chunk.start)
             names.append("repeat_successor")
             per_text = torch.cat([per_text, copy_sum[None].to(torch.float64)])
             per_count = torch.cat([per_count, copy_rows[None].to(torch.float64)])
@@ -247,59 +255,45 @@ class TypicalTexts(ReducerBase):
                        {str(i): texts[i][:TEXT_CHARS] for i in sorted(named)})
 
 
-class _RepeatTargets:
-    """A batch's induction-pattern targets — for each real row i, the keys j that follow an earlier
-    occurrence of its token (ids[j - 1] = ids[i], j - 1 < i, tokens j - 1 and j real) — handed out
-    a chunk of rows at a time from an index of its tokens built once in host memory, O(B·T).
+@dataclass
+class RepeatKeys:
+    """A batch's tokens as its induction pattern reads them, O(B·T): row i's targets are the keys j
+    with ``prev[j] == token[i]`` and j <= i — the keys right after an earlier occurrence of its
+    token (ids[j - 1] = ids[i], j - 1 < i, tokens j - 1 and j real) — and ``counted`` the rows
+    that have one.
 
     A frequent token's row has as many targets as the token's earlier occurrences, so a document's
-    targets grow with the square of its length: an 81,590-token one has tens of millions of (text,
-    row, key) triples, which held at once took 3.4 GiB of a tiny model's run. A chunk's own are
-    bounded by its rows; each chunk's are kept for the next layers (the same chunks) while all kept
-    fit :data:`TARGETS_KEPT`, the others made again. Made on the host and moved to the batch's
-    device: no chunk asks the device for a count."""
+    targets grow with the square of its length (tens of millions of (text, row, key) triples at
+    80k tokens, 3.4 GiB when they were listed): they are never listed. A row's mass on them is one
+    comparison a key, read with the row (:func:`_repeats_followed`; on a CPU inside the compiled
+    row pass, :func:`~.native.row_sums`)."""
 
-    def __init__(self, ids: Tensor, valid: Tensor, device: torch.device) -> None:
+    prev: Tensor  # (B, T) int32: the token before each key when both are real, else -1
+    token: Tensor  # (B, T) int32: each real row's token, else -2 (no key's)
+    counted: Tensor  # (B, T) bool: the rows with an earlier occurrence of their token (followed by a real token)
+
+    @classmethod
+    def of(cls, ids: Tensor, valid: Tensor) -> RepeatKeys:
+        """From a batch's token ids and real-token flags (B, T) (in host memory: sorted once a batch)."""
         B, T = ids.shape
         ids = ids.to(torch.int64)
-        position = torch.arange(T)
-        # the occurrences a later row can copy from: real tokens followed by a real token
-        follows = valid.clone()  # (B, T)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= 2**31):
+            raise ValueError("token ids must lie in 0 .. 2^31 - 1")
+        follows = valid.clone()  # (B, T) the occurrences a later row can copy from: real tokens followed by one
         follows[:, :-1] &= valid[:, 1:]
         follows[:, T - 1:] = False  # (no column at all when T = 0)
+        prev = torch.full((B, T), -1, dtype=torch.int32)
+        prev[:, 1:] = torch.where(follows[:, :-1], ids[:, :-1], -1).to(torch.int32)
+        token = torch.where(valid, ids, -2).to(torch.int32)
+        # counted: an occurrence before row i among the followed ones — by (text, token, position) sorted
         vocabulary = int(ids.max()) + 1 if ids.numel() else 1
         run = (torch.arange(B)[:, None] * vocabulary + ids) * T  # (B, T) where each row's (text, token) run starts
-        self.occurrences = (run + position)[follows].sort().values  # (M,) by text, token, position
-        self.first = torch.searchsorted(self.occurrences, run)  # (B, T) each row's run in it
-        before = torch.searchsorted(self.occurrences, run + position) - self.first  # occurrences before row i
-        self.count = torch.where(valid, before, 0)  # (B, T): a padding row has none
-        self.T, self.device = T, device
-        self._kept: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}  # chunk -> its targets, for the next layers
-        self._kept_count = 0  # the targets kept: at most TARGETS_KEPT
+        occurrences = (run + torch.arange(T))[follows].sort().values  # (M,)
+        before = torch.searchsorted(occurrences, run + torch.arange(T)) - torch.searchsorted(occurrences, run)
+        return cls(prev, token, valid & (before > 0))
 
-    def of_rows(self, start: int, stop: int) -> tuple[Tensor, Tensor]:
-        """The targets of rows ``start`` .. ``stop`` as (N, 3) (text, row counted from ``start``,
-        key) triples, by text and row, keys ascending; and which of those rows have one (B, stop - start)."""
-        if (start, stop) in self._kept:
-            return self._kept[(start, stop)]
-        C = stop - start
-        count = self.count[:, start:stop].flatten()  # (B·C,)
-        total = int(count.sum())
-        row = torch.repeat_interleave(torch.arange(len(count)), count, output_size=total)  # (N,) its flat (text, row)
-        nth = torch.arange(total) - (count.cumsum(0) - count)[row]  # (N,) which of its row's targets
-        at = self.first[:, start:stop].flatten()[row] + nth  # (N,) where in the occurrences
-        key = self.occurrences[at] % self.T + 1  # (N,) the token after each earlier occurrence
-        found = (torch.stack([row // C, row % C, key], 1).to(self.device),
-                 (self.count[:, start:stop] > 0).to(self.device))
-        if self._kept_count + total <= TARGETS_KEPT:  # kept while they fit: the chunks first met
-            self._kept[(start, stop)] = found
-            self._kept_count += total
-        return found
-
-
-#: The most induction-pattern targets of a batch kept for its layers (:class:`_RepeatTargets`;
-#: 24 bytes each: 48 MiB).
-TARGETS_KEPT = 1 << 21
+    def to(self, device: torch.device) -> RepeatKeys:
+        return RepeatKeys(self.prev.to(device), self.token.to(device), self.counted.to(device))
 
 
 def _relation_cells(keys: Sequence[str], text: Tensor, B: int) -> tuple[list[str], Tensor]:
@@ -310,17 +304,14 @@ def _relation_cells(keys: Sequence[str], text: Tensor, B: int) -> tuple[list[str
     return relations, torch.tensor([at[key] for key in keys], dtype=torch.long) * B + text
 
 
-def _repeats_followed(p: Tensor, target: Tensor, counted: Tensor) -> tuple[Tensor, Tensor]:
-    """A text's own induction pattern in p (B, H, C, K): for each row that repeats an earlier token
-    (``counted`` (B, C)), its mass on the tokens right after those occurrences (``target``
-    (N, 3) triples, :class:`_RepeatTargets`). Returns the summed mass over such rows, (B, H), and
-    how many rows there are, (B, H)."""
+def _repeats_followed(p: Tensor, keys: RepeatKeys, start: int) -> tuple[Tensor, Tensor]:
+    """A text's own induction pattern in p (B, H, C, K), rows ``start`` .. ``start + C``: for each
+    row that repeats an earlier token, its mass on the keys right after those occurrences
+    (:class:`RepeatKeys`) — the reference, and the path where the compiled rows do not read the
+    chunk. Returns the summed mass over such rows, (B, H), and how many rows there are, (B, H)."""
     B, H, C, K = p.shape
-    b, c, k = target.unbind(1)  # (N,) each
-    if B == 1 and p.is_contiguous():  # one text (a document): its heads' rows read at once, ~2.5x the indexing below
-        inside = k < K  # a key past the chunk's last has weight 0
-        mass = p.view(H, C * K).index_select(1, c[inside] * K + k[inside]).sum(1)[None]  # (1, H)
-    else:
-        picked = p[b, :, c, k.clamp_max(K - 1)] * (k < K)[:, None]  # (N, H): past the chunk's last key, weight 0
-        mass = p.new_zeros(B, H).index_add_(0, b, picked)  # (B, H)
-    return mass, counted.sum(-1)[:, None].expand(B, H)
+    rows = torch.arange(start, start + C, device=p.device)[:, None]  # (C, 1)
+    target = keys.prev[:, None, :K] == keys.token[:, start:start + C, None]  # (B, C, K)
+    target &= torch.arange(K, device=p.device) <= rows  # earlier occurrences only (j - 1 < i)
+    mass = torch.einsum("bhck,bck->bh", p, target.to(p.dtype))  # (B, H)
+    return mass, keys.counted[:, start:start + C].sum(-1)[:, None].expand(B, H)
