@@ -248,9 +248,9 @@ def test_pairwise_js_is_the_definition(N, R, S, sharp, threads, seed, data):
     m = (p + q) / 2
     js = ((torch.xlogy(p, p) + torch.xlogy(q, q)) / 2 - torch.xlogy(m, m)).sum(-1).clamp_min(0) / math.log(2)
     rows = torch.stack([native.pairwise_js(maps[:, r:r + 1].contiguous()) for r in range(R)], -1)  # (N, N, R)
-    torch.testing.assert_close(rows.square(), js, rtol=0, atol=2e-6)
+    torch.testing.assert_close(rows.square(), js, rtol=0, atol=1e-5)  # float32 sums of entropies up to ln 700
     torch.testing.assert_close(got, rows.sum(-1), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(got, _pairwise_js(maps) * R, rtol=0, atol=2e-3 * R)
+    torch.testing.assert_close(got, _pairwise_js(maps) * R, rtol=0, atol=4e-3 * R)  # sqrt of 1e-5 apart, a row
     if copied:
         assert got[copied] == 0
     if disjoint:

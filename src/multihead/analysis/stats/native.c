@@ -400,6 +400,41 @@ static float kth_largest(const float *restrict x, int64_t n, int64_t k) {
     return t;
 }
 
+/* Offer the weights >= t of the blocks (nb of `block` keys, rm their maxima) whose maximum is >= t,
+   in key order: the blocks found eight at a time by one comparison of their maxima, the weights of
+   a whole block of 8 or 16 keys eight at a time — each a bit mask walked bit by bit, where a branch
+   a block and a key was mispredicted at every candidate (a third of the top-k's time at 1k keys). */
+static inline void offer_above(const float *restrict p, const float *restrict rm, int64_t nb, int64_t K,
+                               int64_t block, float t, float *restrict tv, int64_t *restrict ti, int64_t k) {
+    __m256 at_least_t = _mm256_set1_ps(t);
+    for (int64_t m0 = 0; m0 < nb; m0 += 8) {
+        unsigned blocks = 0;
+        if (m0 + 8 <= nb)
+            blocks = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(rm + m0), at_least_t, _CMP_GE_OQ));
+        else
+            for (int64_t m = m0; m < nb; m++) blocks |= (unsigned)(rm[m] >= t) << (m - m0);
+        while (blocks) {
+            int64_t m = m0 + __builtin_ctz(blocks);
+            blocks &= blocks - 1;
+            int64_t a = m * block, b = a + block < K ? a + block : K;
+            if ((block == 8 || block == 16) && b - a == block) {
+                for (int64_t v = a; v < b; v += 8) {
+                    unsigned keys = (unsigned)_mm256_movemask_ps(
+                        _mm256_cmp_ps(_mm256_loadu_ps(p + v), at_least_t, _CMP_GE_OQ));
+                    while (keys) {
+                        int64_t j = v + __builtin_ctz(keys);
+                        keys &= keys - 1;
+                        offer(tv, ti, k, p[j], j);
+                    }
+                }
+            } else {
+                for (int64_t j = a; j < b; j++)
+                    if (p[j] >= t) offer(tv, ti, k, p[j], j);
+            }
+        }
+    }
+}
+
 /* Blocks of 8 or 16 keys (vectors: 1 or 2 a block), eight at a time while eight fit in K: their
    sums and maxima; returns the first block not done. */
 static int64_t eight_blocks(const float *restrict p, int64_t K, int64_t block, float *restrict rs,
@@ -484,12 +519,7 @@ static void rows_pooled(const float *w, int64_t C, int64_t K, int64_t hstride, i
             float t = kth_largest(rm, nb, k);
             if (t >= 0.f) {
                 clear(tv, ti, k);
-                for (int64_t m = 0; m < nb; m++) {
-                    if (rm[m] < t) continue;
-                    int64_t a = m * block, b = a + block < K ? a + block : K;
-                    for (int64_t j = a; j < b; j++)
-                        if (p[j] >= t) offer(tv, ti, k, p[j], j);
-                }
+                offer_above(p, rm, nb, K, block, t, tv, ti, k);
                 continue;
             }
         }
