@@ -296,7 +296,7 @@ def test_a_streamed_analysis_is_the_same_with_the_compiled_readers(name, request
         torch.testing.assert_close(mine.value, theirs.value, rtol=1e-5, atol=1e-5)
         assert torch.equal(mine.index, theirs.index), measure
     assert fast.redundancy.js_count == slow.redundancy.js_count
-    torch.testing.assert_close(fast.redundancy.js(), slow.redundancy.js(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast.redundancy.js(), slow.redundancy.js(), rtol=1e-4, atol=1e-4)
     assert set(fast.syntax.correct) == set(slow.syntax.correct) and fast.syntax.correct
     for key in slow.syntax.correct:
         assert torch.equal(fast.syntax.correct[key], slow.syntax.correct[key]), key

@@ -276,7 +276,7 @@ def test_the_cosine_in_many_steps_is_the_cosine_in_one(dtype, units, monkeypatch
 def test_a_half_gram_keeps_the_cosine_within_its_rounding():
     """A bfloat16 model's cosine from a bfloat16 Gram against the float32 Gram of the same
     contributions, on 96 heads of 64 over 300 rows of correlated outputs (some heads near copies of
-    others): every mean cosine within 3e-3, and each pair's order of magnitude kept."""
+    others): every mean cosine within 3e-3."""
     import multihead.analysis.stats.redundancy as redundancy
 
     g = torch.Generator().manual_seed(5)
@@ -295,5 +295,6 @@ def test_a_half_gram_keeps_the_cosine_within_its_rounding():
                        w_o=w_o, rows_per_chunk=64)
             found.append(red.cosine())
     wide, half = found
-    assert wide.abs().max() > 0.3  # correlated heads: cosines well away from 0
+    pairs = ~torch.eye(L_ * H_, dtype=torch.bool)
+    assert wide[pairs].abs().max() > 0.3  # correlated heads: cosines of two heads well away from 0
     assert (half - wide).abs().max() < 3e-3

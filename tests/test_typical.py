@@ -253,6 +253,9 @@ def test_a_long_documents_induction_pattern_holds_no_targets():
     assert rows.tolist() == [[4, 4, 4]]
     empty = RepeatKeys.of(torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 0, dtype=torch.bool))
     assert empty.counted.shape == (2, 0)
+    padded = RepeatKeys.of(torch.tensor([[3, 4, 3, -100]]), torch.tensor([[True, True, True, False]]))
+    assert padded.prev.tolist() == [[-1, 3, 4, -1]] and padded.token.tolist() == [[3, 4, 3, -2]]
+    assert padded.counted.tolist() == [[False, False, True, False]]
 
 
 def test_smollm2_induction_heads_name_texts_with_repeats(smollm2):

@@ -23,6 +23,7 @@ then are the corpus).
 from __future__ import annotations
 
 import functools
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -73,7 +74,7 @@ def in_latin_script(text: str) -> bool:
 #: (cut where a paragraph, else a line, else a sentence, else a word ends). spaCy holds ~3.6 KB a
 #: character while it parses (836 MiB for a 230,000-character document, the largest memory of that
 #: document's analysis and outside its plan), and refuses a text over its ``max_length`` (1,000,000)
-#: outright; in pieces, a parse holds ~40 MiB whatever the length.
+#: outright; in pieces, read :data:`BATCH_CHARS` at a time, a parse holds ~200 MiB whatever the length.
 PIECE = 10_000
 #: Characters of the pieces spaCy reads in one batch (``nlp.pipe``): 64 sentences, or 4 whole pieces.
 BATCH_CHARS = 40_000
@@ -95,17 +96,18 @@ def parse_with_spacy(texts: Sequence[str], nlp=None) -> list[Parse | None]:
         nlp = load_spacy()
     # (text, piece's first character, end): a cut piece without the whitespace it ends in — a trailing
     # line break is a token spaCy attaches words to — so that each parses as the same words would alone
-    cut = []
+    short, long = [], []  # sentences 64 a batch; longer texts and pieces as many as fit BATCH_CHARS
     for n in readable:
         split = pieces(texts[n])
-        cut += [(n, a, a + len(texts[n][a:b].rstrip()) if len(split) > 1 else b) for a, b in split]
-    longest = max((b - a for _, a, b in cut), default=1)
-    batch = max(1, min(64, BATCH_CHARS // max(longest, 1)))
+        cut = [(n, a, a + len(texts[n][a:b].rstrip()) if len(split) > 1 else b) for a, b in split]
+        (short if len(texts[n]) <= BATCH_CHARS // 64 else long).extend(cut)
     words: dict[int, list[Span]] = {n: [] for n in readable}
     heads: dict[int, list[int]] = {n: [] for n in readable}
     relations: dict[int, list[str]] = {n: [] for n in readable}
-    docs = nlp.pipe((texts[n][a:b] for n, a, b in cut), batch_size=batch)
-    for (n, a, _), doc in zip(cut, docs, strict=True):
+    docs = itertools.chain(*(nlp.pipe((texts[n][a:b] for n, a, b in part),
+                                      batch_size=max(1, min(64, BATCH_CHARS // max(1, *(b - a for _, a, b in part)))))
+                             for part in (short, long) if part))
+    for (n, a, _), doc in zip(short + long, docs, strict=True):
         kept = [t for t in doc if not t.is_space]
         before = len(words[n])  # the text's words in its pieces before this one
         index = {t.i: before + k for k, t in enumerate(kept)}
@@ -120,8 +122,8 @@ def parse_with_spacy(texts: Sequence[str], nlp=None) -> list[Parse | None]:
 def pieces(text: str, limit: int | None = None) -> list[Span]:
     """``text`` as consecutive (start, end) pieces of at most ``limit`` (:data:`PIECE`) characters that together
     cover it: each cut after the last paragraph break (a blank line) within the limit, else the last
-    line break, else the last sentence's end (". ", "? ", "! "), else the last whitespace — no word
-    is cut — else, a single "word" longer than the limit, at the limit."""
+    line break, else the last sentence's end (". ", "? ", "! "), else the last whitespace (any
+    Unicode space) — no word is cut — else, a single "word" longer than the limit, at the limit."""
     limit = PIECE if limit is None else limit
     if limit < 1:
         raise ValueError(f"limit must be a positive number of characters; got {limit!r}")
@@ -130,13 +132,12 @@ def pieces(text: str, limit: int | None = None) -> list[Span]:
     while len(text) - start > limit:
         window = text[start:start + limit]
         end = 0
-        for mark in ("\n\n", "\n", ". ", "? ", "! "):
-            found = window.rfind(mark)
-            if found >= 0:
-                end = found + len(mark)
+        for marks in (("\n\n",), ("\n",), (". ", "? ", "! ")):  # the last of the first kind the window holds
+            end = max(window.rfind(mark) + len(mark) if mark in window else 0 for mark in marks)
+            if end:
                 break
         else:
-            end = max(window.rfind(c) for c in " \t\n\r\f\v") + 1  # 0: no whitespace
+            end = next((n + 1 for n in range(len(window) - 1, -1, -1) if window[n].isspace()), 0)
         end = end or limit
         out.append((start, start + end))
         start += end

@@ -3,9 +3,10 @@
    Built by native.py at first use (gcc -O3 -march=native -ffast-math, -fopenmp where it builds),
    called through ctypes with the GIL released: one call whose ranges of rows run on the OpenMP
    threads, or built without OpenMP one call per range, each on a thread of native.py's pool. The
-   eager PyTorch code of heads.py, longcontext.py and maps.py is the reference these are tested
-   against; this file holds no other idea. Weights are float32 (B, H, C, K), contiguous: rows start..start+C of a self-attention whose
-   real tokens are 0..n-1 (right padding), over its first K keys.
+   eager PyTorch code of heads.py, longcontext.py, maps.py, syntax.py, typical.py (the induction
+   pattern) and redundancy.py (the JS distance) is the reference these are tested against; this
+   file holds no other idea. Weights are float32 (B, H, C, K), contiguous: rows start..start+C of a
+   self-attention whose real tokens are 0..n-1 (right padding), over its first K keys.
 
    Per row i (absolute position), keys j, d = |i - j|: one vectorised pass for the head metrics
    (mass, sum p d, p log p, largest weight, key-set masses: a single set of vector reductions a
@@ -17,7 +18,8 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Each entry point splits its rows (or heads) in `parts` consecutive ranges and, when built with
+/* Each entry point splits its rows (or heads) in `parts` ranges (consecutive; pairwise_js's
+   interleaved) and, when built with
    OpenMP, runs them on the OpenMP threads of PyTorch's own runtime (the same libgomp, found by its
    soname in the process): right after PyTorch's last parallel region its workers spin, waiting
    for the next, and a thread pool of our own competed with them for the cores — rows of 4,096 keys
@@ -159,7 +161,9 @@ static inline double key(const float *p, int64_t K, int64_t j) { return j >= 0 &
    key's weight summed over those rows: columns (n, K) for the n (text, head) pairs bh0, bh0 + 1, …
    the rows belong to. flags (B, kstride) uint8: 1 the first real
    token, 2 a separator, 4 punctuation. log_n (B, H, C): log of the keys each row may see (rows
-   with log_n > 0 count for entropy_norm and kl_uniform). */
+   with log_n > 0 count for entropy_norm and kl_uniform). When repeat is not null, repeat (B, H):
+   each row's mass on its keys j <= i whose previous token, key_token (B, K), is the row's own,
+   token (B, C) (< 0: none) — the induction pattern on the text itself. */
 static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int64_t start,
                             const uint8_t *flags, int64_t kstride, const uint8_t *valid, const float *log_n,
                             int64_t row0, int64_t row1, double *heads, double *long_sums, double *hist,
@@ -262,7 +266,8 @@ void row_statistics(const float *w, int64_t B, int64_t H, int64_t C, int64_t K, 
 /* Σ_j m_j ln m_j over keys 0..K-1 of the mixture m = (p + q) / 2 (0 ln 0 = 0): float lanes over
    blocks of 256 keys, the blocks added in double. Of q = p it is Σ p ln p exactly as this sums it
    (m = p in float), so a head's JS with itself is 0 to the bit. */
-static inline double mixture_plogp(const float *restrict p, const float *restrict q, int64_t K) {
+__attribute__((noinline)) /* one body for a head's own sums and its pairs': a copied head's JS is 0 to the bit */
+static double mixture_plogp(const float *restrict p, const float *restrict q, int64_t K) {
     double total = 0.0;
     for (int64_t j0 = 0; j0 < K; j0 += 256) {
         int64_t j1 = j0 + 256 < K ? j0 + 256 : K;

@@ -339,11 +339,16 @@ def pairwise_js(maps: Tensor) -> Tensor:
     """Σ over rows of the Jensen–Shannon distance (base 2) of every two heads: maps (N, R, S)
     float32, contiguous, in CPU memory (see :func:`usable`) -> (N, N) float64, symmetric, 0 on the
     diagonal — :func:`~.redundancy._pairwise_js` times R, in one pass per pair (each row read up
-    to its last key any head weighs; the logs inline and 16 wide, summed in float32 over blocks of
-    256 keys and in float64 beyond), its pairs in as many ranges as torch uses threads."""
+    to its last key any head weighs; the logs vectorised, summed in float32 over blocks of 256 keys
+    and in float64 beyond), its pairs in as many ranges as torch uses threads."""
     N, R, S = maps.shape
+    if not available():
+        raise RuntimeError("pairwise_js: the compiled readers are not built here (no C compiler, or "
+                           f"{ENV}=0); redundancy._pairwise_js is the eager one")
     if not (usable(maps) and maps.is_contiguous()):
         raise ValueError("pairwise_js: float32 maps (N, R, S), contiguous, in CPU memory")
+    if S == 0 or R == 0:
+        return torch.zeros(N, N, dtype=torch.float64)
     lengths = torch.empty(R, dtype=torch.int64)
     own = torch.empty(N, R, dtype=torch.float64)
     out = torch.empty(N, N, dtype=torch.float64)

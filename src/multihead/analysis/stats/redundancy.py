@@ -13,14 +13,14 @@ ends (cross-layer pairs need them side by side), then reduced and released; noth
 the corpus, and no layer's whole map is ever kept (a streamed document reduces the same way).
 
 JS costs N²/2 · rows · keys elementwise logs (on a CPU in one compiled pass a pair,
-:func:`~.native.pairwise_js`, ≈0.25 ns a pair-element on two cores; the eager blocks, the
-reference and CUDA's path, ~3 ns), so each batch contributes an even stride of its query rows chosen to
-keep that work within :data:`JS_BUDGET` (2^23: about a hundred rows of a 32-sentence MiniLM
-batch, a dozen for SmolLM2's 270 heads; at least :data:`MIN_JS_ROWS`, taken from the middle of
-their strides); ``rows_js`` in the report says how many rows the JS averages rest on. The cosine
-uses every row of a batch up to :data:`COSINE_ROWS` while its N² · rows · D work stays within
-:data:`COSINE_BUDGET`, an even sample beyond (at least :data:`MIN_COSINE_ROWS` rows). Head outputs
-and W^O are read as the model has them: its own dtype, its own W^O (no copy).
+:func:`~.native.pairwise_js`, ≈0.25 ns a pair-element on two cores; the eager blocks — the
+reference, and the path on CUDA — ~3 ns on the same CPU), so each batch contributes an even stride
+of its query rows chosen to keep that work within :data:`JS_BUDGET` (2^23: about a hundred rows of
+a 32-sentence MiniLM batch, a dozen for SmolLM2's 270 heads; at least :data:`MIN_JS_ROWS`, taken
+from the middle of their strides); ``rows_js`` in the report says how many rows the JS averages
+rest on. The cosine uses every row of a batch up to :data:`COSINE_ROWS` while its N² · rows · D
+work stays within :data:`COSINE_BUDGET`, an even sample beyond (at least :data:`MIN_COSINE_ROWS`
+rows). Head outputs and W^O are read as the model has them: its own dtype, its own W^O (no copy).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ __all__ = ["JS_BUDGET", "RedundancyStatistics", "clusters", "most_redundant"]
 
 JS_BUDGET = 1 << 23
 #: The fewest query rows of a batch the JS averages rest on (a 4,096-token document of SmolLM2:
-#: about 9 s of JS work for 4 rows).
+#: ~6e8 pair-elements for 4 rows, ~0.15 s compiled on two cores, ~1.8 s eager).
 MIN_JS_ROWS = 4
 #: elements of residual contributions (N x rows x D) formed at once for the cosine
 COSINE_CHUNK = 1 << 24
@@ -106,8 +106,9 @@ class RedundancyStatistics(ReducerBase):
         maps = L * H * sampled * keys * 4
         held = maps + L * H * cosine * head_dim * element_size
         step = max(1, COSINE_CHUNK // (N * hidden))
-        # at the end, beside what is held: the JS's temporaries (the rows' lengths read from a bool
-        # copy of the maps, then blocks of JS_BLOCK mixtures and their logarithms) or the cosine's
+        # at the end, beside what is held: the eager JS's temporaries (the rows' lengths read from a
+        # bool copy of the maps, then blocks of JS_BLOCK mixtures and their logarithms; the compiled
+        # pass's are O(N·R + N²), so on a CPU this is a little over) or the cosine's
         # block of contributions (gram_size) with one layer's temporaries, whichever is more
         js = max(N * sampled * keys, 2 * JS_BLOCK * 4)
         at_once = min(step, cosine)  # a block of every head's contributions

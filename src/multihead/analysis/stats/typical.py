@@ -276,9 +276,9 @@ class RepeatKeys:
     def of(cls, ids: Tensor, valid: Tensor) -> RepeatKeys:
         """From a batch's token ids and real-token flags (B, T) (in host memory: sorted once a batch)."""
         B, T = ids.shape
-        ids = ids.to(torch.int64)
+        ids = ids.to(torch.int64).where(valid, 0)  # padding may hold any id (-100, -1): never read
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= 2**31):
-            raise ValueError("token ids must lie in 0 .. 2^31 - 1")
+            raise ValueError("a real token's id must lie in 0 .. 2^31 - 1")
         follows = valid.clone()  # (B, T) the occurrences a later row can copy from: real tokens followed by one
         follows[:, :-1] &= valid[:, 1:]
         follows[:, T - 1:] = False  # (no column at all when T = 0)
