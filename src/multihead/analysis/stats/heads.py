@@ -38,7 +38,7 @@ from . import native
 from .base import ReducerBase, shared
 from .bootstrap import GROUPS, LEVEL, intervals, resampled, used_groups
 
-__all__ = ["METRICS", "HeadStatistics", "RowValues", "native_rows", "row_values"]
+__all__ = ["METRICS", "HeadStatistics", "RowValues", "row_values"]
 
 METRICS = ("entropy", "entropy_norm", "distance", "self", "previous_token", "next_token", "local", "cls", "sep",
            "punctuation", "max_weight", "kl_uniform", "vertical")
@@ -69,20 +69,12 @@ def _row_values(chunk: AttentionChunk, batch: Batch) -> RowValues:
     if start < 0 or start + C > T or K > T:
         raise ValueError(f"head statistics need self-attention rows {start}..{start + C} of a (T, T) map "
                          f"with T = {T} tokens; got {C} rows over {K} keys")
-    found = native_rows(chunk, batch)
+    found = native.compiled_rows(chunk, batch)
     if found is not None:
         counts = found.rows.expand(B, H)  # (B, H) real query rows
         where = [found.informative if name in ("entropy_norm", "kl_uniform") else counts for name in ROW_METRICS]
         return RowValues(ROW_METRICS, found.heads.permute(2, 0, 1), torch.stack(where))  # (M, B, H) each
     return eager_row_values(chunk, tokens)
-
-
-def native_rows(chunk: AttentionChunk, batch: Batch) -> native.RowSums | None:
-    """The chunk's compiled row sums (:func:`~.native.row_sums`, once a chunk) where they read it —
-    a right-padded float32 map in CPU memory — else None (the eager readers' chunk)."""
-    if native.usable(chunk.weights) and batch.tokens.positions[1]:
-        return native.row_sums(chunk, batch)
-    return None
 
 
 def eager_row_values(chunk: AttentionChunk, tokens: TokenInfo) -> RowValues:
@@ -252,7 +244,7 @@ class HeadStatistics(ReducerBase):
                 column.zero_()
         else:
             column = self._columns.pop(layer)
-        compiled = native_rows(chunk, self.batch)
+        compiled = native.compiled_rows(chunk, self.batch)
         summed = None if compiled is None else compiled.columns  # summed in the compiled pass (asked at begin_batch)
         if summed is not None:
             column[..., :K] += summed  # (B, H, K)

@@ -76,8 +76,8 @@ class LongContextStatistics(ReducerBase):
                            p.new_zeros(L, dtype=torch.float64), p.new_zeros(L, H, BINS, dtype=torch.float64))
         sums, counted, histogram = self._batch
         counted[layer] += rows.sum()
-        if prefix and native.usable(chunk.weights):  # the compiled readers' sums over the real rows
-            found = native.row_sums(chunk, self.batch)
+        found = native.compiled_rows(chunk, self.batch)  # the compiled readers' sums over the real rows
+        if found is not None:
             sums[:, layer] += found.long.sum(0).T  # (8, H)
             histogram[layer] += found.hist.sum(0)  # (H, BINS)
             return

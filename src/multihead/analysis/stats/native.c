@@ -265,8 +265,9 @@ void row_statistics(const float *w, int64_t B, int64_t H, int64_t C, int64_t K, 
 
 /* Σ_j m_j ln m_j over keys 0..K-1 of the mixture m = (p + q) / 2 (0 ln 0 = 0): float lanes over
    blocks of 256 keys, the blocks added in double. Of q = p it is Σ p ln p exactly as this sums it
-   (m = p in float), so a head's JS with itself is 0 to the bit. */
-__attribute__((noinline)) /* one body for a head's own sums and its pairs': a copied head's JS is 0 to the bit */
+   (m = p in float); not inlined, so that a head's own sums and its pairs' are one body, summed in
+   one order: a copied head's JS is 0 to the bit. */
+__attribute__((noinline))
 static double mixture_plogp(const float *restrict p, const float *restrict q, int64_t K) {
     double total = 0.0;
     for (int64_t j0 = 0; j0 < K; j0 += 256) {
@@ -379,13 +380,11 @@ static inline int64_t at_least(const float *restrict x, int64_t n, float t) {
 
 /* A lower bound within 2^-7 of the k-th largest of x[0..n) (1 <= k < n) when every x is a
    non-negative float (a weight), else -1: a binary search over the values' bit patterns — ordered
-   as the floats are when none is negative — for a t with at least k of x >= t, narrowed to
-   KTH_BITS patterns below the k-th largest (~14 counting passes, no data-dependent branch: a
-   selection's mispredictions cost more). */
-/* kth_largest stops once its interval is this many bit patterns wide (the bound within 2^-7 of the
-   k-th largest, below it): any t <= the k-th largest block maximum gives the same top-k, a slightly
-   lower one only a few more candidates — 16 of the ~30 halvings saved, 14-23 % of a chunk's top-k
-   at 1k and 4k keys, sharp rows or flat ones (AMD EPYC, one thread). */
+   as the floats are when none is negative — for a t with at least k of x >= t, stopped once the
+   interval is KTH_BITS patterns wide (~14 counting passes, no data-dependent branch: a selection's
+   mispredictions cost more). Any t <= the k-th largest block maximum gives the same top-k, a
+   slightly lower one only a few more candidates: the 16 halvings saved took 14-23 % off a chunk's
+   top-k at 1k and 4k keys, sharp rows or flat ones (AMD EPYC, one thread). */
 #define KTH_BITS 65536
 static float kth_largest(const float *restrict x, int64_t n, int64_t k) {
     uint32_t lo = 0, hi, bits = 0;

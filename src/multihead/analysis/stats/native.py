@@ -43,8 +43,8 @@ from ...hf.route import AttentionChunk
 from ...inputs import Batch, TokenInfo
 from .base import shared
 
-__all__ = ["COLUMNS", "ENV", "LONG", "REPEAT", "RowSums", "WordRuns", "available", "pairwise_js", "row_pooled",
-           "row_sums", "usable", "word_predictions", "word_runs"]
+__all__ = ["COLUMNS", "ENV", "LONG", "REPEAT", "RowSums", "WordRuns", "available", "compiled_rows", "pairwise_js",
+           "row_pooled", "row_sums", "usable", "word_predictions", "word_runs"]
 
 SOURCE = Path(__file__).with_name("native.c")
 #: Compiled with -ffast-math (vectorised reductions and log) but linked without it: a
@@ -169,6 +169,14 @@ COLUMNS = "native-columns"
 #: ``batch.memo`` key: the batch's (prev, token) (B, T) int32 of :class:`~.typical.RepeatKeys`: the
 #: rows' mass on their induction-pattern targets is summed in the same pass.
 REPEAT = "native-repeat"
+
+
+def compiled_rows(chunk: AttentionChunk, batch: Batch) -> RowSums | None:
+    """The chunk's compiled row sums (:func:`row_sums`, once a chunk) where they read it — a
+    right-padded float32 map in CPU memory (:func:`usable`) — else None (the eager readers' chunk)."""
+    if usable(chunk.weights) and batch.tokens.positions[1]:
+        return row_sums(chunk, batch)
+    return None
 
 
 def row_sums(chunk: AttentionChunk, batch: Batch) -> RowSums:

@@ -231,8 +231,7 @@ class RedundancyStatistics(ReducerBase):
                                              out=staging[:H * D * n].view(H, D, n)))
                     # unit vectors layer by layer, while the layer's part is in cache: (H, 1, rows) norms summed
                     # in float32 whatever the block's dtype (2x .norm(dim=1)'s speed for float32)
-                    wide = mine if mine.dtype == torch.float32 else mine.float()
-                    norm = wide.square().sum(1, keepdim=True).sqrt_()
+                    norm = mine.float().square().sum(1, keepdim=True).sqrt_()
                     mine.div_(norm.clamp_min_(1e-12))  # a half block: each quotient formed in float32, then rounded
                 self.cos_sum += _gram(contrib.view(N, D * n)).to(torch.float64).cpu()  # Σ_r cos_r for every pair
             del block, staging

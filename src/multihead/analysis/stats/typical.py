@@ -33,7 +33,7 @@ from ...inputs import Batch
 from ..sections import Typical, TypicalHead
 from . import native
 from .base import ReducerBase, shared
-from .heads import native_rows, row_values
+from .heads import row_values
 from .syntax import alignment, word_predictions
 
 __all__ = ["FALLBACK", "MEASURES", "MIN_TOKENS", "TOP", "RepeatKeys", "TypicalTexts", "measure_of"]
@@ -168,10 +168,10 @@ class TypicalTexts(ReducerBase):
         found = row_values(chunk, batch)
         names, per_text, per_count = list(found.names), found.sums, found.counts  # (M, B, H)
         if tokens.ids is not None:  # and, per text only, its own induction pattern
-            compiled = native_rows(chunk, batch)
+            compiled = native.compiled_rows(chunk, batch)
             if compiled is not None and compiled.repeat is not None:  # summed in the compiled row pass
                 copy_sum = compiled.repeat  # (B, H)
-                copy_rows = self._repeat.counted[:, chunk.start:chunk.stop].sum(-1)[:, None].expand_as(copy_sum)
+                copy_rows = self._repeat.rows_counted(chunk.start, chunk.stop).expand_as(copy_sum)
             else:
                 copy_sum, copy_rows = _repeats_followed(chunk.weights.detach().float(), self._repeat, chunk.start)
             names.append("repeat_successor")
@@ -288,9 +288,14 @@ class RepeatKeys:
         # counted: an occurrence before row i among the followed ones — by (text, token, position) sorted
         vocabulary = int(ids.max()) + 1 if ids.numel() else 1
         run = (torch.arange(B)[:, None] * vocabulary + ids) * T  # (B, T) where each row's (text, token) run starts
-        occurrences = (run + torch.arange(T))[follows].sort().values  # (M,)
-        before = torch.searchsorted(occurrences, run + torch.arange(T)) - torch.searchsorted(occurrences, run)
+        at = run + torch.arange(T)  # (B, T) each row's place in the order
+        occurrences = at[follows].sort().values  # (M,)
+        before = torch.searchsorted(occurrences, at) - torch.searchsorted(occurrences, run)
         return cls(prev, token, valid & (before > 0))
+
+    def rows_counted(self, start: int, stop: int) -> Tensor:
+        """(B, 1) how many of rows ``start`` .. ``stop`` of each text have a target."""
+        return self.counted[:, start:stop].sum(-1, keepdim=True)
 
     def to(self, device: torch.device) -> RepeatKeys:
         return RepeatKeys(self.prev.to(device), self.token.to(device), self.counted.to(device))
@@ -314,4 +319,4 @@ def _repeats_followed(p: Tensor, keys: RepeatKeys, start: int) -> tuple[Tensor, 
     target = keys.prev[:, None, :K] == keys.token[:, start:start + C, None]  # (B, C, K)
     target &= torch.arange(K, device=p.device) <= rows  # earlier occurrences only (j - 1 < i)
     mass = torch.einsum("bhck,bck->bh", p, target.to(p.dtype))  # (B, H)
-    return mass, keys.counted[:, start:start + C].sum(-1)[:, None].expand(B, H)
+    return mass, keys.rows_counted(start, start + C).expand(B, H)
