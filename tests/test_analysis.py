@@ -252,10 +252,16 @@ def test_pairwise_js_reads_each_row_to_its_last_weighed_key_and_equals_the_defin
     def kl(a, b):
         return torch.where(a > 0, a * (a / b).log(), torch.zeros_like(a)).sum(-1)
 
-    want = ((kl(p, m) + kl(q, m)) / 2 / math.log(2)).clamp_min(0).sqrt().mean(-1)  # (N, N)
-    # compared as divergences: float32's rounding of a divergence near 0 (a head with itself) is ~1e-7,
-    # whose square root is ~3e-4
-    torch.testing.assert_close(_pairwise_js(maps, budget=64).square(), want.square(), atol=1e-5, rtol=1e-4)
+    divergence = ((kl(p, m) + kl(q, m)) / 2 / math.log(2)).clamp_min(0)  # (N, N, R)
+    # float32 sums of plogp terms round a row's divergence by up to ~1e-7 — for two nearly equal rows
+    # (a divergence near 0) an error that the square root lifts to ~3e-4 of distance: each row's
+    # distance is held within the square roots of its divergence moved by ROUNDING either way
+    rounding = 1e-6
+    low = (divergence - rounding).clamp_min(0).sqrt().mean(-1) - 1e-6  # (N, N)
+    high = (divergence + rounding).sqrt().mean(-1) + 1e-6
+    got = _pairwise_js(maps, budget=64).double()
+    assert ((low <= got) & (got <= high)).all(), (got, divergence.sqrt().mean(-1))
+    torch.testing.assert_close(got, divergence.sqrt().mean(-1), atol=2e-3, rtol=0)
 
 
 def test_left_and_right_padding_give_the_same_statistics():

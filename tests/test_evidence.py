@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import multihead as mh
+from conftest import SHARES_SMOLLM2_SAMPLE100
 from multihead.analysis.interventions import evidence
 from multihead.analysis.interventions.ablation import ablation_effects
 from multihead.analysis.probes.syntax import parse_with_spacy, spacy_available
@@ -30,6 +31,7 @@ def _silenced(model, cells):
     return quiet
 
 
+@SHARES_SMOLLM2_SAMPLE100
 def test_smollm2_has_confirmed_induction_and_previous_token_heads(smollm2, smollm2_sample100):
     """The evidence of the shared SmolLM2 analysis (100 texts): its induction heads and the
     previous-token heads below them tested, each kind confirmed somewhere (K-composition: a

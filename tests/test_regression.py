@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SHARES_SMOLLM2_SAMPLE100
 from multihead.jobs import analyze_job
 
 STORED = Path(__file__).parent / "data" / "reports"
@@ -66,7 +67,8 @@ def _intended(old: str, new: str, causal: bool) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [
     "minilm-demo",  # `multihead analyze`: the demo corpus (304 texts), every default
-    "smollm2-sample100",  # conftest.SMOLLM2_SAMPLE100, shared with the evidence and trust tests
+    pytest.param("smollm2-sample100", marks=SHARES_SMOLLM2_SAMPLE100),  # conftest.SMOLLM2_SAMPLE100: shared with
+    # the evidence and trust tests
 ])
 def test_a_report_equals_the_one_written_before_the_redesign(name, tmp_path, request):
     before = _stored(name)

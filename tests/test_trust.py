@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import multihead as mh
+from conftest import SHARES_SMOLLM2_SAMPLE100
 from multihead.analysis.compare import compare
 from multihead.analysis.interventions.evidence import Z, upper_bound
 from multihead.analysis.labels import degenerate, describe, flags_for, label_codes, label_for, traits_for
@@ -88,6 +89,7 @@ def test_confirmation_needs_the_effect_above_the_baselines_spread():
 
 
 @pytest.mark.slow
+@SHARES_SMOLLM2_SAMPLE100
 def test_smollm2_induction_heads_are_induction_with_a_sink_and_a_planted_no_op_is_degenerate(smollm2,
                                                                                            smollm2_sample100):
     """On ordinary sentences SmolLM2's induction heads park on the first token: labelled induction
