@@ -5,6 +5,17 @@ windows, soft-capping, sinks) set so they act on short inputs."""
 from __future__ import annotations
 
 import torch
+import transformers
+
+#: Architectures transformers moved onto its attention interface, and from which of its versions:
+#: refused before, supported since (docs/analysis.md says both).
+SUPPORTED_SINCE = {"falcon": (5, 25)}
+_TRANSFORMERS = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+
+
+def _since(name: str) -> str:
+    return "supported" if _TRANSFORMERS >= SUPPORTED_SINCE[name] else "refused"
+
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=120,
              max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -38,7 +49,7 @@ ARCHITECTURES: dict[str, tuple[str, dict, str]] = {
            "encoder-decoder"),
     "bart": ("bart", SEQ2SEQ, "encoder-decoder"),
     "deberta-v2": ("deberta-v2", {}, "refused"),
-    "falcon": ("falcon", {}, "refused"),
+    "falcon": ("falcon", {}, _since("falcon")),  # its fused Q/K/V: gated, not pruned
     "bloom": ("bloom", dict(n_embed=32, n_layer=2, n_head=4), "refused"),
 }
 

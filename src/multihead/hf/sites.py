@@ -15,8 +15,8 @@ Two kinds of module are sites:
   are found too;
 * :class:`~multihead.MultiHeadAttention` layers of our own models.
 
-Attention modules that compute attention by themselves (DeBERTa-v2, Falcon, Bloom in the
-transformers version installed here) cannot be routed through the capture exactly:
+Attention modules that compute attention by themselves (DeBERTa-v2 and Bloom; Falcon before
+transformers 5.25, which moved it onto the interface) cannot be routed through the capture exactly:
 :func:`find_sites` refuses them with one line naming the architecture.
 
 Names: each layer of a stack has a name people can guess, ``STACK.LAYER`` — ``encoder.3``,
