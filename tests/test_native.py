@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multihead.analysis.stats import heads, longcontext, maps, native, typical
+from multihead.analysis.stats import heads, longcontext, maps, native, redundancy, typical
 from multihead.inputs import TokenInfo
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -278,6 +278,8 @@ def test_a_streamed_analysis_is_the_same_with_the_compiled_readers(name, request
     texts = [document, "The trophy doesn't fit into the suitcase because it is too large.",
              "Unbelievably, antidisestablishmentarianism isn't a word people use."]
     parses = parse_with_spacy(texts)
+    # the same JS rows on both paths (the compiled pass's budget takes more of them)
+    monkeypatch.setattr(redundancy, "COMPILED_JS_BUDGET", redundancy.JS_BUDGET)
 
     def run():
         with torch.inference_mode():

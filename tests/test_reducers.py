@@ -298,3 +298,31 @@ def test_a_half_gram_keeps_the_cosine_within_its_rounding():
     pairs = ~torch.eye(L_ * H_, dtype=torch.bool)
     assert wide[pairs].abs().max() > 0.3  # correlated heads: cosines of two heads well away from 0
     assert (half - wide).abs().max() < 3e-3
+
+
+def test_the_js_sample_is_as_large_as_the_pass_that_reads_it_affords(monkeypatch):
+    """The compiled all-pairs JS (a CPU with the library built) takes 8x the eager blocks' work
+    per batch, so 8x the rows where the budget binds — the rows the memory plan counts — and the
+    eager budget where the maps are on CUDA or nothing is compiled."""
+    import multihead.analysis.stats.redundancy as redundancy
+    from multihead.analysis.stats import native
+
+    assert redundancy.js_budget("cuda") == redundancy.JS_BUDGET
+    assert redundancy.COMPILED_JS_BUDGET == 8 * redundancy.JS_BUDGET
+    L_, H_, B, T = 6, 12, 32, 40  # MiniLM's heads, a batch of 32 sentences of 40 tokens
+    g = torch.Generator().manual_seed(0)
+    maps = [torch.softmax(torch.randn(B, H_, T, T, generator=g), -1) for _ in range(L_)]
+    valid = torch.ones(B, T, dtype=torch.bool)
+    none = torch.zeros_like(valid)
+    rows = {}
+    for compiled in (False, True):
+        monkeypatch.setattr(native, "available", lambda compiled=compiled: compiled)
+        budget = redundancy.js_budget("cpu")
+        assert budget == (redundancy.COMPILED_JS_BUDGET if compiled else redundancy.JS_BUDGET)
+        red = feed(RedundancyStatistics(L_, H_), TokenInfo(valid, none, none, none), maps)
+        held, _ = RedundancyStatistics.planned_bytes(L_, H_, B * T, T, 384, 32, budget=budget)
+        rows[compiled] = red.js_count
+        assert held == L_ * H_ * red.js_count * T * 4 + L_ * H_ * B * T * 32 * 4  # the plan's rows are the run's
+    # 2,628 pairs x 40 keys a row: the eager budget affords 79 rows of the 1,280, an even stride of 17
+    # takes 75; the compiled one affords 638, a stride of 3 takes 427
+    assert (rows[False], rows[True]) == (75, 427)

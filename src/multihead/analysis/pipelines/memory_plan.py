@@ -54,7 +54,7 @@ from ..probes.retrieval import PROBE as RETRIEVAL
 from ..stats import native
 from ..stats.heads import HeadStatistics
 from ..stats.maps import TextViews
-from ..stats.redundancy import RedundancyStatistics, gram_dtype
+from ..stats.redundancy import RedundancyStatistics, gram_dtype, js_budget
 from ..stats.syntax import SyntaxStatistics
 from ..stats.typical import TypicalTexts
 
@@ -187,7 +187,8 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     if redundancy:
         held, end = RedundancyStatistics.planned_bytes(L, H, batch * tokens, tokens, D, Dv,
                                                        element_size=dtype.itemsize,
-                                                       gram_size=gram_dtype(dtype, device).itemsize)
+                                                       gram_size=gram_dtype(dtype, device).itemsize,
+                                                       budget=js_budget(device))
         statistics += held
     # the head metrics' running sums and bootstrap groups, the top texts, the syntax counts per relation
     host = (HeadStatistics.planned_bytes(L, H) + TypicalTexts.planned_bytes(L, H, relations)

@@ -15,12 +15,14 @@ the corpus, and no layer's whole map is ever kept (a streamed document reduces t
 JS costs N²/2 · rows · keys elementwise logs (on a CPU in one compiled pass a pair,
 :func:`~.native.pairwise_js`, ≈0.25 ns a pair-element on two cores; the eager blocks — the
 reference, and the path on CUDA — ~3 ns on the same CPU), so each batch contributes an even stride
-of its query rows chosen to keep that work within :data:`JS_BUDGET` (2^23: about a hundred rows of
-a 32-sentence MiniLM batch, a dozen for SmolLM2's 270 heads; at least :data:`MIN_JS_ROWS`, taken
-from the middle of their strides); ``rows_js`` in the report says how many rows the JS averages
-rest on. The cosine uses every row of a batch up to :data:`COSINE_ROWS` while its N² · rows · D
-work stays within :data:`COSINE_BUDGET`, an even sample beyond (at least :data:`MIN_COSINE_ROWS`
-rows). Head outputs and W^O are read as the model has them: its own dtype, its own W^O (no copy).
+of its query rows chosen to keep that work within :func:`js_budget`: :data:`JS_BUDGET` (2^23) for
+the eager blocks, :data:`COMPILED_JS_BUDGET` (2^26) for the compiled pass — some 20 ms a batch
+either way; of a 32-sentence batch, the compiled pass's budget takes ~600 rows with MiniLM's
+72 heads, ~35 with SmolLM2's 270; at least :data:`MIN_JS_ROWS`, taken from the middle of their
+strides. ``rows_js`` in the report says how many rows the JS averages rest on. The cosine uses
+every row of a batch up to :data:`COSINE_ROWS` while its N² · rows · D work stays within
+:data:`COSINE_BUDGET`, an even sample beyond (at least :data:`MIN_COSINE_ROWS` rows). Head outputs
+and W^O are read as the model has them: its own dtype, its own W^O (no copy).
 """
 
 from __future__ import annotations
@@ -38,9 +40,13 @@ from ...inputs import Batch
 from . import native
 from .base import ReducerBase
 
-__all__ = ["JS_BUDGET", "RedundancyStatistics", "clusters", "most_redundant"]
+__all__ = ["COMPILED_JS_BUDGET", "JS_BUDGET", "RedundancyStatistics", "clusters", "js_budget", "most_redundant"]
 
+#: Pair-elements of JS work a batch may take in the eager blocks (~25 ms at ~3 ns each) ...
 JS_BUDGET = 1 << 23
+#: ... and in the compiled pass (~17 ms at ~0.25 ns each on AVX-512; glibc's logf on other CPUs
+#: is slower): 8x the rows — SmolLM2's JS over 100 sentences rested on 31 query tokens at JS_BUDGET.
+COMPILED_JS_BUDGET = 1 << 26
 #: The fewest query rows of a batch the JS averages rest on (a 4,096-token document of SmolLM2:
 #: ~6e8 pair-elements for 4 rows, ~0.15 s compiled on two cores, ~1.8 s eager).
 MIN_JS_ROWS = 4
@@ -79,9 +85,9 @@ class RedundancyStatistics(ReducerBase):
         self.cos_sum = torch.zeros(n, n, dtype=torch.float64)
         self.js_count = 0.0
         self.cos_count = 0.0
-        #: pair-elements (N²/2 · rows · keys) of JS work allowed per batch; beyond it a strided
-        #: sample of the batch's query rows is used (only models with hundreds of heads reach it).
-        self.js_budget = JS_BUDGET
+        #: pair-elements (N²/2 · rows · keys) of JS work allowed per batch (None: :func:`js_budget`
+        #: of the batch's device); beyond it a strided sample of the batch's query rows is used.
+        self.js_budget: int | None = None
         self._w_o: dict[int, Tensor] = {}  # layer -> (D, H, Dv), the model's own
         # every layer's sampled rows (L, H, R_s, S) and heads' outputs at the cosine's rows (L, H, R_c, Dv),
         # one block each a batch: the heap is not cut up by a block per layer between the chunks' buffers
@@ -94,14 +100,15 @@ class RedundancyStatistics(ReducerBase):
 
     @staticmethod
     def planned_bytes(num_layers: int, num_heads: int, rows: int, keys: int, hidden: int, head_dim: int, *,
-                      element_size: int = 4, gram_size: int = 4) -> tuple[int, int]:
+                      element_size: int = 4, gram_size: int = 4, budget: int = JS_BUDGET) -> tuple[int, int]:
         """(bytes held through a batch of ``rows`` real query rows over ``keys`` keys, bytes its
         end-of-batch work adds): each layer's sampled rows (H, R_s, S) in float32 and its heads'
         outputs at the cosine's rows (H, R_c, Dv) in the model's dtype (``element_size`` bytes; W^O
         is the model's own, not a copy); at the end the JS's blocks or one cosine step, its
-        contributions in ``gram_size`` bytes (:func:`gram_dtype`)."""
+        contributions in ``gram_size`` bytes (:func:`gram_dtype`). ``budget``: the JS's
+        (:func:`js_budget`)."""
         L, H, N = num_layers, num_heads, num_layers * num_heads
-        sampled = len(range(rows)[_row_sample(N, rows, keys, JS_BUDGET)])
+        sampled = len(range(rows)[_row_sample(N, rows, keys, budget)])
         cosine = len(range(rows)[_cosine_sample(N, hidden, rows)])
         maps = L * H * sampled * keys * 4
         held = maps + L * H * cosine * head_dim * element_size
@@ -127,7 +134,8 @@ class RedundancyStatistics(ReducerBase):
         R = int(valid.sum())
         B, T = valid.shape
         flat = (valid.flatten().long().cumsum(0) - 1).view(B, T)  # (B, T) index among the real tokens
-        chosen = torch.arange(R)[_row_sample(self.L * self.H, R, T, self.js_budget)]  # (R_s,)
+        budget = js_budget(batch.tokens.valid.device) if self.js_budget is None else self.js_budget
+        chosen = torch.arange(R)[_row_sample(self.L * self.H, R, T, budget)]  # (R_s,)
         sample = torch.full((max(R, 1),), -1, dtype=torch.long)
         sample[chosen] = torch.arange(len(chosen))
         self._where = (flat, sample, None)  # the cosine's rows: once W^O (its D) is seen
@@ -264,6 +272,13 @@ class RedundancyStatistics(ReducerBase):
         """The finished sums (:meth:`js`, :meth:`cosine`, ``js_count`` rows)."""
         self.end_batch()
         return self
+
+
+def js_budget(device: torch.device | str) -> int:
+    """Pair-elements of JS work a batch on ``device`` may take: :data:`COMPILED_JS_BUDGET` where the
+    compiled pass reads its maps (a CPU with the library built), else :data:`JS_BUDGET` (the eager
+    blocks; on CUDA too, where the maps are)."""
+    return COMPILED_JS_BUDGET if torch.device(device).type == "cpu" and native.available() else JS_BUDGET
 
 
 def gram_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
