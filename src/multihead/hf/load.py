@@ -44,6 +44,8 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
     (its shape fields describe the encoder).
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if str(name_or_path) not in KNOWN_MODELS:
+        model_path(name_or_path)  # a folder that is not there, or no model's: said before transformers' import (2 s)
     try:
         from transformers import AutoConfig, AutoTokenizer
         from transformers.utils import logging as hf_logging
