@@ -7,14 +7,15 @@ from __future__ import annotations
 import torch
 import transformers
 
+from conftest import release
+
 #: Architectures transformers moved onto its attention interface, and from which of its versions:
 #: refused before, supported since (docs/analysis.md says both).
 SUPPORTED_SINCE = {"falcon": (5, 25)}
-_TRANSFORMERS = tuple(int(part) for part in transformers.__version__.split(".")[:2])
 
 
 def _since(name: str) -> str:
-    return "supported" if _TRANSFORMERS >= SUPPORTED_SINCE[name] else "refused"
+    return "supported" if release(transformers.__version__) >= SUPPORTED_SINCE[name] else "refused"
 
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=120,

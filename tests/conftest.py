@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
+from packaging.version import Version
 
 from multihead import masks
 
@@ -71,13 +72,14 @@ def pytest_configure(config):
         return
     import xdist
 
-    if _version(pytest.__version__) >= (9, 2) and _version(xdist.__version__) <= (3, 8):
+    if release(pytest.__version__) >= (9, 2) and release(xdist.__version__) <= (3, 8):
         raise pytest.UsageError(f"pytest-xdist {xdist.__version__} cannot group tests under pytest "
                                 f"{pytest.__version__} (--dist loadgroup): install pytest<9.2, as make install does")
 
 
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
+def release(version: str) -> tuple[int, ...]:
+    """A package's (major, minor), as its version string says them."""
+    return Version(version).release[:2]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -85,9 +85,6 @@ class RedundancyStatistics(ReducerBase):
         self.cos_sum = torch.zeros(n, n, dtype=torch.float64)
         self.js_count = 0.0
         self.cos_count = 0.0
-        #: pair-elements (N²/2 · rows · keys) of JS work allowed per batch (None: :func:`js_budget`
-        #: of the batch's device); beyond it a strided sample of the batch's query rows is used.
-        self.js_budget: int | None = None
         self._w_o: dict[int, Tensor] = {}  # layer -> (D, H, Dv), the model's own
         # every layer's sampled rows (L, H, R_s, S) and heads' outputs at the cosine's rows (L, H, R_c, Dv),
         # one block each a batch: the heap is not cut up by a block per layer between the chunks' buffers
@@ -134,7 +131,8 @@ class RedundancyStatistics(ReducerBase):
         R = int(valid.sum())
         B, T = valid.shape
         flat = (valid.flatten().long().cumsum(0) - 1).view(B, T)  # (B, T) index among the real tokens
-        budget = js_budget(batch.tokens.valid.device) if self.js_budget is None else self.js_budget
+        # the JS work that the pass reading the sample affords where the maps are (not the host's copy)
+        budget = js_budget(batch.tokens.valid.device)
         chosen = torch.arange(R)[_row_sample(self.L * self.H, R, T, budget)]  # (R_s,)
         sample = torch.full((max(R, 1),), -1, dtype=torch.long)
         sample[chosen] = torch.arange(len(chosen))
