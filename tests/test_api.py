@@ -39,6 +39,51 @@ def test_importing_multihead_loads_nothing_heavy():
     assert done.stdout.strip() == "False", done.stderr
 
 
+def test_a_public_name_stays_the_function_when_its_module_is_imported_first():
+    """Packages import their names on first use (multihead.lazy): a function named as its module
+    (analysis.compare, analysis.rollout, hf.load) must not turn into the module when the module is
+    imported before it is asked for — in a fresh interpreter, where nothing is imported yet."""
+    code = ("import sys, types, multihead as mh; import multihead.analysis.compare, multihead.hf.load, "
+            "multihead.analysis.rollout; "
+            "print([isinstance(f, types.FunctionType) for f in (mh.analysis.compare, mh.compare, mh.hf.load, "
+            "mh.analysis.rollout)], isinstance(mh.analysis.report, types.ModuleType), "
+            "sorted(set(mh.analysis.__all__) - set(dir(mh.analysis))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[True, True, True, True] True []", done.stdout + done.stderr
+    with pytest.raises(AttributeError, match="has no attribute 'nonsense'"):
+        mh.analysis.nonsense  # noqa: B018
+
+
+#: Bad input the command line answers before torch loads: files, flags, folders, reports, configs.
+ANSWERED_LIGHT = [
+    ["analyze", "--file", "missing.txt"],
+    ["analyze", "--document", "x"],
+    ["analyze", "hi", "--what-if", "window=0"],
+    ["analyze", "hi", "--out", "/proc/multihead-report"],
+    ["analyze", "--conllu", "missing.conllu"],
+    ["analyze", "--images", "missing"],
+    ["view", "hi", "--report", "missing.json"],
+    ["view", "hi", "--out", "page.txt"],
+    ["compare", "missing.json", "other.json"],
+    ["compare", "empty.json", "empty.json"],
+    ["train", "missing.toml"],
+    ["train", "typo.toml"],
+    ["patch", "--clean", "a"],
+]
+
+
+@pytest.mark.parametrize("args", ANSWERED_LIGHT, ids=[" ".join(a) for a in ANSWERED_LIGHT])
+def test_bad_input_is_answered_before_torch_loads(args, tmp_path):
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "typo.toml").write_text('out = "run"\nstesp = 4\n')
+    code = ("import sys; from multihead.cli import main; status = main(sys.argv[1:]); "
+            "print(status, any(m == 'torch' or m.startswith('torch.') for m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
 def _tiny_bert():
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,

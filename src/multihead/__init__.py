@@ -17,28 +17,18 @@ the subpackage ``multihead.attn`` (``multihead.attention`` is the function, not 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_names
 
 __version__ = "0.1.0"
 
 #: Public name -> the module that defines it ("" = the name is itself a subpackage or module).
 _NAMES = {
-    "BACKENDS": "attn",
-    "AttentionMemoryError": "attn",
-    "BackendChoice": "attn",
-    "KVCache": "attn",
-    "MemoryEstimate": "attn",
-    "MultiHeadAttention": "attn",
-    "attention": "attn",
-    "estimate_memory": "attn",
-    "explain_backend": "attn",
-    "Report": "analysis",
-    "analyze": "analysis",
-    "compare": "analysis",
-    "patch": "analysis",
-    "head_importance": "heads",
-    "prune_heads": "heads",
+    **dict.fromkeys(("BACKENDS", "AttentionMemoryError", "BackendChoice", "KVCache", "MemoryEstimate",
+                     "MultiHeadAttention", "attention", "estimate_memory", "explain_backend"), ".attn"),
+    **dict.fromkeys(("Report", "analyze", "compare", "patch"), ".analysis"),
+    **dict.fromkeys(("head_importance", "prune_heads"), ".heads"),
     **{sub: "" for sub in ("analysis", "attn", "data", "experiments", "heads", "hf", "inputs", "io", "jobs", "masks",
                            "models", "render", "train", "viz")},
 }
@@ -93,16 +83,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names come from
     from .heads import head_importance, prune_heads
 
 
-def __getattr__(name: str) -> Any:
-    where = _NAMES.get(name)
-    if where is None:
-        raise AttributeError(f"module 'multihead' has no attribute {name!r}")
-    value = importlib.import_module(f".{name}" if where == "" else f".{where}", __name__)
-    if where:
-        value = getattr(value, name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_NAMES))
+__getattr__, __dir__ = lazy_names(__name__, _NAMES)

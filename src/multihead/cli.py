@@ -53,7 +53,7 @@ def _share(text: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     code, command = _main(argv)
     if command == "train":  # a torchrun rank of it ends without the interpreter's teardown, whatever its status
-        from .train import end_rank
+        from .stops import end_rank
 
         return end_rank(code)
     return code
@@ -286,13 +286,15 @@ def _options(args: argparse.Namespace, *names: str) -> dict:
     return options
 
 
+# Each command imports its renderer after its job: the renderers load torch, and a job checks what
+# the user gave before it loads anything heavy (a bad argument answered at once).
 def _run_analyze(args: argparse.Namespace) -> int:
     from .jobs import analyze_job
-    from .render.text import analyze_text
 
     job = analyze_job(**_options(args, "model", "texts", "file", "document", "conllu", "sample", "syntax",
                                  "coreference", "no_coreference", "what_if", "images", "target", "out", "force",
                                  "batch_size", "truncate", "ablation", "exact_ablation"))
+    from .render.text import analyze_text
     if job.rank == 0:  # under torchrun every rank holds the merged report; one prints it
         for note in job.notes:
             print(f"multihead analyze: {note}", file=sys.stderr)
@@ -312,10 +314,10 @@ def _run_view(args: argparse.Namespace) -> int:
 
 def _run_patch(args: argparse.Namespace) -> int:
     from .jobs import patch_job
-    from .render.text import patching_text
 
     result, model, folder, given = patch_job(**_options(args, "model", "example", "clean", "corrupt", "answer",
                                                         "wrong", "method", "out", "force"))
+    from .render.text import patching_text
     print(patching_text(result, model.name, given["answer"], given["wrong"]))
     print(f"\nwrote {folder / 'patching.json'} and {folder / 'patching.html'}")
     return 0
@@ -323,9 +325,9 @@ def _run_patch(args: argparse.Namespace) -> int:
 
 def _run_compare(args: argparse.Namespace) -> int:
     from .jobs import compare_job
-    from .render.text import comparison_text
 
     comparison, folder = compare_job(args.a, args.b, **_options(args, "out", "force", "matching", "different_corpora"))
+    from .render.text import comparison_text
     print(comparison_text(comparison))
     print(f"\nwrote {folder / 'compare.json'} and {folder / 'compare.html'}")
     return 0
@@ -333,10 +335,11 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 def _run_prune(args: argparse.Namespace) -> int:
     from .jobs import prune_job
-    from .render.text import prune_text
 
     job = prune_job(**_options(args, "model", "task", "steps", "per_step", "threshold", "stop_below", "once",
                                "train_size", "test_size", "out", "force", "save_model"))
+    from .render.text import prune_text
+
     print(prune_text(job, args.threshold))
     return 0
 

@@ -1,7 +1,8 @@
 """What goes into a model, as the analyses read it: texts checked, batches padded, tokens as people read them.
 
 * :func:`check_texts`, :func:`read_lines`, :func:`read_text`: a corpus from Python or from files,
-  every problem one line naming the text or the file;
+  every problem one line naming the text or the file (from :mod:`multihead.texts`, which needs no
+  torch: the command line reads them before torch loads);
 * :class:`TokenInfo`: what the per-head metrics need to know about a padded batch (real tokens,
   the first one, separators, punctuation, ids) — built by :func:`token_info`;
 * :class:`Batch`: one padded batch of a corpus as every reducer receives it (its tokens, the
@@ -14,24 +15,20 @@
 
 from __future__ import annotations
 
-import os
 import unicodedata
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from .texts import InputError, check_texts, read_lines, read_text, readable_file
+
 __all__ = ["Batch", "InputError", "TokenInfo", "UnknownTokens", "check_texts", "count_unknown_tokens", "encode_text",
            "read_lines", "read_text", "readable_file", "readable_tokens", "real_positions", "to_device", "token_info"]
-
-
-class InputError(ValueError):
-    """A problem with what the user gave (a file, a flag's value): one line naming it."""
 
 
 @dataclass
@@ -141,60 +138,6 @@ def _is_punct(token_id: int, tok: Any, cache: dict[int, bool]) -> bool:
         text = text.removeprefix("##").lstrip("Ġ▁")
         cache[token_id] = bool(text) and all(unicodedata.category(c).startswith("P") for c in text)
     return cache[token_id]
-
-
-# --------------------------------------------------------------------------- texts
-
-
-def check_texts(texts: Sequence[str]) -> list[str]:
-    """The texts as a list; ValueError/TypeError naming the first empty or non-string one."""
-    if isinstance(texts, str):
-        texts = [texts]
-    texts = list(texts)
-    if not texts:
-        raise ValueError("no text to analyze: give at least one non-empty text")
-    for i, t in enumerate(texts):
-        if not isinstance(t, str):
-            raise TypeError(f"text {i + 1} is a {type(t).__name__}, expected str")
-        if not t.strip():
-            raise ValueError(f"text {i + 1} is empty or only whitespace")
-    return texts
-
-
-def readable_file(path: str | Path, flag: str) -> Path:
-    """``path`` as a Path if it is a file; :class:`InputError` naming ``flag`` otherwise."""
-    p = Path(path)
-    if p.is_dir():
-        raise InputError(f"{flag} {p} is a folder, expected a file")
-    if p.exists() and not p.is_file():  # a socket, a FIFO, a device: not a file to read text from
-        raise InputError(f"{flag} {p} is not a regular file, expected a text file")
-    if not p.is_file():
-        raise InputError(f"{flag} {p}: no such file")
-    if not os.access(p, os.R_OK):
-        raise InputError(f"cannot read {flag} {p}: permission denied")
-    return p
-
-
-def read_text(path: str | Path, flag: str) -> str:
-    """The whole of a UTF-8 text file given as ``flag``."""
-    p = readable_file(path, flag)
-    try:
-        raw = p.read_bytes()
-    except OSError as err:
-        raise InputError(f"cannot read {flag} {p}: {err.strerror or err}") from err
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise InputError(f"{flag} {p} is not UTF-8 text (byte {err.start})") from err
-
-
-def read_lines(path: str | Path, flag: str = "--file") -> list[str]:
-    """The non-empty lines of a UTF-8 text file given as ``flag``."""
-    lines = [line.strip() for line in read_text(path, flag).splitlines()]
-    lines = [line for line in lines if line]
-    if not lines:
-        raise InputError(f"{flag} {path} has no non-empty line")
-    return lines
 
 
 # --------------------------------------------------------------------------- tokens

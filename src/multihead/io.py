@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .analysis.compare import SCHEMA as COMPARE_SCHEMA
 from .analysis.compare import Comparison
-from .analysis.interventions.patching import SCHEMA as PATCHING_SCHEMA
-from .analysis.interventions.patching import Patching
 from .analysis.report import SCHEMA, Report
 from .files import StagedFiles, check_output_folder
-from .render import compare_page, patching_page, report_html_bytes
+from .render.compare import compare_page
+
+if TYPE_CHECKING:
+    from .analysis.interventions.patching import Patching
 
 __all__ = ["REPORT_FILES", "check_compare_folder", "check_patching_folder", "check_report_folder",
            "write_compare_folder", "write_patching_folder", "write_report_folder"]
@@ -47,6 +49,8 @@ def write_report_folder(report: Report, out: str | Path, *, force: bool = False)
     The page is the interactive one when the analysis kept views of a few texts
     (``report.views``), else the static page of the label map, tables and probes of every stack (a
     vision model's with every head's attention over its first image)."""
+    from .render.document import report_html_bytes  # the page's figures: torch and matplotlib, when written
+
     folder = check_report_folder(out, force=force)
     page = report_html_bytes(report)
     with StagedFiles() as staged:
@@ -58,12 +62,18 @@ def write_report_folder(report: Report, out: str | Path, *, force: bool = False)
 
 
 def check_patching_folder(out: str | Path, *, force: bool = False) -> Path:
+    # patching's module loads torch: asked here, when patching is what runs (the other folders are
+    # checked without it)
+    from .analysis.interventions.patching import SCHEMA as PATCHING_SCHEMA
+
     return check_output_folder(out, schema=PATCHING_SCHEMA, marker="patching.json", force=force)
 
 
 def write_patching_folder(result: Patching, out: str | Path, *, model: str, force: bool = False) -> list[Path]:
     """Write ``patching.json`` and ``patching.html`` into ``out`` together (an earlier patching
     folder is replaced; any other non-empty folder only with ``force``)."""
+    from .render.patching import patching_page  # its figures: matplotlib, when written
+
     folder = check_patching_folder(out, force=force)
     with StagedFiles() as staged:
         staged.folder(folder)

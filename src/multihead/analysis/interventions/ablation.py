@@ -38,11 +38,11 @@ from ...hf.interventions import HeadGates, gate_gradients_only, replica_gates, s
 from ...hf.model import HFModel, require_loaded, right_padding
 from ...hf.route import AttentionChunk
 from ...progress import bar
-from ..sections import Ablation
+from ..sections import Ablation, unit_of
 from ..stats.bootstrap import LEVEL, intervals
 
 __all__ = ["ABLATION_TOKENS", "AblationEffects", "ablation_effects", "attribution_effects", "blocks_of",
-           "has_gradient", "objective_name", "passes", "recorded", "replayed", "unit_of"]
+           "has_gradient", "objective_name", "passes", "recorded", "replayed"]
 
 #: Tokens per forward pass (R replicas x B texts x T positions) the batched ablation aims for.
 ABLATION_TOKENS = 8192
@@ -93,11 +93,6 @@ class AblationEffects:
     def section(self) -> Ablation:
         return Ablation(self.objective, round(self.intact, 6), self.texts, self.tokens, sorted(self.metrics()),
                         unit=unit_of(self.objective), method=self.method, exact=self.exact)
-
-
-def unit_of(objective: str) -> str:
-    """The unit an objective's changes are in: "nats/token" or "1 - cos"."""
-    return "1 - cos" if objective.startswith("1 - cosine") else "nats/token"
 
 
 def objective_name(model: HFModel) -> str:

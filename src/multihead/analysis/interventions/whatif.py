@@ -18,28 +18,18 @@ from ...hf.interventions import replace_attention
 from ...hf.model import HFModel, right_padding
 from ...masks import Mask, global_tokens, window
 from ..sections import WhatIf as WhatIfSection
+from .whatif_spec import read_what_if
 
 __all__ = ["WhatIf", "parse_what_if", "what_if"]
 
 
 def parse_what_if(spec: str) -> tuple[Mask, str]:
     """``"window=256,sinks=4"`` -> (window(256) | global_tokens(range(4)), a readable name)."""
-    parts: dict[str, int] = {}
-    for item in spec.split(","):
-        key, _, value = item.partition("=")
-        key = key.strip()
-        if key not in ("window", "sinks") or not value.strip().isdigit():
-            raise ValueError(f"a what-if spec looks like 'window=256,sinks=4' (window required, sinks optional); "
-                             f"got {spec!r}")
-        parts[key] = int(value)
-    if "window" not in parts or parts["window"] < 1:
-        raise ValueError(f"a what-if spec needs window=W with W >= 1; got {spec!r}")
-    mask: Mask = window(parts["window"], 0)  # causal models: the last W tokens and the query itself
-    name = f"window {parts['window']}"
-    if parts.get("sinks"):
-        mask = mask | global_tokens(list(range(parts["sinks"])))
-        name += f" + {parts['sinks']} sinks"
-    return mask, name
+    found = read_what_if(spec)
+    mask: Mask = window(found.window, 0)  # causal models: the last W tokens and the query itself
+    if found.sinks:
+        mask = mask | global_tokens(list(range(found.sinks)))
+    return mask, found.name
 
 
 @dataclass

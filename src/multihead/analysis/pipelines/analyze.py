@@ -36,7 +36,6 @@ from ..interventions.ablation import (
     attribution_effects,
     has_gradient,
     objective_name,
-    unit_of,
 )
 from ..interventions.evidence import PROBE as EVIDENCE_PROBE
 from ..interventions.evidence import SYNTAX_TEXTS, TESTS, label_evidence
@@ -213,7 +212,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
                                        skipped=f"the ablated texts reach {longest_ablated} tokens; each of "
                                                f"{model.num_layers * model.num_heads} heads removed alone would "
                                                f"rerun them (ablation reads texts of at most {LONG_TEXT} tokens)",
-                                       unit=unit_of(objective_name(model)))
+                                       unit=S.unit_of(objective_name(model)))
         ablated = []
     if ablated:
         effects = _ablation(model, ablated, heads, exact=exact_ablation, batch_size=batch_size, progress=progress)
