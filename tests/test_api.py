@@ -69,6 +69,10 @@ ANSWERED_LIGHT = [
     ["train", "missing.toml"],
     ["train", "typo.toml"],
     ["patch", "--clean", "a"],
+    ["analyze", "hi", "--device", "tpu"],
+    ["view", "hi", "--max-memory", "cpu=1GiB"],
+    ["analyze", "hi", "--device-map", "auto", "--max-memory", "cpu=20furlongs"],
+    ["patch", "--example", "ioi", "--device", "cpu", "--device-map", "auto"],
 ]
 
 

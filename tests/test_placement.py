@@ -68,6 +68,25 @@ def test_auto_is_float32_on_the_cpu_and_a_missing_device_is_named():
         resolve_device("tpu")
 
 
+def test_what_is_wrong_on_any_machine_is_told_without_torch_or_the_model(tmp_path):
+    """Placement.check: the command line asks it before anything loads; resolve asks it first."""
+    for fine in (Placement(), Placement(device="cuda:3"), Placement(device="mps"),
+                 Placement(device_map="auto", max_memory="0=20GiB,cpu=1.5GB", offload_folder=tmp_path / "off")):
+        fine.check()  # the form is right: whether a GPU is there is resolve's question
+    wrong = {Placement(device="tpu"): "device 'tpu' is not a device", Placement(device="cuda:x"): "is not a device",
+             Placement(device="meta"): "is not a device",
+             Placement(max_memory="cpu=1GiB"): "max_memory places a model across devices",
+             Placement(device="cpu", device_map="auto"): "both place the model",
+             Placement(device_map="everywhere"): "device_map 'everywhere' is not one of",
+             Placement(device_map="auto", max_memory="cpu=20furlongs"): "expected a size such as 20GiB",
+             Placement(device_map="auto", max_memory="gpu=1GiB"): "names device 'gpu'",
+             Placement(device_map="auto", offload_folder="/proc/multihead-offload"): "offload_folder"}
+    for placement, words in wrong.items():
+        with pytest.raises(PlacementError, match=words):
+            placement.check()
+    assert not (tmp_path / "off").exists()  # checked, not made
+
+
 def test_conflicting_placements_are_refused_before_any_weight():
     config = build("llama (GQA)").config
     with pytest.raises(PlacementError, match="both place the model"):

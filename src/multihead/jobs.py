@@ -9,7 +9,8 @@ with one line naming the flag or the file.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,7 @@ __all__ = [
     "SYNTAX_INSTALL",
     "AnalyzeJob",
     "analyze_job",
+    "check_placement",
     "compare_job",
     "load_model",
     "patch_job",
@@ -63,11 +65,24 @@ def load_model(name: str, placement: Placement | None = None) -> HFModel:
     InputError naming the flag."""
     from .hf.load import load
 
-    with step(f"loading {name}"):
-        try:
-            return load(name, placement=placement)
-        except PlacementError as err:  # named by its flag: --device-map, not device_map
-            raise InputError(f"--{err.parameter.replace('_', '-')} {err.detail}") from err
+    with step(f"loading {name}"), _named_by_flag():
+        return load(name, placement=placement)
+
+
+def check_placement(placement: Placement | None) -> None:
+    """What of ``placement`` is wrong on any machine (:meth:`~multihead.hf.placement.Placement.check`,
+    no torch), as an InputError naming the flag — asked before anything loads."""
+    if placement is not None:
+        with _named_by_flag():
+            placement.check()
+
+
+@contextlib.contextmanager
+def _named_by_flag() -> Iterator[None]:
+    try:
+        yield
+    except PlacementError as err:  # named by its flag: --device-map, not device_map
+        raise InputError(f"--{err.parameter.replace('_', '-')} {err.detail}") from err
 
 
 def out_folder(check, flag: str = "--out") -> Path:
@@ -105,6 +120,7 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
     whose every head is ablated (default :data:`ABLATION_TEXTS`): exactly for the tested heads, by
     attribution for the others unless ``exact_ablation``."""
     ablation = ABLATION_TEXTS if ablation is None else ablation
+    check_placement(placement)
     notes: list[str] = []
     parses: Any = None
     if what_if is not None:
@@ -208,6 +224,7 @@ def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | No
              placement: Placement | None = None) -> tuple[Path, HFModel, int]:
     """``multihead view``: the page of a few texts (default: the articles' examples); returns the
     page's path, the model and the number of texts."""
+    check_placement(placement)
     shown = _given(texts, file, None, "show", lambda: ARTICLE_SENTENCES)
     page = Path(out)
     if page.suffix.lower() not in (".html", ".htm"):
@@ -246,6 +263,7 @@ def patch_job(*, model: str = "smollm2", example: str | None = None, clean: str 
               method: str = "exact", out: str = "multihead-patch", force: bool = False,
               placement: Placement | None = None) -> tuple[Patching, HFModel, Path, dict[str, str]]:
     """``multihead patch``: every head patched from the clean run into the corrupt one."""
+    check_placement(placement)
     given = {"clean": clean, "corrupt": corrupt, "answer": answer, "wrong": wrong}
     if example:
         if any(v is not None for v in given.values()):
@@ -297,6 +315,7 @@ def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10
 
     if placement is not None and placement.offload_folder is not None:  # a folder only offloading uses
         raise InputError(f"--offload-folder: {OFFLOADED}")
+    check_placement(placement)
     folder = out_folder(lambda: check_output_folder(out, schema=SCHEMA, marker="curve.json", force=force))
     loaded = load_model(model, placement)
     if loaded.is_encoder_decoder or loaded.processor is not None:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..files import check_writable
+
 __all__ = ["DEVICE_MAPS", "DTYPES", "Placement", "PlacementError", "auto_dtype", "input_device", "is_offloaded",
            "parse_max_memory", "resolve", "resolve_device", "resolve_dtype", "weights_of"]
 
@@ -57,6 +59,46 @@ class Placement:
     max_memory: str | dict | None = None
     offload_folder: str | Path | None = None
 
+    def check(self) -> None:
+        """Raise :class:`PlacementError` for what is wrong whatever the machine and the model: a
+        device or device map that is not one, memory sizes in no unit, flags that contradict
+        each other, an offload folder that cannot be written. Needs no torch (the command line asks
+        before loading anything); :func:`resolve` asks it first, then what only torch and the
+        model's config can tell (a GPU that is not there, a dtype it cannot run)."""
+        if self.device_map is None:
+            if self.max_memory is not None or self.offload_folder is not None:
+                what = "max_memory" if self.max_memory is not None else "offload_folder"
+                raise PlacementError(what, "places a model across devices: give device_map='auto' (--device-map auto) "
+                                     "too")
+            _device_form(str(self.device).strip())
+            return
+        if str(self.device).strip() not in ("auto", ""):
+            raise PlacementError("device", f"{self.device!r} and a device_map ({self.device_map!r}) both place the "
+                                 "model: give one of them")
+        if isinstance(self.device_map, str) and self.device_map not in DEVICE_MAPS:
+            raise PlacementError("device_map", f"{self.device_map!r} is not one of {', '.join(DEVICE_MAPS)} (or "
+                                 "accelerate's dict of module -> device)")
+        _memory_entries(self.max_memory)
+        if self.offload_folder is not None:
+            folder = Path(self.offload_folder)
+            if folder.exists() and not folder.is_dir():
+                raise PlacementError("offload_folder", f"{folder} exists and is not a folder")
+            try:
+                check_writable(folder)
+            except ValueError as err:
+                raise PlacementError("offload_folder", str(err)) from err
+
+
+#: The devices a user may name (``cuda:N`` any index): what :func:`resolve_device` then looks for.
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def _device_form(text: str) -> None:
+    """PlacementError unless ``text`` names a device multihead runs models on (whether it is
+    there is :func:`resolve_device`'s question)."""
+    if not _DEVICE.match(text):
+        raise PlacementError("device", f"{text!r} is not a device: expected auto, cpu, cuda, cuda:N or mps")
+
 
 def resolve_device(name: str | Any) -> Any:
     """``name`` as a ``torch.device`` that is there; ValueError naming what is available otherwise.
@@ -64,16 +106,14 @@ def resolve_device(name: str | Any) -> Any:
     import torch
 
     text = str(name).strip()
+    _device_form(text)
     if text == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", torch.cuda.current_device())
         if _mps_available():
             return torch.device("mps")
         return torch.device("cpu")
-    try:
-        device = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise PlacementError("device", f"{text!r} is not a device: expected auto, cpu, cuda, cuda:N or mps") from None
+    device = torch.device(text)
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
@@ -83,14 +123,9 @@ def resolve_device(name: str | Any) -> Any:
             raise PlacementError("device", f"{text!r} is not available: this machine has {count} CUDA GPU(s), "
                              f"cuda:0 to cuda:{count - 1}")
         return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
-    if device.type == "mps":
-        if not _mps_available():
-            raise PlacementError("device", f"{text!r} is not available: this machine has no Apple GPU (MPS); use cpu "
-                                 "(or auto)")
-        return device
-    if device.type != "cpu":
-        raise PlacementError("device", f"{text!r} is not one multihead runs models on: expected auto, cpu, cuda, "
-                             "cuda:N or mps")
+    if device.type == "mps" and not _mps_available():
+        raise PlacementError("device", f"{text!r} is not available: this machine has no Apple GPU (MPS); use cpu "
+                             "(or auto)")
     return device
 
 
@@ -153,7 +188,23 @@ def resolve_dtype(dtype: Any, device: Any, config: Any = None, *, accelerated: b
 
 def parse_max_memory(spec: str | dict | None) -> dict[int | str, int] | None:
     """``"0=20GiB,cpu=60GiB"`` (or a dict of the same) as accelerate's ``max_memory``: GPU index or
-    ``cpu``/``mps``/``disk`` -> bytes. ValueError naming the entry and the expected form."""
+    ``cpu``/``mps``/``disk`` -> bytes. ValueError naming the entry and the expected form, or a GPU
+    this machine does not have."""
+    out = _memory_entries(spec)
+    gpus = [d for d in out or {} if isinstance(d, int)]
+    if gpus:
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        missing = [g for g in gpus if g >= count]
+        if missing:
+            have = f"{count} CUDA GPU(s)" if count else "no CUDA GPU"
+            raise PlacementError("max_memory", f"names GPU {missing[0]}, but this machine has {have}")
+    return out
+
+
+def _memory_entries(spec: str | dict | None) -> dict[int | str, int] | None:
+    """:func:`parse_max_memory` without asking which GPUs are there (no torch)."""
     if spec is None:
         return None
     if isinstance(spec, str):
@@ -180,15 +231,6 @@ def parse_max_memory(spec: str | dict | None) -> dict[int | str, int] | None:
             raise PlacementError("max_memory", f"names device {key!r}: expected a GPU index (0, 1, ...), cpu, mps or "
                                  "disk")
         out[device] = _bytes(key, value)
-    gpus = [d for d in out if isinstance(d, int)]
-    if gpus:
-        import torch
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        missing = [g for g in gpus if g >= count]
-        if missing:
-            have = f"{count} CUDA GPU(s)" if count else "no CUDA GPU"
-            raise PlacementError("max_memory", f"names GPU {missing[0]}, but this machine has {have}")
     return out
 
 
@@ -212,10 +254,8 @@ def resolve(placement: Placement, config: Any) -> tuple[dict[str, Any], Any]:
     combination that cannot run here."""
     import torch
 
+    placement.check()
     if placement.device_map is None:
-        if placement.max_memory is not None or placement.offload_folder is not None:
-            what = "max_memory" if placement.max_memory is not None else "offload_folder"
-            raise PlacementError(what, "places a model across devices: give device_map='auto' (--device-map auto) too")
         device = resolve_device(placement.device)
         dtype = resolve_dtype(placement.dtype, device, config)
         # straight onto the device (no float32 copy on the CPU first); the CPU loads as it always has
@@ -223,13 +263,6 @@ def resolve(placement: Placement, config: Any) -> tuple[dict[str, Any], Any]:
         if device.type != "cpu":
             kwargs["device_map"] = {"": device}
         return kwargs, device
-    if str(placement.device).strip() not in ("auto", ""):
-        raise PlacementError("device", f"{placement.device!r} and a device_map ({placement.device_map!r}) both place "
-                             "the model: give one of them")
-    device_map = placement.device_map
-    if isinstance(device_map, str) and device_map not in DEVICE_MAPS:
-        raise PlacementError("device_map", f"{device_map!r} is not one of {', '.join(DEVICE_MAPS)} (or accelerate's "
-                             "dict of module -> device)")
     try:
         import accelerate  # noqa: F401  (transformers dispatches through it)
     except ImportError:
@@ -237,20 +270,11 @@ def resolve(placement: Placement, config: Any) -> tuple[dict[str, Any], Any]:
     max_memory = parse_max_memory(placement.max_memory)
     accelerated = torch.cuda.is_available() or _mps_available() or any(isinstance(d, int) for d in max_memory or {})
     dtype = resolve_dtype(placement.dtype, torch.device("cpu"), config, accelerated=accelerated)
-    kwargs = {"dtype": dtype, "device_map": device_map}
+    kwargs = {"dtype": dtype, "device_map": placement.device_map}
     if max_memory is not None:
         kwargs["max_memory"] = max_memory
     if placement.offload_folder is not None:
-        from ..files import check_writable
-
-        folder = Path(placement.offload_folder)
-        if folder.exists() and not folder.is_dir():
-            raise PlacementError("offload_folder", f"{folder} exists and is not a folder")
-        try:
-            check_writable(folder)
-        except ValueError as err:
-            raise PlacementError("offload_folder", str(err)) from err
-        kwargs["offload_folder"] = str(folder)
+        kwargs["offload_folder"] = str(Path(placement.offload_folder))
     return kwargs, None
 
 
