@@ -73,6 +73,8 @@ ANSWERED_LIGHT = [
     ["view", "hi", "--max-memory", "cpu=1GiB"],
     ["analyze", "hi", "--device-map", "auto", "--max-memory", "cpu=20furlongs"],
     ["patch", "--example", "ioi", "--device", "cpu", "--device-map", "auto"],
+    ["analyze", "--images", "digits", "--out", "foreign"],
+    ["analyze", "hi", "--coreference", "refs.jsonl", "--out", "foreign"],
 ]
 
 
@@ -80,6 +82,9 @@ ANSWERED_LIGHT = [
 def test_bad_input_is_answered_before_torch_loads(args, tmp_path):
     (tmp_path / "empty.json").write_text("")
     (tmp_path / "typo.toml").write_text('out = "run"\nstesp = 4\n')
+    (tmp_path / "refs.jsonl").write_text("not examples\n")
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine\n")  # a folder that holds no report
     code = ("import sys; from multihead.cli import main; status = main(sys.argv[1:]); "
             "print(status, any(m == 'torch' or m.startswith('torch.') for m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True,

@@ -1,6 +1,7 @@
 """The import graph of ``src/multihead``: modules, arrows, cycles, upward arrows and private names.
 
-Counts every import — at module level and inside functions — except those under
+Counts every import — at module level and inside functions, and a package's lazy names (the
+modules its ``_NAMES`` map imports on first use, :mod:`multihead.lazy`) — except those under
 ``if TYPE_CHECKING:`` (they never run). ``python tools/imports.py`` prints the summary;
 ``--arrows`` lists every arrow; exit status 1 when there is a cycle, an arrow that points up the
 layers of docs/architecture.md, or an import of another module's private name.
@@ -102,9 +103,18 @@ def imports_of(path: Path, modules: set[str]) -> list[tuple[str, list[str], int]
             for alias in node.names:
                 if alias.name.startswith("multihead."):
                     found.append((alias.name.removeprefix("multihead."), [], node.lineno))
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == \
-                "import_module" and node.args and isinstance(node.args[0], ast.Constant):
-            pass  # the package's lazy names (PEP 562) resolve to its own subpackages
+        elif isinstance(node, ast.Assign) and path.name == "__init__.py" and any(
+                isinstance(t, ast.Name) and t.id == "_NAMES" for t in node.targets):
+            # a package's lazy names (multihead.lazy, PEP 562): name -> the module it is imported from
+            # on first use, relative to the package ("" for a submodule of the same name: no arrow)
+            for value in ast.walk(node.value):
+                if isinstance(value, ast.Constant) and isinstance(value.value, str) and value.value.startswith("."):
+                    level = len(value.value) - len(value.value.lstrip("."))
+                    base = package.split(".") if package else []
+                    base = base[:len(base) - (level - 1)] if level > 1 else base
+                    target = ".".join([*base, *value.value.lstrip(".").split(".")])
+                    if target in modules:
+                        found.append((target, [], node.lineno))
         for child in ast.iter_child_nodes(node):
             visit(child)
 

@@ -286,8 +286,9 @@ def _options(args: argparse.Namespace, *names: str) -> dict:
     return options
 
 
-# Each command imports its renderer after its job: the renderers load torch, and a job checks what
-# the user gave before it loads anything heavy (a bad argument answered at once).
+# Each command imports its renderer after its job: the terminal text renderer (render.text) loads
+# torch, and a job checks what the user gave before it loads anything heavy (a bad argument
+# answered at once).
 def _run_analyze(args: argparse.Namespace) -> int:
     from .jobs import analyze_job
 

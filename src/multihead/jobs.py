@@ -128,21 +128,15 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
             read_what_if(what_if)
         except ValueError as err:
             raise InputError(f"--what-if: {err}") from err
+    corpus: list[Any] = []
     if images:
         if texts or file or conllu or target:
             raise InputError("--images gives the corpus itself: do not add TEXT, --file, --conllu or --target")
-        folder = None if images == "digits" else _folder(images, "--images")
-        from .analysis.pipelines.vision import digit_images, load_images
-
-        corpus: list[Any] = digit_images(sample) if folder is None else load_images(folder)
+        image_folder = None if images == "digits" else _folder(images, "--images")
     else:
         corpus, parses = _corpus(texts, file, document, conllu, sample)
     refs: bool | list = not no_coreference
-    if coreference:
-        given = readable_file(coreference, "--coreference")
-        from .analysis.probes.coreference import load_examples
-
-        refs = load_examples(given)
+    examples = readable_file(coreference, "--coreference") if coreference else None
     targets = read_lines(target, "--target") if target else None
     if targets is not None and len(targets) != len(corpus):
         raise InputError(f"--target has {len(targets)} non-empty lines for {len(corpus)} texts; give one per text")
@@ -154,6 +148,15 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
         else:
             notes.append(f"spaCy not installed, skipping syntax scores ({SYNTAX_INSTALL})")
     folder = out_folder(lambda: check_report_folder(out, force=force))
+    # what the checks above passed is read with the model code (torch) from here on
+    if examples is not None:
+        from .analysis.probes.coreference import load_examples
+
+        refs = load_examples(examples)
+    if images:
+        from .analysis.pipelines.vision import digit_images, load_images
+
+        corpus = digit_images(sample) if image_folder is None else load_images(image_folder)
     from .analysis.pipelines.analyze import analyze
     from .analysis.pipelines.common import process_group
 

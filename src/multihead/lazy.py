@@ -36,7 +36,7 @@ def lazy_names(package: str, names: dict[str, str]) -> tuple[Callable[[str], Any
     def getattr_(name: str) -> Any:
         where = names.get(name)
         if where is None:
-            if name.startswith("__") or importlib.util.find_spec(f"{package}.{name}") is None:
+            if name.startswith("__") or not name.isidentifier() or not _submodule(f"{package}.{name}"):
                 raise AttributeError(f"module {package!r} has no attribute {name!r}")
             where = ""
         value = importlib.import_module(f".{name}" if where == "" else where, package)
@@ -49,3 +49,10 @@ def lazy_names(package: str, names: dict[str, str]) -> tuple[Callable[[str], Any
         return sorted(set(vars(module)) | set(names))
 
     return getattr_, dir_
+
+
+def _submodule(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
