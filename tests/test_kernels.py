@@ -342,6 +342,42 @@ def test_the_compiled_half_softmax_keeps_nan_and_infinite_scores_as_the_eager_st
     torch.testing.assert_close(weights[0, 0][fine], eager[0][fine], atol=1e-7, rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", HALF)
+def test_the_compiled_half_softmax_forms_each_rows_entropy_from_its_scores(dtype):
+    """Each row's −Σ p ln p formed on the softmax's way (ln Z − Σ e (s − m) / Z, no log a weight):
+    the definition in float64 on the same half scores — flat, middling and sharp heads, a causal
+    band and a padded text, rows that see one key (0) or none (0), a row with a NaN score (NaN) —
+    within float32's rounding, and as close as −Σ p ln p of the float32 weights it writes."""
+    fused = _compiled_softmax()
+    g = torch.Generator().manual_seed(5)
+    B, H, T, S = 2, 3, 50, 700
+    spread = torch.tensor([0.05, 3.0, 40.0]).view(1, H, 1, 1)  # near uniform .. nearly one key
+    product = (torch.randn(B, H, T, S, generator=g) * spread).to(dtype)  # (B, H, T, S)
+    keep = (torch.arange(S)[None] <= torch.arange(T)[:, None] * 14 + 3).expand(B, H, T, S).clone()
+    keep[1, ..., 600:] = False  # the second text's last keys are padding
+    keep[0, 1, 7] = False  # sees nothing
+    keep[0, 2, 8] = False
+    keep[0, 2, 8, 3] = True  # sees one key
+    product[0, 0, 9, 5] = float("nan")  # a NaN score it may see
+    weights, entropy = torch.empty(B, H, T, S), torch.full((B, H, T), -7.0)
+    half = torch.empty(B * H, T, S, dtype=dtype)
+    fused.half_softmax(product.view(B * H, T, S), S, weights, half, keep, entropy)
+    exact = torch.softmax(product.double().masked_fill(~keep, float("-inf")), -1)  # (B, H, T, S)
+    want = -torch.xlogy(exact, exact).sum(-1)  # (B, H, T)
+    want[0, 1, 7] = 0.0  # no key to see: zeros, entropy 0 (the kernels' definition)
+    assert entropy[0, 0, 9].isnan() and torch.equal(entropy.isnan(), want.isnan())
+    assert float(entropy[0, 1, 7]) == 0.0 and float(entropy[0, 2, 8]) == 0.0
+    fine = ~want.isnan()
+    error = (entropy.double() - want).abs()[fine]
+    rounded = -torch.xlogy(weights.double(), weights.double()).sum(-1)  # from the float32 weights
+    assert float(error.max()) < 2e-6 * math.log(S)
+    assert float(error.max()) <= 2 * float((rounded - want).abs()[fine].max()) + 1e-7
+    sharp = want[:, 2][fine[:, 2]]
+    assert float(sharp.min()) < 0.05 and float(want[:, 0][fine[:, 0]].max()) > 5.5  # the heads span the range
+    with pytest.raises(ValueError, match="entropy"):
+        fused.half_softmax(product.view(B * H, T, S), S, weights, half, keep, torch.empty(B, H, T + 1))
+
+
 def test_a_traced_half_attention_records_the_eager_steps(monkeypatch):
     """torch.jit.trace cannot see a ctypes call: while tracing, the math kernel takes the eager steps,
     so the traced graph replays on new inputs what the kernel computes."""

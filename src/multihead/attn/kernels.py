@@ -84,7 +84,8 @@ def attention(
         workspace: buffers of a caller that streams chunks through the math kernel without
             gradients (:class:`~multihead.attn.workspace.Workspace`): its scores and weights are
             made in them, reused call after call — the weights returned then live there until
-            the next call with the same workspace. Ignored by the other backends and when a
+            the next call with the same workspace (and the rows' entropies it asked for, where
+            the softmax formed them, in its ``entropy``). Ignored by the other backends and when a
             gradient is wanted.
 
     Returns:
@@ -96,6 +97,8 @@ def attention(
             (the message gives the estimate and what to change).
     """
     mask = as_mask(mask)
+    if workspace is not None:
+        workspace.entropy = None  # set again only by a path that forms it (the compiled half softmax)
     _check_inputs(q, k, v, scale, dropout_p)
     if softcap is not None and not softcap > 0:
         raise ValueError(f"softcap must be a positive number; got {softcap!r}")
@@ -247,7 +250,13 @@ def _fused_half_attention(product: Tensor, v: Tensor, mask: Mask | None, take: _
     weights = take("weights", (B, H, T, S), torch.float32)  # (B, H, T, S)
     values, grid = _values_on_grid(v, take)  # (B·Hkv, grid, Dv)
     half = take("half weights", (B * Hkv, (H // Hkv) * T, grid), v.dtype)  # (B·Hkv, G·T, grid)
-    fused.half_softmax(product, S, weights, half, keep)
+    workspace = take.workspace
+    entropy = None
+    if workspace is not None and workspace.wants_entropy:
+        entropy = take("entropy", (B, H, T), torch.float32, map_shaped=False)  # (B, H, T)
+    fused.half_softmax(product, S, weights, half, keep, entropy)
+    if entropy is not None:
+        workspace.entropy = entropy
     return torch.bmm(half, values).view(B, H, T, -1), weights  # (B, H, T, Dv), (B, H, T, S)
 
 

@@ -10,6 +10,9 @@ most the same bytes each), so the pages are faulted in once.
 
 Whatever the kernel returns from a workspace — the weights — lives in it until the next call
 that uses it: for callers that read each chunk and keep nothing of it (the analysis's reducers).
+So does what a workspace asks the kernel to form on the way: with ``entropy=True``, each row's
+entropy where the kernel's softmax forms it from the scores (the compiled half softmax, which then
+spares the readers a log a weight), in :attr:`Workspace.entropy` after the call, else None there.
 """
 
 from __future__ import annotations
@@ -28,10 +31,16 @@ class Workspace:
 
     ``map_entries``: the most entries a chunk's map takes (the caller's chunk budget): a map-shaped
     buffer is made that large at once — a causal layer's chunks grow from a few keys to all of
-    them, and a buffer grown chunk by chunk would take fresh pages at every step again."""
+    them, and a buffer grown chunk by chunk would take fresh pages at every step again.
 
-    def __init__(self, map_entries: int = 0) -> None:
+    ``entropy``: ask the math kernel for each row's entropy (nats) where its softmax forms it on the
+    way; after each call :attr:`entropy` is that (B, H, T) float32, or None where it did not."""
+
+    def __init__(self, map_entries: int = 0, *, entropy: bool = False) -> None:
         self.map_entries = map_entries
+        self.wants_entropy = entropy
+        #: the last call's rows' entropies (B, H, T) float32, or None (not asked, or not formed by its path)
+        self.entropy: Tensor | None = None
         self._buffers: dict[str, Tensor] = {}
 
     def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *,

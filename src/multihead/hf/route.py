@@ -81,6 +81,9 @@ class AttentionChunk:
 
     ``memo`` is shared by every reader of this chunk, ``call_memo`` by every chunk of this layer's
     call: derived quantities computed once, whichever reader asks first (they go with the chunk).
+    ``entropy`` (B, H, c) float32: each row's entropy (nats) as the kernel's softmax formed it from
+    the scores — the compiled half softmax of a streamed layer on a CPU — or None where it did not
+    (readers then form it from the weights).
     """
 
     site: AttentionSite
@@ -93,6 +96,7 @@ class AttentionChunk:
     visible: Tensor
     call_memo: dict
     memo: dict = field(default_factory=dict)
+    entropy: Tensor | None = None
 
     @property
     def name(self) -> str:
@@ -511,7 +515,7 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
     # its map-shaped buffers as large as the layer's largest chunk: the budget or the rows asked for,
     # and keys padded to the half products' grid (attn.precision.key_grid) at most
     largest = min(limit // 4, B * H * rows_per_chunk * S) * (S + KEY_GRID) // S
-    workspace = Workspace(largest) if reuse else None
+    workspace = Workspace(largest, entropy=True) if reuse else None
     start = 0
     while start < T:
         stop = min(T, start + rows_per_chunk)
@@ -531,7 +535,8 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
         if gates is not None:
             out = _gated(out, gates, fill)
         chunk = AttentionChunk(site, layer, start, T, S, weights, out,
-                               _visible(chunk_mask, stop - start, K, query.device), call_memo)
+                               _visible(chunk_mask, stop - start, K, query.device), call_memo,
+                               entropy=None if workspace is None else workspace.entropy)
         for a in readers:
             a.read(chunk)
         del chunk, weights

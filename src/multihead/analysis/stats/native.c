@@ -9,9 +9,10 @@
    self-attention whose real tokens are 0..n-1 (right padding), over its first K keys.
 
    Per row i (absolute position), keys j, d = |i - j|: one vectorised pass for the head metrics
-   (mass, sum p d, p log p, largest weight, key-set masses: a single set of vector reductions a
-   row — a set per range of keys cost more than the keys themselves), then, for the long-context
-   metrics, the row's mass per distance bin (a plain sum per bin). */
+   (mass, sum p d, largest weight, and p log p unless the softmax formed the row's entropy: a single
+   set of vector reductions a row — a set per range of keys cost more than the keys themselves),
+   the key-set masses read at the sets' keys, then, for the long-context metrics, the row's mass per
+   distance bin (a plain sum per bin). */
 
 #include <float.h>
 #include <math.h>
@@ -48,7 +49,8 @@ static inline int64_t part_bound(int64_t lo, int64_t hi, int64_t part, int64_t p
 #define HEAD_VALUES 12 /* heads.ROW_METRICS order */
 #define LONG_VALUES 8  /* longcontext._ROW_METRICS order */
 
-/* The head metrics' pass, the analysis's costliest (a log per weight), is vectorised 16 floats wide
+/* The head metrics' pass, where it takes a log a weight (float32 maps, or no AVX-512 for the compiled
+   softmax to form the rows' entropies), is vectorised 16 floats wide
    with the inline log below where GCC compiles for AVX-512: 1.85x glibc's vector logf there (one
    thread, rows of 4,096 keys: 1.27 → 0.69 ns a weight). Elsewhere (8 wide, AVX2, or clang) glibc's
    logf stays: the inline log 8 wide was slower than it (1.17 → 1.55 ns on AVX2). */
@@ -91,29 +93,32 @@ static inline float log_positive(float x) {
 #endif
 
 /* One pass over a row's keys 0..K-1 (its position i): mass, sum p d (every term of one sign: no
-   cancellation), sum p log p, largest weight, and the key-set masses (flags: 1 first, 2 separator,
-   4 punctuation). Keys counted in int32 so that AVX2 converts them to float too. */
-static inline void sum_row(const float *restrict p, const uint8_t *restrict f, int32_t K, int32_t i,
-                           double *restrict out) {
-    float mass = 0.f, dist = 0.f, plogp = 0.f, max = 0.f, first = 0.f, sep = 0.f, punct = 0.f;
+   cancellation), largest weight and, with `with_log` (a constant where it is inlined: two bodies),
+   sum p log p — the pass's costliest term by far, a log a weight, left out where the softmax formed
+   the row's entropy from its scores. Keys counted in int32 so that AVX2 converts them to float too. */
+static inline __attribute__((always_inline)) void sum_row(const float *restrict p, int32_t K, int32_t i,
+                                                          const int with_log, double *restrict out) {
+    float mass = 0.f, dist = 0.f, plogp = 0.f, max = 0.f;
     for (int32_t j = 0; j < K; j++) {
         float v = p[j];
-        uint8_t bits = f[j];
         mass += v;
         dist += v * fabsf((float)(j - i));
-        plogp += v * ROW_LOG(fmaxf(v, FLT_MIN)); /* 0 log 0 = 0: a finite log that 0 multiplies away */
+        if (with_log) plogp += v * ROW_LOG(fmaxf(v, FLT_MIN)); /* 0 log 0 = 0: a finite log that 0 multiplies away */
         max = fmaxf(max, v);
-        first += (bits & 1) ? v : 0.f;
-        sep += (bits & 2) ? v : 0.f;
-        punct += (bits & 4) ? v : 0.f;
     }
     out[0] = mass;
     out[1] = dist;
     out[2] = plogp;
     out[3] = max;
-    out[4] = first;
-    out[5] = sep;
-    out[6] = punct;
+}
+
+/* A row's mass on a set of its keys: keys[0..n) ascending (those from K on weigh 0 here: not read).
+   The key sets (the first token, separators, punctuation) are a few keys a text: read one by one,
+   not tested at every key (three tests and adds a weight cost more than the row's mass and max). */
+static inline double set_mass(const float *restrict p, const int32_t *restrict keys, int64_t n, int64_t K) {
+    float s = 0.f;
+    for (int64_t m = 0; m < n && keys[m] < K; m++) s += p[keys[m]];
+    return s;
 }
 
 /* A row's mass on its keys 0..n-1 whose token before them is the row's own (prev (K,) int32: that
@@ -159,24 +164,31 @@ static inline double key(const float *p, int64_t K, int64_t j) { return j >= 0 &
    not null, long_sums (B, H, LONG_VALUES) and hist (B, H, BINS), all float64 sums over the rows
    whose query counts (valid (B, C), 1: a real token), and, when columns float32 is not null, each
    key's weight summed over those rows: columns (n, K) for the n (text, head) pairs bh0, bh0 + 1, …
-   the rows belong to. flags (B, kstride) uint8: 1 the first real
-   token, 2 a separator, 4 punctuation. log_n (B, H, C): log of the keys each row may see (rows
-   with log_n > 0 count for entropy_norm and kl_uniform). When repeat is not null, repeat (B, H):
+   the rows belong to. Key sets: text b's first real token, its separators and its punctuation are
+   set_keys[set_bounds[3b + s] .. set_bounds[3b + s + 1]) for s = 0, 1, 2, ascending. log_n (B, H,
+   C): log of the keys each row may see (rows with log_n > 0 count for entropy_norm and
+   kl_uniform). entropy (B, H, C), when not null: each row's entropy as the softmax formed it (no
+   log a weight here), else −Σ p log p of the weights. When repeat is not null, repeat (B, H):
    each row's mass on its keys j <= i whose previous token, key_token (B, K), is the row's own,
    token (B, C) (< 0: none) — the induction pattern on the text itself. */
 static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int64_t start,
-                            const uint8_t *flags, int64_t kstride, const uint8_t *valid, const float *log_n,
-                            int64_t row0, int64_t row1, double *heads, double *long_sums, double *hist,
-                            double *repeat, float *columns, int64_t bh0, const int32_t *key_token,
-                            const int32_t *token) {
+                            const int32_t *set_keys, const int64_t *set_bounds, const uint8_t *valid,
+                            const float *log_n, const float *row_entropy, int64_t row0, int64_t row1, double *heads,
+                            double *long_sums, double *hist, double *repeat, float *columns, int64_t bh0,
+                            const int32_t *key_token, const int32_t *token) {
     for (int64_t row = row0; row < row1; row++) {
         int64_t c = row % C, bh = row / C, b = bh / H;
         if (!valid[b * C + c]) continue;
         const float *p = w + row * K;
         int64_t i = start + c;
-        double s[7];
-        sum_row(p, flags + b * kstride, (int32_t)K, (int32_t)i, s);
-        double entropy = -s[2], logn = log_n[row];
+        double s[4], sets[3];
+        if (row_entropy)
+            sum_row(p, (int32_t)K, (int32_t)i, 0, s);
+        else
+            sum_row(p, (int32_t)K, (int32_t)i, 1, s);
+        for (int n = 0; n < 3; n++)
+            sets[n] = set_mass(p, set_keys + set_bounds[3 * b + n], set_bounds[3 * b + n + 1] - set_bounds[3 * b + n], K);
+        double entropy = row_entropy ? (double)row_entropy[row] : -s[2], logn = log_n[row];
         double self = key(p, K, i), prev = key(p, K, i - 1), next = key(p, K, i + 1);
         if (repeat && token[b * C + c] >= 0) /* the induction pattern: the keys after earlier occurrences */
             repeat[bh] += repeat_mass(p, key_token + b * K, token[b * C + c], i < K - 1 ? i + 1 : K);
@@ -191,9 +203,9 @@ static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int
         out[4] += prev;
         out[5] += next;
         out[6] += key(p, K, i - 2) + prev + self + next + key(p, K, i + 2);
-        out[7] += s[4];
-        out[8] += s[5];
-        out[9] += s[6];
+        out[7] += sets[0];
+        out[8] += sets[1];
+        out[9] += sets[2];
         out[10] += s[3];
         if (logn > 0) {
             out[1] += entropy / (logn > 1e-12 ? logn : 1e-12);
@@ -248,16 +260,18 @@ static inline int64_t pairs_of_rows(int64_t a, int64_t b, int64_t C) { return a 
    into columns, part after part, the (text, head) pairs of its own rows only, (pairs, K) each (a few
    rows a chunk at long context: a (B, H, K) block a part would outweigh the map). */
 void row_statistics(const float *w, int64_t B, int64_t H, int64_t C, int64_t K, int64_t start,
-                    const uint8_t *flags, int64_t kstride, const uint8_t *valid, const float *log_n,
-                    int64_t row0, int64_t row1, int64_t parts, double *heads, double *long_sums, double *hist,
-                    double *repeat, float *columns, const int32_t *prev, const int32_t *token) {
+                    const int32_t *set_keys, const int64_t *set_bounds, const uint8_t *valid, const float *log_n,
+                    const float *row_entropy, int64_t row0, int64_t row1, int64_t parts, double *heads,
+                    double *long_sums, double *hist, double *repeat, float *columns, const int32_t *prev,
+                    const int32_t *token) {
     IN_PARTS
     for (int64_t n = 0; n < parts; n++) {
         int64_t bh = B * H, a = part_bound(row0, row1, n, parts), b = part_bound(row0, row1, n + 1, parts);
         int64_t before = 0; /* the pairs of the parts before this one */
         for (int64_t m = 0; m < n; m++)
             before += pairs_of_rows(part_bound(row0, row1, m, parts), part_bound(row0, row1, m + 1, parts), C);
-        rows_statistics(w, H, C, K, start, flags, kstride, valid, log_n, a, b, heads + n * bh * HEAD_VALUES,
+        rows_statistics(w, H, C, K, start, set_keys, set_bounds, valid, log_n, row_entropy, a, b,
+                        heads + n * bh * HEAD_VALUES,
                         long_sums ? long_sums + n * bh * LONG_VALUES : 0, long_sums ? hist + n * bh * BINS : 0,
                         repeat ? repeat + n * bh : 0, columns ? columns + before * K : 0, a / C, prev, token);
     }
@@ -368,10 +382,15 @@ static inline void clear(float *tv, int64_t *ti, int64_t k) {
         out = op(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));          \
     } while (0)
 
-/* How many of x[0..n) are >= t (eight lanes a step, no branch). */
+/* How many of x[0..n) are >= t (sixteen lanes a step with AVX-512, else eight; no branch). */
 static inline int64_t at_least(const float *restrict x, int64_t n, float t) {
-    __m256 tv = _mm256_set1_ps(t);
     int64_t count = 0, i = 0;
+#ifdef __AVX512F__
+    __m512 tw = _mm512_set1_ps(t);
+    for (; i + 16 <= n; i += 16)
+        count += __builtin_popcount((unsigned)_mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), tw, _CMP_GE_OQ));
+#endif
+    __m256 tv = _mm256_set1_ps(t);
     for (; i + 8 <= n; i += 8)
         count += __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), tv, _CMP_GE_OQ)));
     for (; i < n; i++) count += x[i] >= t;
@@ -381,21 +400,28 @@ static inline int64_t at_least(const float *restrict x, int64_t n, float t) {
 /* A lower bound within 2^-7 of the k-th largest of x[0..n) (1 <= k < n) when every x is a
    non-negative float (a weight), else -1: a binary search over the values' bit patterns — ordered
    as the floats are when none is negative — for a t with at least k of x >= t, stopped once the
-   interval is KTH_BITS patterns wide (~14 counting passes, no data-dependent branch: a selection's
-   mispredictions cost more). Any t <= the k-th largest block maximum gives the same top-k, a
-   slightly lower one only a few more candidates: the 16 halvings saved took 14-23 % off a chunk's
-   top-k at 1k and 4k keys, sharp rows or flat ones (AMD EPYC, one thread). */
+   interval is KTH_BITS patterns wide (no data-dependent branch: a selection's mispredictions cost
+   more). It starts from the smallest of the maxima of k groups of x (each group holds a value at
+   least that: a lower bound to begin with, usually within a few binary orders of the answer — ~6
+   counting passes where a search from 0 took ~14). Any t <= the k-th largest block maximum gives
+   the same top-k, a slightly lower one only a few more candidates: the 16 halvings saved took
+   14-23 % off a chunk's top-k at 1k and 4k keys, sharp rows or flat ones (AMD EPYC, one thread). */
 #define KTH_BITS 65536
 static float kth_largest(const float *restrict x, int64_t n, int64_t k) {
-    uint32_t lo = 0, hi, bits = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t b;
-        memcpy(&b, x + i, sizeof b);
-        if (b > 0x7f800000u) return -1.f; /* a sign bit or a NaN: not weights (tested on the bits: -ffast-math
-                                            folds float tests for NaN away) */
-        bits = b > bits ? b : bits;
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (int64_t g = 0; g < k; g++) {
+        uint32_t top = 0; /* the group's largest bits */
+        for (int64_t i = n * g / k; i < n * (g + 1) / k; i++) {
+            uint32_t b;
+            memcpy(&b, x + i, sizeof b);
+            top = b > top ? b : top;
+        }
+        lo = top < lo ? top : lo;
+        hi = top > hi ? top : hi;
     }
-    hi = bits + 1; /* the largest's bits + 1: at_least(lo) >= k > at_least(hi) */
+    if (hi > 0x7f800000u) return -1.f; /* a sign bit or a NaN among them: not weights (tested on the bits:
+                                          -ffast-math folds float tests for NaN away) */
+    hi += 1; /* the largest's bits + 1: at_least(lo) >= k > at_least(hi) */
     while (hi - lo > KTH_BITS) {
         uint32_t mid = lo + (hi - lo) / 2;
         float t;
@@ -522,7 +548,9 @@ static void rows_pooled(const float *w, int64_t C, int64_t K, int64_t hstride, i
         float *tv = top + row * k;
         int64_t *ti = where + row * k;
 #ifdef __AVX2__
-        if (nb > k && k >= 8) { /* measured: below 8 the blocks offered in order are as fast */
+        if (nb > k) { /* for every k: offering the blocks in order costs a sorted insertion a block where
+                         the maxima grow along the row (recency), as they do in causal maps — k = 6, rows of
+                         4,096 keys: 0.77 ns a weight that way, 0.33 this way (AMD EPYC, two threads) */
             /* t, at most the k-th largest block maximum, bounds the k-th largest weight from below
                (k blocks hold a weight >= t): the k largest weights, and every weight tied with the
                k-th, are among the weights >= t of the blocks whose maximum is >= t — usually about

@@ -3,7 +3,9 @@
 The eager readers (:mod:`.heads`, :mod:`.longcontext`, :mod:`.maps`) make a dozen passes over each
 chunk, each a few PyTorch operations, and on a CPU those passes — not the model — were most of an
 analysis's time (SmolLM2, 4,096 tokens: 8.5 of 25.6 s). ``native.c`` reads each row in one
-vectorised pass for every head metric (mass, Σ p·|i − j|, p log p, largest weight, key-set masses)
+vectorised pass for every head metric (mass, Σ p·|i − j|, largest weight, and p log p unless the
+chunk brings its rows' entropies, which the compiled half softmax forms from the scores), the
+key-set masses at the sets' keys (:func:`key_sets`),
 and a second over its distance bins for the long-context ones, the columns' sums for vertical
 concentration, and each row's mass on its induction-pattern targets (one comparison a key); for
 a page's pooled text, each row's key-block sums and maxima added into the page's cells and its k
@@ -43,8 +45,8 @@ from ...hf.route import AttentionChunk
 from ...inputs import Batch, TokenInfo
 from .base import shared
 
-__all__ = ["COLUMNS", "ENV", "LONG", "REPEAT", "RowSums", "WordRuns", "available", "compiled_rows", "pairwise_js",
-           "row_pooled", "row_sums", "usable", "word_predictions", "word_runs"]
+__all__ = ["COLUMNS", "ENV", "LONG", "REPEAT", "RowSums", "WordRuns", "available", "compiled_rows", "key_sets",
+           "pairwise_js", "row_pooled", "row_sums", "usable", "word_predictions", "word_runs"]
 
 SOURCE = Path(__file__).with_name("native.c")
 #: Compiled with -ffast-math (vectorised reductions and log) but linked without it: a
@@ -79,8 +81,8 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.openmp_parts.argtypes = []
     lib.openmp_parts.restype = i64
-    lib.row_statistics.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr,
-                                   ptr, ptr, ptr]
+    lib.row_statistics.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr,
+                                   ptr, ptr, ptr, ptr]
     lib.row_statistics.restype = None
     lib.row_pooled.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64,
                                i64, i64, i64, ptr, ptr]
@@ -184,13 +186,25 @@ def row_sums(chunk: AttentionChunk, batch: Batch) -> RowSums:
     :func:`usable`), computed once per chunk for every reader that asks; the long-context sums
     too when a reducer of the pass set ``batch.memo[LONG]`` at its ``begin_batch``, the columns
     when one set ``batch.memo[COLUMNS]``, the induction pattern's mass with ``batch.memo[REPEAT]``."""
+    sets = shared(batch.memo, "native-key-sets", lambda: key_sets(batch.tokens))
     return shared(chunk.memo, "native-rows", lambda: _row_sums(chunk, batch.tokens, bool(batch.memo.get(LONG)),
                                                               bool(batch.memo.get(COLUMNS)),
-                                                              batch.memo.get(REPEAT)))
+                                                              batch.memo.get(REPEAT), sets))
+
+
+def key_sets(tokens: TokenInfo) -> tuple[Tensor, Tensor]:
+    """Each text's key sets as :func:`row_sums` reads them: its first real token, its separators and
+    its punctuation, the keys of set s of text b ``keys[bounds[3b + s]:bounds[3b + s + 1]]``
+    ascending — keys (n,) int32, bounds (3B + 1,) int64."""
+    marks = torch.stack([tokens.first, tokens.separator, tokens.punctuation], 1).cpu()  # (B, 3, T)
+    flat = marks.reshape(-1, marks.shape[-1])  # (3B, T)
+    keys = flat.nonzero()[:, 1].to(torch.int32).contiguous()  # by set, then key: ascending within each
+    counts = flat.sum(-1)  # (3B,)
+    return keys, torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int64).contiguous()
 
 
 def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: bool = False,
-              repeat: tuple[Tensor, Tensor] | None = None) -> RowSums:
+              repeat: tuple[Tensor, Tensor] | None = None, sets: tuple[Tensor, Tensor] | None = None) -> RowSums:
     p = chunk.weights.detach()  # (B, H, C, K) float32
     if p.dtype != torch.float32 or p.device.type != "cpu":
         raise TypeError(f"the compiled readers read float32 maps in CPU memory; got {p.dtype} on {p.device}")
@@ -202,9 +216,14 @@ def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: boo
     if start < 0 or start + C > valid.shape[1] or K > valid.shape[1] or valid.shape[0] != B:
         raise ValueError(f"rows {start}..{start + C} over {K} keys of a batch of {B} x {valid.shape[1]} tokens: "
                          "the compiled readers read a self-attention's rows")
-    flags = (tokens.first[:, :K].to(torch.uint8) | tokens.separator[:, :K].to(torch.uint8) << 1
-             | tokens.punctuation[:, :K].to(torch.uint8) << 2).contiguous()  # (B, K)
+    set_keys, set_bounds = sets if sets is not None else key_sets(tokens)
     queries = valid[:, start:start + C]  # (B, C)
+    # each row's entropy as the softmax formed it from the scores, where it did (no log a weight here)
+    entropy = chunk.entropy
+    if entropy is not None and (entropy.shape != (B, H, C) or entropy.dtype != torch.float32
+                                or not entropy.is_contiguous() or entropy.device.type != "cpu"):
+        raise ValueError(f"a chunk's row entropies are (B, H, c) = {(B, H, C)} float32, contiguous, in CPU memory; "
+                         f"got {tuple(entropy.shape)} {entropy.dtype}")
     seen = (chunk.visible & valid[:, None, None, :K]).sum(-1).expand(B, H, C)  # (B, H, C) keys each row may see
     log_n = seen.float().clamp_min(1).log().contiguous()  # (B, H, C)
     informative = (queries[:, None, :] & (seen > 1)).sum(-1, dtype=torch.float64)  # (B, H)
@@ -226,7 +245,8 @@ def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: boo
 
     def call(a: int, b: int, n_parts: int, n: int) -> None:
         pointers = [t[n].data_ptr() if t is not None else None for t in sums]
-        lib.row_statistics(p.data_ptr(), B, H, C, K, start, flags.data_ptr(), K, counted.data_ptr(), log_n.data_ptr(),
+        lib.row_statistics(p.data_ptr(), B, H, C, K, start, set_keys.data_ptr(), set_bounds.data_ptr(),
+                           counted.data_ptr(), log_n.data_ptr(), None if entropy is None else entropy.data_ptr(),
                            a, b, n_parts, *pointers,
                            None if column_parts is None else column_parts[offsets[n]:].data_ptr(),
                            prev_keys.data_ptr() if repeat is not None else None,
