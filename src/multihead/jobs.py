@@ -77,6 +77,18 @@ def check_placement(placement: Placement | None) -> None:
             placement.check()
 
 
+def check_device(placement: Placement | None) -> None:
+    """Whether the accelerator ``placement`` names (``--device cuda:1``, ``mps``) is on this machine:
+    torch's answer, without the model's code or transformers — asked once the flags and files have
+    passed, before the model loads."""
+    if placement is None or placement.device_map is not None or str(placement.device).strip() in ("auto", "cpu"):
+        return
+    from .hf.placement import resolve_device
+
+    with _named_by_flag():
+        resolve_device(placement.device)
+
+
 @contextlib.contextmanager
 def _named_by_flag() -> Iterator[None]:
     try:
@@ -148,6 +160,7 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
         else:
             notes.append(f"spaCy not installed, skipping syntax scores ({SYNTAX_INSTALL})")
     folder = out_folder(lambda: check_report_folder(out, force=force))
+    check_device(placement)
     # what the checks above passed is read with the model code (torch) from here on
     if examples is not None:
         from .analysis.probes.coreference import load_examples
@@ -243,6 +256,7 @@ def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | No
             found = Report.from_json(path)
         except ValueError as err:
             raise InputError(f"--report {err}") from err
+    check_device(placement)
     from .inputs import count_unknown_tokens, warn_unknown_tokens
     from .viz import view_page
 
@@ -276,6 +290,7 @@ def patch_job(*, model: str = "smollm2", example: str | None = None, clean: str 
     if missing:
         raise InputError(f"give {', '.join(missing)} (or --example NAME)")
     folder = out_folder(lambda: check_patching_folder(out, force=force))
+    check_device(placement)
     from .analysis.interventions.patching import patch
 
     loaded = load_model(model, placement)
@@ -320,6 +335,7 @@ def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10
         raise InputError(f"--offload-folder: {OFFLOADED}")
     check_placement(placement)
     folder = out_folder(lambda: check_output_folder(out, schema=SCHEMA, marker="curve.json", force=force))
+    check_device(placement)
     loaded = load_model(model, placement)
     if loaded.is_encoder_decoder or loaded.processor is not None:
         raise InputError(f"prune's tasks (sentiment, lm) read text models with one stack; {loaded.name} is "
