@@ -185,6 +185,61 @@ def _compare(chunk, batch, found=None):
     assert native._row_sums(chunk, tokens, False).repeat is None
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31), chunk=st.integers(5, 120), flat=st.booleans())
+def test_word_predictions_are_the_definition_on_streamed_chunks(seed, chunk, flat):
+    """Each source word's most attended word, streamed in causal chunks: its rows summed, each key
+    word's keys summed (a word of 70 tokens among them), the largest — ties to the earliest word —
+    against the definition in float64. Weights on a grid of 1/64 make every sum exact, so ties are
+    real and frequent (flat rows: most weights equal), and the blocks the compiled pass passes over
+    must hold no winner and no tie."""
+    g = torch.Generator().manual_seed(seed)
+    T, H = 400, 3
+    lengths, owner, word = [], [], 0
+    while len(owner) < T:  # words of 1-4 tokens, one of 70, a few tokens of no word
+        n = 70 if word == 20 else int(torch.randint(1, 5, (1,), generator=g))
+        if float(torch.rand(1, generator=g)) < 0.1:
+            owner.append(-1)
+            continue
+        owner.extend([word] * n)
+        lengths.append(n)
+        word += 1
+    owner = torch.tensor(owner[:T])
+    levels = 2 if flat else 9
+    p = torch.randint(0, levels, (H, T, T), generator=g).float() / 64  # (H, T, T) on a grid: exact sums
+    long = owner == 20
+    p[..., long] *= torch.rand(H, T, int(long.sum()), generator=g) < 0.05  # sparse, or it would win everywhere
+    p = p.tril()
+    p[:, torch.arange(T), torch.arange(T)] += 1 / 64  # every row weighs its own key
+    runs = native.word_runs(owner, H)
+    W = int(owner.max()) + 1
+    best = torch.full((W, H), -7, dtype=torch.long)
+    state = None
+    for start in range(0, T, chunk):
+        stop = min(T, start + chunk)
+        state = native.word_predictions(p[:, start:stop, :stop].contiguous(), owner[start:stop], runs, state,
+                                        stop == T, best)
+    want = torch.full((W, H), -7, dtype=torch.long)
+    keys = torch.arange(T)
+    for w in range(W):
+        rows = (owner == w).nonzero().squeeze(1)
+        if len(rows) == 0:
+            continue
+        K = min(T, ((int(rows[-1]) // chunk) + 1) * chunk)  # the keys of the chunk its last row is in
+        summed = p[:, rows].double().sum(1)[:, :K]  # (H, K)
+        words = owner[:K]
+        for h in range(H):
+            scores = torch.zeros(W, dtype=torch.float64).index_add_(0, words[words >= 0], summed[h][words >= 0])
+            present = torch.zeros(W, dtype=torch.bool)
+            present[words[words >= 0]] = True
+            scores[~present] = -1
+            top = scores.max()
+            want[w, h] = int(min((int(keys[:K][owner[:K] == v][0]), v) for v in (scores == top).nonzero().squeeze(1)
+                                 .tolist())[1])
+    assert torch.equal(best, want)
+    assert len(set(want.flatten().tolist())) > W // 8  # many words won (not one word everywhere)
+
+
 def _threaded_reads():
     """All three readers on chunks large enough to be read in several ranges (threads)."""
     chunk, batch = _chunk(2, 3, 3000, 1800, 300, [3000, 2600], True, 7)

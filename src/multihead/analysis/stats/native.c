@@ -594,17 +594,29 @@ void row_pooled(const float *w, int64_t H, int64_t C, int64_t K, int64_t hstride
 
 /* The key of the largest of a word-summed row a (keys 0..K-1): lone[j] marks the keys that are a
    whole word, multi (M, 2) the (first key, keys) of the longer words in key order. Ties: the
-   earliest word. The maxima of 64-key blocks first (vectorised), then the first key that reaches
-   the largest one. */
+   earliest word. The maxima of 64-key blocks first (vectorised: of the lone keys, and of all keys),
+   then the first key that reaches the largest lone one, then the longer words' sums — only in the
+   blocks where one could reach the best so far: the words starting in block n are
+   multi[blocks[n] .. blocks[n + 1]), the longest of them longest[n] keys, and L keys each at most the
+   largest of blocks n and n + 1 sum to at most L times it (a margin of 1e-5 for float32's rounding
+   of up to 64 terms), so a block whose bound is below the best holds no winner, nor a tie. A row's
+   weight sits on a few keys: most blocks are passed over, where every word had been summed (a
+   scalar loop a word, its length mispredicted) at every word's end. */
 static int64_t word_argmax(const float *restrict a, int64_t K, const uint8_t *restrict lone,
-                           const int32_t *restrict multi, int64_t M, float *restrict block_max) {
+                           const int32_t *restrict multi, int64_t M, const int32_t *restrict blocks,
+                           const int32_t *restrict longest, float *restrict block_max) {
     int64_t nb = (K + 63) / 64;
+    float *restrict all_max = block_max + nb;
     float best = -1.f;
     for (int64_t n = 0; n < nb; n++) {
         int64_t lo = n * 64, hi = lo + 64 < K ? lo + 64 : K;
-        float m = -1.f;
-        for (int64_t j = lo; j < hi; j++) m = fmaxf(m, lone[j] ? a[j] : -1.f);
+        float m = -1.f, any = 0.f;
+        for (int64_t j = lo; j < hi; j++) {
+            m = fmaxf(m, lone[j] ? a[j] : -1.f);
+            any = fmaxf(any, a[j]);
+        }
         block_max[n] = m;
+        all_max[n] = any;
         best = fmaxf(best, m);
     }
     int64_t at = -1;
@@ -618,21 +630,31 @@ static int64_t word_argmax(const float *restrict a, int64_t K, const uint8_t *re
             }
         }
     }
-    for (int64_t m = 0; m < M && multi[2 * m] < K; m++) {
-        int64_t first = multi[2 * m], end = first + multi[2 * m + 1] < K ? first + multi[2 * m + 1] : K;
-        float s = 0.f;
-        for (int64_t j = first; j < end; j++) s += a[j];
-        if (s > best || (s == best && (at < 0 || first < at))) {
-            best = s;
-            at = first;
+    for (int64_t n = 0; n < nb; n++) {
+        int64_t w0 = blocks[n], w1 = blocks[n + 1];
+        if (w0 == w1) continue;
+        if (longest[n] <= 64) { /* its words end in block n or n + 1 */
+            float top = n + 1 < nb && all_max[n + 1] > all_max[n] ? all_max[n + 1] : all_max[n];
+            if ((float)longest[n] * top * 1.00001f < best) continue;
+        }
+        for (int64_t m = w0; m < w1 && multi[2 * m] < K; m++) {
+            int64_t first = multi[2 * m], end = first + multi[2 * m + 1] < K ? first + multi[2 * m + 1] : K;
+            float s = 0.f;
+            for (int64_t j = first; j < end; j++) s += a[j];
+            if (s > best || (s == best && (at < 0 || first < at))) {
+                best = s;
+                at = first;
+            }
         }
     }
+    (void)M;
     return at;
 }
 
 static int64_t predicted(const float *a, int64_t K, const int32_t *key_word, const uint8_t *lone,
-                         const int32_t *multi, int64_t M, float *scratch) {
-    int64_t at = word_argmax(a, K, lone, multi, M, scratch);
+                         const int32_t *multi, int64_t M, const int32_t *blocks, const int32_t *longest,
+                         float *scratch) {
+    int64_t at = word_argmax(a, K, lone, multi, M, blocks, longest, scratch);
     return at >= 0 ? key_word[at] : -1; /* no word among the keys */
 }
 
@@ -642,13 +664,14 @@ static int64_t predicted(const float *a, int64_t K, const int32_t *key_word, con
    best (W, H) int64, the word of the arg-max key (key_word (K,)). The word still open at the
    chunk's end, unless `last`, is carried in acc (H, astride) over its first acc_keys keys (the
    next chunk's K >= acc_keys; the keys after had weight 0 in its rows so far); `carried` is the
-   word acc holds on entry (-1: none). block_max: (H, ceil(K / 64)) scratch. */
+   word acc holds on entry (-1: none). blocks, longest: the longer words by 64-key block (word_argmax).
+   block_max: (H, 2 ceil(K / 64)) scratch. */
 static void words_predicted(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride,
                             const int32_t *row_word, const int32_t *key_word, const uint8_t *lone,
-                            const int32_t *multi, int64_t M, float *acc, int64_t astride, int64_t carried,
-                            int64_t acc_keys, int64_t last, int64_t *best, int64_t H, int64_t h0, int64_t h1,
-                            float *block_max) {
-    int64_t nb = (K + 63) / 64;
+                            const int32_t *multi, int64_t M, const int32_t *blocks, const int32_t *longest,
+                            float *acc, int64_t astride, int64_t carried, int64_t acc_keys, int64_t last,
+                            int64_t *best, int64_t H, int64_t h0, int64_t h1, float *block_max) {
+    int64_t nb = 2 * ((K + 63) / 64);
     for (int64_t h = h0; h < h1; h++) {
         float *restrict a = acc + h * astride;
         float *scratch = block_max + h * nb;
@@ -660,26 +683,26 @@ static void words_predicted(const float *w, int64_t C, int64_t K, int64_t hstrid
             if (word < 0) continue;
             const float *restrict p = w + h * hstride + c * kstride;
             if (word != open) {
-                if (open >= 0) best[open * H + h] = predicted(a, K, key_word, lone, multi, M, scratch);
+                if (open >= 0) best[open * H + h] = predicted(a, K, key_word, lone, multi, M, blocks, longest, scratch);
                 open = word;
                 for (int64_t j = 0; j < K; j++) a[j] = p[j];
             } else {
                 for (int64_t j = 0; j < K; j++) a[j] += p[j];
             }
         }
-        if (open >= 0 && last) best[open * H + h] = predicted(a, K, key_word, lone, multi, M, scratch);
+        if (open >= 0 && last) best[open * H + h] = predicted(a, K, key_word, lone, multi, M, blocks, longest, scratch);
     }
 }
 
 /* words_predicted for heads [h0, h1) in `parts` ranges (each head's sums and predictions are its own). */
 void word_predictions(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride,
                       const int32_t *row_word, const int32_t *key_word, const uint8_t *lone,
-                      const int32_t *multi, int64_t M, float *acc, int64_t astride, int64_t carried,
-                      int64_t acc_keys, int64_t last, int64_t *best, int64_t H, int64_t h0, int64_t h1,
-                      int64_t parts, float *block_max) {
+                      const int32_t *multi, int64_t M, const int32_t *blocks, const int32_t *longest, float *acc,
+                      int64_t astride, int64_t carried, int64_t acc_keys, int64_t last, int64_t *best, int64_t H,
+                      int64_t h0, int64_t h1, int64_t parts, float *block_max) {
     IN_PARTS
     for (int64_t n = 0; n < parts; n++)
-        words_predicted(w, C, K, hstride, kstride, row_word, key_word, lone, multi, M, acc, astride, carried,
-                        acc_keys, last, best, H, part_bound(h0, h1, n, parts), part_bound(h0, h1, n + 1, parts),
-                        block_max);
+        words_predicted(w, C, K, hstride, kstride, row_word, key_word, lone, multi, M, blocks, longest, acc, astride,
+                        carried, acc_keys, last, best, H, part_bound(h0, h1, n, parts),
+                        part_bound(h0, h1, n + 1, parts), block_max);
 }

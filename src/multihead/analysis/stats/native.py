@@ -87,8 +87,8 @@ def _library() -> ctypes.CDLL | None:
     lib.row_pooled.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64,
                                i64, i64, i64, ptr, ptr]
     lib.row_pooled.restype = None
-    lib.word_predictions.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, ptr,
-                                     i64, i64, i64, i64, ptr]
+    lib.word_predictions.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64,
+                                     i64, ptr, i64, i64, i64, i64, ptr]
     lib.word_predictions.restype = None
     lib.pairwise_js.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr]
     lib.pairwise_js.restype = None
@@ -301,13 +301,17 @@ def row_pooled(weights: Tensor, start: int, block: int, pool: int, cells: int, k
 class WordRuns:
     """A text's words as runs of consecutive keys, for :func:`word_predictions`: ``key_word`` (T,)
     int32 each key's word (-1: none), ``lone`` (T,) uint8 1 where a key is a whole word, ``multi``
-    (M, 2) int32 the (first key, keys) of the longer words in key order; ``acc`` (H, T) float32 the
-    row sums of a word still open at a chunk's end."""
+    (M, 2) int32 the (first key, keys) of the longer words in key order, ``blocks`` (ceil(T / 64) + 1,)
+    int32 where the longer words starting in each 64-key block begin in ``multi`` and ``longest``
+    (ceil(T / 64),) int32 the most keys one of them has; ``acc`` (H, T) float32 the row sums of a
+    word still open at a chunk's end."""
 
     key_word: Tensor
     lone: Tensor
     multi: Tensor
     acc: Tensor
+    blocks: Tensor
+    longest: Tensor
 
 
 def word_runs(owner: Tensor, num_heads: int) -> WordRuns | None:
@@ -325,7 +329,12 @@ def word_runs(owner: Tensor, num_heads: int) -> WordRuns | None:
     lone = torch.zeros(T, dtype=torch.uint8)
     lone[first[counts == 1]] = 1
     multi = torch.stack([first[counts > 1], counts[counts > 1]], 1).to(torch.int32).contiguous()
-    return WordRuns(owner.to(torch.int32).contiguous(), lone, multi, torch.zeros(num_heads, T, dtype=torch.float32))
+    n_blocks = -(-T // 64)
+    blocks = torch.searchsorted(multi[:, 0].contiguous(), torch.arange(n_blocks + 1, dtype=torch.int32) * 64)
+    longest = torch.zeros(n_blocks, dtype=torch.int32).scatter_reduce_(0, (multi[:, 0] // 64).long(), multi[:, 1],
+                                                                       reduce="amax")
+    return WordRuns(owner.to(torch.int32).contiguous(), lone, multi, torch.zeros(num_heads, T, dtype=torch.float32),
+                    blocks.to(torch.int32).contiguous(), longest)
 
 
 def word_predictions(weights: Tensor, rows: Tensor, runs: WordRuns, carried: tuple[int, int] | None, last: bool,
@@ -344,7 +353,7 @@ def word_predictions(weights: Tensor, rows: Tensor, runs: WordRuns, carried: tup
                          "and best (W, H) int64")
     row_word = rows.to(torch.int32).contiguous()
     open_word, acc_keys = carried if carried is not None else (-1, 0)
-    scratch = torch.empty(H, -(-K // 64), dtype=torch.float32)
+    scratch = torch.empty(H, 2 * -(-K // 64), dtype=torch.float32)  # each head's block maxima: lone keys, all keys
     lib = _library()
     w = weights.detach()
     M = runs.multi.shape[0]
@@ -352,8 +361,9 @@ def word_predictions(weights: Tensor, rows: Tensor, runs: WordRuns, carried: tup
     def call(h0: int, h1: int, parts: int, _: int) -> None:
         lib.word_predictions(w.data_ptr(), c, K, w.stride(0), w.stride(1), row_word.data_ptr(),
                              runs.key_word.data_ptr(), runs.lone.data_ptr(), runs.multi.data_ptr(), M,
-                             runs.acc.data_ptr(), runs.acc.stride(0), open_word, acc_keys, int(last), best.data_ptr(),
-                             best.shape[1], h0, h1, parts, scratch.data_ptr())
+                             runs.blocks.data_ptr(), runs.longest.data_ptr(), runs.acc.data_ptr(), runs.acc.stride(0),
+                             open_word, acc_keys, int(last), best.data_ptr(), best.shape[1], h0, h1, parts,
+                             scratch.data_ptr())
 
     _in_parts(H, _parts(H, w.numel()), call)
     if last:
