@@ -104,11 +104,14 @@ def _align(parses, offsets, causal: bool = False) -> Alignment | None:
     for b, parse in enumerate(parses):
         if parse is None:
             continue
+        # a text's words with a token and its first token's word (-1: a BOS) as Python values, read once:
+        # a tensor read a group cost ~10 µs, 0.3 s of a 4,096-token document's thousands of groups
+        tokened, sink = set(words[b]), int(owner[b, 0])
         for src, tgt, key in parse.groups():
-            if src >= reached[b] or not bool(has_word[b, src]):  # dropped by the tokenizer or truncation
+            if src >= reached[b] or src not in tokened:  # dropped by the tokenizer or truncation
                 continue
             if causal:
-                tgt = _causal_targets(src, tgt, sink=int(owner[b, 0]))  # the first token's word (-1: a BOS)
+                tgt = _causal_targets(src, tgt, sink=sink)
                 if not tgt:
                     continue
             kept = sorted(w for w in tgt if w < W)
