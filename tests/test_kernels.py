@@ -1,5 +1,4 @@
 import math
-import os
 
 import pytest
 import torch
@@ -8,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import multihead as mh
-from conftest import mask_cases
+from conftest import compiled_softmax, mask_cases
 from multihead import masks
 
 HALF = (torch.float16, torch.bfloat16)
@@ -182,18 +181,6 @@ def test_half_products_padded_to_the_key_grid_change_nothing(dtype, units, monke
         torch.testing.assert_close(padded, plain, atol=ulp * plain.abs().max().item(), rtol=ulp)
 
 
-def _compiled_softmax():
-    """The compiled half softmax (multihead.attn.fused), or a skip where this CPU has no AVX-512 (it is
-    built only for that; the eager steps run elsewhere) — a failure under CI when it has and it did not build."""
-    from multihead.attn import fused
-
-    if fused.available():
-        return fused
-    if torch.backends.cpu.get_cpu_capability() == "AVX512" and os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail("CI=true but attn/softmax.c did not build on this AVX-512 CPU (gcc with -fopenmp)")
-    pytest.skip("no AVX-512 on this CPU (or no C compiler): the math kernel's eager softmax is its only path")
-
-
 def _eager_and_compiled(monkeypatch, call):
     """``call()`` once through the eager steps after the half product, once through the compiled softmax."""
     from multihead.attn import fused
@@ -219,7 +206,7 @@ def test_the_compiled_half_softmax_is_the_eager_steps_within_float32s_rounding(d
     leave rows that see nothing."""
     from multihead.attn import precision
 
-    _compiled_softmax()
+    compiled_softmax()
     monkeypatch.setattr(precision, "half_units", lambda dt: True)
     B, H, Hkv, T, S, D = shape
     g = torch.Generator().manual_seed(S)
@@ -252,7 +239,7 @@ def test_the_compiled_half_softmax_keeps_rows_that_see_nothing_and_huge_scores_f
     uniform weights."""
     from multihead.attn import precision
 
-    _compiled_softmax()
+    compiled_softmax()
     monkeypatch.setattr(precision, "half_units", lambda dt: True)
     g = torch.Generator().manual_seed(3)
     big = 3000.0 if dtype == torch.bfloat16 else 100.0  # scores up to ~1e4-1e5: finite in the dtype
@@ -281,7 +268,7 @@ def test_the_compiled_half_softmax_reads_a_mask_per_head_under_grouped_query_att
     rows that may see no key among them: the eager steps' weights and outputs (and their zeros)."""
     from multihead.attn import precision
 
-    _compiled_softmax()
+    compiled_softmax()
     monkeypatch.setattr(precision, "half_units", lambda dt: True)
     g = torch.Generator().manual_seed(11)
     B, H, Hkv, T, S = 2, 6, 2, 37, 300
@@ -313,7 +300,7 @@ def test_the_compiled_half_softmax_keeps_nan_and_infinite_scores_as_the_eager_st
     weights, not zeros."""
     from multihead.attn import precision
 
-    _compiled_softmax()
+    compiled_softmax()
     monkeypatch.setattr(precision, "half_units", lambda dt: True)
     T, S = 8, 40
     product = torch.randn(1, T, S).to(dtype)
@@ -348,7 +335,7 @@ def test_the_compiled_half_softmax_forms_each_rows_entropy_from_its_scores(dtype
     the definition in float64 on the same half scores — flat, middling and sharp heads, a causal
     band and a padded text, rows that see one key (0) or none (0), a row with a NaN score (NaN) —
     within float32's rounding, and as close as −Σ p ln p of the float32 weights it writes."""
-    fused = _compiled_softmax()
+    fused = compiled_softmax()
     g = torch.Generator().manual_seed(5)
     B, H, T, S = 2, 3, 50, 700
     spread = torch.tensor([0.05, 3.0, 40.0]).view(1, H, 1, 1)  # near uniform .. nearly one key
@@ -383,7 +370,7 @@ def test_a_traced_half_attention_records_the_eager_steps(monkeypatch):
     so the traced graph replays on new inputs what the kernel computes."""
     from multihead.attn import precision
 
-    _compiled_softmax()
+    compiled_softmax()
     monkeypatch.setattr(precision, "half_units", lambda dt: True)
     g = torch.Generator().manual_seed(2)
     inputs = [torch.randn(1, 4, 30, 64, generator=g).bfloat16() for _ in range(3)]
@@ -400,7 +387,7 @@ def test_a_traced_half_attention_records_the_eager_steps(monkeypatch):
 
 
 def test_the_compiled_half_softmax_refuses_tensors_it_cannot_read():
-    fused = _compiled_softmax()
+    fused = compiled_softmax()
     product, half = torch.zeros(2, 3, 16, dtype=torch.bfloat16), torch.empty(2, 3, 16, dtype=torch.bfloat16)
     weights = torch.empty(1, 2, 3, 16)  # (B, H, T, K): B·H·T = 2·3 rows
     fused.half_softmax(product, 16, weights, half)  # fits: uniform rows

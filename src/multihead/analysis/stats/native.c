@@ -603,7 +603,7 @@ void row_pooled(const float *w, int64_t H, int64_t C, int64_t K, int64_t hstride
    weight sits on a few keys: most blocks are passed over, where every word had been summed (a
    scalar loop a word, its length mispredicted) at every word's end. */
 static int64_t word_argmax(const float *restrict a, int64_t K, const uint8_t *restrict lone,
-                           const int32_t *restrict multi, int64_t M, const int32_t *restrict blocks,
+                           const int32_t *restrict multi, const int32_t *restrict blocks,
                            const int32_t *restrict longest, float *restrict block_max) {
     int64_t nb = (K + 63) / 64;
     float *restrict all_max = block_max + nb;
@@ -647,14 +647,12 @@ static int64_t word_argmax(const float *restrict a, int64_t K, const uint8_t *re
             }
         }
     }
-    (void)M;
     return at;
 }
 
 static int64_t predicted(const float *a, int64_t K, const int32_t *key_word, const uint8_t *lone,
-                         const int32_t *multi, int64_t M, const int32_t *blocks, const int32_t *longest,
-                         float *scratch) {
-    int64_t at = word_argmax(a, K, lone, multi, M, blocks, longest, scratch);
+                         const int32_t *multi, const int32_t *blocks, const int32_t *longest, float *scratch) {
+    int64_t at = word_argmax(a, K, lone, multi, blocks, longest, scratch);
     return at >= 0 ? key_word[at] : -1; /* no word among the keys */
 }
 
@@ -668,8 +666,7 @@ static int64_t predicted(const float *a, int64_t K, const int32_t *key_word, con
    block_max: (H, 2 ceil(K / 64)) scratch. */
 static void words_predicted(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride,
                             const int32_t *row_word, const int32_t *key_word, const uint8_t *lone,
-                            const int32_t *multi, int64_t M, const int32_t *blocks, const int32_t *longest,
-                            float *acc, int64_t astride, int64_t carried, int64_t acc_keys, int64_t last,
+                            const int32_t *multi, const int32_t *blocks, const int32_t *longest, float *acc, int64_t astride, int64_t carried, int64_t acc_keys, int64_t last,
                             int64_t *best, int64_t H, int64_t h0, int64_t h1, float *block_max) {
     int64_t nb = 2 * ((K + 63) / 64);
     for (int64_t h = h0; h < h1; h++) {
@@ -683,26 +680,26 @@ static void words_predicted(const float *w, int64_t C, int64_t K, int64_t hstrid
             if (word < 0) continue;
             const float *restrict p = w + h * hstride + c * kstride;
             if (word != open) {
-                if (open >= 0) best[open * H + h] = predicted(a, K, key_word, lone, multi, M, blocks, longest, scratch);
+                if (open >= 0) best[open * H + h] = predicted(a, K, key_word, lone, multi, blocks, longest, scratch);
                 open = word;
                 for (int64_t j = 0; j < K; j++) a[j] = p[j];
             } else {
                 for (int64_t j = 0; j < K; j++) a[j] += p[j];
             }
         }
-        if (open >= 0 && last) best[open * H + h] = predicted(a, K, key_word, lone, multi, M, blocks, longest, scratch);
+        if (open >= 0 && last) best[open * H + h] = predicted(a, K, key_word, lone, multi, blocks, longest, scratch);
     }
 }
 
 /* words_predicted for heads [h0, h1) in `parts` ranges (each head's sums and predictions are its own). */
 void word_predictions(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride,
                       const int32_t *row_word, const int32_t *key_word, const uint8_t *lone,
-                      const int32_t *multi, int64_t M, const int32_t *blocks, const int32_t *longest, float *acc,
+                      const int32_t *multi, const int32_t *blocks, const int32_t *longest, float *acc,
                       int64_t astride, int64_t carried, int64_t acc_keys, int64_t last, int64_t *best, int64_t H,
                       int64_t h0, int64_t h1, int64_t parts, float *block_max) {
     IN_PARTS
     for (int64_t n = 0; n < parts; n++)
-        words_predicted(w, C, K, hstride, kstride, row_word, key_word, lone, multi, M, blocks, longest, acc, astride,
+        words_predicted(w, C, K, hstride, kstride, row_word, key_word, lone, multi, blocks, longest, acc, astride,
                         carried, acc_keys, last, best, H, part_bound(h0, h1, n, parts),
                         part_bound(h0, h1, n + 1, parts), block_max);
 }

@@ -87,8 +87,8 @@ def _library() -> ctypes.CDLL | None:
     lib.row_pooled.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64,
                                i64, i64, i64, ptr, ptr]
     lib.row_pooled.restype = None
-    lib.word_predictions.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64,
-                                     i64, ptr, i64, i64, i64, i64, ptr]
+    lib.word_predictions.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64,
+                                     ptr, i64, i64, i64, i64, ptr]
     lib.word_predictions.restype = None
     lib.pairwise_js.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr]
     lib.pairwise_js.restype = None
@@ -356,11 +356,10 @@ def word_predictions(weights: Tensor, rows: Tensor, runs: WordRuns, carried: tup
     scratch = torch.empty(H, 2 * -(-K // 64), dtype=torch.float32)  # each head's block maxima: lone keys, all keys
     lib = _library()
     w = weights.detach()
-    M = runs.multi.shape[0]
 
     def call(h0: int, h1: int, parts: int, _: int) -> None:
         lib.word_predictions(w.data_ptr(), c, K, w.stride(0), w.stride(1), row_word.data_ptr(),
-                             runs.key_word.data_ptr(), runs.lone.data_ptr(), runs.multi.data_ptr(), M,
+                             runs.key_word.data_ptr(), runs.lone.data_ptr(), runs.multi.data_ptr(),
                              runs.blocks.data_ptr(), runs.longest.data_ptr(), runs.acc.data_ptr(), runs.acc.stride(0),
                              open_word, acc_keys, int(last), best.data_ptr(), best.shape[1], h0, h1, parts,
                              scratch.data_ptr())
