@@ -294,12 +294,14 @@ def test_the_readers_read_the_same_on_openmp_threads_and_on_a_pool_of_ours(threa
 @settings(max_examples=120, deadline=None)
 @given(H=st.integers(1, 3), c=st.integers(1, 20), K=st.integers(1, 400), block=st.sampled_from([1, 3, 8, 12, 16, 20]),
        pool=st.integers(1, 4), k=st.integers(1, 16), sharp=st.floats(0, 8), seed=st.integers(0, 2**31),
-       causal=st.booleans(), ties=st.booleans(), data=st.data())
+       causal=st.booleans(), ties=st.booleans(), extents=st.booleans(), data=st.data())
 def test_row_pooled_equals_the_pooled_maps_and_the_top_weights(H, c, K, block, pool, k, sharp, seed, causal, ties,
-                                                                 data):
+                                                                 extents, data):
     """The page's cells (sums and maxima over pool·block x pool·block tokens) and each row's k
     largest weights. Also causal rows (zeros after each row's last key: fewer than k weights above
-    0) and weights rounded to sixteenths (ties at the k-th place): the earliest keys of a tie are named."""
+    0), read only up to each row's extent where it is given (the zeros a row's top-k needs then
+    come from keys it did not read), and weights rounded to sixteenths (ties at the k-th place):
+    the earliest keys of a tie are named."""
     k = min(k, K)
     start = data.draw(st.integers(0, 40))
     cells = -(-max(start + c, K) // (block * pool))
@@ -311,7 +313,11 @@ def test_row_pooled_equals_the_pooled_maps_and_the_top_weights(H, c, K, block, p
     if ties:
         full = (full * 16).round() / 16
     w = full[:, :, :K]  # a view with a row stride above K, as a text's rows of a chunk are
-    first, mass, largest, top, where = native.row_pooled(w, start, block, pool, cells, k)
+    seen = None
+    if extents:  # each row's last key + 1 where causal (it sees K + 3 keys otherwise: all of these)
+        reach = torch.arange(c) + 1 + max(0, K - c) if causal else torch.full((c,), K + 3)
+        seen = reach.clamp(max=K).to(torch.int32).expand(H, c)
+    first, mass, largest, top, where = native.row_pooled(w, start, block, pool, cells, k, seen)
     want_mass, want_largest, _ = maps.pooled_maps(w, start, block * pool, cells)
     assert first == start // (block * pool) and mass.shape[1] == (start + c - 1) // (block * pool) - first + 1
     blocks = slice(first, first + mass.shape[1])  # the row blocks the rows fall in; no weight in the others
@@ -325,6 +331,40 @@ def test_row_pooled_equals_the_pooled_maps_and_the_top_weights(H, c, K, block, p
     assert (where.sort(-1).values.diff(dim=-1) > 0).all()  # no key twice
     order = (-w).sort(dim=-1, stable=True).indices  # largest first, a tie's keys in key order
     assert torch.equal(where, order[..., :k])
+
+
+def test_row_pooled_reads_a_nan_row_whole_whatever_its_extent():
+    """A row with a NaN before its extent is read to its K, as without extents: an eager softmax's
+    NaN row is NaN at every key, the extent's zeros after it included."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(2, 6, 300, generator=g).softmax(-1)  # (H, c, K)
+    w[:, :, 64:] = 0.0
+    w[0, 1] = float("nan")
+    w[1, 2, 10], w[1, 2, 250] = float("nan"), 0.5  # a weight after the extent too: read
+    extents = torch.full((2, 6), 64, dtype=torch.int32)
+    got = native.row_pooled(w, 0, 8, 2, 19, 5, extents)
+    want = native.row_pooled(w, 0, 8, 2, 19, 5)
+    for a, b in zip(got[1:], want[1:], strict=True):
+        torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
+    assert got[2][1, 0, 15] == 0.5  # the cell of key 250 holds it
+
+
+def test_row_extents_are_each_rows_last_visible_key_plus_one():
+    """Causal rows, a sliding window (its left edge is no end), a padded text's rows, and a row
+    that sees no key (K: read whole)."""
+    C, K = 5, 9
+    i = torch.arange(4, 4 + C)[:, None]
+    j = torch.arange(K)[None]
+    causal = (j <= i).clone()
+    causal[2] = False  # sees nothing
+    window = (j <= i) & (j > i - 3)
+    valid = torch.tensor([[True] * 7 + [False] * 2, [True] * 9])[:, None, None, :]  # (B, 1, 1, K) padded keys
+    visible = torch.stack([causal, window])[:, None] & valid  # (B, 1, C, K)
+    chunk = types.SimpleNamespace(weights=torch.zeros(2, 3, C, K), visible=visible, memo={})
+    got = native.row_extents(chunk)
+    assert got.shape == (2, 3, C) and got.dtype == torch.int32 and got.is_contiguous()
+    assert got[0, 0].tolist() == [5, 6, 9, 7, 7] and got[1, 2].tolist() == [5, 6, 7, 8, 9]
+    assert native.row_extents(chunk) is got  # once a chunk
 
 
 @settings(max_examples=60, deadline=None)

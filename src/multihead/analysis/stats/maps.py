@@ -308,8 +308,9 @@ class TextViews(ReducerBase):
                 pooled = kept.pooled
                 fine = _fine_block(pooled.block)  # the top-k's candidates come from blocks of `fine` keys
                 if native.usable(w) and pooled.k <= native.TOP_K:  # one pass a row, cells and top-k
+                    extents = native.row_extents(chunk)[kept.row, :, :stop - chunk.start].clamp(max=K)  # (H, c)
                     first, total, big, top, where = native.row_pooled(w, chunk.start, fine, pooled.block // fine,
-                                                                      pooled.cells, min(pooled.k, K))
+                                                                      pooled.cells, min(pooled.k, K), extents)
                     counted = _rows_per_block(chunk.start, w.shape[1], pooled.block, pooled.cells, w.device)
                 else:
                     sums, maxima = key_blocks(w, fine)  # (H, c, ceil(K / fine)) each

@@ -175,26 +175,29 @@ static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int
                             const int32_t *set_keys, const int64_t *set_bounds, const uint8_t *valid,
                             const float *log_n, const float *row_entropy, int64_t row0, int64_t row1, double *heads,
                             double *long_sums, double *hist, double *repeat, float *columns, int64_t bh0,
-                            const int32_t *key_token, const int32_t *token) {
+                            const int32_t *key_token, const int32_t *token, const int32_t *extent) {
     for (int64_t row = row0; row < row1; row++) {
         int64_t c = row % C, bh = row / C, b = bh / H;
         if (!valid[b * C + c]) continue;
         const float *p = w + row * K;
         int64_t i = start + c;
+        /* the keys read: those before the row's extent (the later ones weigh exactly 0: every sum
+           below is the same without them — a causal chunk's rows, a third of its map at 1k keys) */
+        int64_t E = extent && extent[row] > 0 && extent[row] < K ? extent[row] : K;
         double s[4], sets[3];
         if (row_entropy)
-            sum_row(p, (int32_t)K, (int32_t)i, 0, s);
+            sum_row(p, (int32_t)E, (int32_t)i, 0, s);
         else
-            sum_row(p, (int32_t)K, (int32_t)i, 1, s);
+            sum_row(p, (int32_t)E, (int32_t)i, 1, s);
         for (int n = 0; n < 3; n++)
-            sets[n] = set_mass(p, set_keys + set_bounds[3 * b + n], set_bounds[3 * b + n + 1] - set_bounds[3 * b + n], K);
+            sets[n] = set_mass(p, set_keys + set_bounds[3 * b + n], set_bounds[3 * b + n + 1] - set_bounds[3 * b + n], E);
         double entropy = row_entropy ? (double)row_entropy[row] : -s[2], logn = log_n[row];
-        double self = key(p, K, i), prev = key(p, K, i - 1), next = key(p, K, i + 1);
+        double self = key(p, E, i), prev = key(p, E, i - 1), next = key(p, E, i + 1);
         if (repeat && token[b * C + c] >= 0) /* the induction pattern: the keys after earlier occurrences */
-            repeat[bh] += repeat_mass(p, key_token + b * K, token[b * C + c], i < K - 1 ? i + 1 : K);
+            repeat[bh] += repeat_mass(p, key_token + b * K, token[b * C + c], i < E - 1 ? i + 1 : E);
         if (columns) { /* the weight each key receives, summed over the rows (vertical concentration) */
             float *restrict column = columns + (bh - bh0) * K;
-            for (int64_t j = 0; j < K; j++) column[j] += p[j];
+            for (int64_t j = 0; j < E; j++) column[j] += p[j];
         }
         double *out = heads + bh * HEAD_VALUES;
         out[0] += entropy;
@@ -202,7 +205,7 @@ static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int
         out[3] += self;
         out[4] += prev;
         out[5] += next;
-        out[6] += key(p, K, i - 2) + prev + self + next + key(p, K, i + 2);
+        out[6] += key(p, E, i - 2) + prev + self + next + key(p, E, i + 2);
         out[7] += sets[0];
         out[8] += sets[1];
         out[9] += sets[2];
@@ -213,14 +216,14 @@ static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int
         }
         if (!long_sums) continue;
         double bins[BINS] = {0};
-        distance_bins(p, K, i, bins);
+        distance_bins(p, E, i, bins);
         /* d <= w (w = 64, 256, 1024, powers of 2): the bins below w's (d < w), and the two keys at w */
         double window[3];
         for (int n = 0; n < 3; n++) {
             int64_t width = (int64_t)64 << (2 * n);
             double inside = bins[0];
             for (int k = 1; ((int64_t)1 << (k - 1)) < width; k++) inside += bins[k];
-            window[n] = inside + key(p, K, i - width) + key(p, K, i + width);
+            window[n] = inside + key(p, E, i - width) + key(p, E, i + width);
         }
         double first4 = 0, sink_far = 0; /* the first 4 keys; those of them farther than 1,024 */
         for (int64_t j = 0; j < 4 && j < K; j++) {
@@ -234,7 +237,7 @@ static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int
             int64_t width = (int64_t)256 << (2 * n);
             double outside = 0;
             for (int k = BINS - 1; ((int64_t)1 << (k - 1)) >= width; k--) outside += bins[k];
-            beyond[n] = outside - key(p, K, i - width) - key(p, K, i + width);
+            beyond[n] = outside - key(p, E, i - width) - key(p, E, i + width);
         }
         double *ls = long_sums + bh * LONG_VALUES;
         ls[0] += p[0];
@@ -258,12 +261,13 @@ static inline int64_t pairs_of_rows(int64_t a, int64_t b, int64_t C) { return a 
    (parts, B, H) when not null — each row's mass on the keys j <= its position whose token before
    them is its own (prev (B, K) int32, each key's; token (B, C) int32, each row's, < 0: none); and
    into columns, part after part, the (text, head) pairs of its own rows only, (pairs, K) each (a few
-   rows a chunk at long context: a (B, H, K) block a part would outweigh the map). */
+   rows a chunk at long context: a (B, H, K) block a part would outweigh the map). extent (B, H, C)
+   int32, or null: each row's keys from extent on weigh exactly 0 (it may not see them), not read. */
 void row_statistics(const float *w, int64_t B, int64_t H, int64_t C, int64_t K, int64_t start,
                     const int32_t *set_keys, const int64_t *set_bounds, const uint8_t *valid, const float *log_n,
                     const float *row_entropy, int64_t row0, int64_t row1, int64_t parts, double *heads,
                     double *long_sums, double *hist, double *repeat, float *columns, const int32_t *prev,
-                    const int32_t *token) {
+                    const int32_t *token, const int32_t *extent) {
     IN_PARTS
     for (int64_t n = 0; n < parts; n++) {
         int64_t bh = B * H, a = part_bound(row0, row1, n, parts), b = part_bound(row0, row1, n + 1, parts);
@@ -273,7 +277,8 @@ void row_statistics(const float *w, int64_t B, int64_t H, int64_t C, int64_t K, 
         rows_statistics(w, H, C, K, start, set_keys, set_bounds, valid, log_n, row_entropy, a, b,
                         heads + n * bh * HEAD_VALUES,
                         long_sums ? long_sums + n * bh * LONG_VALUES : 0, long_sums ? hist + n * bh * BINS : 0,
-                        repeat ? repeat + n * bh : 0, columns ? columns + before * K : 0, a / C, prev, token);
+                        repeat ? repeat + n * bh : 0, columns ? columns + before * K : 0, a / C, prev, token,
+                        extent);
     }
 }
 
@@ -440,23 +445,25 @@ static float kth_largest(const float *restrict x, int64_t n, int64_t k) {
    in key order: the blocks found eight at a time by one comparison of their maxima, the weights of
    a whole block of 8 or 16 keys eight at a time — each a bit mask walked bit by bit, where a branch
    a block and a key was mispredicted at every candidate (a third of the top-k's time at 1k keys). */
+/* x >= t lane by lane, or x > t where strict */
+#define PASSES(x, t, strict) ((strict) ? _mm256_cmp_ps(x, t, _CMP_GT_OQ) : _mm256_cmp_ps(x, t, _CMP_GE_OQ))
 static inline void offer_above(const float *restrict p, const float *restrict rm, int64_t nb, int64_t K,
-                               int64_t block, float t, float *restrict tv, int64_t *restrict ti, int64_t k) {
+                               int64_t block, float t, int strict, float *restrict tv, int64_t *restrict ti,
+                               int64_t k) {
     __m256 at_least_t = _mm256_set1_ps(t);
     for (int64_t m0 = 0; m0 < nb; m0 += 8) {
         unsigned blocks = 0;
         if (m0 + 8 <= nb)
-            blocks = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(rm + m0), at_least_t, _CMP_GE_OQ));
+            blocks = (unsigned)_mm256_movemask_ps(PASSES(_mm256_loadu_ps(rm + m0), at_least_t, strict));
         else
-            for (int64_t m = m0; m < nb; m++) blocks |= (unsigned)(rm[m] >= t) << (m - m0);
+            for (int64_t m = m0; m < nb; m++) blocks |= (unsigned)(strict ? rm[m] > t : rm[m] >= t) << (m - m0);
         while (blocks) {
             int64_t m = m0 + __builtin_ctz(blocks);
             blocks &= blocks - 1;
             int64_t a = m * block, b = a + block < K ? a + block : K;
             if ((block == 8 || block == 16) && b - a == block) {
                 for (int64_t v = a; v < b; v += 8) {
-                    unsigned keys = (unsigned)_mm256_movemask_ps(
-                        _mm256_cmp_ps(_mm256_loadu_ps(p + v), at_least_t, _CMP_GE_OQ));
+                    unsigned keys = (unsigned)_mm256_movemask_ps(PASSES(_mm256_loadu_ps(p + v), at_least_t, strict));
                     while (keys) {
                         int64_t j = v + __builtin_ctz(keys);
                         keys &= keys - 1;
@@ -465,10 +472,23 @@ static inline void offer_above(const float *restrict p, const float *restrict rm
                 }
             } else {
                 for (int64_t j = a; j < b; j++)
-                    if (p[j] >= t) offer(tv, ti, k, p[j], j);
+                    if (strict ? p[j] > t : p[j] >= t) offer(tv, ti, k, p[j], j);
             }
         }
     }
+}
+
+/* After offer_above(..., 0, strict): the zero weights a row of fewer than k positive ones still
+   needs, first keys first (offered after every positive weight, each goes to the end). */
+static inline void offer_zeros(const float *restrict p, int64_t K, float *restrict tv, int64_t *restrict ti,
+                               int64_t k) {
+    int64_t missing = 0;
+    for (int64_t n = 0; n < k; n++) missing += tv[n] < 0.f;
+    for (int64_t j = 0; j < K && missing > 0; j++)
+        if (p[j] == 0.f) {
+            offer(tv, ti, k, 0.f, j);
+            missing--;
+        }
 }
 
 /* Blocks of 8 or 16 keys (vectors: 1 or 2 a block), eight at a time while eight fit in K: their
@@ -499,31 +519,84 @@ static int64_t eight_blocks(const float *restrict p, int64_t K, int64_t block, f
 }
 #endif
 
-/* Rows [row0, row1) of the H*C rows of one text's chunk (w: (H, C, K) with strides hstride,
+/* Whether x[0..n) are all weights: none negative, none NaN (tested on the bits: -ffast-math folds
+   float tests for NaN away). */
+static inline int weights_only(const float *restrict x, int64_t n) {
+    uint32_t hi = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, x + i, sizeof b);
+        hi = b > hi ? b : hi;
+    }
+    return hi <= 0x7f800000u;
+}
+
+/* A row's nb block sums and maxima, `pool` blocks a cell, added into ms and max'd into lg (its
+   cells): pool a constant where inlined, so that each body vectorises (a scalar loop a cell was a
+   seventh of the page's time at 1k keys, pool 1). */
+static inline __attribute__((always_inline)) void cells_of(const float *restrict rs, const float *restrict rm,
+                                                           int64_t nb, int64_t pool, float *restrict ms,
+                                                           float *restrict lg) {
+    for (int64_t cell = 0; cell * pool < nb; cell++) {
+        int64_t a = cell * pool, b = a + pool < nb ? a + pool : nb;
+        float s = 0.f, m = 0.f;
+        for (int64_t j = a; j < b; j++) {
+            s += rs[j];
+            m = fmaxf(m, rm[j]);
+        }
+        ms[cell] += s;
+        lg[cell] = fmaxf(lg[cell], m);
+    }
+}
+
+static void add_cells(const float *rs, const float *rm, int64_t nb, int64_t pool, float *ms, float *lg) {
+    if (pool == 1) {
+        for (int64_t j = 0; j < nb; j++) {
+            ms[j] += rs[j];
+            lg[j] = fmaxf(lg[j], fmaxf(0.f, rm[j]));
+        }
+    } else if (pool == 2) {
+        cells_of(rs, rm, nb, 2, ms, lg);
+    } else if (pool == 4) {
+        cells_of(rs, rm, nb, 4, ms, lg);
+    } else {
+        cells_of(rs, rm, nb, pool, ms, lg);
+    }
+}
+
+/* Rows [row0, row1) of the H*C rows of one text's chunk (w: (H, C, K) with strides hstride and
    kstride between heads and rows), as a page pools them: each row's sums and maxima over blocks of
    `block` keys (sums, maxima: the row's scratch, nb = ceil(K / block) each), its blocks, `pool` at
    a time (cells of pool·block keys), added into mass and max'd into largest (H, nrb, cells) at the
    row's block of pool·block query rows, less rb0 (the chunk's rows are start..start+C-1: its row
    blocks rb0..rb0+nrb-1); and its k largest weights, largest first (top (H, C, k) float32, where
-   (H, C, k) int64 keys). Equal weights: the first key met is kept. Blocks of 8 or 16 keys go eight
-   at a time through vector lanes where the CPU has AVX2 (a horizontal sum a block cost more than
-   its keys). */
+   (H, C, k) int64 keys). Equal weights: the first key met is kept. extent (H, C) int32, or null:
+   each row's keys from extent[row] on weigh exactly 0 (those it may not see: a causal row's later
+   keys) and are not read — their blocks would add 0 to the cells, and the top-k takes the zeros it
+   needs first key first — unless a block before it sums to NaN or less than 0 (an eager softmax's
+   NaN row is NaN at every key): that row is read whole, as without extents. Blocks of 8 or 16 keys go eight at a time through
+   vector lanes where the CPU has AVX2 (a horizontal sum a block cost more than its keys). */
 static void rows_pooled(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block,
                         int64_t k, int64_t row0, int64_t row1, float *sums, float *maxima, float *top, int64_t *where,
                         int64_t start, int64_t pool, int64_t cells, int64_t rb0, int64_t nrb, float *mass,
-                        float *largest) {
-    int64_t nb = (K + block - 1) / block;
+                        float *largest, const int32_t *extent) {
     float bv[64]; /* the k blocks of largest maxima */
     int64_t bk[64];
     for (int64_t row = row0; row < row1; row++) {
         const float *p = w + (row / C) * hstride + (row % C) * kstride;
         float *rs = sums, *rm = maxima;
-        int64_t n = 0;
+        int64_t E = K; /* the keys read: a whole number of blocks, or K */
 #ifdef __AVX2__
-        if (block == 8 || block == 16) n = eight_blocks(p, K, block, rs, rm);
+        if (extent && extent[row] > 0 && extent[row] < K) E = (extent[row] + block - 1) / block * block;
+        E = E < K ? E : K;
+#endif
+    again:;
+        int64_t nb = (E + block - 1) / block, n = 0;
+#ifdef __AVX2__
+        if (block == 8 || block == 16) n = eight_blocks(p, E, block, rs, rm);
 #endif
         for (; n < nb; n++) {
-            int64_t a = n * block, b = a + block < K ? a + block : K;
+            int64_t a = n * block, b = a + block < E ? a + block : E;
             float s = 0.f, m = -1.f;
             for (int64_t j = a; j < b; j++) {
                 s += p[j];
@@ -532,40 +605,42 @@ static void rows_pooled(const float *w, int64_t C, int64_t K, int64_t hstride, i
             rs[n] = s;
             rm[n] = m;
         }
+        if (E < K && !(weights_only(rs, nb) && weights_only(rm, nb))) { /* a NaN (its block's sum is NaN) or a
+                                                                          negative: the whole row, as without extents */
+            E = K;
+            goto again;
+        }
         /* the row's cells: its blocks `pool` at a time, at its row block */
         int64_t at = ((row / C) * nrb + (start + row % C) / (pool * block) - rb0) * cells;
-        float *ms = mass + at, *lg = largest + at;
-        for (int64_t cell = 0; cell * pool < nb; cell++) {
-            int64_t a = cell * pool, b = a + pool < nb ? a + pool : nb;
-            float s = 0.f, m = 0.f;
-            for (int64_t j = a; j < b; j++) {
-                s += rs[j];
-                m = fmaxf(m, rm[j]);
-            }
-            ms[cell] += s;
-            lg[cell] = fmaxf(lg[cell], m);
-        }
+        add_cells(rs, rm, nb, pool, mass + at, largest + at);
         float *tv = top + row * k;
         int64_t *ti = where + row * k;
 #ifdef __AVX2__
-        if (nb > k) { /* for every k: offering the blocks in order costs a sorted insertion a block where
-                         the maxima grow along the row (recency), as they do in causal maps — k = 6, rows of
-                         4,096 keys: 0.77 ns a weight that way, 0.33 this way (AMD EPYC, two threads) */
-            /* t, at most the k-th largest block maximum, bounds the k-th largest weight from below
-               (k blocks hold a weight >= t): the k largest weights, and every weight tied with the
-               k-th, are among the weights >= t of the blocks whose maximum is >= t — usually about
-               k of them */
-            float t = kth_largest(rm, nb, k);
-            if (t >= 0.f) {
-                clear(tv, ti, k);
-                offer_above(p, rm, nb, K, block, t, tv, ti, k);
-                continue;
-            }
+        /* for every k: offering the blocks in order costs a sorted insertion a block where the maxima
+           grow along the row (recency), as they do in causal maps — k = 6, rows of 4,096 keys: 0.77 ns
+           a weight that way, 0.33 this way (AMD EPYC, two threads). t, at most the k-th largest block
+           maximum, bounds the k-th largest weight from below (k blocks hold a weight >= t): the k
+           largest weights, and every weight tied with the k-th, are among the weights >= t of the
+           blocks whose maximum is >= t — usually about k of them */
+        float t = nb > k ? kth_largest(rm, nb, k) : weights_only(rm, nb) ? 0.f : -1.f;
+        if (t > 0.f) {
+            clear(tv, ti, k);
+            offer_above(p, rm, nb, E, block, t, 0, tv, ti, k);
+            continue;
+        }
+        if (t == 0.f) { /* fewer than k blocks hold a positive weight (a causal row's first keys): every
+                           weight would pass t — the positive ones are offered, then the zeros the row
+                           still needs, first key first (a causal chunk's first rows had offered each of
+                           their K keys) */
+            clear(tv, ti, k);
+            offer_above(p, rm, nb, E, block, 0.f, 1, tv, ti, k);
+            offer_zeros(p, K, tv, ti, k);
+            continue;
         }
 #endif
         /* the k-th largest block maximum bounds the k-th largest weight from below, so the k largest
            weights lie in the k blocks of largest maxima (or, tied, in others): those blocks, largest
-           maximum first, until one's maximum is below the k-th largest weight found */
+           maximum first, until one's maximum is below the k-th largest weight found (E = K here) */
         int64_t nk = nb < k ? nb : k;
         clear(bv, bk, nk);
         for (int64_t m = 0; m < nb; m++) offer(bv, bk, nk, rm[m], m);
@@ -583,13 +658,13 @@ static void rows_pooled(const float *w, int64_t C, int64_t K, int64_t hstride, i
 void row_pooled(const float *w, int64_t H, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block,
                 int64_t k, int64_t row0, int64_t row1, int64_t parts, float *sums, float *maxima, float *top,
                 int64_t *where, int64_t start, int64_t pool, int64_t cells, int64_t rb0, int64_t nrb, float *mass,
-                float *largest) {
+                float *largest, const int32_t *extent) {
     int64_t nb = (K + block - 1) / block, area = H * nrb * cells;
     IN_PARTS
     for (int64_t n = 0; n < parts; n++)
         rows_pooled(w, C, K, hstride, kstride, block, k, part_bound(row0, row1, n, parts),
                     part_bound(row0, row1, n + 1, parts), sums + n * nb, maxima + n * nb, top, where, start, pool,
-                    cells, rb0, nrb, mass + n * area, largest + n * area);
+                    cells, rb0, nrb, mass + n * area, largest + n * area, extent);
 }
 
 /* The key of the largest of a word-summed row a (keys 0..K-1): lone[j] marks the keys that are a

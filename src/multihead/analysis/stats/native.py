@@ -46,7 +46,7 @@ from ...inputs import Batch, TokenInfo
 from .base import shared
 
 __all__ = ["COLUMNS", "ENV", "LONG", "REPEAT", "RowSums", "WordRuns", "available", "compiled_rows", "key_sets",
-           "pairwise_js", "row_pooled", "row_sums", "usable", "word_predictions", "word_runs"]
+           "pairwise_js", "row_extents", "row_pooled", "row_sums", "usable", "word_predictions", "word_runs"]
 
 SOURCE = Path(__file__).with_name("native.c")
 #: Compiled with -ffast-math (vectorised reductions and log) but linked without it: a
@@ -82,10 +82,10 @@ def _library() -> ctypes.CDLL | None:
     lib.openmp_parts.argtypes = []
     lib.openmp_parts.restype = i64
     lib.row_statistics.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr,
-                                   ptr, ptr, ptr, ptr]
+                                   ptr, ptr, ptr, ptr, ptr]
     lib.row_statistics.restype = None
     lib.row_pooled.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64,
-                               i64, i64, i64, ptr, ptr]
+                               i64, i64, i64, ptr, ptr, ptr]
     lib.row_pooled.restype = None
     lib.word_predictions.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64,
                                      ptr, i64, i64, i64, i64, ptr]
@@ -173,6 +173,21 @@ COLUMNS = "native-columns"
 REPEAT = "native-repeat"
 
 
+def row_extents(chunk: AttentionChunk) -> Tensor:
+    """Each row's extent (B, H, c) int32, once a chunk: its last visible key + 1 — the keys from
+    there on weigh exactly 0 in its row (it may not see them: a causal row's later keys, a third of
+    a causal chunk's map at 1k keys) and the compiled readers do not read them; K for a row that
+    sees no key (whatever its weights are, they are read)."""
+    def extents() -> Tensor:
+        B, H, C, K = chunk.weights.shape
+        visible = chunk.visible  # (B|1, 1|H, C, K) bool
+        last = visible.flip(-1).to(torch.uint8).argmax(-1)  # (B|1, 1|H, C): keys after the last visible one
+        seen = K - last.to(torch.int32)
+        return torch.where(visible.any(-1), seen, K).expand(B, H, C).to(torch.int32).contiguous()
+
+    return shared(chunk.memo, "native-extents", extents)
+
+
 def compiled_rows(chunk: AttentionChunk, batch: Batch) -> RowSums | None:
     """The chunk's compiled row sums (:func:`row_sums`, once a chunk) where they read it — a
     right-padded float32 map in CPU memory (:func:`usable`) — else None (the eager readers' chunk)."""
@@ -242,6 +257,7 @@ def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: boo
     column_parts = torch.zeros(offsets[-1], K, dtype=torch.float32) if columns else None  # (pairs, K)
     lib = _library()
     counted = queries.to(torch.uint8).contiguous()
+    extents = row_extents(chunk)  # (B, H, C): the keys each row reads
 
     def call(a: int, b: int, n_parts: int, n: int) -> None:
         pointers = [t[n].data_ptr() if t is not None else None for t in sums]
@@ -250,7 +266,7 @@ def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: boo
                            a, b, n_parts, *pointers,
                            None if column_parts is None else column_parts[offsets[n]:].data_ptr(),
                            prev_keys.data_ptr() if repeat is not None else None,
-                           row_tokens.data_ptr() if repeat is not None else None)
+                           row_tokens.data_ptr() if repeat is not None else None, extents.data_ptr())
 
     _in_parts(B * H * C, parts, call)
     heads_sums, long_sums, hist, repeat_sums = (None if t is None else t.sum(0) for t in sums)
@@ -264,15 +280,16 @@ def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: boo
                    column_sums, repeat_sums)
 
 
-def row_pooled(weights: Tensor, start: int, block: int, pool: int, cells: int, k: int
-               ) -> tuple[int, Tensor, Tensor, Tensor, Tensor]:
+def row_pooled(weights: Tensor, start: int, block: int, pool: int, cells: int, k: int,
+               extents: Tensor | None = None) -> tuple[int, Tensor, Tensor, Tensor, Tensor]:
     """One text's rows ``start .. start + c`` of a chunk, ``weights`` (H, c, K) float32 (any strides
     with consecutive keys; see :func:`usable`), as a page pools them (:func:`~.maps.pooled_maps`):
     their weight summed and their largest weight over cells of ``pool`` · ``block`` query rows by as
     many keys — this chunk's part, to add and max into a layer's (H, cells, cells): returns the first
     row block its rows fall in, r, and the sums and maxima of its row blocks r .. r + n - 1, (H, n,
     cells) each — and each row's k largest weights and their keys (H, c, k), largest first, found
-    from its blocks of ``block`` keys."""
+    from its blocks of ``block`` keys. ``extents`` (H, c) int32, or None: each row's keys from its
+    extent on weigh exactly 0 (:func:`row_extents`) and are not read."""
     H, c, K = weights.shape
     nb = -(-K // block)
     first, last = start // (block * pool), (start + c - 1) // (block * pool)  # the chunk's row blocks
@@ -285,13 +302,18 @@ def row_pooled(weights: Tensor, start: int, block: int, pool: int, cells: int, k
     scratch = torch.empty(2, parts, nb, dtype=torch.float32)  # a row's block sums and maxima, a range each
     mass, largest = torch.zeros(2, parts, H, n_blocks, cells, dtype=torch.float32)  # a range's own cells
     top, where = torch.empty(H, c, k, dtype=torch.float32), torch.empty(H, c, k, dtype=torch.long)
+    if extents is not None:
+        if extents.shape != (H, c):
+            raise ValueError(f"row_pooled reads an extent a row, (H, c) = {(H, c)}; got {tuple(extents.shape)}")
+        extents = extents.to(torch.int32).contiguous()
     lib = _library()
     w = weights.detach()
 
     def call(a: int, b: int, n_parts: int, n: int) -> None:
         lib.row_pooled(w.data_ptr(), H, c, K, w.stride(0), w.stride(1), block, k, a, b, n_parts,
                        scratch[0, n].data_ptr(), scratch[1, n].data_ptr(), top.data_ptr(), where.data_ptr(), start,
-                       pool, cells, first, n_blocks, mass[n].data_ptr(), largest[n].data_ptr())
+                       pool, cells, first, n_blocks, mass[n].data_ptr(), largest[n].data_ptr(),
+                       None if extents is None else extents.data_ptr())
 
     _in_parts(H * c, parts, call)
     return first, mass.sum(0), largest.amax(0), top, where
