@@ -253,6 +253,20 @@ static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int
     }
 }
 
+/* Each of `rows` rows of K bools (visible: 0 or 1 bytes, rows after one another): its last 1 + 1,
+   or K where it has none — eight bytes a test from the end (a causal row's keys it may not see are
+   its last ones). */
+void row_extents(const uint8_t *visible, int64_t rows, int64_t K, int32_t *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *v = visible + r * K;
+        int64_t n = K;
+        uint64_t eight;
+        while (n >= 8 && (memcpy(&eight, v + n - 8, sizeof eight), eight == 0)) n -= 8;
+        while (n > 0 && !v[n - 1]) n--;
+        out[r] = (int32_t)(n > 0 ? n : K);
+    }
+}
+
 /* How many (text, head) pairs rows [a, b) of C rows each touch. */
 static inline int64_t pairs_of_rows(int64_t a, int64_t b, int64_t C) { return a < b ? (b - 1) / C - a / C + 1 : 0; }
 

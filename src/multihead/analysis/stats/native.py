@@ -81,6 +81,8 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.openmp_parts.argtypes = []
     lib.openmp_parts.restype = i64
+    lib.row_extents.argtypes = [ptr, i64, i64, ptr]
+    lib.row_extents.restype = None
     lib.row_statistics.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr,
                                    ptr, ptr, ptr, ptr, ptr]
     lib.row_statistics.restype = None
@@ -177,13 +179,13 @@ def row_extents(chunk: AttentionChunk) -> Tensor:
     """Each row's extent (B, H, c) int32, once a chunk: its last visible key + 1 — the keys from
     there on weigh exactly 0 in its row (it may not see them: a causal row's later keys, a third of
     a causal chunk's map at 1k keys) and the compiled readers do not read them; K for a row that
-    sees no key (whatever its weights are, they are read)."""
+    sees no key (whatever its weights are, they are read). Needs the library (:func:`available`)."""
     def extents() -> Tensor:
         B, H, C, K = chunk.weights.shape
-        visible = chunk.visible  # (B|1, 1|H, C, K) bool
-        last = visible.flip(-1).to(torch.uint8).argmax(-1)  # (B|1, 1|H, C): keys after the last visible one
-        seen = K - last.to(torch.int32)
-        return torch.where(visible.any(-1), seen, K).expand(B, H, C).to(torch.int32).contiguous()
+        visible = chunk.visible.contiguous()  # (B|1, 1|H, C, K) bool, one byte a key
+        found = torch.empty(visible.shape[:-1], dtype=torch.int32)
+        _library().row_extents(visible.data_ptr(), visible[..., 0].numel(), K, found.data_ptr())
+        return found.expand(B, H, C).contiguous()
 
     return shared(chunk.memo, "native-extents", extents)
 
