@@ -762,6 +762,9 @@ static void words_predicted(const float *w, int64_t C, int64_t K, int64_t hstrid
         float *restrict a = acc + h * astride;
         float *scratch = block_max + h * nb;
         int64_t open = carried;
+        /* the open word's one row so far, read where it is: most words are one token, whose row was
+           copied into a only to be read back (a pass of K a row of the three it took) */
+        const float *only = 0;
         if (open >= 0)
             for (int64_t j = acc_keys; j < K; j++) a[j] = 0.f;
         for (int64_t c = 0; c < C; c++) {
@@ -769,14 +772,21 @@ static void words_predicted(const float *w, int64_t C, int64_t K, int64_t hstrid
             if (word < 0) continue;
             const float *restrict p = w + h * hstride + c * kstride;
             if (word != open) {
-                if (open >= 0) best[open * H + h] = predicted(a, K, key_word, lone, multi, blocks, longest, scratch);
+                if (open >= 0)
+                    best[open * H + h] = predicted(only ? only : a, K, key_word, lone, multi, blocks, longest, scratch);
                 open = word;
-                for (int64_t j = 0; j < K; j++) a[j] = p[j];
+                only = p;
+            } else if (only) {
+                for (int64_t j = 0; j < K; j++) a[j] = only[j] + p[j];
+                only = 0;
             } else {
                 for (int64_t j = 0; j < K; j++) a[j] += p[j];
             }
         }
-        if (open >= 0 && last) best[open * H + h] = predicted(a, K, key_word, lone, multi, blocks, longest, scratch);
+        if (open >= 0 && last)
+            best[open * H + h] = predicted(only ? only : a, K, key_word, lone, multi, blocks, longest, scratch);
+        else if (only) /* carried into the next chunk in a */
+            for (int64_t j = 0; j < K; j++) a[j] = only[j];
     }
 }
 
