@@ -588,8 +588,9 @@ static void add_cells(const float *rs, const float *rm, int64_t nb, int64_t pool
    each row's keys from extent[row] on weigh exactly 0 (those it may not see: a causal row's later
    keys) and are not read — their blocks would add 0 to the cells, and the top-k takes the zeros it
    needs first key first — unless a block before it sums to NaN or less than 0 (an eager softmax's
-   NaN row is NaN at every key): that row is read whole, as without extents. Blocks of 8 or 16 keys go eight at a time through
-   vector lanes where the CPU has AVX2 (a horizontal sum a block cost more than its keys). */
+   NaN row is NaN at every key): that row is read whole, as without extents. Blocks of 8 or 16 keys
+   go eight at a time through vector lanes where the CPU has AVX2 (a horizontal sum a block cost
+   more than its keys). */
 static void rows_pooled(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block,
                         int64_t k, int64_t row0, int64_t row1, float *sums, float *maxima, float *top, int64_t *where,
                         int64_t start, int64_t pool, int64_t cells, int64_t rb0, int64_t nrb, float *mass,
@@ -636,7 +637,7 @@ static void rows_pooled(const float *w, int64_t C, int64_t K, int64_t hstride, i
            maximum, bounds the k-th largest weight from below (k blocks hold a weight >= t): the k
            largest weights, and every weight tied with the k-th, are among the weights >= t of the
            blocks whose maximum is >= t — usually about k of them */
-        float t = nb > k ? kth_largest(rm, nb, k) : weights_only(rm, nb) ? 0.f : -1.f;
+        float t = nb > k ? kth_largest(rm, nb, k) : E < K && weights_only(rm, nb) ? 0.f : -1.f;
         if (t > 0.f) {
             clear(tv, ti, k);
             offer_above(p, rm, nb, E, block, t, 0, tv, ti, k);
@@ -645,7 +646,7 @@ static void rows_pooled(const float *w, int64_t C, int64_t K, int64_t hstride, i
         if (t == 0.f) { /* fewer than k blocks hold a positive weight (a causal row's first keys): every
                            weight would pass t — the positive ones are offered, then the zeros the row
                            still needs, first key first (a causal chunk's first rows had offered each of
-                           their K keys) */
+                           their K keys); a row read whole in fewer than k blocks takes the path below */
             clear(tv, ti, k);
             offer_above(p, rm, nb, E, block, 0.f, 1, tv, ti, k);
             offer_zeros(p, K, tv, ti, k);
