@@ -117,6 +117,38 @@ def test_a_streamed_capture_equals_the_whole_maps_and_leaves_outputs_alone(name)
                 assert K == min(S, start + 3)
 
 
+def test_a_transient_capture_lends_one_set_of_buffers_to_every_streamed_layer_until_released():
+    model = build("llama (GQA)")
+    batch = inputs("llama (GQA)", model)
+    dense: dict[int, torch.Tensor] = {}
+    with mh.hf.AttentionCapture(model, lambda c: dense.__setitem__(c.layer, c.weights)), torch.no_grad():
+        want = model(**batch).last_hidden_state
+    copies: dict[int, list] = {}
+    storage: set[int] = set()
+
+    def keep(c):  # a transient reader copies what it keeps
+        copies.setdefault(c.layer, []).append((c.start, c.weights.clone()))
+        storage.add(c.weights.untyped_storage().data_ptr())
+
+    capture = mh.hf.AttentionCapture(model, keep, chunk=3, transient=True)
+    with capture, torch.no_grad():
+        got = model(**batch).last_hidden_state
+        assert len(dense) > 1 and capture.workspace is not None  # held after the forward, for the next one
+        lent = capture.workspace
+        model(**batch)
+        assert capture.workspace is lent
+        capture.release()
+        assert capture.workspace is None
+        model(**batch)
+        assert capture.workspace is not None and capture.workspace is not lent  # made again
+    assert capture.workspace is None  # let go with the capture
+    assert len(storage) == 2  # every chunk of every layer in one buffer — and one more after the release
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    for layer, maps in dense.items():
+        for start, w in copies[layer][:len(copies[layer]) // 3]:
+            torch.testing.assert_close(w, maps[:, :, start:start + w.shape[2], :w.shape[-1]], atol=1e-12, rtol=0)
+
+
 @pytest.mark.slow
 def test_streamed_analysis_of_minilm_equals_the_dense_one(minilm):
     texts = ["The animal didn't cross the street because it was too tired.", "Heads look.",

@@ -42,8 +42,9 @@ class AttentionCapture(Attachment):
     CPU's heap rule, a share of the free memory on CUDA). A streamed chunk's keys end after the
     last one any of its rows may see (K <= S; the keys after it have weight 0). ``transient``: the
     callback keeps nothing of a chunk's tensors once it returns (it copies what it keeps): a
-    streamed layer's maps are then made in buffers its next chunk reuses — faster on a CPU, and a
-    kept ``chunk.weights`` would be overwritten.
+    streamed layer's maps are then made in buffers its next chunk reuses, and the next streamed
+    layer's — faster on a CPU, and a kept ``chunk.weights`` would be overwritten; the capture holds
+    them (one chunk's maps) until :meth:`release` or its end.
     """
 
     reads = True

@@ -149,8 +149,11 @@ class Attachment:
     chunk_bytes: int | None = None
     #: whether :meth:`read` keeps nothing of a chunk's tensors once it returns: when every reader of a
     #: streamed layer says so, its chunks' maps are made in buffers the next chunk reuses
-    #: (:class:`~multihead.attn.workspace.Workspace`)
+    #: (:class:`~multihead.attn.workspace.Workspace`) — and the next layer's: the first such reader
+    #: holds them (:attr:`workspace`) until :meth:`release` or :meth:`remove`
     transient: bool = False
+    #: the buffers this reader lends its streamed layers, made at the first one (see ``transient``)
+    workspace: Workspace | None = None
 
     def mask(self, site: AttentionSite, layer: int) -> Mask | None:
         """A mask this layer's attention is intersected with (True = may attend)."""
@@ -185,8 +188,15 @@ class Attachment:
     def __exit__(self, *exc: object) -> None:
         self.remove()
 
+    def release(self) -> None:
+        """Let the buffers lent to streamed layers go (:attr:`workspace`): e.g. once a forward is
+        done, so that what runs between forwards does not sit beside them; the next streamed layer
+        makes them again."""
+        self.workspace = None
+
     def remove(self) -> None:
         """Take it off (and the model's own attention implementation back, once nothing is attached)."""
+        self.release()
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
@@ -508,14 +518,15 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
     # the layer's outputs in one block made before its chunks: a chunk's own output kept until the
     # layer ends would sit between the next chunks' buffers and grow a CPU heap by holes it cannot reuse
     outs = value.new_empty(B, H, T, value.shape[-1])  # (B, H, T, Dv)
-    # readers that keep nothing of a chunk, on a CPU: its maps in buffers every chunk of the layer
-    # reuses (no fresh pages a chunk for the heap to map and the kernel to zero; CUDA's caching
-    # allocator reuses its blocks itself)
+    # readers that keep nothing of a chunk, on a CPU: its maps in buffers every chunk reuses, of this
+    # layer and the next ones (no fresh pages a chunk or a layer for the heap to map and the kernel to
+    # zero: a quarter of a bfloat16 SmolLM2's capture at 1k-4k tokens, AMD EPYC; CUDA's caching allocator
+    # reuses its blocks itself)
     reuse = query.device.type == "cpu" and all(a.transient for a in readers)
     # its map-shaped buffers as large as the layer's largest chunk: the budget or the rows asked for,
     # and keys padded to the half products' grid (attn.precision.key_grid) at most
     largest = min(limit // 4, B * H * rows_per_chunk * S) * (S + KEY_GRID) // S
-    workspace = Workspace(largest, entropy=True) if reuse else None
+    workspace = _lent_workspace(readers[0], largest) if reuse else None
     start = 0
     while start < T:
         stop = min(T, start + rows_per_chunk)
@@ -543,6 +554,15 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
         outs[:, :, start:stop] = out
         start = stop
     return outs  # (B, H, T, Dv)
+
+
+def _lent_workspace(reader: Attachment, entries: int) -> Workspace:
+    """The buffers ``reader`` lends a streamed layer whose map chunks take up to ``entries``
+    entries: its own from an earlier layer (a larger layer's chunks grow them), else new ones."""
+    if reader.workspace is None:
+        reader.workspace = Workspace(entries, entropy=True)
+    reader.workspace.map_entries = max(reader.workspace.map_entries, entries)
+    return reader.workspace
 
 
 def _last_key(rows: Rows, stop: int, device: torch.device) -> int:

@@ -95,6 +95,7 @@ def run_pass(model: HFModel, batches: Iterable[Batch], reducers: Sequence[Reduce
                 reducer.begin_batch(batch)
             # The base model: attention is all we read, so a language-model head is skipped.
             model.body(**batch.inputs, **model.no_cache)
+            capture.release()  # the streamed layers' buffers: not beside the reducers' end-of-batch work
             for reducer in reducers:
                 reducer.end_batch()
             return_freed_memory()
