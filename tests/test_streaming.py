@@ -149,6 +149,21 @@ def test_a_transient_capture_lends_one_set_of_buffers_to_every_streamed_layer_un
             torch.testing.assert_close(w, maps[:, :, start:start + w.shape[2], :w.shape[-1]], atol=1e-12, rtol=0)
 
 
+def test_buffers_lent_under_inference_mode_are_remade_for_a_forward_outside_it():
+    model = build("llama (GQA)")
+    batch = inputs("llama (GQA)", model)
+    maps: list[torch.Tensor] = []
+    capture = mh.hf.AttentionCapture(model, lambda c: maps.append(c.weights.clone()), chunk=3, transient=True)
+    with capture:
+        with torch.inference_mode():  # the buffers are inference tensors
+            want = model(**batch).last_hidden_state.clone()
+        first = len(maps)
+        with torch.no_grad():  # writing them here would raise; they are made again
+            got = model(**batch).last_hidden_state
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert len(maps) == 2 * first and all(torch.equal(a, b) for a, b in zip(maps[:first], maps[first:], strict=True))
+
+
 @pytest.mark.slow
 def test_streamed_analysis_of_minilm_equals_the_dense_one(minilm):
     texts = ["The animal didn't cross the street because it was too tired.", "Heads look.",

@@ -29,7 +29,8 @@ __all__ = ["Workspace"]
 
 class Workspace:
     """Named flat buffers handed out as views of the shape asked for, grown (never shrunk) when a
-    request is larger than what a name holds, and remade for another dtype or device.
+    request is larger than what a name holds, and remade for another dtype or device — or, made
+    under inference mode, when asked for outside it (PyTorch forbids writing it there).
 
     ``map_entries``: the most entries a chunk's map takes (the caller's chunk budget): a map-shaped
     buffer is made that large at once — a causal layer's chunks grow from a few keys to all of
@@ -51,7 +52,10 @@ class Workspace:
         user left: write before reading); ``map_shaped``: made for at least ``map_entries``."""
         n = math.prod(shape)
         buffer = self._buffers.get(name)
-        if buffer is None or buffer.numel() < n or buffer.dtype != dtype or buffer.device != torch.device(device):
+        # a buffer made under inference mode may not be written outside it (a capture's workspace outlives a
+        # forward: the next may run under no_grad)
+        stale = buffer is None or (buffer.is_inference() and not torch.is_inference_mode_enabled())
+        if stale or buffer.numel() < n or buffer.dtype != dtype or buffer.device != torch.device(device):
             self._buffers.pop(name, None)  # the old block goes before the new one is made
             size = max(n, self.map_entries) if map_shaped else n
             buffer = self._buffers[name] = torch.empty(size, dtype=dtype, device=device)
