@@ -53,7 +53,10 @@ class Alignment:
     offsets: list[tuple[int, frozenset[int], int]]
 
     def __post_init__(self) -> None:
-        self._by_key = {key: torch.tensor([k == key for k in self.keys]) for key in sorted(set(self.keys))}
+        #: the batch's relation keys, sorted, and each group's place among them (G,)
+        self.relations = sorted(set(self.keys))
+        place = {key: n for n, key in enumerate(self.relations)}
+        self.relation = torch.tensor([place[k] for k in self.keys], dtype=torch.long)
         self._by_text = {int(b): (self.batch == b).nonzero().squeeze(1) for b in self.batch.unique()}
         #: the parsed texts (rows of the batch with a group)
         self.texts = sorted(self._by_text)
@@ -63,10 +66,6 @@ class Alignment:
     def rows_of(self, b: int) -> Tensor:
         """(S,) the groups of text b."""
         return self._by_text[b]
-
-    def of_key(self, key: str) -> Tensor:
-        """(G,) bool: the groups of relation ``key``."""
-        return self._by_key[key]
 
     def hits(self, picked: Tensor) -> Tensor:
         """(G, H) float64: 1 where a head's predicted word for a group (``picked`` (G, H)) is one of
@@ -339,11 +338,16 @@ class SyntaxStatistics(ReducerBase):
             return
         found = alignment(self.batch)
         hit = found.hits(picked)  # (G, H)
-        group = torch.tensor(self.batch.texts, dtype=torch.long)[found.batch] % self.groups  # (G,) each group's text
-        for key in set(found.keys):
-            mine = found.of_key(key)
-            self.correct[key][chunk.layer] += hit[mine].sum(0)
-            self.group_correct[key][:, chunk.layer].index_add_(0, group[mine], hit[mine])
+        G, R = self.groups, len(found.relations)
+        group = torch.tensor(self.batch.texts, dtype=torch.long)[found.batch] % G  # (G,) each group's text's group
+        # the layer's hits summed by relation and by (relation, text group) in two scatters, then added a
+        # relation at a time (a masked selection, sum and scatter a relation and a layer had been the
+        # reader's whole time: ~8,500 small operations for a 1k-token document of SmolLM2)
+        by_relation = hit.new_zeros(R, hit.shape[1]).index_add_(0, found.relation, hit)  # (R, H)
+        by_group = hit.new_zeros(R * G, hit.shape[1]).index_add_(0, found.relation * G + group, hit)  # (R·G, H)
+        for n, key in enumerate(found.relations):
+            self.correct[key][chunk.layer] += by_relation[n]
+            self.group_correct[key][:, chunk.layer] += by_group[n * G:(n + 1) * G]
 
     def merge(self, other: SyntaxStatistics) -> None:
         if (other.shape, other.groups) != (self.shape, self.groups):
