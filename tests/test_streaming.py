@@ -438,3 +438,46 @@ def test_a_long_texts_page_entry_holds_its_real_top_weights_and_block_masses(smo
     torch.testing.assert_close(mass * scale, want_mass, atol=float(scale.max()) / 255 + 1e-6, rtol=0)
     largest = (torch.from_numpy(unpack(pool["max"], np.uint8).copy()).view(L, H, cells, cells).float() / 255) ** 2
     torch.testing.assert_close(largest, blocks.amax(dim=(3, 5)), atol=1 / 255 + 1e-6, rtol=0)
+
+
+def test_a_pass_keeps_the_objects_alive_before_it_out_of_its_garbage_collections(minilm):
+    """The model's modules and the imports wait in the permanent generation while a pass runs (a
+    full collection over them cost 0.24 s), and come back to the collector when it ends; inside a
+    command's own frozen body, a pass freezes what is alive at its start too, let go with the body;
+    a process that froze objects itself keeps them as it had them."""
+    import gc
+
+    from multihead.analysis.pipelines.common import encode_corpus, run_pass, text_batches
+    from multihead.analysis.stats.base import ReducerBase
+    from multihead.collector import old_objects_frozen
+
+    class Watch(ReducerBase):
+        def __init__(self):
+            self.frozen: list[int] = []
+
+        def update(self, chunk):
+            self.frozen.append(gc.get_freeze_count())
+
+    texts = ["The cat sat on the mat.", "Heads look at different words."]
+    batches = lambda: text_batches(minilm, encode_corpus(minilm, texts), range(2), 2)  # noqa: E731
+    assert gc.get_freeze_count() == 0
+    watch = Watch()
+    run_pass(minilm, batches(), [watch], progress=False)
+    assert len(watch.frozen) == 6 and min(watch.frozen) > 100_000  # every layer's chunk: the model and imports
+    assert gc.get_freeze_count() == 0  # given back
+    with old_objects_frozen():
+        before = gc.get_freeze_count()
+        made = [[n] for n in range(10_000)]  # alive when the pass starts: frozen with it
+        watch = Watch()
+        run_pass(minilm, batches(), [watch], progress=False)
+        assert min(watch.frozen) >= before + len(made) and gc.get_freeze_count() > before + len(made) - 1000
+    assert gc.get_freeze_count() == 0  # the outermost body let everything go
+    gc.freeze()
+    try:
+        mine = gc.get_freeze_count()
+        watch = Watch()
+        run_pass(minilm, batches(), [watch], progress=False)
+        # nothing more frozen (objects freed leave the permanent generation), nothing let go
+        assert max(watch.frozen) <= mine and mine - 1000 < gc.get_freeze_count() <= mine
+    finally:
+        gc.unfreeze()

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent / "src" / "multihead"
 #: The layers, lowest first: a module may import its own layer and the layers below it. A module's
 #: layer is the longest prefix of its dotted name (below ``multihead``) listed here.
 LAYERS: list[tuple[str, ...]] = [
-    ("jsonable", "stops", "progress", "files", "data", "plotting", "compiled", "lazy", "texts"),
+    ("jsonable", "stops", "progress", "files", "data", "plotting", "compiled", "lazy", "texts", "collector"),
     ("masks",),
     ("attn",),
     ("models",),

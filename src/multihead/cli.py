@@ -13,6 +13,8 @@ import warnings
 from collections.abc import Callable
 from typing import NoReturn
 
+from .collector import old_objects_frozen
+
 __all__ = ["main"]
 
 
@@ -84,7 +86,9 @@ def _main(argv: list[str] | None) -> tuple[int, str | None]:
             from . import progress
 
             progress.set_enabled(not getattr(args, "quiet", False))
-            return int(args.run(args) or 0), command
+            # the collector's full scans leave out what is alive as the job goes on (its imports, its model)
+            with old_objects_frozen():
+                return int(args.run(args) or 0), command
         except (ValueError, TypeError, OSError, ImportError, MemoryError) as err:  # MemoryError: a plan refused
             if not interrupted.is_set():
                 print(f"{name[0]}: error: {_one_line(err)}", file=sys.stderr)

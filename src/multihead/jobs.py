@@ -22,6 +22,7 @@ from .analysis.compare import Comparison, compare
 from .analysis.interventions.whatif_spec import read_what_if
 from .analysis.probes.syntax import read_conllu, spacy_available
 from .analysis.report import Report
+from .collector import old_objects_frozen
 from .data import ARTICLE_SENTENCES, PATCHING_EXAMPLES, sample_sentences
 from .files import OutputFolderError, StagedFiles, check_output_folder, write_atomically
 from .hf.placement import Placement, PlacementError, is_offloaded
@@ -65,7 +66,8 @@ def load_model(name: str, placement: Placement | None = None) -> HFModel:
     InputError naming the flag."""
     from .hf.load import load
 
-    with step(f"loading {name}"), _named_by_flag():
+    # the imports' objects out of the full collections a load's allocations set off (four for SmolLM2)
+    with step(f"loading {name}"), _named_by_flag(), old_objects_frozen():
         return load(name, placement=placement)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ...collector import old_objects_frozen
 from ...hf.capture import AttentionCapture
 from ...hf.model import HFModel, right_padding
 from ...hf.route import chunk_bytes
@@ -88,7 +89,7 @@ def run_pass(model: HFModel, batches: Iterable[Batch], reducers: Sequence[Reduce
         budget = chunk_bytes(device)
     # a reducer never keeps a chunk (the Reducer protocol): the streamed maps may reuse their buffers
     capture = AttentionCapture(model.model, dispatch(reducers), at=at, chunk=chunk, budget=budget, transient=True)
-    with capture, torch.inference_mode():
+    with capture, torch.inference_mode(), old_objects_frozen():
         for batch in bar(batches, desc=desc, unit="batch", progress=progress, total=total):
             batch = batch.to(device)  # the maps are captured where the model runs: so are the tokens' flags
             for reducer in reducers:
