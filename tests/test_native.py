@@ -413,6 +413,42 @@ def test_pairwise_js_is_the_definition(N, R, S, sharp, threads, seed, data):
         assert got[N - 2, N - 1] == pytest.approx(R, abs=1e-6)  # disjoint keys: distance 1 on every row
 
 
+@settings(max_examples=60, deadline=None)
+@given(H=st.integers(1, 4), D=st.integers(1, 80), n=st.integers(1, 600), bf16=st.booleans(),
+       threads=st.integers(1, 3), seed=st.integers(0, 2**31), zero=st.booleans(), nan=st.booleans())
+def test_unit_columns_are_the_eager_unit_vectors(H, D, n, bf16, threads, seed, zero, nan):
+    """Redundancy's unit contributions made in one compiled pass against the eager steps it replaces
+    (float32 norms, the quotient rounded to the block's dtype): equal to a unit in the last place —
+    the norm is summed in another order, so a bfloat16 quotient on a tie may round the other way, and
+    that rarely; tails of columns past the 256-column tiles, any number of ranges, a zero column
+    (stays zero), a NaN (its column stays NaN, no other)."""
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(H, D, n, generator=g) * torch.rand(H, 1, n, generator=g) * 30).to(dtype)
+    if zero:
+        x[-1, :, n // 2] = 0
+    if nan:
+        x[0, D // 2, n - 1] = float("nan")
+    want = x.clone()
+    want.div_(want.float().square().sum(1, keepdim=True).sqrt_().clamp_min_(1e-12))
+    got = x.clone()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch, "get_num_threads", lambda: threads)
+        mp.setattr(native, "THREADED", 0)  # in ranges even when small
+        native.unit_columns(got)
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().sum() == (D if nan else 0)
+    if zero and not got[-1, :, n // 2].isnan().any():  # (the NaN may have fallen in it)
+        assert (got[-1, :, n // 2] == 0).all()
+    ulp = 2.0 ** -7 if bf16 else 2.0 ** -21  # a unit in the last place of bfloat16; a few of float32
+    close = (got.float() - want.float()).abs() <= want.float().abs() * ulp + 1e-30
+    assert (close | got.isnan()).all()
+    if bf16:
+        assert ((got != want) & ~got.isnan()).sum() <= max(2, got.numel() // 1000)  # a tie now and then, no more
+    norms = got.double().nan_to_num().square().sum(1)  # (H, n): unit columns, but the zero and NaN ones
+    ones = (norms - 1).abs() < (3e-2 if bf16 else 1e-5)
+    assert ones.sum() >= H * n - int(zero) - int(nan)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["minilm", "smollm2"])
 def test_a_streamed_analysis_is_the_same_with_the_compiled_readers(name, request, monkeypatch):

@@ -10,7 +10,8 @@ and a second over its distance bins for the long-context ones, the columns' sums
 concentration, and each row's mass on its induction-pattern targets (one comparison a key); for
 a page's pooled text, each row's key-block sums and maxima added into the page's cells and its k
 largest weights; for the syntax scores, each source word's most attended word; and redundancy's
-Jensen–Shannon distance of every two heads (:func:`pairwise_js`).
+Jensen–Shannon distance of every two heads (:func:`pairwise_js`) and the unit vectors of its
+cosine (:func:`unit_columns`).
 
 It is compiled at first use with the machine's C compiler (``$CC``, else ``gcc``; ``-O3
 -march=native -ffast-math``: vectorised — its log inline, 16 wide, under GCC on AVX-512, else glibc's
@@ -46,7 +47,8 @@ from ...inputs import Batch, TokenInfo
 from .base import shared
 
 __all__ = ["COLUMNS", "ENV", "LONG", "REPEAT", "RowSums", "WordRuns", "available", "compiled_rows", "key_sets",
-           "pairwise_js", "row_extents", "row_pooled", "row_sums", "usable", "word_predictions", "word_runs"]
+           "pairwise_js", "row_extents", "row_pooled", "row_sums", "unit_columns", "usable", "word_predictions",
+           "word_runs"]
 
 SOURCE = Path(__file__).with_name("native.c")
 #: Compiled with -ffast-math (vectorised reductions and log) but linked without it: a
@@ -94,6 +96,8 @@ def _library() -> ctypes.CDLL | None:
     lib.word_predictions.restype = None
     lib.pairwise_js.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr]
     lib.pairwise_js.restype = None
+    lib.unit_columns.argtypes = [ptr, i64, i64, i64, i64, i64]
+    lib.unit_columns.restype = None
     return lib
 
 
@@ -420,3 +424,20 @@ def pairwise_js(maps: Tensor) -> Tensor:
     lib.pairwise_js(maps.data_ptr(), N, R, S, parts, lengths.data_ptr(), own.data_ptr(), out.data_ptr())
     upper = out.triu(1)
     return upper + upper.T
+
+
+def unit_columns(x: Tensor) -> None:
+    """Make each column of ``x`` (H, D, n) — bfloat16 or float32, contiguous, in CPU memory — a unit
+    vector in place: ``x / max(|x|, 1e-12)`` over D, as ``x.div_(x.float().square().sum(1,
+    keepdim=True).sqrt().clamp_min(1e-12))`` does (the norm summed in float32 in another order: a
+    bfloat16 quotient may round the other way where it falls on a tie); a NaN column stays NaN."""
+    if not available():
+        raise RuntimeError("unit_columns: the compiled readers are not built here (no C compiler, or "
+                           f"{ENV}=0)")
+    if not (x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float32) and x.dim() == 3
+            and x.is_contiguous()):
+        raise ValueError("unit_columns: a bfloat16 or float32 (H, D, n) block, contiguous, in CPU memory")
+    H, D, n = x.shape
+    lib = _library()
+    parts = _parts(H * -(-n // 256), x.numel()) if lib.openmp_parts() else 1
+    lib.unit_columns(x.data_ptr(), H, D, n, int(x.dtype == torch.bfloat16), parts)
