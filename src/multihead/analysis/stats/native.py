@@ -67,6 +67,8 @@ BINS = 18
 #: The most weights a row's top-k of :func:`row_pooled` keeps (its k best blocks live on the stack).
 TOP_K = 64
 HEAD_VALUES = 12
+#: Columns :func:`unit_columns` reads as one piece of work (native.c's UNIT_TILE).
+UNIT_TILE = 256
 LONG_VALUES = 8
 
 
@@ -439,5 +441,5 @@ def unit_columns(x: Tensor) -> None:
         raise ValueError("unit_columns: a bfloat16 or float32 (H, D, n) block, contiguous, in CPU memory")
     H, D, n = x.shape
     lib = _library()
-    parts = _parts(H * -(-n // 256), x.numel()) if lib.openmp_parts() else 1
+    parts = _parts(H * -(-n // UNIT_TILE), x.numel()) if lib.openmp_parts() else 1
     lib.unit_columns(x.data_ptr(), H, D, n, int(x.dtype == torch.bfloat16), parts)
