@@ -6,139 +6,202 @@ real shapes are built on the spot).
 2. our kernels forward and backward against SDPA and FlexAttention compiled for CUDA (bfloat16,
    causal window 256 at 8k and 32k tokens);
 3. a Qwen2-1.5B-shaped decoder (random, bfloat16) on 8k and 32k tokens: the plain forward against
-   the streamed analysis (head metrics, typical texts, long-context statistics), time and peak
-   memory above the weights, and the memory plan against the allocator's peak.
+   the streamed analysis (every reducer that streams without a parser, as bench_scale's: head
+   metrics, typical texts, long-context statistics, redundancy), time and peak memory above the
+   weights, and the memory plan against the allocator's peak. A length whose time, extrapolated
+   from the one before it (quadratic in the tokens), would pass the check's budget is skipped
+   with a line saying so: the GPU machine's time is lent by the minute.
 
     PYTHONPATH=src python3 benchmarks/gpu_check.py
+    PYTHONPATH=src python3 benchmarks/gpu_check.py --rehearse   # the same code on the CPU, small
+
+``--rehearse`` runs steps 2 and 3 on the CPU at a few hundred tokens with two layers (FlexAttention
+uncompiled and forward only: it has no backward on a CPU): every call of the benchmark is made on a
+machine without a GPU (the suite runs it), so the GPU's minutes are not the first to meet a broken one.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+#: Seconds the benchmark part may take (the whole check: under 8 minutes, the tests first).
+BUDGET_S = 300.0
 
-def timed(fn, repeat: int = 3) -> float:
+
+def sync(device: str) -> None:
     import torch
 
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: str, repeat: int = 3) -> float:
     fn()
-    torch.cuda.synchronize()
+    sync(device)
     best = float("inf")
     for _ in range(repeat):
         start = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        sync(device)
         best = min(best, time.perf_counter() - start)
     return best
 
 
-def kernels() -> None:
+def kernels(device: str, lengths: tuple[int, ...], *, compiled: bool = True) -> None:
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 
     from _common import table
 
-    flex = torch.compile(flex_attention)
-    rows = [row for T in (8192, 32768) for row in _kernels_at(T, flex)]
-    print("Kernels, bfloat16, B1 H16 D128, causal window 256 (SDPA: dense causal)")
-    print(table(["tokens", "kernel", "forward ms", "forward+backward ms"], rows))
+    flex = torch.compile(flex_attention) if compiled else flex_attention
+    label = "FlexAttention (compiled)" if compiled else "FlexAttention (eager)"
+    rows = [row for T in lengths for row in _kernels_at(T, flex, label, device)]
+    print(f"Kernels on {device}, bfloat16, B1 H16 D128, causal window 256 (SDPA: dense causal)")
+    print(table(["tokens", "kernel", "forward ms", "forward+backward ms"], rows), flush=True)
 
 
-def _kernels_at(T: int, flex) -> list[list]:
+def _kernels_at(T: int, flex, label: str, device: str) -> list[list]:
     import torch
+    import torch.nn.functional as F
     from torch.nn.attention.flex_attention import create_block_mask
 
     import multihead as mh
     from multihead import masks
 
-    q, k, v = (torch.randn(1, 16, T, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(1, 16, T, 128, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     ours_mask = masks.causal() & masks.window(256, 0)
-    block = create_block_mask(lambda b, h, i, j: (j <= i) & (i - j <= 256), None, None, T, T, device="cuda")
+    block = create_block_mask(lambda b, h, i, j: (j <= i) & (i - j <= 256), None, None, T, T, device=device)
+    # FlexAttention has no backward on a CPU (it refuses inputs that want gradients there): forward only
+    flex_grad = torch.device(device).type != "cpu"
+    qf, kf, vf = (t if flex_grad else t.detach() for t in (q, k, v))
     runs = {
-        "ours (local)": lambda: mh.attention(q, k, v, ours_mask, backend="local")[0],
-        "FlexAttention (compiled)": lambda: flex(q, k, v, block_mask=block),
-        "SDPA (dense causal)": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "ours (local)": (lambda: mh.attention(q, k, v, ours_mask, backend="local")[0], True),
+        label: (lambda: flex(qf, kf, vf, block_mask=block), flex_grad),
+        "SDPA (dense causal)": (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), True),
     }
     rows = []
-    for name, run in runs.items():
-        forward = timed(run)
-        backward = timed(lambda run=run: run().sum().backward())
-        rows.append([T, name, f"{forward * 1e3:.2f}", f"{backward * 1e3:.2f}"])
+    for name, (run, grad) in runs.items():
+        forward = timed(run, device)
+        backward = f"{timed(lambda run=run: run().sum().backward(), device) * 1e3:.2f}" if grad else "—"
+        rows.append([T, name, f"{forward * 1e3:.2f}", backward])
     return rows
 
 
-def analysis() -> None:
+def analysis(device: str, lengths: tuple[int, ...], *, layers: int = 28, budget: float = BUDGET_S) -> list[list]:
+    """The Qwen2-1.5B shape (``layers`` of its 28) on ``device``: a row per length (or a line saying
+    it was skipped), printed as a table; returns the rows."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
     import multihead as mh
+    from _common import table
 
+    started = time.perf_counter()
     vocab = {f"w{i}": i for i in range(49152)}
     raw = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
     raw.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="w0", pad_token="w0", eos_token="w1")
-    config = Qwen2Config(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+    config = Qwen2Config(hidden_size=1536, num_hidden_layers=layers, num_attention_heads=12, num_key_value_heads=2,
                          intermediate_size=8960, vocab_size=49152, tie_word_embeddings=True,
                          max_position_embeddings=65536)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to("cuda").eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to(device).eval()
     hf = mh.hf.wrap(model, tokenizer, name="qwen2-1.5b-shaped")
-    from _common import table
-
-    rows = [_analysis_at(hf, tokenizer, T) for T in (8192, 32768)]
-    print("Qwen2-1.5B-shaped (random, bfloat16) on CUDA: plain forward vs streamed analysis")
+    rows, last = [], None
+    for T in lengths:
+        if last is not None:  # (tokens, seconds) of the length before: the attention's work grows as T²
+            projected = last[1] * (T / last[0]) ** 2
+            if time.perf_counter() - started + projected > budget:
+                print(f"{T} tokens skipped: ~{projected:.0f} s projected from {last[0]} tokens, beyond the "
+                      f"check's {budget:.0f} s", flush=True)
+                continue
+        row, seconds = _analysis_at(hf, tokenizer, T, device)
+        rows.append(row)
+        last = (T, seconds)
+        print(f"{T} tokens: analysis {seconds:.2f} s", flush=True)
+    print(f"Qwen2-1.5B-shaped ({layers} layers, random, bfloat16) on {device}: plain forward vs streamed analysis")
     print(table(["tokens", "plain s", "analysis s", "ratio", "plain peak MiB", "analysis peak MiB",
-                 "plan MiB (vs peak)"], rows))
+                 "plan MiB (vs peak)"], rows), flush=True)
+    return rows
 
 
-def _analysis_at(hf, tokenizer, T: int) -> list:
+def _analysis_at(hf, tokenizer, T: int, device: str) -> tuple[list, float]:
     import torch
 
     import multihead as mh
     from multihead.analysis.pipelines.analyze import collect_statistics
 
+    cuda = device.startswith("cuda")
     g = torch.Generator().manual_seed(0)
     text = " ".join(f"w{int(i)}" for i in torch.randint(2, 49152, (T,), generator=g))
-    ids = torch.tensor([tokenizer(text)["input_ids"]], device="cuda")
-    found = mh.analysis.plan(hf, ids.shape[1], probes=False, redundancy=False, views=0)
-    base = torch.cuda.memory_allocated()
+    ids = torch.tensor([tokenizer(text)["input_ids"]], device=device)
+    found = mh.analysis.plan(hf, ids.shape[1], probes=False, views=0)
+    base = torch.cuda.memory_allocated() if cuda else 0
     with torch.inference_mode():
-        torch.cuda.reset_peak_memory_stats()
-        plain = timed(lambda: hf.body(input_ids=ids, use_cache=False), repeat=1)
-        plain_peak = torch.cuda.max_memory_allocated() - base
-        torch.cuda.reset_peak_memory_stats()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        plain = timed(lambda: hf.body(input_ids=ids, use_cache=False), device, repeat=1)
+        plain_peak = torch.cuda.max_memory_allocated() - base if cuda else None
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    collect_statistics(hf, [text], redundancy=False, progress=False)
-    torch.cuda.synchronize()
+    collect_statistics(hf, [text], progress=False)
+    sync(device)
     ours = time.perf_counter() - start
-    peak = torch.cuda.max_memory_allocated() - base
-    return [ids.shape[1], f"{plain:.2f}", f"{ours:.2f}", f"{ours / plain:.2f}x", f"{plain_peak / 2**20:.0f}",
-            f"{peak / 2**20:.0f}", f"{found.working / 2**20:.0f} ({found.working / peak - 1:+.0%})"]
+    peak = torch.cuda.max_memory_allocated() - base if cuda else None
+
+    def mib(n: int | None) -> str:
+        return "—" if n is None else f"{n / 2**20:.0f}"
+
+    plan = f"{found.working / 2**20:.0f}" + ("" if peak is None else f" ({found.working / peak - 1:+.0%})")
+    return [ids.shape[1], f"{plain:.2f}", f"{ours:.2f}", f"{ours / plain:.2f}x", mib(plain_peak), mib(peak),
+            plan], ours
 
 
-def main() -> int:
+def rehearse() -> int:
+    """Steps 2 and 3 on the CPU, small: the benchmark's every call, no GPU needed."""
+    import torch
+
+    torch.manual_seed(0)
+    print(f"gpu-check rehearsal on the CPU · torch {torch.__version__}", flush=True)
+    with warnings.catch_warnings():  # FlexAttention uncompiled says so once: known, and beside the point here
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        kernels("cpu", (256,), compiled=False)
+    analysis("cpu", (96, 192), layers=2)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rehearse", action="store_true", help="the benchmark's code on the CPU, small")
+    args = parser.parse_args(argv)
     try:
         import torch
     except ImportError:
         print(f"gpu-check: no PyTorch in {sys.executable}; run it on the GPU machine with its own Python")
         return 0
+    if args.rehearse:
+        return rehearse()
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA GPU on this machine; nothing to check")
         return 0
-    print(f"{torch.cuda.get_device_name()} · torch {torch.__version__}")
+    print(f"{torch.cuda.get_device_name()} · torch {torch.__version__}", flush=True)
     status = 0
     if importlib.util.find_spec("pytest") and importlib.util.find_spec("hypothesis"):
         status = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "tests/test_cuda.py",
                                  "-p", "no:cacheprovider"]).returncode
     else:
         print("gpu-check: pytest/hypothesis missing here: the cuda tests are skipped, the benchmark runs")
-    kernels()
-    analysis()
+    kernels("cuda", (8192, 32768))
+    analysis("cuda", (8192, 32768))
     return status
 
 

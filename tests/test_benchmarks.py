@@ -1,5 +1,6 @@
 """The benchmark scripts still run (their numbers are checked by people, in `make bench`)."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -90,5 +91,37 @@ def test_gpu_check_says_when_there_is_no_gpu(capsys):
 
     if torch.cuda.is_available():
         return
-    assert gpu_check.main() == 0
+    assert gpu_check.main([]) == 0
     assert "no CUDA GPU on this machine" in capsys.readouterr().out
+
+
+def test_gpu_check_rehearses_its_whole_benchmark_on_the_cpu(capsys):
+    """Every call the GPU's benchmark makes, made here first: a GPU's minutes are lent by chance
+    and by the minute, and this script had never run before one came."""
+    import gpu_check
+
+    assert gpu_check.main(["--rehearse"]) == 0
+    out = capsys.readouterr().out
+    kernel_rows = [line for line in out.splitlines() if line.startswith("| 256 ")]
+    assert [row.split("|")[2].strip() for row in kernel_rows] == [
+        "ours (local)", "FlexAttention (eager)", "SDPA (dense causal)"]
+    assert all(float(row.split("|")[3]) > 0 for row in kernel_rows)  # forward ms
+    assert "Qwen2-1.5B-shaped (2 layers, random, bfloat16) on cpu" in out
+    analysis_rows = [line.split("|") for line in out.splitlines() if re.search(r"\|\s*[\d.]+x\s*\|", line)]
+    assert len(analysis_rows) == 2 and all(float(row[2]) > 0 and float(row[3]) > 0 for row in analysis_rows)
+
+
+def test_gpu_check_skips_a_length_its_budget_cannot_hold(monkeypatch, capsys):
+    """A length whose extrapolated time would pass the check's budget is skipped, saying why."""
+    import gpu_check
+
+    calls = []
+
+    def measured(hf, tokenizer, T, device):
+        calls.append(T)
+        return [T, "1.00", "40.00", "40.00x", "—", "—", "0"], 40.0
+
+    monkeypatch.setattr(gpu_check, "_analysis_at", measured)
+    rows = gpu_check.analysis("cpu", (64, 256), layers=1, budget=300)
+    assert calls == [64] and len(rows) == 1  # 40 s at 64 tokens: ~640 s projected at 256
+    assert "256 tokens skipped: ~640 s projected from 64 tokens" in capsys.readouterr().out
