@@ -114,3 +114,27 @@ def test_images_with_the_wrong_model_or_folder_fail_in_one_line(tmp_path, capsys
         code, _, err = run_cli(["analyze", *args, "--out", str(tmp_path / "o")], capsys)
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (args, err)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_vit_folder_loads_where_the_auto_image_processor_needs_torchvision(tmp_path, monkeypatch):
+    """transformers 5.17's AutoImageProcessor needs torchvision even for a PIL processor (5.25's and
+    4.x's do not): the class the folder names is loaded instead, reading the same pixels; a folder
+    naming no class it has is one line."""
+    folder = _tiny_vit(tmp_path / "vit")
+    images = digit_images(3)
+    auto = mh.hf.load(folder).processor(images=images, return_tensors="pt")["pixel_values"]
+
+    def needs_torchvision(*args, **kwargs):
+        raise ImportError("AutoImageProcessor requires the Torchvision library but it was not found")
+
+    try:
+        monkeypatch.setattr(transformers.AutoImageProcessor, "from_pretrained", needs_torchvision)
+    except ImportError:  # this transformers' auto class needs torchvision itself (5.17 without it): as simulated
+        pass
+    processor = mh.hf.load(folder).processor
+    assert type(processor).__name__.startswith("ViTImageProcessor")
+    torch.testing.assert_close(processor(images=images, return_tensors="pt")["pixel_values"], auto)
+    config = folder / "preprocessor_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "image_processor_type": "NoSuchProcessor"}))
+    with pytest.raises(ValueError, match=r"its image processor cannot be loaded with transformers .*torchvision"):
+        mh.hf.load(folder)

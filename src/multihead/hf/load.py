@@ -87,9 +87,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
     stack = _stack(model, sites)
     tokenizer, processor = None, None
     if stack == "vision":  # images in, through the folder's image processor
-        from transformers import AutoImageProcessor
-
-        processor = AutoImageProcessor.from_pretrained(path)
+        processor = _image_processor(path)
     else:
         _check_tokenizer(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -190,6 +188,27 @@ def _check_weights(path: Path) -> None:
     """One line for a folder without weights beside its config."""
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise ValueError(f"{path} holds no weights ({', '.join(WEIGHT_FILES[::2])}) beside its config.json")
+
+
+def _image_processor(path: Path) -> Any:
+    """The folder's image processor: transformers' auto class — or, where that class itself needs
+    torchvision and it is not installed (transformers 5.17's does; 5.25's and 4.x's read images with
+    PIL without it), the class its ``preprocessor_config.json`` names, in its PIL form where there
+    is one: it reads the same images into the same pixels. One line when neither loads."""
+    import transformers
+
+    try:
+        return transformers.AutoImageProcessor.from_pretrained(path)
+    except ImportError as err:
+        config = path / "preprocessor_config.json"
+        name = json.loads(config.read_text()).get("image_processor_type", "") if config.is_file() else ""
+        name = name.removesuffix("Fast")
+        found = getattr(transformers, f"{name}Pil", None) or getattr(transformers, name, None) if name else None
+        if found is None:
+            first = " ".join(str(err).split())[:160]
+            raise ValueError(f"{path}: its image processor cannot be loaded with transformers "
+                             f"{transformers.__version__} ({first}); install torchvision") from err
+        return found.from_pretrained(path)
 
 
 def _check_tokenizer(path: Path) -> None:
