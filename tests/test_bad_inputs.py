@@ -557,3 +557,21 @@ def test_view_warns_on_unknown_tokens_as_analyze_does(tmp_path):
     assert done.returncode == 0 and (tmp_path / "page.html").is_file(), done.stderr[-2000:]
     warned = [line for line in done.stderr.splitlines() if "warning:" in line]
     assert len(warned) == 1 and warned[0].startswith("multihead view: warning: 79% of the 14 tokens are unknown")
+
+
+def test_a_transformers_older_than_the_tested_floor_is_one_line(monkeypatch, cli_rejects):
+    """transformers 4.x lacks what the routing registers with (hf/version.py): said in one line where a
+    model of theirs comes in — loading one, wrapping one, routing one — not as failures further on."""
+    import transformers
+
+    import multihead as mh
+    from multihead.hf import version
+
+    monkeypatch.setattr(transformers, "__version__", "4.57.6")
+    with pytest.raises(ImportError, match=r"needs transformers >= 5\.17 .* has 4\.57\.6: pip install -U"):
+        mh.hf.load("minilm")
+    with pytest.raises(ImportError, match=r"4\.57\.6"):
+        version.require_transformers()
+    cli_rejects("analyze", [(["--model", "minilm"], "needs transformers >= 5.17")])
+    monkeypatch.setattr(transformers, "__version__", "5.17.0.dev0")
+    version.require_transformers()  # the floor itself, a development build of it too

@@ -16,6 +16,7 @@ from .model import HFModel
 from .paths import KNOWN_MODELS, model_path
 from .placement import Placement, PlacementError, resolve
 from .sites import find_sites, main_stack
+from .version import require_transformers
 
 __all__ = ["empty_model", "load", "model_class", "wrap"]
 
@@ -51,6 +52,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
         from transformers.utils import logging as hf_logging
     except ImportError as err:  # pragma: no cover - the hf extra is missing
         raise FileNotFoundError("Hugging Face models need transformers: run `pip install 'multihead[hf]'`") from err
+    require_transformers()
     hf_logging.disable_progress_bar()
     path = model_path(name_or_path)
     shown = str(name_or_path) if str(name_or_path) in KNOWN_MODELS else path.name
@@ -99,6 +101,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
 def wrap(model: Any, tokenizer: Any, *, name: str, path: Path | None = None, processor: Any = None) -> HFModel:
     """A transformers model already in memory (built from a config, random weights, fine-tuned in
     this process) as :func:`load` gives one: its shape read from its attention sites."""
+    require_transformers()
     sites = find_sites(model)  # one line naming the architecture when its attention cannot be seen exactly
     return _wrapped(model, tokenizer, sites, _stack(model, sites), name=name, path=path, processor=processor)
 

@@ -41,6 +41,7 @@ from ..attn.workspace import Workspace
 from ..masks import Mask, Rows, as_mask, causal, from_tensor, split_topk, window
 from .model import ModelLike, as_module
 from .sites import AttentionSite
+from .version import require_transformers
 
 __all__ = ["CHUNK_BYTES", "IMPLEMENTATION", "MAP_BUDGET", "Attachment", "AttentionChunk", "Handle", "attach",
            "chunk_bytes", "routed"]
@@ -325,6 +326,7 @@ def register() -> None:
     global _REGISTERED
     if _REGISTERED:
         return
+    require_transformers()  # what the routing registers with is transformers 5's
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
