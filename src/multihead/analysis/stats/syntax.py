@@ -338,16 +338,18 @@ class SyntaxStatistics(ReducerBase):
             return
         found = alignment(self.batch)
         hit = found.hits(picked)  # (G, H)
-        G, R = self.groups, len(found.relations)
-        group = torch.tensor(self.batch.texts, dtype=torch.long)[found.batch] % G  # (G,) each group's text's group
+        # (the alignment's word groups G are not the bootstrap's groups of texts, `text_groups` of them)
+        text_groups, relations = self.groups, len(found.relations)
+        text_group = torch.tensor(self.batch.texts, dtype=torch.long)[found.batch] % text_groups  # (G,)
         # the layer's hits summed by relation and by (relation, text group) in two scatters, then added a
         # relation at a time (a masked selection, sum and scatter a relation and a layer had been the
         # reader's whole time: ~8,500 small operations for a 1k-token document of SmolLM2)
-        by_relation = hit.new_zeros(R, hit.shape[1]).index_add_(0, found.relation, hit)  # (R, H)
-        by_group = hit.new_zeros(R * G, hit.shape[1]).index_add_(0, found.relation * G + group, hit)  # (R·G, H)
+        by_relation = hit.new_zeros(relations, hit.shape[1]).index_add_(0, found.relation, hit)  # (R, H)
+        by_group = hit.new_zeros(relations * text_groups, hit.shape[1]).index_add_(
+            0, found.relation * text_groups + text_group, hit)  # (R · text groups, H)
         for n, key in enumerate(found.relations):
             self.correct[key][chunk.layer] += by_relation[n]
-            self.group_correct[key][:, chunk.layer] += by_group[n * G:(n + 1) * G]
+            self.group_correct[key][:, chunk.layer] += by_group[n * text_groups:(n + 1) * text_groups]
 
     def merge(self, other: SyntaxStatistics) -> None:
         if (other.shape, other.groups) != (self.shape, self.groups):
