@@ -368,6 +368,26 @@ def test_row_extents_are_each_rows_last_visible_key_plus_one():
 
 
 @settings(max_examples=60, deadline=None)
+@given(B=st.integers(1, 3), H=st.sampled_from([1, 3]), shared_mask=st.booleans(), c=st.integers(1, 9),
+       K=st.integers(1, 70), T_extra=st.integers(0, 5), seed=st.integers(0, 2**31))
+def test_visible_counts_are_the_real_keys_each_row_may_see(B, H, shared_mask, c, K, T_extra, seed):
+    """The compiled count against (visible & valid).sum(-1): a mask for every text or one each, one
+    for every head or one each, keys of any number (not a multiple of 8: the tail), and the valid
+    keys a slice of a longer (B, T) row, as the chunk's keys are of the batch's tokens."""
+    g = torch.Generator().manual_seed(seed)
+    visible = torch.rand(1 if shared_mask else B, H, c, K, generator=g) < 0.6
+    valid = torch.rand(B, K + T_extra, generator=g) < 0.8
+    got = native.visible_counts(visible, valid[:, :K])
+    want = (visible & valid[:, None, None, :K]).sum(-1)
+    assert got.shape == (B, H, c) and torch.equal(got, want)
+
+
+def test_visible_counts_refuse_what_they_cannot_read():
+    with pytest.raises(ValueError, match="visible_counts"):
+        native.visible_counts(torch.ones(2, 1, 3, 4, dtype=torch.bool), torch.ones(3, 4, dtype=torch.bool))
+
+
+@settings(max_examples=60, deadline=None)
 @given(N=st.integers(1, 12), R=st.integers(1, 6), S=st.integers(1, 700), sharp=st.floats(0, 12),
        threads=st.integers(1, 3), seed=st.integers(0, 2**31), data=st.data())
 def test_pairwise_js_is_the_definition(N, R, S, sharp, threads, seed, data):

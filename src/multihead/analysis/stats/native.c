@@ -267,6 +267,29 @@ void row_extents(const uint8_t *visible, int64_t rows, int64_t K, int32_t *out) 
     }
 }
 
+/* How many keys each row may see among its text's real ones: rows (B, Hv, C) of K bools (visible:
+   0 or 1 bytes, (Bv, Hv, C, K) after one another, Bv = B or 1: one mask for every text) and each
+   text's real keys (valid (B, vstride) 0 or 1 bytes, its first K read) -> out (B, Hv, C) int32.
+   What (visible & valid).sum(-1) counts, without its (B, Hv, C, K) temporary and its bytes summed
+   as int64 (0.14 s of SmolLM2's 4k analysis, AMD EPYC): eight bytes a step, summed as the bytes
+   they are (each 0 or 1). */
+void visible_counts(const uint8_t *visible, int64_t Bv, int64_t B, int64_t Hv, int64_t C, int64_t K,
+                    const uint8_t *valid, int64_t vstride, int32_t *out) {
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t r = 0; r < Hv * C; r++) {
+            const uint8_t *v = visible + ((Bv == 1 ? 0 : b) * Hv * C + r) * K, *m = valid + b * vstride;
+            int64_t n = 0, j = 0;
+            for (; j + 8 <= K; j += 8) {
+                uint64_t x, y;
+                memcpy(&x, v + j, sizeof x);
+                memcpy(&y, m + j, sizeof y);
+                n += __builtin_popcountll(x & y); /* bytes of 0 or 1: one bit each */
+            }
+            for (; j < K; j++) n += v[j] & m[j];
+            out[b * Hv * C + r] = (int32_t)n;
+        }
+}
+
 /* How many (text, head) pairs rows [a, b) of C rows each touch. */
 static inline int64_t pairs_of_rows(int64_t a, int64_t b, int64_t C) { return a < b ? (b - 1) / C - a / C + 1 : 0; }
 

@@ -47,8 +47,8 @@ from ...inputs import Batch, TokenInfo
 from .base import shared
 
 __all__ = ["COLUMNS", "ENV", "LONG", "REPEAT", "RowSums", "WordRuns", "available", "compiled_rows", "key_sets",
-           "pairwise_js", "row_extents", "row_pooled", "row_sums", "unit_columns", "usable", "word_predictions",
-           "word_runs"]
+           "pairwise_js", "row_extents", "row_pooled", "row_sums", "unit_columns", "usable", "visible_counts",
+           "word_predictions", "word_runs"]
 
 SOURCE = Path(__file__).with_name("native.c")
 #: Compiled with -ffast-math (vectorised reductions and log) but linked without it: a
@@ -87,6 +87,8 @@ def _library() -> ctypes.CDLL | None:
     lib.openmp_parts.restype = i64
     lib.row_extents.argtypes = [ptr, i64, i64, ptr]
     lib.row_extents.restype = None
+    lib.visible_counts.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr]
+    lib.visible_counts.restype = None
     lib.row_statistics.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr,
                                    ptr, ptr, ptr, ptr, ptr]
     lib.row_statistics.restype = None
@@ -196,6 +198,24 @@ def row_extents(chunk: AttentionChunk) -> Tensor:
     return shared(chunk.memo, "native-extents", extents)
 
 
+def visible_counts(visible: Tensor, valid: Tensor) -> Tensor:
+    """How many real keys each row may see: ``visible`` (B|1, Hv, c, K) bool and ``valid`` (B, K)
+    bool, both in CPU memory -> (B, Hv, c) int64, as ``(visible & valid[:, None, None]).sum(-1)``
+    counts (in one compiled pass, without the (B, Hv, c, K) temporary). Needs the library."""
+    B, K = valid.shape
+    if (visible.dim() != 4 or visible.shape[0] not in (1, B) or visible.shape[-1] != K or visible.dtype != torch.bool
+            or valid.dtype != torch.bool or visible.device.type != "cpu" or valid.device.type != "cpu"):
+        raise ValueError(f"visible_counts: visible (B|1, H, c, K) and valid (B, K) bool in CPU memory; got "
+                         f"{tuple(visible.shape)} {visible.dtype} and {tuple(valid.shape)} {valid.dtype}")
+    visible = visible.contiguous()
+    valid = valid if valid.stride(-1) == 1 else valid.contiguous()
+    Bv, Hv, c = visible.shape[:3]
+    counts = torch.empty(B, Hv, c, dtype=torch.int32)
+    _library().visible_counts(visible.data_ptr(), Bv, B, Hv, c, K, valid.data_ptr(), valid.stride(0),
+                              counts.data_ptr())
+    return counts.long()
+
+
 def compiled_rows(chunk: AttentionChunk, batch: Batch) -> RowSums | None:
     """The chunk's compiled row sums (:func:`row_sums`, once a chunk) where they read it — a
     right-padded float32 map in CPU memory (:func:`usable`) — else None (the eager readers' chunk)."""
@@ -247,7 +267,7 @@ def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: boo
                                 or not entropy.is_contiguous() or entropy.device.type != "cpu"):
         raise ValueError(f"a chunk's row entropies are (B, H, c) = {(B, H, C)} float32, contiguous, in CPU memory; "
                          f"got {tuple(entropy.shape)} {entropy.dtype}")
-    seen = (chunk.visible & valid[:, None, None, :K]).sum(-1).expand(B, H, C)  # (B, H, C) keys each row may see
+    seen = visible_counts(chunk.visible, valid[:, :K]).expand(B, H, C)  # (B, H, C) keys each row may see
     log_n = seen.float().clamp_min(1).log().contiguous()  # (B, H, C)
     informative = (queries[:, None, :] & (seen > 1)).sum(-1, dtype=torch.float64)  # (B, H)
     parts = _parts(B * H * C, p.numel())
