@@ -40,9 +40,24 @@ ARCHITECTURES: dict[str, tuple[str, dict, str]] = {
     "gemma2 (window 4, softcap 1)": ("gemma2", dict(num_key_value_heads=2, head_dim=8, sliding_window=4,
                                                     attn_logit_softcapping=1.0, query_pre_attn_scalar=8),
                                      "supported"),
+    "gemma3 (window 4, local and global layers)": ("gemma3_text", dict(num_key_value_heads=2, head_dim=8,
+                                                                       sliding_window=4, query_pre_attn_scalar=8,
+                                                                       layer_types=["sliding_attention",
+                                                                                    "full_attention"]),
+                                                    "supported"),
     "phi": ("phi", {}, "supported"),
     "phi3": ("phi3", dict(num_key_value_heads=2), "supported"),
     "opt": ("opt", dict(ffn_dim=64, word_embed_proj_dim=32), "supported"),
+    "mixtral (experts)": ("mixtral", dict(num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1),
+                          "supported"),
+    "qwen3-moe (experts)": ("qwen3_moe", dict(num_key_value_heads=2, head_dim=8, num_experts=2,
+                                              num_experts_per_tok=1, moe_intermediate_size=16), "supported"),
+    "deepseek-v3 (latent K/V, Dv 6 < Dk 8)": ("deepseek_v3", dict(num_key_value_heads=4, q_lora_rank=16,
+                                                                  kv_lora_rank=16, qk_rope_head_dim=4,
+                                                                  qk_nope_head_dim=4, v_head_dim=6,
+                                                                  n_routed_experts=2, num_experts_per_tok=1,
+                                                                  moe_intermediate_size=16, first_k_dense_replace=1,
+                                                                  n_group=1, topk_group=1), "supported"),
     "gpt-oss (sinks)": ("gpt_oss", dict(num_key_value_heads=2, head_dim=8, num_local_experts=2,
                                         num_experts_per_tok=1, sliding_window=4), "supported"),
     "vit": ("vit", dict(image_size=16, patch_size=4, num_channels=3), "supported"),
@@ -55,8 +70,8 @@ ARCHITECTURES: dict[str, tuple[str, dict, str]] = {
 }
 
 
-#: Architectures whose kernels take no float64 (GPT-OSS's mixture of experts: grouped matmuls).
-FLOAT32_ONLY = ("gpt_oss",)
+#: Architectures whose kernels take no float64 (mixtures of experts: grouped matmuls).
+FLOAT32_ONLY = ("gpt_oss", "mixtral", "qwen3_moe", "deepseek_v3")
 
 
 def build(name: str, dtype: torch.dtype = torch.float64, seed: int = 0):

@@ -91,10 +91,13 @@ def test_rows_past_the_end_are_refused():
         stats.update(make_chunk(rows, start=3, rows=4))
 
 
-@pytest.mark.parametrize("name", ["bert", "llama (GQA)", "gemma2 (window 4, softcap 1)", "t5"])
+@pytest.mark.parametrize("name", ["bert", "llama (GQA)", "gemma2 (window 4, softcap 1)",
+                                  "gemma3 (window 4, local and global layers)", "deepseek-v3 (latent K/V, Dv 6 < Dk 8)",
+                                  "t5"])
 def test_a_streamed_capture_equals_the_whole_maps_and_leaves_outputs_alone(name):
     model = build(name)
     batch = inputs(name, model)
+    tol = 1e-12 if model.dtype == torch.float64 else 2e-6  # float32 (experts): a chunk's products may round apart
     stack = "encoder" if name == "t5" else None
     dense: dict[int, torch.Tensor] = {}
     with mh.hf.AttentionCapture(model, lambda c: dense.__setitem__(c.layer, c.weights), stack=stack), \
@@ -104,14 +107,14 @@ def test_a_streamed_capture_equals_the_whole_maps_and_leaves_outputs_alone(name)
     with mh.hf.AttentionCapture(model, lambda c: rows.setdefault(c.layer, []).append((c.start, c.weights)),
                                 stack=stack, chunk=3), torch.no_grad():
         got = model(**batch).last_hidden_state
-    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    torch.testing.assert_close(got, want, atol=tol * float(want.abs().max().clamp_min(1)), rtol=0)
     for layer, maps in dense.items():
         starts = [start for start, _ in rows[layer]]
         assert starts == list(range(0, maps.shape[2], 3))  # in order, every row once
         S = maps.shape[-1]
         for start, w in rows[layer]:  # keys past the chunk's last visible one are left out: zero in the whole map
             K = w.shape[-1]
-            torch.testing.assert_close(w, maps[:, :, start:start + w.shape[2], :K], atol=1e-12, rtol=0)
+            torch.testing.assert_close(w, maps[:, :, start:start + w.shape[2], :K], atol=tol, rtol=0)
             assert not maps[:, :, start:start + w.shape[2], K:].any()
             if name.startswith("llama"):  # causal: a chunk ending at row r reads keys 0..r only
                 assert K == min(S, start + 3)

@@ -131,9 +131,13 @@ _WIDTHS = ("all_head_size", "inner_dim", "embed_dim_heads")
 def _prune_site(model: nn.Module, site: AttentionSite, pruned: list[int]) -> None:
     """Shrink one transformers attention site: rows of W^Q/W^K/W^V, columns of W^O."""
     attn, Dk = site.module, site.head_dim
-    if site.qkv is not None or not all(isinstance(p, nn.Linear) for p in (site.q, site.k, site.v, site.o)):
-        raise TypeError(f"{type(attn).__name__} keeps Q, K and V in one fused projection (or W^O is not a "
-                        "Linear); physical pruning takes separate ones — gate its heads instead (HeadGates)")
+    if site.qkv is not None:
+        raise TypeError(f"{type(attn).__name__} keeps Q, K and V in one fused projection; physical pruning takes "
+                        "separate ones — gate its heads instead (HeadGates)")
+    if not all(isinstance(p, nn.Linear) for p in (site.q, site.k, site.v, site.o)):
+        raise TypeError(f"{type(attn).__name__} has no separate Linear W^Q, W^K, W^V and W^O whose rows are its heads "
+                        "(e.g. low-rank latent keys and values, as DeepSeek's multi-head latent attention): "
+                        "physical pruning cuts those rows — gate its heads instead (HeadGates)")
     if hasattr(attn, "has_relative_attention_bias"):
         raise TypeError(f"{type(attn).__name__} (T5) shares one relative position bias of all heads across its "
                         "layers, so one layer's heads cannot be removed alone; gate them instead (HeadGates)")
