@@ -168,6 +168,26 @@ def offloaded(tmp_path_factory):
     return model
 
 
+def test_the_plan_of_an_offloaded_model_counts_the_weights_on_its_device(offloaded, smollm2):
+    """accelerate keeps some of SmolLM2's weights in host memory and swaps the rest in from disk a
+    module at a time: the plan's weights are those kept on the CPU and the largest module swapped in,
+    and it says where the others are; the verdict compares the same pass with the same free memory."""
+    from multihead.hf.placement import _offloading
+
+    model = offloaded.model
+    kept = {id(t): t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]
+            if t.device.type == "cpu"}
+    swapped = max(sum(t.numel() * t.element_size() for t in [*m.parameters(), *m.buffers()] if id(t) not in kept)
+                  for m in model.modules() if _offloading(m))
+    found = mh.analysis.plan(offloaded, 256, probes=False, available=2**30)
+    whole = mh.analysis.plan(smollm2, 256, probes=False, available=2**30)
+    assert found.weights == sum(kept.values()) + swapped and 0 < swapped < 2**22
+    assert found.weights < whole.weights * 0.6  # 60 % of the weights are on disk
+    assert found.working == whole.working  # the same pass, readers and heap
+    assert "(float32 on cpu + disk (device map), planned for cpu, 1 x 256 tokens)" in str(found)
+    assert "device map" not in str(whole)
+
+
 @pytest.mark.slow
 def test_an_offloaded_model_gives_what_the_plain_one_gives(offloaded, smollm2):
     """Capture, gates (zero/mean ablation), patching, direct logit attribution, what-if and gradient

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from .placement import input_device
+from .placement import input_device, mapped_places
 
 __all__ = ["HFModel", "ModelLike", "as_module", "require_loaded", "right_padding", "takes"]
 
@@ -64,12 +64,9 @@ class HFModel:
     def placement(self) -> str:
         """Where and in what precision the model runs, in words: ``bfloat16 on cuda:0``, ``float32
         on cpu + disk (device map)``."""
-        device_map = getattr(self.model, "hf_device_map", None)
         dtype = str(self.dtype).removeprefix("torch.")
-        if device_map and (len(set(device_map.values())) > 1 or "disk" in device_map.values()):
-            places = dict.fromkeys(f"cuda:{d}" if isinstance(d, int) else str(d) for d in device_map.values())
-            return f"{dtype} on {' + '.join(places)} (device map)"
-        return f"{dtype} on {self.device}"
+        places = mapped_places(self.model)
+        return f"{dtype} on {places} (device map)" if places else f"{dtype} on {self.device}"
 
     @property
     def is_encoder_decoder(self) -> bool:

@@ -22,7 +22,8 @@ from typing import Any
 from ..files import check_writable
 
 __all__ = ["DEVICE_MAPS", "DTYPES", "Placement", "PlacementError", "auto_dtype", "input_device", "is_offloaded",
-           "parse_max_memory", "resolve", "resolve_device", "resolve_dtype", "weights_of"]
+           "mapped_places", "parse_max_memory", "resident_bytes", "resolve", "resolve_device", "resolve_dtype",
+           "weights_of"]
 
 #: The dtypes a model may be loaded in ("auto": see the module).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -302,6 +303,39 @@ def is_offloaded(model: Any) -> bool:
     """Whether accelerate keeps some of the model's weights off their execution device (on the CPU
     or disk, brought in for each forward): those weights cannot be edited in place."""
     return any(_offloading(m) for m in model.modules())
+
+
+def mapped_places(model: Any) -> str | None:
+    """Where accelerate's device map put a model's weights, in words (``cpu + disk``, ``cuda:0 +
+    cuda:1 + cpu``), or None for a model on one device without offload."""
+    device_map = getattr(model, "hf_device_map", None)
+    if not device_map or (len(set(device_map.values())) <= 1 and "disk" not in device_map.values()):
+        return None
+    return " + ".join(dict.fromkeys(f"cuda:{d}" if isinstance(d, int) else str(d) for d in device_map.values()))
+
+
+def resident_bytes(model: Any, device: Any) -> int | None:
+    """Bytes of a device-mapped model's weights on ``device`` while it runs: the parameters and
+    buffers kept there, and the largest module accelerate swaps in there for its forward (one at a
+    time: its offloaded weights brought in, then released) — None for a model without a device map."""
+    import torch
+
+    if not getattr(model, "hf_device_map", None):
+        return None
+    device = torch.device(device)
+    kept: dict[int, int] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.device == device:
+            kept[id(tensor)] = tensor.numel() * tensor.element_size()
+    swapped = 0
+    for module in model.modules():
+        if not _offloading(module):
+            continue
+        runs_on = module._hf_hook.execution_device
+        if (torch.device("cuda", runs_on) if isinstance(runs_on, int) else torch.device(runs_on)) == device:
+            swapped = max(swapped, sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()]
+                                       if id(t) not in kept))
+    return sum(kept.values()) + swapped
 
 
 @contextmanager

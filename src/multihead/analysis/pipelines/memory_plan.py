@@ -47,7 +47,7 @@ from ...hf.capture import AttentionCapture
 from ...hf.load import empty_model
 from ...hf.model import HFModel, takes
 from ...hf.paths import model_path
-from ...hf.placement import auto_dtype
+from ...hf.placement import auto_dtype, mapped_places, resident_bytes
 from ...hf.route import AttentionChunk, chunk_bytes
 from ..probes.retrieval import NEEDLE
 from ..probes.retrieval import PROBE as RETRIEVAL
@@ -103,6 +103,9 @@ class MemoryPlan:
     available: int | None
     #: the C heap's free holes resident beside the pass's tensors (0: not modelled: not a CPU, not glibc)
     holes: int = 0
+    #: where a device-mapped model's weights are (``cpu + disk``; "" for a model on one device): its
+    #: ``weights`` are then those on ``device`` alone
+    mapped: str = ""
 
     @property
     def working(self) -> int:
@@ -140,7 +143,8 @@ class MemoryPlan:
         work = self._resident_pass
         counted = work - self._pass  # what the holes add to the tensors' peak (none where the end of batch is it)
         holes = f"; {_gib(counted)} of it the heap's holes" if counted > 0 else ""
-        return (f"memory plan for {self.model} ({self.dtype} on {self.device}, {self.batch} x {self.tokens:,} "
+        place = f"{self.mapped} (device map), planned for {self.device}" if self.mapped else self.device
+        return (f"memory plan for {self.model} ({self.dtype} on {place}, {self.batch} x {self.tokens:,} "
                 f"tokens): weights {_gib(self.weights)} + pass {_gib(work)} (chunks of at most "
                 f"{self.chunk / 2**20:.0f} MiB{holes}) + statistics {_gib(self.statistics)}{on_cpu} = "
                 f"{_gib(self.total)}{room}{beside}")
@@ -172,6 +176,10 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     name = loaded.name if loaded else str(model) if isinstance(model, (str, Path)) else \
         f"a {config.model_type} config"
     weights = _bytes(loaded.model if loaded and loaded.dtype == dtype else empty_model(config, dtype))
+    # a device-mapped model: only its weights on this device (kept there, or swapped in one module at a time)
+    mapped = resident_bytes(loaded.model, device) if loaded and loaded.dtype == dtype else None
+    weights = weights if mapped is None else mapped
+    places = mapped_places(loaded.model) if mapped is not None else None
     if available is None:
         free = available_memory(device)
         available = None if free is None else free + (weights if loaded is not None else 0)
@@ -207,7 +215,7 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
                     _traced(body, 1, RETRIEVAL["haystack"] + 2 * NEEDLE + 1, chunk=256, budget=budget,
                             limit=limit, work=work)[0])
     return MemoryPlan(name, str(device), str(dtype).removeprefix("torch."), tokens, batch, weights, forward,
-                      statistics, end, probe, largest, host, available, holes)
+                      statistics, end, probe, largest, host, available, holes, places or "")
 
 
 def check_plan(found: MemoryPlan) -> None:
