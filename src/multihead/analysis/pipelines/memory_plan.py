@@ -175,11 +175,12 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     dtype = _dtype(dtype)
     name = loaded.name if loaded else str(model) if isinstance(model, (str, Path)) else \
         f"a {config.model_type} config"
-    weights = _bytes(loaded.model if loaded and loaded.dtype == dtype else empty_model(config, dtype))
     # a device-mapped model: only its weights on this device (kept there, or swapped in one module at a time)
     mapped = resident_bytes(loaded.model, device) if loaded and loaded.dtype == dtype else None
-    weights = weights if mapped is None else mapped
-    places = mapped_places(loaded.model) if mapped is not None else None
+    if mapped is not None:
+        weights, places = mapped, mapped_places(loaded.model) or ""
+    else:
+        weights, places = _bytes(loaded.model if loaded and loaded.dtype == dtype else empty_model(config, dtype)), ""
     if available is None:
         free = available_memory(device)
         available = None if free is None else free + (weights if loaded is not None else 0)
@@ -215,7 +216,7 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
                     _traced(body, 1, RETRIEVAL["haystack"] + 2 * NEEDLE + 1, chunk=256, budget=budget,
                             limit=limit, work=work)[0])
     return MemoryPlan(name, str(device), str(dtype).removeprefix("torch."), tokens, batch, weights, forward,
-                      statistics, end, probe, largest, host, available, holes, places or "")
+                      statistics, end, probe, largest, host, available, holes, places)
 
 
 def check_plan(found: MemoryPlan) -> None:

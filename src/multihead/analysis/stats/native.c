@@ -514,9 +514,7 @@ static inline int64_t at_least(const float *restrict x, int64_t n, float t) {
    keys 31.3 -> 24.5 ms (built without AVX-512: 31.3 -> 25.1), k = 8 19.8 -> 18.3, k = 6 at 4k
    111.6 -> 103.3 (110.3 -> 102.6); k = 2 at 1k 12.3 -> 13.1 and k = 3 at 8k 319 -> 325 (worse: few
    candidates, a short insertion each). */
-#ifndef RANK_K
 #define RANK_K 6
-#endif
 #define RANK_CAP 192
 static float kth_largest(const float *restrict x, int64_t n, int64_t k) {
     uint32_t lo = UINT32_MAX, hi = 0;
