@@ -121,6 +121,33 @@ def test_a_streamed_capture_equals_the_whole_maps_and_leaves_outputs_alone(name)
                 assert K == min(S, start + 3)
 
 
+def test_a_causal_layers_chunks_take_as_many_rows_as_their_own_keys_fit():
+    model = build("llama (GQA)")
+    batch = {"input_ids": inputs("llama (GQA)", model)["input_ids"][:1]}  # one text, no padding: the causal mask
+    dense: dict[int, torch.Tensor] = {}
+    with mh.hf.AttentionCapture(model, lambda c: dense.__setitem__(c.layer, c.weights)), torch.no_grad():
+        want = model(**batch).last_hidden_state
+    B, H, T, S = dense[0].shape
+    entries = 3 * S  # a chunk's map: at most B·H·entries float32, three rows of every key
+    rows: dict[int, list] = {}
+    with mh.hf.AttentionCapture(model, lambda c: rows.setdefault(c.layer, []).append((c.start, c.weights)),
+                                budget=1, chunk_bytes=B * H * entries * 4), torch.no_grad():
+        got = model(**batch).last_hidden_state
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    for layer, maps in dense.items():
+        chunks = rows[layer]
+        assert [start for start, _ in chunks] == [0] + [start + w.shape[2] for start, w in chunks[:-1]]
+        assert chunks[-1][0] + chunks[-1][1].shape[2] == T  # every row once, in order
+        assert chunks[0][1].shape[2] > 3  # the first rows see few keys: more than the three rows of S keys
+        assert len(chunks) < -(-T // 3)
+        for start, w in chunks:
+            c, K = w.shape[2:]
+            assert K == start + c and c * K <= entries  # causal: keys 0..its last row, within the budget
+            stop = start + c
+            assert stop == T or (c + 1) * (stop + 1) > entries  # the widest that fits: one more row would not
+            torch.testing.assert_close(w, maps[:, :, start:stop, :K], atol=1e-12, rtol=0)
+
+
 def test_a_transient_capture_lends_one_set_of_buffers_to_every_streamed_layer_until_released():
     model = build("llama (GQA)")
     batch = inputs("llama (GQA)", model)

@@ -60,9 +60,11 @@ from ..stats.typical import TypicalTexts
 
 __all__ = ["NATIVE_READER_WORK", "READER_WORK", "MemoryPlan", "PlanError", "check_plan", "plan"]
 
-#: The readers' temporaries on one chunk of c rows, in units of c rows of the float32 map over all S
-#: keys (B·H·c·S·4 bytes: some readers work over every key of the text, not only the chunk's K):
-#: the most any reader took on SmolLM2 at 700 and 2,048 tokens (the long-context prefix sums 2.5,
+#: The readers' temporaries on one chunk of c rows over K keys, in units of its float32 map
+#: (B·H·c·K·4 bytes; measured when every chunk held the rows of S keys its bytes fit, so that the
+#: largest was c rows over all S; a causal layer's first chunks now take more rows of fewer keys, and
+#: the most a run held stayed where it was — SmolLM2 float32, 2,048 tokens: 240 MiB of tensors with
+#: either): the most any reader took on SmolLM2 at 700 and 2,048 tokens (the long-context prefix sums 2.5,
 #: typical texts 2.4, head metrics 1.2, redundancy 1.3), rounded up. The readers run one after
 #: another, so the most, not the sum.
 READER_WORK = 2.5
@@ -230,14 +232,13 @@ def _traced(body: Any, batch: int, tokens: int, *, chunk: int | None, budget: in
             work: float) -> tuple[int, int, list[tuple[int, int]]]:
     """(peak bytes above the weights, largest chunk's map bytes, the allocations and frees in order)
     of one pass of ``body`` on meta, its attention streamed to a reader that takes ``work``
-    (:data:`READER_WORK`, :data:`NATIVE_READER_WORK`) × each chunk's rows over all keys."""
+    (:data:`READER_WORK`, :data:`NATIVE_READER_WORK`) × each chunk's float32 map."""
     largest = 0
 
     def reader(part: AttentionChunk) -> None:
         nonlocal largest
-        B, H, c, _ = part.weights.shape
         largest = max(largest, part.weights.numel() * 4)  # the readers' float32 map
-        torch.empty(int(work * B * H * c * part.keys * 4), dtype=torch.uint8, device="meta")  # freed at once
+        torch.empty(int(work * part.weights.numel() * 4), dtype=torch.uint8, device="meta")  # freed at once
 
     ids = torch.zeros(batch, tokens, dtype=torch.long, device="meta")
     extra = {"use_cache": False} if takes(body, "use_cache") else {}
