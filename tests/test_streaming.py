@@ -123,23 +123,28 @@ def test_a_streamed_capture_equals_the_whole_maps_and_leaves_outputs_alone(name)
 
 def test_a_causal_layers_chunks_take_as_many_rows_as_their_own_keys_fit():
     model = build("llama (GQA)")
-    batch = {"input_ids": inputs("llama (GQA)", model)["input_ids"][:1]}  # one text, no padding: the causal mask
+    ids = inputs("llama (GQA)", model)["input_ids"][:1]
+    batch = {"input_ids": ids.repeat(1, 4)}  # one text of 40 tokens, no padding: the causal mask
     dense: dict[int, torch.Tensor] = {}
     with mh.hf.AttentionCapture(model, lambda c: dense.__setitem__(c.layer, c.weights)), torch.no_grad():
         want = model(**batch).last_hidden_state
     B, H, T, S = dense[0].shape
-    entries = 3 * S  # a chunk's map: at most B·H·entries float32, three rows of every key
+    row_bytes = B * H * S * 4  # a row of every key, float32
+    # bytes for three such rows: fewer than a chunk holds at least, so twice that (and no more) is its budget
+    assert mh.hf.route._at_least_rows(3 * row_bytes, row_bytes) == 6 * row_bytes
+    assert mh.hf.route._at_least_rows(200 * row_bytes, row_bytes) == 200 * row_bytes
+    entries = 6 * S  # a chunk's map: at most B·H·entries float32
     rows: dict[int, list] = {}
     with mh.hf.AttentionCapture(model, lambda c: rows.setdefault(c.layer, []).append((c.start, c.weights)),
-                                budget=1, chunk_bytes=B * H * entries * 4), torch.no_grad():
+                                budget=1, chunk_bytes=3 * row_bytes), torch.no_grad():
         got = model(**batch).last_hidden_state
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
     for layer, maps in dense.items():
         chunks = rows[layer]
         assert [start for start, _ in chunks] == [0] + [start + w.shape[2] for start, w in chunks[:-1]]
         assert chunks[-1][0] + chunks[-1][1].shape[2] == T  # every row once, in order
-        assert chunks[0][1].shape[2] > 3  # the first rows see few keys: more than the three rows of S keys
-        assert len(chunks) < -(-T // 3)
+        assert chunks[0][1].shape[2] > 6  # the first rows see few keys: more than the six rows of S keys
+        assert len(chunks) < -(-T // 6)
         for start, w in chunks:
             c, K = w.shape[2:]
             assert K == start + c and c * K <= entries  # causal: keys 0..its last row, within the budget
