@@ -151,6 +151,13 @@ def test_a_causal_layers_chunks_take_as_many_rows_as_their_own_keys_fit():
             stop = start + c
             assert stop == T or (c + 1) * (stop + 1) > entries  # the widest that fits: one more row would not
             torch.testing.assert_close(w, maps[:, :, start:stop, :K], atol=1e-12, rtol=0)
+    fixed: list = []  # a reader that does not let them grow (the memory plan's trace): rows of every key
+    capture = mh.hf.AttentionCapture(model, lambda c: fixed.append((c.layer, c.start, c.weights.shape[2])), budget=1,
+                                     chunk_bytes=3 * row_bytes)
+    capture.grow = False
+    with capture, torch.no_grad():
+        model(**batch)
+    assert [(start, c) for layer, start, c in fixed if layer == 0] == [(s, min(6, T - s)) for s in range(0, T, 6)]
 
 
 def test_a_transient_capture_lends_one_set_of_buffers_to_every_streamed_layer_until_released():

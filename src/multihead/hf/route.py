@@ -157,6 +157,9 @@ class Attachment:
     transient: bool = False
     #: the buffers this reader lends its streamed layers, made at the first one (see ``transient``)
     workspace: Workspace | None = None
+    #: whether a streamed layer's chunks may take more rows where their rows see fewer keys
+    #: (:func:`_widest`); False: every chunk takes the rows of all S keys its bytes hold
+    grow: bool = True
 
     def mask(self, site: AttentionSite, layer: int) -> Mask | None:
         """A mask this layer's attention is intersected with (True = may attend)."""
@@ -445,7 +448,7 @@ def routed(state: _SiteState, query: Tensor, key: Tensor, value: Tensor, mask: M
     streamed = _stream_rows(readers, mask, B, H, T, S, limit) if readers and not heads else None
     if streamed is not None:
         # rows from the budget (no reader asked for a row count): a chunk may take more rows where they see fewer keys
-        grow = not any(a.rows is not None for a in readers)
+        grow = all(a.grow for a in readers) and not any(a.rows is not None for a in readers)
         out = _chunked(site, layer, readers, query, key, value, as_mask(mask), streamed, limit, scale, softcap,
                        sinks, gates, fill, call_memo, grow)
         return out, None
