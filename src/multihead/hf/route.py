@@ -578,9 +578,10 @@ def _at_least_rows(limit: int, row_bytes: int) -> int:
     :data:`MIN_CHUNK_ROWS` rows of ``row_bytes`` (a row over every key: B·H·S·4) — the rows of a
     long text's last chunks, which see every key: the products' key packing and a chunk's fixed
     Python and small operations are paid once a chunk, and 85 rows a chunk (SmolLM2's nine heads
-    at 8,192 tokens in 24 MiB) pay them over few rows; 170 rows (48 MiB) took the analysis 27.4 →
-    25.6 s there, while 48 MiB chunks at 1k and 4k tokens, which hold more than 170 rows anyway,
-    were 2-3 % slower (one process alternating them, AMD EPYC, two threads)."""
+    at 8,192 tokens in 24 MiB) pay them over few rows; with at least 160 (45 MiB) SmolLM2
+    bfloat16's analysis there took 29.2 → 26.6 s (128: 26.9), while 48 MiB chunks at 1k and 4k
+    tokens, which hold more than 160 rows anyway, were 2-3 % slower (one process alternating
+    them, AMD EPYC, two threads)."""
     return max(limit, min(2 * limit, MIN_CHUNK_ROWS * row_bytes))
 
 
