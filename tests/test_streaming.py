@@ -121,10 +121,17 @@ def test_a_streamed_capture_equals_the_whole_maps_and_leaves_outputs_alone(name)
                 assert K == min(S, start + 3)
 
 
-def test_a_causal_layers_chunks_take_as_many_rows_as_their_own_keys_fit():
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_causal_layers_chunks_take_as_many_rows_as_their_own_keys_fit(padded):
     model = build("llama (GQA)")
-    ids = inputs("llama (GQA)", model)["input_ids"][:1]
-    batch = {"input_ids": ids.repeat(1, 4)}  # one text of 40 tokens, no padding: the causal mask
+    ids = inputs("llama (GQA)", model)["input_ids"][:1].repeat(1, 4)
+    # one text of 40 tokens: the causal mask, known by its structure; or two, the second right-padded: the
+    # model's mask a tensor, each row's last key read from it
+    batch = {"input_ids": ids}
+    if padded:
+        valid = torch.ones(2, ids.shape[1], dtype=torch.long)
+        valid[1, -5:] = 0
+        batch = {"input_ids": ids.repeat(2, 1), "attention_mask": valid}
     dense: dict[int, torch.Tensor] = {}
     with mh.hf.AttentionCapture(model, lambda c: dense.__setitem__(c.layer, c.weights)), torch.no_grad():
         want = model(**batch).last_hidden_state
@@ -158,6 +165,22 @@ def test_a_causal_layers_chunks_take_as_many_rows_as_their_own_keys_fit():
     with capture, torch.no_grad():
         model(**batch)
     assert [(start, c) for layer, start, c in fixed if layer == 0] == [(s, min(6, T - s)) for s in range(0, T, 6)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 40), st.integers(1, 30), st.floats(0.0, 1.0), st.integers(0, 2**31 - 1))
+def test_each_rows_last_key_read_once_a_layer_answers_as_the_chunks_rows_evaluated(B, T, S, density, seed):
+    from multihead.hf import route
+    from multihead.masks import Rows, from_tensor
+
+    g = torch.Generator().manual_seed(seed)
+    keep = torch.rand(B, 1, T, S, generator=g) < density  # rows that see nothing among them
+    mask = from_tensor(keep)
+    lasts = route._row_last_keys(mask, T, S, torch.device("cpu"))
+    for start in range(T):
+        last_key = route._running_last(lasts, start, S)
+        for end in range(start + 1, T + 1):
+            assert last_key(end) == route._last_key(Rows(mask, start, T, S), end, torch.device("cpu"))
 
 
 def test_a_transient_capture_lends_one_set_of_buffers_to_every_streamed_layer_until_released():

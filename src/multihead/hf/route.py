@@ -542,12 +542,18 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
     if grow:
         largest = max(largest, limit // 4)
     workspace = _lent_workspace(readers[0], largest) if reuse else None
+    # a mask whose structure does not bound its rows' keys (a tensor: padding, a model's own sliding window):
+    # each row's last visible key, read once a layer, for the chunks to grow by
+    lasts = None
+    if grow and mask is not None and query.device.type != "meta" and Rows(mask, 0, T, S).last_key(1) is None:
+        lasts = _row_last_keys(mask, T, S, query.device)
     start = 0
     while start < T:
         stop = min(T, start + rows_per_chunk)
         rows = None if mask is None else Rows(mask, start, T, S)  # this chunk's rows of the mask
         if grow and rows is not None:
-            stop = _widest(rows, stop, T, B * H * 4, limit, lambda keys: key_grid(value, keys))
+            last_key = rows.last_key if lasts is None else _running_last(lasts, start, S)
+            stop = _widest(start, stop, T, B * H * 4, limit, last_key, lambda keys: key_grid(value, keys))
         while True:  # as many rows as fit ``limit`` bytes of map (at least one)
             K = S if rows is None else _last_key(rows, stop, query.device) + 1
             fit = max(1, limit // (B * H * K * 4))
@@ -585,20 +591,46 @@ def _at_least_rows(limit: int, row_bytes: int) -> int:
     return max(limit, min(2 * limit, MIN_CHUNK_ROWS * row_bytes))
 
 
-def _widest(rows: Rows, stop: int, T: int, entry_bytes: int, limit: int, grid: Callable[[int], int]) -> int:
-    """The end of the widest chunk from ``rows.start`` (at least to ``stop``, at most to T) whose
-    map fits ``limit`` bytes over the keys its rows may see as its products take them (``grid``:
+def _row_last_keys(mask: Mask, T: int, S: int, device: torch.device) -> Tensor:
+    """Each query row's last key any text or head may see, (T,) int64 on the host (-1: none) —
+    one pass over the mask's (B|1, 1|H, T, S) values, block by block of rows."""
+    lasts = torch.empty(T, dtype=torch.long)
+    keys = torch.arange(S, device=device)
+    for start in range(0, T, 1024):
+        c = min(1024, T - start)
+        seen = Rows(mask, start, T, S).materialize(c, S, device=device)  # (…, c, S) bool
+        seen = seen.reshape(-1, c, S).any(0)  # (c, S): any text, any head
+        lasts[start:start + c] = torch.where(seen, keys, -1).amax(-1).cpu()  # (c,)
+    return lasts
+
+
+def _running_last(lasts: Tensor, start: int, S: int) -> Callable[[int], int]:
+    """The last key any of rows ``start .. end - 1`` may see, as :meth:`Rows.last_key` answers it,
+    from each row's own (``lasts``, :func:`_row_last_keys`): S - 1 where none may see a key, as
+    :func:`_last_key` takes such rows (the kernel's to zero over every key)."""
+    running = lasts[start:].cummax(0).values.tolist()  # once a chunk: the bisection reads it a dozen times
+
+    def last_key(end: int) -> int:
+        found = running[end - start - 1]
+        return found if found >= 0 else S - 1
+
+    return last_key
+
+
+def _widest(start: int, stop: int, T: int, entry_bytes: int, limit: int, last_key: Callable[[int], int | None],
+            grid: Callable[[int], int]) -> int:
+    """The end of the widest chunk from ``start`` (at least to ``stop``, at most to T) whose
+    map fits ``limit`` bytes over the keys its rows may see (``last_key(end)``: the last key any of
+    rows start .. end - 1 may see, None where it is not known) as its products take them (``grid``:
     the half products' key grid, :func:`~multihead.attn.precision.key_grid`; ``entry_bytes`` a row
     and key: B·H·4), by bisection — (rows) x (their last key + 1) grows
     with its end. Every chunk costs the same Python and small operations (~2 ms for an analysis's
     readers, AMD EPYC) and its products a packing of the keys: the rows of S keys a chunk of
     ``limit`` bytes holds (85 at 8k tokens for SmolLM2's nine heads) are, over a causal layer's
-    first rows, a small fraction of what fits. ``stop`` where the mask's structure does not bound
-    its rows' keys (:meth:`~multihead.masks.Rows.last_key`)."""
-    start = rows.start
+    first rows, a small fraction of what fits. ``stop`` where ``last_key`` does not know them."""
 
     def fits(end: int) -> bool:
-        last = rows.last_key(end)
+        last = last_key(end)
         if last is None:
             return False
         return (end - start) * grid(max(last, 0) + 1) * entry_bytes <= limit  # the workspace's buffers hold it
