@@ -183,6 +183,20 @@ def test_each_rows_last_key_read_once_a_layer_answers_as_the_chunks_rows_evaluat
             assert last_key(end) == route._last_key(Rows(mask, start, T, S), end, torch.device("cpu"))
 
 
+def test_each_rows_last_key_is_read_in_blocks_of_rows_when_rows_are_long():
+    from multihead.hf import route
+    from multihead.masks import from_tensor
+
+    T, S = 70, 100_000  # blocks of 20 rows
+    keep = torch.zeros(1, 1, T, S, dtype=torch.bool)
+    for i in range(T):
+        keep[0, 0, i, :1000 * i + 5] = True
+    keep[0, 0, 33] = False  # a row that sees nothing
+    want = torch.tensor([1000 * i + 4 for i in range(T)])
+    want[33] = -1
+    assert torch.equal(route._row_last_keys(from_tensor(keep), T, S, torch.device("cpu")), want)
+
+
 def test_a_transient_capture_lends_one_set_of_buffers_to_every_streamed_layer_until_released():
     model = build("llama (GQA)")
     batch = inputs("llama (GQA)", model)

@@ -593,11 +593,13 @@ def _at_least_rows(limit: int, row_bytes: int) -> int:
 
 def _row_last_keys(mask: Mask, T: int, S: int, device: torch.device) -> Tensor:
     """Each query row's last key any text or head may see, (T,) int64 on the host (-1: none) —
-    one pass over the mask's (B|1, 1|H, T, S) values, block by block of rows."""
+    one pass over the mask's (B|1, 1|H, T, S) values, in blocks of rows of 2^21 keys (their key
+    numbers, int32, 8 MiB at most beside the chunks' buffers)."""
     lasts = torch.empty(T, dtype=torch.long)
-    keys = torch.arange(S, device=device)
-    for start in range(0, T, 1024):
-        c = min(1024, T - start)
+    keys = torch.arange(S, dtype=torch.int32, device=device)
+    block = max(1, (1 << 21) // S)
+    for start in range(0, T, block):
+        c = min(block, T - start)
         seen = Rows(mask, start, T, S).materialize(c, S, device=device)  # (…, c, S) bool
         seen = seen.reshape(-1, c, S).any(0)  # (c, S): any text, any head
         lasts[start:start + c] = torch.where(seen, keys, -1).amax(-1).cpu()  # (c,)
