@@ -122,7 +122,7 @@ def test_a_streamed_capture_equals_the_whole_maps_and_leaves_outputs_alone(name)
 
 
 @pytest.mark.parametrize("padded", [False, True])
-def test_a_causal_layers_chunks_take_as_many_rows_as_their_own_keys_fit(padded):
+def test_a_causal_layers_chunks_take_as_many_rows_as_their_own_keys_fit(padded, monkeypatch):
     model = build("llama (GQA)")
     ids = inputs("llama (GQA)", model)["input_ids"][:1].repeat(1, 4)
     # one text of 40 tokens: the causal mask, known by its structure; or two, the second right-padded: the
@@ -137,13 +137,14 @@ def test_a_causal_layers_chunks_take_as_many_rows_as_their_own_keys_fit(padded):
         want = model(**batch).last_hidden_state
     B, H, T, S = dense[0].shape
     row_bytes = B * H * S * 4  # a row of every key, float32
-    # bytes for three such rows: fewer than a chunk holds at least, so twice that (and no more) is its budget
-    assert mh.hf.route._at_least_rows(3 * row_bytes, row_bytes) == 6 * row_bytes
-    assert mh.hf.route._at_least_rows(200 * row_bytes, row_bytes) == 200 * row_bytes
+    # a CPU's bytes for three such rows: fewer than a chunk holds at least, so twice that (and no more)
+    assert mh.hf.route.at_least_rows(3 * row_bytes, row_bytes) == 6 * row_bytes
+    assert mh.hf.route.at_least_rows(200 * row_bytes, row_bytes) == 200 * row_bytes
+    monkeypatch.setattr(mh.hf.route, "CHUNK_BYTES", 3 * row_bytes)
     entries = 6 * S  # a chunk's map: at most B·H·entries float32
     rows: dict[int, list] = {}
     with mh.hf.AttentionCapture(model, lambda c: rows.setdefault(c.layer, []).append((c.start, c.weights)),
-                                budget=1, chunk_bytes=3 * row_bytes), torch.no_grad():
+                                budget=1), torch.no_grad():
         got = model(**batch).last_hidden_state
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
     for layer, maps in dense.items():
@@ -158,13 +159,30 @@ def test_a_causal_layers_chunks_take_as_many_rows_as_their_own_keys_fit(padded):
             stop = start + c
             assert stop == T or (c + 1) * (stop + 1) > entries  # the widest that fits: one more row would not
             torch.testing.assert_close(w, maps[:, :, start:stop, :K], atol=1e-12, rtol=0)
-    fixed: list = []  # a reader that does not let them grow (the memory plan's trace): rows of every key
+    # a reader that does not let them grow (the memory plan's trace) and gives its own bytes (which stand):
+    # rows of every key, three a chunk
+    fixed: list = []
     capture = mh.hf.AttentionCapture(model, lambda c: fixed.append((c.layer, c.start, c.weights.shape[2])), budget=1,
                                      chunk_bytes=3 * row_bytes)
     capture.grow = False
     with capture, torch.no_grad():
         model(**batch)
-    assert [(start, c) for layer, start, c in fixed if layer == 0] == [(s, min(6, T - s)) for s in range(0, T, 6)]
+    assert [(start, c) for layer, start, c in fixed if layer == 0] == [(s, min(3, T - s)) for s in range(0, T, 3)]
+
+
+def test_the_widest_chunk_fits_its_keys_on_their_grid():
+    from multihead.hf.route import _widest
+
+    def widest(lasts, stop, limit, S=100):
+        return _widest(0, stop, len(lasts), S, 1, limit, lambda end: max(lasts[:end]), lambda k: -(-k // 8) * 8)
+
+    causal = list(range(40))  # row i sees keys 0..i
+    assert widest(causal, 2, 10_000) == 40  # everything fits: to the end
+    end = widest(causal, 2, 100)  # rows x their keys on a grid of 8
+    assert end * (-(-end // 8) * 8) <= 100 < (end + 1) * (-(-(end + 1) // 8) * 8)
+    assert widest(causal, 12, 100) == 12  # what is asked for does not fit: as asked
+    assert widest([-1] * 40, 2, 250) == 2  # rows that see no key: S keys each, no growth
+    assert widest(causal, 2, 100) != widest([c + 8 for c in causal], 2, 100)  # the keys, not the rows, decide
 
 
 @settings(max_examples=80, deadline=None)

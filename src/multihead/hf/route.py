@@ -56,10 +56,12 @@ READ_DTYPE = torch.float32
 #: measured 4-5x slower per pass over a 37 MB map than over two of 19 MB.
 CHUNK_BYTES = 24 << 20
 #: A layer's map (B·H·T·S float32) above this many bytes is streamed to its readers in chunks of
-#: query rows (at most :data:`CHUNK_BYTES` each) instead of being formed whole: 16 sentences of
-#: 512 tokens of a 12-head model stay whole, one 4,096-token document of SmolLM2 (604 MB) streams.
+#: query rows (:data:`CHUNK_BYTES` each, up to twice that: :func:`at_least_rows`) instead of being
+#: formed whole: 16 sentences of 512 tokens of a 12-head model stay whole, one 4,096-token document
+#: of SmolLM2 (604 MB) streams.
 MAP_BUDGET = 256 << 20
-#: A streamed chunk holds at least this many rows of every key where twice its bytes hold them (:func:`_at_least_rows`).
+#: On a CPU, a streamed chunk holds at least this many rows of every key where twice its bytes hold them
+#: (:func:`at_least_rows`).
 MIN_CHUNK_ROWS = 160
 #: On a CUDA device the caching allocator has no page-fault cliff: a chunk may take this share of
 #: the memory free when the layer runs (larger chunks, fewer kernel launches), within the bounds
@@ -444,7 +446,8 @@ def routed(state: _SiteState, query: Tensor, key: Tensor, value: Tensor, mask: M
     if readers and not heads:
         given = [a.chunk_bytes for a in readers if a.chunk_bytes is not None]
         limit = min(given) if given else chunk_bytes(query.device)  # once per layer call, not per chunk
-        limit = _at_least_rows(limit, B * H * S * 4)
+        if not given and query.device.type == "cpu":  # the CPU's rule, as measured there; a caller's bytes stand
+            limit = at_least_rows(limit, B * H * S * 4)
     streamed = _stream_rows(readers, mask, B, H, T, S, limit) if readers and not heads else None
     if streamed is not None:
         # rows from the budget (no reader asked for a row count): a chunk may take more rows where they see fewer keys
@@ -551,11 +554,15 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
     while start < T:
         stop = min(T, start + rows_per_chunk)
         rows = None if mask is None else Rows(mask, start, T, S)  # this chunk's rows of the mask
+        known = None if lasts is None else _running_last(lasts, start, S)  # the rows' last keys, without the mask
         if grow and rows is not None:
-            last_key = rows.last_key if lasts is None else _running_last(lasts, start, S)
-            stop = _widest(start, stop, T, B * H * 4, limit, last_key, lambda keys: key_grid(value, keys))
+            last_key = rows.last_key if known is None else known
+            stop = _widest(start, stop, T, S, B * H * 4, limit, last_key, lambda keys: key_grid(value, keys))
         while True:  # as many rows as fit ``limit`` bytes of map (at least one)
-            K = S if rows is None else _last_key(rows, stop, query.device) + 1
+            if rows is None:
+                K = S
+            else:
+                K = (known(stop) if known is not None else _last_key(rows, stop, query.device)) + 1
             fit = max(1, limit // (B * H * K * 4))
             if stop - start <= fit:
                 break
@@ -579,25 +586,27 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
     return outs  # (B, H, T, Dv)
 
 
-def _at_least_rows(limit: int, row_bytes: int) -> int:
-    """A chunk's bytes: ``limit``, or up to twice that where ``limit`` would hold fewer than
-    :data:`MIN_CHUNK_ROWS` rows of ``row_bytes`` (a row over every key: B·H·S·4) — the rows of a
-    long text's last chunks, which see every key: the products' key packing and a chunk's fixed
-    Python and small operations are paid once a chunk, and 85 rows a chunk (SmolLM2's nine heads
-    at 8,192 tokens in 24 MiB) pay them over few rows; with at least 160 (45 MiB) SmolLM2
-    bfloat16's analysis there took 29.2 → 26.6 s (128: 26.9), while 48 MiB chunks at 1k and 4k
-    tokens, which hold more than 160 rows anyway, were 2-3 % slower (one process alternating
-    them, AMD EPYC, two threads)."""
+def at_least_rows(limit: int, row_bytes: int) -> int:
+    """A chunk's bytes on a CPU by default (and in a memory plan for one): ``limit``, or up to
+    twice that where ``limit`` would hold fewer than :data:`MIN_CHUNK_ROWS` rows of ``row_bytes``
+    (a row over every key: B·H·S·4) — the rows of a long text's last chunks, which see every key:
+    the products' key packing and a chunk's fixed Python and small operations are paid once a
+    chunk, and 85 rows a chunk (SmolLM2's nine heads at 8,192 tokens in 24 MiB) pay them over few
+    rows; with at least 160 (45 MiB) SmolLM2 bfloat16's analysis there took 29.2 → 26.6 s (128:
+    26.9), while 48 MiB chunks at 1k and 4k tokens, which hold more than 160 rows anyway, were
+    2-3 % slower (one process alternating them, AMD EPYC, two threads)."""
     return max(limit, min(2 * limit, MIN_CHUNK_ROWS * row_bytes))
 
 
 def _row_last_keys(mask: Mask, T: int, S: int, device: torch.device) -> Tensor:
     """Each query row's last key any text or head may see, (T,) int64 on the host (-1: none) —
-    one pass over the mask's (B|1, 1|H, T, S) values, in blocks of rows of 2^21 keys (their key
-    numbers, int32, 8 MiB at most beside the chunks' buffers)."""
+    one pass over the mask's (B|1, 1|H, T, S) values, in blocks of rows of 2^21 entries of every
+    text and head (the mask's values, a bool copy and the keys' numbers in int32: ~16 MiB at most
+    beside the chunks' buffers, at a layer's start)."""
     lasts = torch.empty(T, dtype=torch.long)
     keys = torch.arange(S, dtype=torch.int32, device=device)
-    block = max(1, (1 << 21) // S)
+    leading = Rows(mask, 0, T, S).materialize(1, S, device=device).numel() // S  # texts x heads the mask has
+    block = max(1, (1 << 21) // (S * leading))
     for start in range(0, T, block):
         c = min(block, T - start)
         seen = Rows(mask, start, T, S).materialize(c, S, device=device)  # (…, c, S) bool
@@ -607,9 +616,9 @@ def _row_last_keys(mask: Mask, T: int, S: int, device: torch.device) -> Tensor:
 
 
 def _running_last(lasts: Tensor, start: int, S: int) -> Callable[[int], int]:
-    """The last key any of rows ``start .. end - 1`` may see, as :meth:`Rows.last_key` answers it,
-    from each row's own (``lasts``, :func:`_row_last_keys`): S - 1 where none may see a key, as
-    :func:`_last_key` takes such rows (the kernel's to zero over every key)."""
+    """The last key any of rows ``start .. end - 1`` may see, from each row's own (``lasts``,
+    :func:`_row_last_keys`), as :func:`_last_key` answers it by evaluating the rows: S - 1 where
+    none may see a key (the kernel's to zero over every key)."""
     running = lasts[start:].cummax(0).values.tolist()  # once a chunk: the bisection reads it a dozen times
 
     def last_key(end: int) -> int:
@@ -619,23 +628,25 @@ def _running_last(lasts: Tensor, start: int, S: int) -> Callable[[int], int]:
     return last_key
 
 
-def _widest(start: int, stop: int, T: int, entry_bytes: int, limit: int, last_key: Callable[[int], int | None],
-            grid: Callable[[int], int]) -> int:
+def _widest(start: int, stop: int, T: int, S: int, entry_bytes: int, limit: int,
+            last_key: Callable[[int], int | None], grid: Callable[[int], int]) -> int:
     """The end of the widest chunk from ``start`` (at least to ``stop``, at most to T) whose
     map fits ``limit`` bytes over the keys its rows may see (``last_key(end)``: the last key any of
-    rows start .. end - 1 may see, None where it is not known) as its products take them (``grid``:
-    the half products' key grid, :func:`~multihead.attn.precision.key_grid`; ``entry_bytes`` a row
-    and key: B·H·4), by bisection — (rows) x (their last key + 1) grows
-    with its end. Every chunk costs the same Python and small operations (~2 ms for an analysis's
-    readers, AMD EPYC) and its products a packing of the keys: the rows of S keys a chunk of
-    ``limit`` bytes holds (85 at 8k tokens for SmolLM2's nine heads) are, over a causal layer's
-    first rows, a small fraction of what fits. ``stop`` where ``last_key`` does not know them."""
+    rows start .. end - 1 may see, None where it is not known; negative: none, S keys then, as the
+    kernel zeroes such rows over every key) as its products take them (``grid``: the half products'
+    key grid, :func:`~multihead.attn.precision.key_grid`; ``entry_bytes`` a row and key: B·H·4), by
+    bisection — (rows) x (their keys) grows with the end, except after leading rows that see no key
+    (S keys, then fewer): there the end found fits but may not be the widest. Every chunk costs the
+    same Python and small operations (~2 ms for an analysis's readers, AMD EPYC) and its products a
+    packing of the keys: the rows of S keys a chunk of ``limit`` bytes holds (85 at 8k tokens for
+    SmolLM2's nine heads) are, over a causal layer's first rows, a small fraction of what fits.
+    ``stop`` where ``last_key`` does not know them."""
 
     def fits(end: int) -> bool:
         last = last_key(end)
         if last is None:
             return False
-        return (end - start) * grid(max(last, 0) + 1) * entry_bytes <= limit  # the workspace's buffers hold it
+        return (end - start) * grid(S if last < 0 else last + 1) * entry_bytes <= limit  # the workspace holds it
 
     if stop >= T or not fits(stop):
         return stop

@@ -48,7 +48,7 @@ from ...hf.load import empty_model
 from ...hf.model import HFModel, takes
 from ...hf.paths import model_path
 from ...hf.placement import auto_dtype, mapped_places, resident_bytes
-from ...hf.route import AttentionChunk, chunk_bytes
+from ...hf.route import AttentionChunk, at_least_rows, chunk_bytes
 from ..probes.retrieval import NEEDLE
 from ..probes.retrieval import PROBE as RETRIEVAL
 from ..stats import native
@@ -209,14 +209,19 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     body = empty_model(_one_layer_of_each_kind(config), dtype, base=True)
     work = NATIVE_READER_WORK if device.type == "cpu" and dtype != torch.float64 and native.available() else \
         READER_WORK
-    forward, largest, events = _traced(body, batch, tokens, chunk=chunk, budget=budget, limit=limit, work=work)
+    def bytes_for(texts: int, length: int) -> int:  # a chunk's bytes as the run's capture takes them on its device
+        return at_least_rows(limit, texts * H * length * 4) if device.type == "cpu" else limit
+
+    forward, largest, events = _traced(body, batch, tokens, chunk=chunk, budget=budget, limit=bytes_for(batch, tokens),
+                                       work=work)
     rules = heap_rules() if device.type == "cpu" else None
     holes = max(_replayed(events, rules) - forward, 0) if rules else 0
     probe = 0
     if probes:
-        probe = max(_traced(body, *INDUCTION_SHAPE, chunk=None, budget=budget, limit=limit, work=work)[0],
-                    _traced(body, 1, RETRIEVAL["haystack"] + 2 * NEEDLE + 1, chunk=256, budget=budget,
-                            limit=limit, work=work)[0])
+        haystack = RETRIEVAL["haystack"] + 2 * NEEDLE + 1
+        probe = max(_traced(body, *INDUCTION_SHAPE, chunk=None, budget=budget, limit=bytes_for(*INDUCTION_SHAPE),
+                            work=work)[0],
+                    _traced(body, 1, haystack, chunk=256, budget=budget, limit=bytes_for(1, haystack), work=work)[0])
     return MemoryPlan(name, str(device), str(dtype).removeprefix("torch."), tokens, batch, weights, forward,
                       statistics, end, probe, largest, host, available, holes, places)
 
