@@ -35,17 +35,17 @@ class AttentionCapture(Attachment):
     model's one self-attention stack; ``stack`` is the same as a stack name in ``at``. Layers are
     numbered within their stack (:func:`~multihead.hf.sites.find_sites`).
 
-    ``budget``: map bytes (B·H·T·S float32) above which a layer is streamed in chunks of query
-    rows (default :data:`~multihead.hf.route.MAP_BUDGET`); ``chunk``: stream every layer in
-    chunks of at most this many rows whatever its size; ``chunk_bytes``: the most map bytes of one
-    streamed chunk (default :func:`~multihead.hf.route.chunk_bytes` of the layer's device: the
-    CPU's heap rule — up to twice that where it would hold fewer than 160 rows of every key,
-    :func:`~multihead.hf.route.at_least_rows` —, a share of the free memory on CUDA). A streamed chunk's keys end after the
-    last one any of its rows may see (K <= S; the keys after it have weight 0). ``transient``: the
-    callback keeps nothing of a chunk's tensors once it returns (it copies what it keeps): a
-    streamed layer's maps are then made in buffers its next chunk reuses, and the next streamed
-    layer's — faster on a CPU, and a kept ``chunk.weights`` would be overwritten; the capture holds
-    them (one chunk's maps) until :meth:`release` or its end.
+    ``budget``: map bytes (B·H·T·S float32) above which a layer is streamed in chunks of query rows
+    (default :data:`~multihead.hf.route.MAP_BUDGET`); ``chunk``: stream every layer in chunks of at
+    most this many rows whatever its size; ``chunk_bytes``: the most map bytes of one streamed chunk
+    (default :func:`~multihead.hf.route.chunk_bytes` of the layer's device: the CPU's heap rule — up
+    to twice that where it would hold fewer than 160 rows of every key,
+    :func:`~multihead.hf.route.at_least_rows` —, a share of the free memory on CUDA). A streamed
+    chunk's keys end after the last one any of its rows may see (K <= S; the keys after it have
+    weight 0). ``transient``: the callback keeps nothing of a chunk's tensors once it returns (it
+    copies what it keeps): a streamed layer's maps are then made in buffers its next chunk reuses,
+    and the next streamed layer's — faster on a CPU, and a kept ``chunk.weights`` would be
+    overwritten; the capture holds them (one chunk's maps) until :meth:`release` or its end.
     """
 
     reads = True
