@@ -170,6 +170,36 @@ def test_a_causal_layers_chunks_take_as_many_rows_as_their_own_keys_fit(padded, 
     assert [(start, c) for layer, start, c in fixed if layer == 0] == [(s, min(3, T - s)) for s in range(0, T, 3)]
 
 
+@pytest.mark.parametrize("name", ["gemma3 (window 4, local and global layers)", "gpt-oss (sinks)",
+                                  "deepseek-v3 (latent K/V, Dv 6 < Dk 8)", "t5"])
+def test_grown_chunks_equal_the_whole_maps_on_windows_sinks_latent_keys_and_an_encoder(name, monkeypatch):
+    model = build(name)
+    batch = inputs(name, model, T=24)  # two texts, one padded: the model's mask a tensor
+    stack = "encoder" if name == "t5" else None
+    dense: dict[int, torch.Tensor] = {}
+    with mh.hf.AttentionCapture(model, lambda c: dense.__setitem__(c.layer, c.weights), stack=stack), \
+            torch.no_grad():
+        want = model(**batch).last_hidden_state
+    B, H, T, S = dense[0].shape
+    monkeypatch.setattr(mh.hf.route, "CHUNK_BYTES", 2 * B * H * S * 4)  # two rows of every key (four, the floor)
+    rows: dict[int, list] = {}
+    with mh.hf.AttentionCapture(model, lambda c: rows.setdefault(c.layer, []).append((c.start, c.weights.clone())),
+                                stack=stack, budget=1, transient=True), torch.no_grad():
+        got = model(**batch).last_hidden_state
+    tol = 1e-12 if model.dtype == torch.float64 else 2e-6  # float32 (experts): a chunk's products may round apart
+    out_tol = tol if model.dtype == torch.float64 else tol * float(want.abs().max())
+    torch.testing.assert_close(got, want, atol=out_tol, rtol=0)
+    for layer, maps in dense.items():
+        sizes = [w.shape[2] for _, w in rows[layer]]
+        assert sum(sizes) == T
+        if name != "t5":  # causal: the first rows see few keys, their chunk more than four rows
+            assert sizes[0] > 4
+        for start, w in rows[layer]:
+            K = w.shape[-1]
+            torch.testing.assert_close(w, maps[:, :, start:start + w.shape[2], :K], atol=tol, rtol=0)
+            assert not maps[:, :, start:start + w.shape[2], K:].any()
+
+
 def test_the_widest_chunk_fits_its_keys_on_their_grid():
     from multihead.hf.route import _widest
 
