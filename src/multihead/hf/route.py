@@ -127,12 +127,15 @@ class AttentionChunk:
         return self.site.output_weight()
 
 
-def chunk_bytes(device: Any, free: int | None = None) -> int:
+def chunk_bytes(device: Any, free: int | None = None, row_bytes: int = 0) -> int:
     """The most bytes of one streamed chunk's map (float32) on ``device``: :data:`CHUNK_BYTES` on a
-    CPU (the heap rule) and any other device, :data:`CUDA_CHUNK_SHARE` of the free memory on CUDA
-    (``free``: bytes, default ``torch.cuda.mem_get_info``), between :data:`CHUNK_BYTES` and
-    :data:`CUDA_CHUNK_MAX`."""
+    CPU (the heap rule; up to twice that where it would hold fewer than :data:`MIN_CHUNK_ROWS` rows
+    of ``row_bytes``, a row over every key, B·H·S·4: :func:`at_least_rows`) and any other device,
+    :data:`CUDA_CHUNK_SHARE` of the free memory on CUDA (``free``: bytes, default
+    ``torch.cuda.mem_get_info``), between :data:`CHUNK_BYTES` and :data:`CUDA_CHUNK_MAX`."""
     device = torch.device(device)
+    if device.type == "cpu":
+        return at_least_rows(CHUNK_BYTES, row_bytes)
     if device.type != "cuda":
         return CHUNK_BYTES
     if free is None:  # the driver's free memory and what PyTorch's cache holds unused: both are ours to take
@@ -445,9 +448,8 @@ def routed(state: _SiteState, query: Tensor, key: Tensor, value: Tensor, mask: M
     limit = 0
     if readers and not heads:
         given = [a.chunk_bytes for a in readers if a.chunk_bytes is not None]
-        limit = min(given) if given else chunk_bytes(query.device)  # once per layer call, not per chunk
-        if not given and query.device.type == "cpu":  # the CPU's rule, as measured there; a caller's bytes stand
-            limit = at_least_rows(limit, B * H * S * 4)
+        # once per layer call, not per chunk; a caller's own bytes stand
+        limit = min(given) if given else chunk_bytes(query.device, row_bytes=B * H * S * 4)
     streamed = _stream_rows(readers, mask, B, H, T, S, limit) if readers and not heads else None
     if streamed is not None:
         # rows from the budget (no reader asked for a row count): a chunk may take more rows where they see fewer keys
@@ -587,7 +589,7 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
 
 
 def at_least_rows(limit: int, row_bytes: int) -> int:
-    """A chunk's bytes on a CPU by default (and in a memory plan for one): ``limit``, or up to
+    """A chunk's bytes on a CPU by default (:func:`chunk_bytes`): ``limit``, or up to
     twice that where ``limit`` would hold fewer than :data:`MIN_CHUNK_ROWS` rows of ``row_bytes``
     (a row over every key: B·H·S·4) — the rows of a long text's last chunks, which see every key:
     the products' key packing and a chunk's fixed Python and small operations are paid once a

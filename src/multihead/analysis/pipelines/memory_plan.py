@@ -48,7 +48,7 @@ from ...hf.load import empty_model
 from ...hf.model import HFModel, takes
 from ...hf.paths import model_path
 from ...hf.placement import auto_dtype, mapped_places, resident_bytes
-from ...hf.route import AttentionChunk, at_least_rows, chunk_bytes
+from ...hf.route import AttentionChunk, chunk_bytes
 from ..probes.retrieval import NEEDLE
 from ..probes.retrieval import PROBE as RETRIEVAL
 from ..stats import native
@@ -210,7 +210,7 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     work = NATIVE_READER_WORK if device.type == "cpu" and dtype != torch.float64 and native.available() else \
         READER_WORK
     def bytes_for(texts: int, length: int) -> int:  # a chunk's bytes as the run's capture takes them on its device
-        return at_least_rows(limit, texts * H * length * 4) if device.type == "cpu" else limit
+        return chunk_bytes(device, free=room, row_bytes=texts * H * length * 4)
 
     forward, largest, events = _traced(body, batch, tokens, chunk=chunk, budget=budget, limit=bytes_for(batch, tokens),
                                        work=work)
