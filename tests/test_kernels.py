@@ -84,7 +84,11 @@ def test_sdpa_matches_math_forward_and_backward(cfg, dtype):
 def test_gqa_matches_torch_enable_gqa(Hkv):
     q, k, v = rand_qkv(2, 4, Hkv, 7, 9, 8, 8, torch.float32)
     keep = masks.padding([9, 4]).materialize(7, 9)
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
+    if "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or ""):
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
+    else:  # torch < 2.5: the same heads, each key/value head repeated for its group of query heads
+        k_all, v_all = (t.repeat_interleave(4 // Hkv, dim=1) for t in (k, v))  # (B, H, S, D)
+        want = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=keep)
     for backend in ("math", "sdpa", "auto"):
         got, _ = mh.attention(q, k, v, masks.padding([9, 4]), backend=backend)
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)

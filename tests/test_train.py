@@ -132,6 +132,9 @@ def test_bad_configs_fail_clearly(tmp_path, capsys):
 @pytest.mark.slow
 def test_fsdp_two_processes_smoke_test_equals_one_process(tmp_path):
     pytest.importorskip("torch.distributed.fsdp")
+    if tuple(int(n) for n in torch.__version__.split(".")[:2]) < (2, 7):
+        pytest.skip("FSDP2 on the CPU: torch 2.6's fails in its first all-gather ('Stream' object has no attribute "
+                    "'record_event'; measured), 2.13's runs")
     subprocess.run([sys.executable, "-m", "multihead.train", str(_config(tmp_path, "one", steps=6, every=6))],
                    check=True, env=_env(), timeout=300)
     path = _config(tmp_path, "fsdp", steps=6, every=6)

@@ -112,7 +112,9 @@ def test_smollm2_induction_heads_are_induction_with_a_sink_and_a_planted_no_op_i
                        ablation=6, redundancy=False, induction=False)
     record = again.head(sink.layer, sink.head)
     assert all(r.degenerate is not None for r in again.heads if r.flags)  # every candidate was measured exactly
-    assert record.degenerate is True and record.metrics["zero_ablation"] == 0.0, record
+    # zero to the last bit with torch 2.13's kernels; 2.6's round the batched ablated copies and the
+    # intact run apart by 4.9e-7 nats (measured): no effect either way, far inside the noise
+    assert record.degenerate is True and abs(record.metrics["zero_ablation"]) < 1e-5, record
     assert record in again.flagged()
 
 

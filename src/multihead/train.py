@@ -122,7 +122,10 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
     if fsdp:  # shard every block's and the rest's parameters, gradients and optimiser state across ranks
         if resuming:
             raise ValueError("resuming an FSDP run is not supported yet; start it in a new folder")
-        from torch.distributed.fsdp import fully_shard
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:  # torch 2.4-2.5 have FSDP2 under its first, private name
+            from torch.distributed._composable.fsdp import fully_shard
 
         for block in model.layers:
             fully_shard(block)

@@ -8,7 +8,7 @@ import os
 import pickle
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -164,9 +164,14 @@ def empty_model(config: Any, dtype: Any, *, base: bool = False) -> Any:
     import torch
     from transformers import AutoModel
 
+    auto = AutoModel if base else model_class(config)
+    with suppress(KeyError, AttributeError, ValueError):
+        # the model's module imported here, not under the meta device: with torch 2.6, transformers'
+        # generation module reads a tensor's .item() as it is imported, which a meta tensor refuses
+        auto._model_mapping[type(config)]
     with torch.device("meta"), warnings.catch_warnings(), _quiet("transformers.modeling_utils"):
         warnings.simplefilter("ignore")
-        return (AutoModel if base else model_class(config)).from_config(config, dtype=dtype).eval()
+        return auto.from_config(config, dtype=dtype).eval()
 
 
 def _check_room(config: Any, where: dict, shown: str) -> None:
