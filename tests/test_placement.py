@@ -7,6 +7,8 @@ gets float32 maps.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given
@@ -17,6 +19,8 @@ from architectures import build, inputs
 from multihead.analysis.interventions.ablation import ablation_effects, attribution_effects
 from multihead.analysis.interventions.direct import direct_logit_attribution
 from multihead.analysis.interventions.patching import EXAMPLES, patch_heads
+from multihead.analysis.stats import native
+from multihead.hf.model import HFModel
 from multihead.hf.placement import (
     Placement,
     PlacementError,
@@ -267,3 +271,97 @@ def test_weights_replaced_inside_take_a_gradient_again_after():
     with pytest.raises(RuntimeError, match="inside"), gate_gradients_only(model):
         raise RuntimeError("inside")
     assert {name: p.requires_grad for name, p in model.named_parameters(remove_duplicate=False)} == before
+
+
+# -- a model on a GPU, and split across two (stand-ins on the CPU: tests/second_device.py) ----------------------
+
+def _tiny_llama(tokenizer) -> HFModel:
+    """A small random Llama (4 layers of 4 / 2 KV heads) over SmolLM2's tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return HFModel(LlamaForCausalLM(config).eval(), tokenizer, "tiny-llama", Path("."), True, 4, 4, 2, 256)
+
+
+def _every_feature(model: HFModel) -> dict:
+    """Capture (sentences, and a document streamed in chunks of 8 rows), gates (zero / mean
+    ablation, the gradient estimate), patching, direct logit attribution, what-if and gradient
+    importance."""
+    clean, corrupt, answer, wrong = EXAMPLES["capital"]
+    found = {"analyze": mh.analyze(model, TEXTS, coreference=False, progress=False),
+             "streamed": mh.analyze(model, [" ".join(TEXTS * 3)], coreference=False, progress=False, chunk=8)}
+    effects = ablation_effects(model, TEXTS, heads=[(0, 0), (2, 1), (3, 3)])
+    found |= {"zero": effects.zero, "mean": effects.mean, "attribution": attribution_effects(model, TEXTS[:2]),
+              "patched": patch_heads(model, clean, corrupt, answer, wrong, [(2, 1)]),
+              "logit attribution": direct_logit_attribution(model, clean, answer, wrong)}
+    what_if = mh.analysis.what_if(model, TEXTS[:1], "window=4")
+    found["what-if"] = (what_if.loss, what_if.replaced)
+
+    def batches(m):
+        yield dict(m.tokenizer(TEXTS[:2], return_tensors="pt", padding=True))
+
+    def loss(outputs, batch):
+        return outputs.logits[:, :-1].float().logsumexp(-1).mean(-1)  # (B,)
+
+    found["importance"] = mh.head_importance(model, batches(model), loss).scores
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", [None, 2], ids=["on one GPU", "split across two GPUs"])
+def test_a_model_on_gpus_gives_what_it_gives_on_the_cpu(smollm2, split, monkeypatch):
+    """Every feature on a model whose layers run on one stand-in GPU, or half on each of two (as
+    accelerate's device map runs them), where an operation mixing devices raises as CUDA does:
+    the numbers equal the CPU's. Readers keep their sums on the inputs' device, so the capture
+    hands them each chunk there (one from the second GPU had met sums on the first and failed, as
+    had redundancy's W^O of a layer there, the induction probe's host index into a GPU's map and
+    the ablation's host sums of a GPU's losses)."""
+    from second_device import devices, place
+
+    monkeypatch.setenv(native.ENV, "0")  # the eager readers, as on a GPU (the compiled ones read host memory)
+    native._library.cache_clear()
+    try:
+        want = _every_feature(_tiny_llama(smollm2.tokenizer))
+        model = _tiny_llama(smollm2.tokenizer)
+        place(model.model, model.model.model.layers, split)
+        assert str(model.device) == "cpu:1"
+        with devices():
+            got = _every_feature(model)
+    finally:
+        monkeypatch.undo()
+        native._library.cache_clear()
+    exact = dict(atol=1e-5, rtol=1e-5, equal_nan=True)
+    for name in ("analyze", "streamed"):
+        assert [h.label for h in got[name].heads] == [h.label for h in want[name].heads]
+        for metric in want[name].heads[0].metrics:
+            torch.testing.assert_close(torch.tensor([h.metrics[metric] for h in got[name].heads], dtype=torch.float64),
+                                       torch.tensor([h.metrics[metric] for h in want[name].heads],
+                                                    dtype=torch.float64), **exact, msg=f"{name}: {metric}")
+    for mode in want["attribution"]:
+        torch.testing.assert_close(got["attribution"][mode].cpu(), want["attribution"][mode], **exact)
+    for name in ("zero", "mean", "logit attribution", "importance"):
+        torch.testing.assert_close(got[name].cpu(), want[name], **exact, msg=name)
+    assert got["patched"] == pytest.approx(want["patched"], abs=1e-5)
+    assert got["what-if"] == pytest.approx(want["what-if"], abs=1e-5)
+
+
+def test_the_stand_in_devices_refuse_what_cuda_refuses():
+    """tests/second_device.py: mixing the two devices, or a device with a host tensor, raises; a
+    host scalar, a host index and explicit moves do not."""
+    from second_device import FIRST, SECOND, devices
+
+    with devices():
+        host = torch.arange(6.0)
+        first, second = host.to(FIRST), host.to(SECOND)
+        assert (first.device, second.device, (first + 1).device, first.sum().device) == (FIRST, SECOND, FIRST, FIRST)
+        for mixed in (lambda: first + second, lambda: first * host, lambda: first.gather(0, torch.tensor([1]))):
+            with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+                mixed()
+        assert torch.equal((first + torch.tensor(2.0)).cpu(), host + 2)  # a host scalar
+        assert first[torch.tensor([1, 2])].device == FIRST  # a host index
+        assert torch.equal((first.to(SECOND) + second).cpu(), 2 * host)
+        assert torch.zeros(2, device=second.device).device == SECOND
+        first[0] = 7.0
+        assert host[0] == 0  # a move copies

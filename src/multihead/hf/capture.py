@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from torch import Tensor
 
 from .model import ModelLike, as_module
+from .placement import input_device, spans_devices
 from .route import MAP_BUDGET, Attachment, AttentionChunk
 from .sites import AttentionSite, find_sites, select
 
@@ -49,6 +50,9 @@ class AttentionCapture(Attachment):
     """
 
     reads = True
+    #: where chunks are handed over (set on entering: the inputs' device for a model over several
+    #: devices; None: where the layers made them, all on one device — or on meta, traced by a plan)
+    device = None
 
     def __init__(self, model: ModelLike, callback: LayerCallback, *, at: str | Sequence[str] | None = None,
                  stack: str | None = None, chunk: int | None = None, budget: int = MAP_BUDGET,
@@ -88,5 +92,12 @@ class AttentionCapture(Attachment):
     def site_of(self, layer: int) -> AttentionSite | None:
         return next((site for site, at in self.where if at == layer), None)
 
+    def __enter__(self):
+        # where the callback gets every chunk: the inputs' device, where a reader's sums live; a layer
+        # that a device map put on another GPU hands its chunks over there (as the model hands its
+        # hidden states from layer to layer), so no reader ever meets two devices
+        self.device = input_device(self.model) if spans_devices(self.model) else None  # else where they are
+        return super().__enter__()
+
     def read(self, chunk: AttentionChunk) -> None:
-        self.callback(chunk)
+        self.callback(chunk.to(self.device) if self.device is not None else chunk)

@@ -299,6 +299,13 @@ def input_device(model: Any) -> Any:
     return torch.device("cpu")
 
 
+def spans_devices(model: Any) -> bool:
+    """Whether the model's weights are on more than one device (a device map over several GPUs, or
+    a GPU with weights offloaded to the host): its layers' attention then comes from where each
+    layer runs."""
+    return len({p.device for p in model.parameters() if p.device.type != "meta"}) > 1
+
+
 def is_offloaded(model: Any) -> bool:
     """Whether accelerate keeps some of the model's weights off their execution device (on the CPU
     or disk, brought in for each forward): those weights cannot be edited in place."""

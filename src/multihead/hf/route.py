@@ -123,8 +123,21 @@ class AttentionChunk:
         return self.start == 0 and self.last and self.weights.shape[-1] == self.keys
 
     def output_projection(self) -> Tensor | None:
-        """W^O of the layer, (D, H·Dv), or None when it cannot be found."""
+        """W^O of the layer, (D, H·Dv), or None when it cannot be found (on the layer's device)."""
         return self.site.output_weight()
+
+    def to(self, device: torch.device) -> AttentionChunk:
+        """This chunk with its tensors on ``device`` (itself where they are there already): the
+        chunk of a layer that a device map put on another GPU, for readers that keep their sums on
+        one device. Its ``memo`` starts afresh (what readers derive is then derived there); the
+        layer call's ``call_memo`` is shared, as every chunk of the call comes the same way."""
+        device = torch.device(device)
+        if self.weights.device == device:
+            return self
+        return AttentionChunk(self.site, self.layer, self.start, self.rows, self.keys,
+                              self.weights.to(device, non_blocking=True), self.outputs.to(device, non_blocking=True),
+                              self.visible.to(device, non_blocking=True), self.call_memo,
+                              entropy=None if self.entropy is None else self.entropy.to(device, non_blocking=True))
 
 
 def chunk_bytes(device: Any, free: int | None = None, row_bytes: int = 0) -> int:

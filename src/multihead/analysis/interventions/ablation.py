@@ -150,7 +150,7 @@ def ablation_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence[st
                     change = _ablated(model, batch, [cell for _, cell in group], intact, blocks, outputs,
                                       means if mode == "mean" else None)  # (R, B)
                     picked = torch.tensor([n for n, _ in group])
-                    per_text[mode][picked[:, None], index[None, :]] += change
+                    per_text[mode][picked[:, None], index[None, :]] += change.cpu()  # a pass's (R, B), once
             del outputs
     denominator = len(texts) if _objective(model) == "cosine" else tokens
     found: dict[str, Tensor] = {}
@@ -311,8 +311,8 @@ def _run(model: HFModel, batch: dict[str, Tensor]) -> Tensor:
         logits = logits[scored]
     logits = logits.reshape(-1, logits.shape[-1])  # (N, V)
     loss = F.cross_entropy(logits, targets[scored], reduction="none")  # (N,)
-    row = torch.arange(ids.shape[0])[:, None].expand_as(scored)[scored]  # (N,) each row's example
-    return torch.zeros(ids.shape[0], dtype=torch.float64).index_add_(0, row, loss.double())  # (B,)
+    row = torch.arange(ids.shape[0], device=ids.device)[:, None].expand_as(scored)[scored]  # (N,) each row's example
+    return torch.zeros(ids.shape[0], dtype=torch.float64, device=loss.device).index_add_(0, row, loss.double())  # (B,)
 
 
 @contextlib.contextmanager
@@ -360,7 +360,7 @@ def _head_means(model: HFModel, batches: list[dict[str, Tensor]]) -> Tensor:
 
     def add(chunk: AttentionChunk) -> None:
         out = chunk.outputs  # (B, H, c, Dv)
-        keep = valid_box[0][:, chunk.start:chunk.stop].to(out.dtype)[:, None, :, None]  # (B, 1, c, 1) real tokens
+        keep = valid_box[0][:, chunk.start:chunk.stop].to(out.device, out.dtype)[:, None, :, None]  # (B, 1, c, 1) real
         total = (out * keep).sum(dim=(0, 2)).double()  # (H, Dv)
         layer = chunk.layer
         sums[layer] = total if layer not in sums else sums[layer] + total

@@ -61,9 +61,10 @@ def induction_scores(model: HFModel, *, count: int = 32, length: int = 40, seed:
         layer = chunk.layer
         if not chunk.whole:  # the probe's texts are short: a streamed chunk is padded back to the whole map
             raise ValueError("the induction probe reads whole maps; its texts fit any memory budget")
-        rows = chunk.weights[:, :, queries].to(torch.float64)  # (B, H, Q, S)
-        dup = rows.gather(-1, (queries - length).view(1, 1, -1, 1).expand(*rows.shape[:3], 1))  # (B, H, Q, 1)
-        ind = rows.gather(-1, (queries - length + 1).view(1, 1, -1, 1).expand(*rows.shape[:3], 1))
+        repeated = queries.to(chunk.weights.device)  # gather's index lives where the map does (a GPU's)
+        rows = chunk.weights[:, :, repeated].to(torch.float64)  # (B, H, Q, S)
+        dup = rows.gather(-1, (repeated - length).view(1, 1, -1, 1).expand(*rows.shape[:3], 1))  # (B, H, Q, 1)
+        ind = rows.gather(-1, (repeated - length + 1).view(1, 1, -1, 1).expand(*rows.shape[:3], 1))
         for key, picked in (("duplicate_token", dup), ("induction", ind)):
             each = picked.sum(dim=(2, 3)).cpu()  # (B, H) per sequence
             sums[key][layer] += each.sum(0)

@@ -233,12 +233,14 @@ class RedundancyStatistics(ReducerBase):
                     # batched product over the heads that reads both in place (no copy; 3-4x an einsum's speed);
                     # in the model's dtype (its own W^O, no float32 copy of it)
                     mine = contrib[layer * H:(layer + 1) * H]  # (H, D, rows), contiguous
-                    w_o = self._w_o[layer].to(outputs.dtype).permute(1, 0, 2)  # (H, D, Dv)
-                    if staging is None:
-                        torch.bmm(w_o, outputs[layer, :, r:r + n].transpose(1, 2), out=mine)
+                    w_o = self._w_o[layer].to(outputs.dtype).permute(1, 0, 2)  # (H, D, Dv), where its layer is
+                    rows = outputs[layer, :, r:r + n].transpose(1, 2)  # (H, Dv, rows)
+                    if w_o.device != mine.device:  # a layer a device map put on another GPU: its product
+                        mine.copy_(torch.bmm(w_o, rows.to(w_o.device)))  # there (no copy of its W^O here)
+                    elif staging is None:
+                        torch.bmm(w_o, rows, out=mine)
                     else:
-                        mine.copy_(torch.bmm(w_o, outputs[layer, :, r:r + n].transpose(1, 2),
-                                             out=staging[:H * D * n].view(H, D, n)))
+                        mine.copy_(torch.bmm(w_o, rows, out=staging[:H * D * n].view(H, D, n)))
                     # unit vectors layer by layer, while the layer's part is in cache: (H, 1, rows) norms summed
                     # in float32 whatever the block's dtype (2x .norm(dim=1)'s speed for float32)
                     if compiled:
