@@ -35,6 +35,37 @@ def test_an_8b_model_is_planned_from_its_config_without_weights():
     assert "weights 14.96 GiB" in str(small) and "of 22.35 GiB available" in str(small)
 
 
+def test_a_model_spread_over_two_gpus_is_planned_device_by_device():
+    """Llama-3-8B-shaped over two 24 GB GPUs (accelerate's map inferred on the meta device, as
+    loading would infer it): one plan a GPU, their weights the whole model's between them, the
+    readers' sums, views and end-of-batch work on the first (the inputs' device, where the capture
+    hands every chunk), only its own layers' pass on the second — and a second GPU too small for
+    its share refused as the first would be."""
+    config = LlamaConfig(**LLAMA_3_8B)
+    gpus = dict(device_map="auto", max_memory={0: "10GiB", 1: "10GiB"}, dtype="bfloat16")
+    first, second = mh.analysis.plan_devices(config, 8192, available={0: 24 * 10**9, 1: 24 * 10**9}, **gpus)
+    whole = mh.analysis.plan(config, 8192, dtype="bfloat16", device="cuda", available=24 * 10**9)
+    assert (first.device, second.device) == ("cuda:0", "cuda:1")
+    assert first.weights + second.weights == whole.weights and 0 < first.weights <= 10 * 2**30
+    assert first.statistics == whole.statistics > 0 and first.host == whole.host > 0
+    assert second.statistics == second.host == second.end_of_batch == 0 and second.forward > 0
+    assert "cuda:1: its layers only, the readers on cuda:0" in str(second)
+    assert first.fits and second.fits
+    cramped = mh.analysis.plan_devices(config, 32768, available={0: 24 * 10**9, 1: second.weights + 2**20}, **gpus)
+    assert cramped[0].fits and not cramped[1].fits
+    with pytest.raises(mh.analysis.PlanError, match="cuda:1: its layers only"):
+        plan_module.check_plan(cramped[1])
+    # one GPU and the rest on disk: one plan, the GPU's weights and the largest module swapped in
+    mapped = {"model.embed_tokens": 0, **{f"model.layers.{i}": 0 if i < 16 else "disk" for i in range(32)},
+              "model.norm": 0, "model.rotary_emb": 0, "lm_head": 0}
+    (offloaded,) = mh.analysis.plan_devices(config, 8192, device_map=mapped, dtype="bfloat16", available=24 * 10**9)
+    layer = (4096 * 4096 * 2 + 4096 * 1024 * 2 + 3 * 4096 * 14336 + 2 * 4096) * 2  # one decoder layer in bfloat16
+    assert offloaded.device == "cuda:0" and offloaded.weights == whole.weights - 16 * layer + layer
+    assert offloaded.statistics == whole.statistics
+    # a model on one device: the plan it always had
+    assert mh.analysis.plan_devices(config, 8192, dtype="bfloat16", device="cuda", available=24 * 10**9) == [whole]
+
+
 def test_the_plan_counts_the_weights_of_a_loaded_model_exactly(smollm2):
     found = mh.analysis.plan(smollm2, 1024)
     real = {id(t): t.numel() * t.element_size() for t in [*smollm2.model.parameters(), *smollm2.model.buffers()]}

@@ -37,6 +37,7 @@ __all__ = [
            "patch",
            "patch_heads",
            "plan",
+           "plan_devices",
            "rollout",
            "text_views",
            "what_if",
@@ -64,6 +65,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names come from
         attention_maps,
         collect_statistics,
         plan,
+        plan_devices,
         rollout,
         text_views,
     )
@@ -80,7 +82,7 @@ _NAMES = {
                      "what_if"), ".interventions"),
     **dict.fromkeys(("flags_for", "label_for"), ".labels"),
     **dict.fromkeys(("CorpusStatistics", "MemoryPlan", "PlanError", "Rollout", "analyze", "attention_maps",
-                     "collect_statistics", "plan", "rollout", "text_views"), ".pipelines"),
+                     "collect_statistics", "plan", "plan_devices", "rollout", "text_views"), ".pipelines"),
     **dict.fromkeys(("SCHEMA", "HeadRecord", "Report"), ".report"),
     **dict.fromkeys(("METRICS", "HeadStatistics", "RedundancyStatistics", "clusters", "most_redundant"), ".stats"),
 }

@@ -79,7 +79,7 @@ class Placement:
         if isinstance(self.device_map, str) and self.device_map not in DEVICE_MAPS:
             raise PlacementError("device_map", f"{self.device_map!r} is not one of {', '.join(DEVICE_MAPS)} (or "
                                  "accelerate's dict of module -> device)")
-        _memory_entries(self.max_memory)
+        memory_entries(self.max_memory)
         if self.offload_folder is not None:
             folder = Path(self.offload_folder)
             if folder.exists() and not folder.is_dir():
@@ -191,7 +191,7 @@ def parse_max_memory(spec: str | dict | None) -> dict[int | str, int] | None:
     """``"0=20GiB,cpu=60GiB"`` (or a dict of the same) as accelerate's ``max_memory``: GPU index or
     ``cpu``/``mps``/``disk`` -> bytes. ValueError naming the entry and the expected form, or a GPU
     this machine does not have."""
-    out = _memory_entries(spec)
+    out = memory_entries(spec)
     gpus = [d for d in out or {} if isinstance(d, int)]
     if gpus:
         import torch
@@ -204,7 +204,7 @@ def parse_max_memory(spec: str | dict | None) -> dict[int | str, int] | None:
     return out
 
 
-def _memory_entries(spec: str | dict | None) -> dict[int | str, int] | None:
+def memory_entries(spec: str | dict | None) -> dict[int | str, int] | None:
     """:func:`parse_max_memory` without asking which GPUs are there (no torch)."""
     if spec is None:
         return None
@@ -297,6 +297,45 @@ def input_device(model: Any) -> Any:
         if p.device.type != "meta":
             return p.device
     return torch.device("cpu")
+
+
+def execution_devices(device_map: dict) -> list[Any]:
+    """The devices a model under accelerate's ``device_map`` computes on, in the map's order: its
+    accelerators (accelerate's integers for CUDA GPUs, or names), and for weights it keeps on the host
+    or disk the first of them, where they are swapped in (the CPU when the map names none)."""
+    import torch
+
+    named = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
+             for d in device_map.values() if d not in ("cpu", "disk")]
+    first = named[0] if named else torch.device("cpu")
+    return list(dict.fromkeys(named if len(named) == len(device_map) else [*named, first]))
+
+
+def mapped_weights(model: Any, device_map: dict) -> dict[Any, int]:
+    """Bytes of ``model``'s weights (meta tensors will do) on each of :func:`execution_devices`
+    while it runs under ``device_map``: those its map puts there, and on the first device the
+    largest module kept on the host or disk, swapped in for its forward (one at a time). Tied
+    weights count once."""
+    import torch
+
+    devices = execution_devices(device_map)
+    found = dict.fromkeys(devices, 0)
+    offloaded: dict[str, int] = {}
+    seen: set[int] = set()
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        key = max((k for k in device_map if k == "" or name == k or name.startswith(k + ".")), key=len, default=None)
+        if key is None:
+            continue
+        place, size = device_map[key], tensor.numel() * tensor.element_size()
+        if place == "disk" or (place == "cpu" and devices[0].type != "cpu"):  # swapped in where it runs
+            offloaded[key] = offloaded.get(key, 0) + size
+        else:
+            found[torch.device("cuda", place) if isinstance(place, int) else torch.device(place)] += size
+    found[devices[0]] += max(offloaded.values(), default=0)
+    return found
 
 
 def spans_devices(model: Any) -> bool:

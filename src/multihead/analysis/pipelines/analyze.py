@@ -55,7 +55,7 @@ from ..stats.redundancy import RedundancyStatistics, clusters, informative_group
 from ..stats.syntax import SyntaxStatistics, relation_keys
 from ..stats.typical import TypicalTexts
 from .common import all_ranks, corpus_fingerprint, encode_corpus, process_group, run_pass, shard, text_batches
-from .memory_plan import check_plan, plan
+from .memory_plan import check_plan, plan_devices
 from .views import head_views, text_views, token_views
 
 #: Labels with an evidence test: their heads' ablation effects are measured exactly.
@@ -477,15 +477,17 @@ def _collect(model: HFModel, texts: list[str], encoded, unknown: UnknownTokens, 
     if longest >= LONG_CONTEXT_TOKENS:  # a long run: what it will hold, said first, and refused if it cannot fit
         kept = len(set(views) & set(mine))
         parsed = [parses[i] for i in mine if parses[i] is not None] if parses is not None else []
-        try:
-            found = plan(model, longest, batch=min(batch_size, len(mine)), redundancy=redundancy, views=kept,
-                         probes=False, relations=len(relation_keys(parsed, model.is_causal)), chunk=chunk,
-                         budget=budget)
+        try:  # one plan for each device the run computes on (a model spread over GPUs: each GPU's)
+            found = plan_devices(model, longest, batch=min(batch_size, len(mine)), redundancy=redundancy,
+                                 views=kept, probes=False, relations=len(relation_keys(parsed, model.is_causal)),
+                                 chunk=chunk, budget=budget)
         except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:  # a model the trace cannot follow
             note(f"no memory plan for {model.name}: {' '.join(str(err).split())[:200]}", progress=progress)
         else:
-            note(str(found), progress=progress)
-            check_plan(found)
+            for each in found:
+                note(str(each), progress=progress)
+            for each in found:
+                check_plan(each)
     corpus = CorpusStatistics(
         heads=HeadStatistics(L, H), typical=TypicalTexts(L, H),
         redundancy=RedundancyStatistics(L, H) if redundancy else None,

@@ -47,7 +47,14 @@ from ...hf.capture import AttentionCapture
 from ...hf.load import empty_model
 from ...hf.model import HFModel, takes
 from ...hf.paths import model_path
-from ...hf.placement import auto_dtype, mapped_places, resident_bytes
+from ...hf.placement import (
+    auto_dtype,
+    execution_devices,
+    mapped_places,
+    mapped_weights,
+    memory_entries,
+    resident_bytes,
+)
 from ...hf.route import AttentionChunk, chunk_bytes
 from ..probes.retrieval import NEEDLE
 from ..probes.retrieval import PROBE as RETRIEVAL
@@ -58,7 +65,7 @@ from ..stats.redundancy import RedundancyStatistics, gram_dtype, js_budget
 from ..stats.syntax import SyntaxStatistics
 from ..stats.typical import TypicalTexts
 
-__all__ = ["NATIVE_READER_WORK", "READER_WORK", "MemoryPlan", "PlanError", "check_plan", "plan"]
+__all__ = ["NATIVE_READER_WORK", "READER_WORK", "MemoryPlan", "PlanError", "check_plan", "plan", "plan_devices"]
 
 #: The readers' temporaries on one chunk of c rows over K keys, in units of its float32 map
 #: (B·H·c·K·4 bytes; measured when every chunk held the rows of S keys its bytes fit, so that the
@@ -108,6 +115,9 @@ class MemoryPlan:
     #: where a device-mapped model's weights are (``cpu + disk``; "" for a model on one device): its
     #: ``weights`` are then those on ``device`` alone
     mapped: str = ""
+    #: for a device that only runs layers of a model spread over several: the device its chunks are
+    #: handed to, where the readers' sums are ("" where they are on this one)
+    readers_on: str = ""
 
     @property
     def working(self) -> int:
@@ -146,6 +156,8 @@ class MemoryPlan:
         counted = work - self._pass  # what the holes add to the tensors' peak (none where the end of batch is it)
         holes = f"; {_gib(counted)} of it the heap's holes" if counted > 0 else ""
         place = f"{self.mapped} (device map), planned for {self.device}" if self.mapped else self.device
+        if self.readers_on:
+            place += f": its layers only, the readers on {self.readers_on}"
         return (f"memory plan for {self.model} ({self.dtype} on {place}, {self.batch} x {self.tokens:,} "
                 f"tokens): weights {_gib(self.weights)} + pass {_gib(work)} (chunks of at most "
                 f"{self.chunk / 2**20:.0f} MiB{holes}) + statistics {_gib(self.statistics)}{on_cpu} = "
@@ -154,7 +166,8 @@ class MemoryPlan:
 
 def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None, device: Any = None,
          available: int | None = None, redundancy: bool = True, views: int = 1, probes: bool = True,
-         relations: int = 0, chunk: int | None = None, budget: int | None = None) -> MemoryPlan:
+         relations: int = 0, chunk: int | None = None, budget: int | None = None, weights: int | None = None,
+         readers_on: Any = None) -> MemoryPlan:
     """The memory plan of analysing ``batch`` texts of ``tokens`` tokens with ``model``: a loaded
     :class:`~multihead.hf.HFModel`, a transformers config, or a local model folder / known name
     (its config only). ``dtype`` / ``device``: the run's (default: the loaded model's, else
@@ -164,7 +177,10 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     ``relations``: the relation keys the run may score (0: no parses; ``stats.syntax.relation_keys``:
     spaCy's parse of a Penn Treebank document of 1k-8k tokens has 76-86, a causal model scores up
     to 48-60 of them: ~43 MiB of tables for a 28 x 12-head model, ~128 MiB for 32 x 32). Nothing
-    is allocated: every tensor is on ``meta``."""
+    is allocated: every tensor is on ``meta``. ``weights``: the bytes of weights on ``device``
+    (default: the model's, or for a device-mapped one those it holds there); ``readers_on``: for a
+    device that only runs layers of a model spread over several (:func:`plan_devices`), the device
+    its chunks go to — the readers' sums, views and end-of-batch work are planned there, not here."""
     if not isinstance(tokens, int) or tokens < 1 or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"tokens and batch must be positive integers; got {tokens!r}, {batch!r}")
     if not isinstance(relations, int) or isinstance(relations, bool) or relations < 0:
@@ -179,10 +195,13 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
         f"a {config.model_type} config"
     # a device-mapped model: only its weights on this device (kept there, or swapped in one module at a time)
     mapped = resident_bytes(loaded.model, device) if loaded and loaded.dtype == dtype else None
+    given = weights
     if mapped is not None:
         weights, places = mapped, mapped_places(loaded.model) or ""
-    else:
+    elif given is None:
         weights, places = _bytes(loaded.model if loaded and loaded.dtype == dtype else empty_model(config, dtype)), ""
+    if given is not None:
+        weights, places = given, places if mapped is not None else ""
     if available is None:
         free = available_memory(device)
         available = None if free is None else free + (weights if loaded is not None else 0)
@@ -195,6 +214,8 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     D = int(text.hidden_size)
     Dv = int(getattr(text, "head_dim", None) or D // H)
     statistics = end = host = 0
+    if readers_on is not None:  # the readers' sums are on another device: none of what follows is here
+        redundancy, views, relations = False, 0, 0
     if redundancy:
         held, end = RedundancyStatistics.planned_bytes(L, H, batch * tokens, tokens, D, Dv,
                                                        element_size=dtype.itemsize,
@@ -202,8 +223,9 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
                                                        budget=js_budget(device))
         statistics += held
     # the head metrics' running sums and bootstrap groups, the top texts, the syntax counts per relation
-    host = (HeadStatistics.planned_bytes(L, H) + TypicalTexts.planned_bytes(L, H, relations)
-            + SyntaxStatistics.planned_bytes(L, H, relations))
+    if readers_on is None:
+        host = (HeadStatistics.planned_bytes(L, H) + TypicalTexts.planned_bytes(L, H, relations)
+                + SyntaxStatistics.planned_bytes(L, H, relations))
     if views and tokens > 1:
         host += views * TextViews.planned_bytes(L, H, tokens)
     body = empty_model(_one_layer_of_each_kind(config), dtype, base=True)
@@ -223,7 +245,78 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
                             work=work)[0],
                     _traced(body, 1, haystack, chunk=256, budget=budget, limit=bytes_for(1, haystack), work=work)[0])
     return MemoryPlan(name, str(device), str(dtype).removeprefix("torch."), tokens, batch, weights, forward,
-                      statistics, end, probe, largest, host, available, holes, places)
+                      statistics, end, probe, largest, host, available, holes, places,
+                      "" if readers_on is None else str(torch.device(readers_on)))
+
+
+def plan_devices(model: HFModel | Any, tokens: int, *, device_map: str | dict | None = None,
+                 max_memory: str | dict | None = None, available: int | dict | None = None, dtype: Any = None,
+                 **options: Any) -> list[MemoryPlan]:
+    """A memory plan for each device a run computes on (:func:`plan` for each; ``options`` are
+    its). A model on one device has one. A model spread over several GPUs by accelerate — a loaded
+    one with its ``hf_device_map``, or a config or folder given ``device_map`` (``"auto"``,
+    ``"balanced"``, ``"sequential"`` with ``max_memory``, as :func:`~multihead.hf.load` takes
+    them, or accelerate's dict of module names to devices) — has one per GPU: each with the weights
+    the map puts there (the first also the largest module swapped in from the host or disk), the
+    pass of its own layers, and on the inputs' device (the first) the readers' sums and views, since
+    the capture hands every chunk there (its chunks sized for that device). ``available``: bytes per
+    device (a dict keyed as ``max_memory``: 0, "cuda:1", …), one number for every device, or None
+    (what each has free now, for a loaded model). Nothing is allocated."""
+    loaded = model if isinstance(model, HFModel) else None
+    config = loaded.model.config if loaded else _config(model)
+    mapping = getattr(loaded.model, "hf_device_map", None) if loaded else None
+    if loaded is None and device_map is not None:
+        mapping = _inferred_map(config, dtype, device_map, max_memory)
+    if not mapping:
+        return [plan(model, tokens, dtype=dtype, available=_room(available, options.get("device")), **options)]
+    options.pop("device", None)  # the map's devices
+    devices = execution_devices(mapping)
+    weights = {} if loaded is not None else mapped_weights(
+        empty_model(config, _dtype(dtype or auto_dtype(config, accelerated=True))), mapping)
+    home = devices[0]
+    return [plan(model, tokens, dtype=dtype, device=d, available=_room(available, d), weights=weights.get(d),
+                 readers_on=None if d == home else home, **options) for d in devices]
+
+
+def _inferred_map(config: Any, dtype: Any, device_map: str | dict, max_memory: str | dict | None) -> dict:
+    """accelerate's device map of ``config``'s model in ``dtype``, inferred on the meta device as
+    ``from_pretrained`` infers it (a dict is taken as it is)."""
+    if isinstance(device_map, dict):
+        return dict(device_map)
+    if device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
+        raise ValueError(f"device_map must be 'auto', 'balanced', 'sequential' or a dict; got {device_map!r}")
+    import logging
+
+    from accelerate import infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+
+    dtype = _dtype(dtype or auto_dtype(config, accelerated=True))
+    empty = empty_model(config, dtype)
+    limits = memory_entries(max_memory)  # GPUs this machine may not have: planned for
+    if limits is None:
+        raise ValueError("a device map planned without the devices needs max_memory (e.g. 0=80GiB,1=80GiB)")
+    quiet = logging.getLogger("accelerate.utils.modeling")  # "Device 0 is not available": it is planned for
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        blocks = list(getattr(empty, "_no_split_modules", None) or ())
+        if device_map != "sequential":
+            limits = get_balanced_memory(empty, max_memory=limits, no_split_module_classes=blocks, dtype=dtype,
+                                         low_zero=device_map == "balanced_low_0")
+        return infer_auto_device_map(empty, max_memory=limits, no_split_module_classes=blocks, dtype=dtype)
+    finally:
+        quiet.setLevel(level)
+
+
+def _room(available: int | dict | None, device: Any) -> int | None:
+    """The bytes ``available`` gives ``device`` (a dict keyed by accelerate's 0, 1, … or names)."""
+    if not isinstance(available, dict):
+        return available
+    device = torch.device(device) if device is not None else None
+    for key, value in available.items():
+        if device is not None and (torch.device("cuda", key) if isinstance(key, int) else torch.device(key)) == device:
+            return value
+    return None
 
 
 def check_plan(found: MemoryPlan) -> None:
