@@ -365,3 +365,43 @@ def test_the_stand_in_devices_refuse_what_cuda_refuses():
         assert torch.zeros(2, device=second.device).device == SECOND
         first[0] = 7.0
         assert host[0] == 0  # a move copies
+
+
+@pytest.mark.parametrize("name", ["bert", "t5"])
+def test_an_encoder_and_an_encoder_decoder_split_across_two_gpus_give_what_they_give_on_the_cpu(name, monkeypatch):
+    """BERT with its second layer on the second stand-in GPU (its ablation's objective, the pooled
+    last hidden state, then ends there), T5 with its decoder there (the cross-attention's keys come
+    from the first): every stack's metrics equal the CPU's."""
+    from architectures import build
+    from second_device import devices, place
+    from test_architectures import _word_tokenizer
+
+    def model() -> HFModel:
+        found = build(name, dtype=torch.float32)  # 2 layers (each stack) of 4 heads
+        return HFModel(found, _word_tokenizer(found.config.vocab_size), name, Path("."), False, 2, 4, 4, 128)
+
+    texts = ["w5 w6 w7 w8 w9 w10 w11", "w20 w21 w22 w23 w30", "w40 w41 w42 w43 w44 w45 w46 w47 w48"]
+    options = dict(ablation=3) if name == "bert" else dict(targets=["w20 w21 w22", "w30 w31", "w8 w9"])
+
+    def metrics(m: HFModel) -> dict:
+        report = mh.analyze(m, texts, coreference=False, batch_size=2, progress=False, **options)
+        stacks = {"main": report, **getattr(report, "stacks", {})}
+        return {(stack, h.layer, h.head, k): v for stack, r in stacks.items() for h in r.heads
+                for k, v in h.metrics.items() if isinstance(v, float)}
+
+    monkeypatch.setenv(native.ENV, "0")  # the eager readers, as on a GPU
+    native._library.cache_clear()
+    try:
+        want = metrics(model())
+        split = model()
+        place(split.model, split.model.encoder.layer if name == "bert" else split.model.decoder.block,
+              1 if name == "bert" else 0)
+        with devices():
+            got = metrics(split)
+    finally:
+        monkeypatch.undo()
+        native._library.cache_clear()
+    assert got.keys() == want.keys() and any(k[-1] == "zero_ablation" or k[0] == "cross" for k in want)
+    torch.testing.assert_close(torch.tensor(list(got.values()), dtype=torch.float64),
+                               torch.tensor(list(want.values()), dtype=torch.float64), atol=1e-5, rtol=1e-5,
+                               equal_nan=True)

@@ -296,7 +296,7 @@ def _run(model: HFModel, batch: dict[str, Tensor]) -> Tensor:
     kind = _objective(model)
     if kind == "cosine":
         hidden = model.body(input_ids=ids, attention_mask=attention, **model.no_cache).last_hidden_state  # (B, T, D)
-        keep = attention[..., None].to(hidden.dtype)
+        keep = attention[..., None].to(hidden.device, hidden.dtype)  # a device map may end on another GPU
         return (hidden * keep).sum(1) / keep.sum(1).clamp_min(1)  # (B, D)
     if kind == "next-token":  # position t predicts token t + 1
         targets = torch.where(attention[:, 1:].bool(), ids[:, 1:], torch.full_like(ids[:, 1:], -100))
