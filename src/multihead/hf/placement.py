@@ -338,11 +338,19 @@ def mapped_weights(model: Any, device_map: dict) -> dict[Any, int]:
     return found
 
 
+def model_devices(model: Any) -> list[Any]:
+    """The devices a model computes on: its device map's :func:`execution_devices`, else those its
+    weights are on (meta aside)."""
+    device_map = getattr(model, "hf_device_map", None)
+    if device_map:
+        return execution_devices(device_map)
+    return list(dict.fromkeys(p.device for p in model.parameters() if p.device.type != "meta"))
+
+
 def spans_devices(model: Any) -> bool:
-    """Whether the model's weights are on more than one device (a device map over several GPUs, or
-    a GPU with weights offloaded to the host): its layers' attention then comes from where each
-    layer runs."""
-    return len({p.device for p in model.parameters() if p.device.type != "meta"}) > 1
+    """Whether the model computes on more than one device (a device map over several GPUs): its
+    layers' attention then comes from where each layer runs."""
+    return len(model_devices(model)) > 1
 
 
 def is_offloaded(model: Any) -> bool:

@@ -167,7 +167,7 @@ class MemoryPlan:
 def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None, device: Any = None,
          available: int | None = None, redundancy: bool = True, views: int = 1, probes: bool = True,
          relations: int = 0, chunk: int | None = None, budget: int | None = None, weights: int | None = None,
-         readers_on: Any = None) -> MemoryPlan:
+         readers_on: Any = None, chunk_limit: int | None = None) -> MemoryPlan:
     """The memory plan of analysing ``batch`` texts of ``tokens`` tokens with ``model``: a loaded
     :class:`~multihead.hf.HFModel`, a transformers config, or a local model folder / known name
     (its config only). ``dtype`` / ``device``: the run's (default: the loaded model's, else
@@ -180,7 +180,9 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     is allocated: every tensor is on ``meta``. ``weights``: the bytes of weights on ``device``
     (default: the model's, or for a device-mapped one those it holds there); ``readers_on``: for a
     device that only runs layers of a model spread over several (:func:`plan_devices`), the device
-    its chunks go to — the readers' sums, views and end-of-batch work are planned there, not here."""
+    its chunks go to — the readers' sums, views and end-of-batch work are planned there, not here;
+    ``chunk_limit``: the most bytes of one chunk, where the run sets it (default: the device's own,
+    :func:`~multihead.hf.route.chunk_bytes`)."""
     if not isinstance(tokens, int) or tokens < 1 or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"tokens and batch must be positive integers; got {tokens!r}, {batch!r}")
     if not isinstance(relations, int) or isinstance(relations, bool) or relations < 0:
@@ -206,7 +208,7 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
         free = available_memory(device)
         available = None if free is None else free + (weights if loaded is not None else 0)
     room = None if available is None else max(available - weights, 0)
-    limit = chunk_bytes(device, free=room)
+    limit = chunk_bytes(device, free=room) if chunk_limit is None else chunk_limit
     budget = limit if budget is None else budget  # as the pipelines stream
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     L = _depth(text)
@@ -232,7 +234,8 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     work = NATIVE_READER_WORK if device.type == "cpu" and dtype != torch.float64 and native.available() else \
         READER_WORK
     def bytes_for(texts: int, length: int) -> int:  # a chunk's bytes as the run's capture takes them on its device
-        return chunk_bytes(device, free=room, row_bytes=texts * H * length * 4)
+        return chunk_limit if chunk_limit is not None else chunk_bytes(device, free=room,
+                                                                       row_bytes=texts * H * length * 4)
 
     forward, largest, events = _traced(body, batch, tokens, chunk=chunk, budget=budget, limit=bytes_for(batch, tokens),
                                        work=work)
@@ -274,8 +277,21 @@ def plan_devices(model: HFModel | Any, tokens: int, *, device_map: str | dict | 
     weights = {} if loaded is not None else mapped_weights(
         empty_model(config, _dtype(dtype or auto_dtype(config, accelerated=True))), mapping)
     home = devices[0]
-    return [plan(model, tokens, dtype=dtype, device=d, available=_room(available, d), weights=weights.get(d),
-                 readers_on=None if d == home else home, **options) for d in devices]
+    if loaded is not None:
+        weights = {d: resident_bytes(loaded.model, d) for d in devices}
+    rooms = {d: _room(available, d) for d in devices}
+    if loaded is not None:  # as plan() counts it: what is free now beside the weights already there
+        rooms = {d: room if room is not None else _free_beside(d, weights[d]) for d, room in rooms.items()}
+    # the run's rule (run_pass): every chunk no larger than any of the devices takes, each handed to the first
+    limit = min(chunk_bytes(d, free=None if rooms[d] is None else max(rooms[d] - weights[d], 0)) for d in devices)
+    return [plan(model, tokens, dtype=dtype, device=d, available=rooms[d], weights=weights[d],
+                 readers_on=None if d == home else home, chunk_limit=limit, **options) for d in devices]
+
+
+def _free_beside(device: Any, weights: int) -> int | None:
+    """What ``device`` has free now, plus the loaded weights already there (None: unknown)."""
+    free = available_memory(device)
+    return None if free is None else free + weights
 
 
 def _inferred_map(config: Any, dtype: Any, device_map: str | dict, max_memory: str | dict | None) -> dict:
