@@ -131,3 +131,22 @@ def test_the_streamed_analysis_on_cuda_waits_for_the_gpu_once_a_layer_not_once_a
     syncs = [w for w in seen if "synchroniz" in str(w.message)]
     assert stats.heads.result()["entropy"].isfinite().all()
     assert len(syncs) < chunks / 2, (len(syncs), chunks)
+
+
+#: texts and a patching example in the random decoder's words (its word-level tokenizer: one token a
+#: word; none starting w0 or w1, its special tokens, which would split them)
+WORD_TEXTS = ["w5 w6 w7 w8 w9 w22 w23 w24", "w20 w21 w22 w23 w24", "w30 w31 w32 w33 w34 w35 w36 w37 w38 w39"]
+WORD_EXAMPLE = ("w5 w6 w7 w8 w9", "w5 w6 w40 w8 w9", " w25", " w26")
+
+
+@pytest.mark.slow
+def test_every_feature_on_cuda_equals_the_cpu():
+    """Capture, a streamed document, zero / mean ablation, the gradient estimate, patching, direct
+    logit attribution, what-if and gradient importance of a random decoder on the GPU equal the
+    CPU's (on the CPU this is rehearsed on stand-in devices: tests/test_placement.py)."""
+    from test_placement import assert_same_features, every_feature
+
+    heads = ((0, 0), (2, 1), (3, 11))
+    want = every_feature(_random_decoder("cpu"), WORD_TEXTS, WORD_EXAMPLE, heads)
+    got = every_feature(_random_decoder("cuda"), WORD_TEXTS, WORD_EXAMPLE, heads)
+    assert_same_features(got, want, tol=1e-4)

@@ -285,28 +285,46 @@ def _tiny_llama(tokenizer) -> HFModel:
     return HFModel(LlamaForCausalLM(config).eval(), tokenizer, "tiny-llama", Path("."), True, 4, 4, 2, 256)
 
 
-def _every_feature(model: HFModel) -> dict:
-    """Capture (sentences, and a document streamed in chunks of 8 rows), gates (zero / mean
-    ablation, the gradient estimate), patching, direct logit attribution, what-if and gradient
-    importance."""
-    clean, corrupt, answer, wrong = EXAMPLES["capital"]
-    found = {"analyze": mh.analyze(model, TEXTS, coreference=False, progress=False),
-             "streamed": mh.analyze(model, [" ".join(TEXTS * 3)], coreference=False, progress=False, chunk=8)}
-    effects = ablation_effects(model, TEXTS, heads=[(0, 0), (2, 1), (3, 3)])
-    found |= {"zero": effects.zero, "mean": effects.mean, "attribution": attribution_effects(model, TEXTS[:2]),
-              "patched": patch_heads(model, clean, corrupt, answer, wrong, [(2, 1)]),
+def every_feature(model: HFModel, texts: list[str] = TEXTS, example: tuple[str, ...] = EXAMPLES["capital"],
+                  heads: tuple[tuple[int, int], ...] = ((0, 0), (2, 1), (3, 3))) -> dict:
+    """Capture (``texts``, and them as one document streamed in chunks of 8 rows), gates (zero /
+    mean ablation of ``heads``, the gradient estimate), patching and direct logit attribution on
+    ``example`` (clean, corrupt, answer, wrong), what-if and gradient importance: what each gives."""
+    clean, corrupt, answer, wrong = example
+    found = {"analyze": mh.analyze(model, texts, coreference=False, progress=False),
+             "streamed": mh.analyze(model, [" ".join(texts * 3)], coreference=False, progress=False, chunk=8)}
+    effects = ablation_effects(model, texts, heads=list(heads))
+    found |= {"zero": effects.zero, "mean": effects.mean, "attribution": attribution_effects(model, texts[:2]),
+              "patched": patch_heads(model, clean, corrupt, answer, wrong, [heads[1]]),
               "logit attribution": direct_logit_attribution(model, clean, answer, wrong)}
-    what_if = mh.analysis.what_if(model, TEXTS[:1], "window=4")
+    what_if = mh.analysis.what_if(model, texts[:1], "window=4")
     found["what-if"] = (what_if.loss, what_if.replaced)
 
     def batches(m):
-        yield dict(m.tokenizer(TEXTS[:2], return_tensors="pt", padding=True))
+        yield dict(m.tokenizer(texts[:2], return_tensors="pt", padding=True))
 
     def loss(outputs, batch):
         return outputs.logits[:, :-1].float().logsumexp(-1).mean(-1)  # (B,)
 
     found["importance"] = mh.head_importance(model, batches(model), loss).scores
     return found
+
+
+def assert_same_features(got: dict, want: dict, tol: float = 1e-5) -> None:
+    """Two :func:`every_feature` results equal within ``tol`` (labels exactly), wherever computed."""
+    close = dict(atol=tol, rtol=tol, equal_nan=True)
+    for name in ("analyze", "streamed"):
+        assert [h.label for h in got[name].heads] == [h.label for h in want[name].heads]
+        for metric in want[name].heads[0].metrics:
+            torch.testing.assert_close(torch.tensor([h.metrics[metric] for h in got[name].heads], dtype=torch.float64),
+                                       torch.tensor([h.metrics[metric] for h in want[name].heads],
+                                                    dtype=torch.float64), **close, msg=f"{name}: {metric}")
+    for mode in want["attribution"]:
+        torch.testing.assert_close(got["attribution"][mode].cpu(), want["attribution"][mode], **close)
+    for name in ("zero", "mean", "logit attribution", "importance"):
+        torch.testing.assert_close(got[name].cpu(), want[name], **close, msg=name)
+    assert got["patched"] == pytest.approx(want["patched"], abs=tol)
+    assert got["what-if"] == pytest.approx(want["what-if"], abs=tol)
 
 
 @pytest.mark.slow
@@ -323,28 +341,16 @@ def test_a_model_on_gpus_gives_what_it_gives_on_the_cpu(smollm2, split, monkeypa
     monkeypatch.setenv(native.ENV, "0")  # the eager readers, as on a GPU (the compiled ones read host memory)
     native._library.cache_clear()
     try:
-        want = _every_feature(_tiny_llama(smollm2.tokenizer))
+        want = every_feature(_tiny_llama(smollm2.tokenizer))
         model = _tiny_llama(smollm2.tokenizer)
         place(model.model, model.model.model.layers, split)
         assert str(model.device) == "cpu:1"
         with devices():
-            got = _every_feature(model)
+            got = every_feature(model)
     finally:
         monkeypatch.undo()
         native._library.cache_clear()
-    exact = dict(atol=1e-5, rtol=1e-5, equal_nan=True)
-    for name in ("analyze", "streamed"):
-        assert [h.label for h in got[name].heads] == [h.label for h in want[name].heads]
-        for metric in want[name].heads[0].metrics:
-            torch.testing.assert_close(torch.tensor([h.metrics[metric] for h in got[name].heads], dtype=torch.float64),
-                                       torch.tensor([h.metrics[metric] for h in want[name].heads],
-                                                    dtype=torch.float64), **exact, msg=f"{name}: {metric}")
-    for mode in want["attribution"]:
-        torch.testing.assert_close(got["attribution"][mode].cpu(), want["attribution"][mode], **exact)
-    for name in ("zero", "mean", "logit attribution", "importance"):
-        torch.testing.assert_close(got[name].cpu(), want[name], **exact, msg=name)
-    assert got["patched"] == pytest.approx(want["patched"], abs=1e-5)
-    assert got["what-if"] == pytest.approx(want["what-if"], abs=1e-5)
+    assert_same_features(got, want)
 
 
 def test_the_stand_in_devices_refuse_what_cuda_refuses():
