@@ -143,13 +143,13 @@ def devices() -> Iterator[None]:
 def place(model: torch.nn.Module, layers: torch.nn.ModuleList, split: int | None = None) -> None:
     """Put ``model`` on :data:`FIRST` — and ``layers[split:]`` on :data:`SECOND` — as accelerate's
     device map does: parameters and buffers there, and every module's tensor arguments brought to
-    its device before it runs (the modules after the layers, such as the final norm, take theirs
-    back to the first)."""
+    its device before it runs, by an instance ``forward`` wrapping the module's own as accelerate's
+    hooks do (the modules after the layers, such as the final norm, take theirs back to the first)."""
     second = {id(m) for layer in (layers[split:] if split is not None else []) for m in layer.modules()}
     for module in model.modules():
         device = SECOND if id(module) in second else FIRST
         _move_weights(module, device)
-        module.register_forward_pre_hook(_bring(device), with_kwargs=True)
+        module.forward = _bringing(module.forward, device)  # an instance forward, as accelerate's hooks wrap it
 
 
 def _move_weights(module: torch.nn.Module, device: torch.device) -> None:
@@ -162,10 +162,14 @@ def _move_weights(module: torch.nn.Module, device: torch.device) -> None:
             module._buffers[name] = _tag(b, device)
 
 
-def _bring(device: torch.device):
-    def hook(module, args, kwargs):
-        def one(t):
-            return t.to(device) if isinstance(t, torch.Tensor) else t
-        return tree_map(one, args), tree_map(one, kwargs)
+def _bringing(forward: Any, device: torch.device) -> Any:
+    """``forward`` with every tensor argument brought to ``device`` first."""
 
-    return hook
+    def one(t: Any) -> Any:
+        return t.to(device) if isinstance(t, torch.Tensor) else t
+
+    @functools.wraps(forward)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        return forward(*tree_map(one, args), **tree_map(one, kwargs))
+
+    return wrapped

@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from torch import Tensor
 
 import multihead as mh
 from architectures import build, inputs
@@ -286,12 +287,13 @@ def _tiny_llama(tokenizer) -> HFModel:
 
 
 def every_feature(model: HFModel, texts: list[str] = TEXTS, example: tuple[str, ...] = EXAMPLES["capital"],
-                  heads: tuple[tuple[int, int], ...] = ((0, 0), (2, 1), (3, 3))) -> dict:
-    """Capture (``texts``, and them as one document streamed in chunks of 8 rows), gates (zero /
+                  heads: tuple[tuple[int, int], ...] = ((0, 0), (2, 1), (3, 3)), coreference: bool = True) -> dict:
+    """Capture (``texts`` with the induction and ``coreference`` probes and exact ablation on two
+    of them, and the texts as one document streamed in chunks of 8 rows), gates (zero /
     mean ablation of ``heads``, the gradient estimate), patching and direct logit attribution on
     ``example`` (clean, corrupt, answer, wrong), what-if and gradient importance: what each gives."""
     clean, corrupt, answer, wrong = example
-    found = {"analyze": mh.analyze(model, texts, coreference=False, progress=False),
+    found = {"analyze": mh.analyze(model, texts, coreference=coreference, ablation=2, progress=False),
              "streamed": mh.analyze(model, [" ".join(texts * 3)], coreference=False, progress=False, chunk=8)}
     effects = ablation_effects(model, texts, heads=list(heads))
     found |= {"zero": effects.zero, "mean": effects.mean, "attribution": attribution_effects(model, texts[:2]),
@@ -411,3 +413,45 @@ def test_an_encoder_and_an_encoder_decoder_split_across_two_gpus_give_what_they_
     torch.testing.assert_close(torch.tensor(list(got.values()), dtype=torch.float64),
                                torch.tensor(list(want.values()), dtype=torch.float64), atol=1e-5, rtol=1e-5,
                                equal_nan=True)
+
+
+def test_the_labels_evidence_reads_gpus_where_their_tensors_are(smollm2, monkeypatch):
+    """The label tests' own passes (a tiny random model earns no label that would run them): an
+    induction score under ablation gathers a GPU's map with its own index, an encoder's change per
+    token masks its padding where the change is — on stand-in GPUs as on the CPU."""
+    from architectures import build
+    from multihead.analysis.interventions.evidence import _induction_under_ablation, _token_changes
+    from multihead.analysis.probes.induction import repeated_sequences
+    from second_device import devices, place
+    from test_architectures import _word_tokenizer
+
+    def bert() -> HFModel:
+        found = build("bert", dtype=torch.float32)
+        return HFModel(found, _word_tokenizer(found.config.vocab_size), "bert", Path("."), False, 2, 4, 4, 128)
+
+    ids, prefix = repeated_sequences(smollm2.tokenizer, count=3, length=12)
+    words = torch.randint(3, 120, (2, 9), generator=torch.Generator().manual_seed(0))
+    padded = torch.ones_like(words)
+    padded[1, 6:] = 0
+    cells = [(0, 1), (1, 2)]
+
+    def evidence(llama: HFModel, encoder: HFModel) -> list[Tensor]:
+        scores = _induction_under_ablation(llama, ids, prefix, 12, [(1, 0), (2, 3)], [2, 3])  # (3, L, H)
+        changes = _token_changes(encoder, [(words, padded)], cells)
+        return [scores, *(changes[cell][0].cpu() for cell in cells)]
+
+    monkeypatch.setenv(native.ENV, "0")
+    native._library.cache_clear()
+    try:
+        want = evidence(_tiny_llama(smollm2.tokenizer), bert())
+        llama, encoder = _tiny_llama(smollm2.tokenizer), bert()
+        place(llama.model, llama.model.model.layers, 2)
+        place(encoder.model, encoder.model.encoder.layer, 1)
+        with devices():
+            got = evidence(llama, encoder)
+    finally:
+        monkeypatch.undo()
+        native._library.cache_clear()
+    assert torch.isnan(want[1][1, 6:]).all() and not torch.isnan(want[1][0]).any()
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, equal_nan=True)

@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 
 from torch import Tensor
 
+from . import route
 from .model import ModelLike, as_module
-from .placement import input_device, spans_devices
+from .placement import model_devices
 from .route import MAP_BUDGET, Attachment, AttentionChunk
 from .sites import AttentionSite, find_sites, select
 
@@ -50,9 +51,10 @@ class AttentionCapture(Attachment):
     """
 
     reads = True
-    #: where chunks are handed over (set on entering: the inputs' device for a model over several
-    #: devices; None: where the layers made them, all on one device — or on meta, traced by a plan)
+    #: where chunks are handed over (set on entering: the first of
+    #: :func:`~multihead.hf.placement.model_devices`; None for a model traced on meta by a plan)
     device = None
+    _given_bytes: int | None = None
 
     def __init__(self, model: ModelLike, callback: LayerCallback, *, at: str | Sequence[str] | None = None,
                  stack: str | None = None, chunk: int | None = None, budget: int = MAP_BUDGET,
@@ -93,11 +95,20 @@ class AttentionCapture(Attachment):
         return next((site for site, at in self.where if at == layer), None)
 
     def __enter__(self):
-        # where the callback gets every chunk: the inputs' device, where a reader's sums live; a layer
-        # that a device map put on another GPU hands its chunks over there (as the model hands its
-        # hidden states from layer to layer), so no reader ever meets two devices
-        self.device = input_device(self.model) if spans_devices(self.model) else None  # else where they are
+        # where the callback gets every chunk: the first of the model's devices (a device map's main one), where a
+        # reader's sums live; a layer that the map put on another GPU hands its chunks over there (as
+        # the model hands its hidden states from layer to layer), so no reader ever meets two devices —
+        # each chunk then no larger than any of the devices takes, unless the caller said its bytes
+        devices = model_devices(self.model)
+        self.device = devices[0] if devices else None
+        self._given_bytes = self.chunk_bytes
+        if len(devices) > 1 and self.chunk_bytes is None:
+            self.chunk_bytes = min(route.chunk_bytes(d) for d in devices)
         return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self.chunk_bytes = self._given_bytes
 
     def read(self, chunk: AttentionChunk) -> None:
         self.callback(chunk.to(self.device) if self.device is not None else chunk)

@@ -305,10 +305,14 @@ def execution_devices(device_map: dict) -> list[Any]:
     or disk the first of them, where they are swapped in (the CPU when the map names none)."""
     import torch
 
-    named = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
-             for d in device_map.values() if d not in ("cpu", "disk")]
-    first = named[0] if named else torch.device("cpu")
-    return list(dict.fromkeys(named if len(named) == len(device_map) else [*named, first]))
+    gpus = [d for d in device_map.values() if d not in ("cpu", "disk")]
+    named = list(dict.fromkeys(torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in gpus))
+    if not named:
+        return [torch.device("cpu")]
+    # accelerate's main device, where host and disk weights run: its lowest GPU index (dispatch_model)
+    ints = [d for d in gpus if isinstance(d, int)]
+    main = torch.device("cuda", min(ints)) if ints else named[0]
+    return [main, *(d for d in named if d != main)]
 
 
 def mapped_weights(model: Any, device_map: dict) -> dict[Any, int]:

@@ -134,10 +134,13 @@ class AttentionChunk:
         device = torch.device(device)
         if self.weights.device == device:
             return self
+        # GPU to GPU without waiting (stream-ordered); into host memory the copy must be done before
+        # readers look at it
+        ahead = device.type == "cuda"
         return AttentionChunk(self.site, self.layer, self.start, self.rows, self.keys,
-                              self.weights.to(device, non_blocking=True), self.outputs.to(device, non_blocking=True),
-                              self.visible.to(device, non_blocking=True), self.call_memo,
-                              entropy=None if self.entropy is None else self.entropy.to(device, non_blocking=True))
+                              self.weights.to(device, non_blocking=ahead), self.outputs.to(device, non_blocking=ahead),
+                              self.visible.to(device, non_blocking=ahead), self.call_memo,
+                              entropy=None if self.entropy is None else self.entropy.to(device, non_blocking=ahead))
 
 
 def chunk_bytes(device: Any, free: int | None = None, row_bytes: int = 0) -> int:

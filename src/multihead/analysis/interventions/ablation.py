@@ -437,10 +437,16 @@ def replayed(blocks: list[nn.Module], outputs: list, repeats: int):
     def returning(value):
         return lambda *_args, **_kwargs: value
 
+    # a block's own instance forward, where it has one (accelerate's hooks of a device map wrap it so)
+    saved = {id(block): block.__dict__.get("forward") for block in blocks}
     try:
         for block, out in zip(blocks, outputs, strict=False):
             block.forward = returning(repeat(out))  # an instance attribute: nn.Module.__call__ takes it
         yield
     finally:
         for block in blocks:
-            block.__dict__.pop("forward", None)
+            previous = saved[id(block)]
+            if previous is None:
+                block.__dict__.pop("forward", None)
+            else:
+                block.forward = previous

@@ -364,7 +364,7 @@ def _token_changes(model: HFModel, batches: list[tuple[Tensor, Tensor]], cells: 
                     part = ablated[r * B:(r + 1) * B]
                     if intact.dim() == 3:  # hidden states
                         change = 1 - F.cosine_similarity(part.double(), intact.double(), dim=-1)
-                        change = change.masked_fill(~attention.bool(), float("nan"))
+                        change = change.masked_fill(~attention.bool().to(change.device), float("nan"))
                     else:
                         change = part.double() - intact.double()
                     found[cell].append(change.float())
@@ -394,8 +394,9 @@ def _induction_under_ablation(model: HFModel, ids: Tensor, prefix: int, length: 
 
         def on_layer(chunk: AttentionChunk) -> None:
             weights = chunk.weights  # (R·N, H, T, S)
-            picked = weights[:, :, queries]  # (R·N, H, Q, S)
-            target = (queries - length + 1).view(1, 1, -1, 1).expand(*picked.shape[:3], 1)
+            repeated = queries.to(weights.device)  # gather's index lives where the map does (a GPU's)
+            picked = weights[:, :, repeated]  # (R·N, H, Q, S)
+            target = (repeated - length + 1).view(1, 1, -1, 1).expand(*picked.shape[:3], 1)
             score = picked.gather(-1, target).double().mean(dim=(2, 3))  # (R·N, H)
             out[rows, chunk.layer] = score.view(R, N, H).mean(1).cpu()
 

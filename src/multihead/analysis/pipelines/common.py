@@ -23,7 +23,6 @@ import torch
 from ...collector import old_objects_frozen
 from ...hf.capture import AttentionCapture
 from ...hf.model import HFModel, right_padding
-from ...hf.placement import model_devices
 from ...hf.route import chunk_bytes
 from ...inputs import Batch, token_info
 from ...progress import bar
@@ -88,13 +87,8 @@ def run_pass(model: HFModel, batches: Iterable[Batch], reducers: Sequence[Reduce
     device = model.device
     if budget is None:  # maps above one chunk's bytes stream: on a CPU a larger one is slower, not faster
         budget = chunk_bytes(device)
-    # a model split across devices hands every chunk to the reducers on the inputs' device (the
-    # capture's rule): each chunk no larger than any of its devices takes
-    places = model_devices(model.model)
-    bound = min(chunk_bytes(d) for d in places) if len(places) > 1 else None
     # a reducer never keeps a chunk (the Reducer protocol): the streamed maps may reuse their buffers
-    capture = AttentionCapture(model.model, dispatch(reducers), at=at, chunk=chunk, budget=budget, transient=True,
-                               chunk_bytes=bound)
+    capture = AttentionCapture(model.model, dispatch(reducers), at=at, chunk=chunk, budget=budget, transient=True)
     with capture, torch.inference_mode(), old_objects_frozen():
         for batch in bar(batches, desc=desc, unit="batch", progress=progress, total=total):
             batch = batch.to(device)  # the maps are captured where the model runs: so are the tokens' flags

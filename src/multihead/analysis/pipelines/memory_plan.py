@@ -282,8 +282,10 @@ def plan_devices(model: HFModel | Any, tokens: int, *, device_map: str | dict | 
     rooms = {d: _room(available, d) for d in devices}
     if loaded is not None:  # as plan() counts it: what is free now beside the weights already there
         rooms = {d: room if room is not None else _free_beside(d, weights[d]) for d, room in rooms.items()}
-    # the run's rule (run_pass): every chunk no larger than any of the devices takes, each handed to the first
-    limit = min(chunk_bytes(d, free=None if rooms[d] is None else max(rooms[d] - weights[d], 0)) for d in devices)
+    # the capture's rule over several devices: every chunk no larger than any of them takes, each handed to
+    # the first (one device: its own rule, as plan() has it)
+    limit = min(chunk_bytes(d, free=None if rooms[d] is None else max(rooms[d] - weights[d], 0))
+                for d in devices) if len(devices) > 1 else None
     return [plan(model, tokens, dtype=dtype, device=d, available=rooms[d], weights=weights[d],
                  readers_on=None if d == home else home, chunk_limit=limit, **options) for d in devices]
 
@@ -315,6 +317,12 @@ def _inferred_map(config: Any, dtype: Any, device_map: str | dict, max_memory: s
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
+        try:  # what from_pretrained itself calls (its own sizes and buffers, not accelerate's)
+            from transformers.integrations.accelerate import _get_device_map
+        except ImportError:
+            _get_device_map = None
+        if _get_device_map is not None:
+            return _get_device_map(empty, device_map, limits, None)
         blocks = list(getattr(empty, "_no_split_modules", None) or ())
         if device_map != "sequential":
             limits = get_balanced_memory(empty, max_memory=limits, no_split_module_classes=blocks, dtype=dtype,

@@ -161,7 +161,8 @@ def coreference_scores(model: HFModel, examples: Sequence[CoreferenceExample] | 
         each["accuracy"][first:first + hit.shape[0], layer] = hit
         each["mass"][first:first + hit.shape[0], layer] = on
 
-    with right_padding(tok), AttentionCapture(model.model, on_layer), torch.inference_mode():
+    with right_padding(tok), AttentionCapture(model.model, on_layer) as capture, torch.inference_mode():
+        here = capture.device or model.device  # where the chunks come: the probe's masks beside them
         for start in range(0, len(examples), batch_size):
             chunk = examples[start:start + batch_size]
             enc = tok([e.text for e in chunk], return_offsets_mapping=True, padding=True, return_tensors="pt")
@@ -179,8 +180,8 @@ def coreference_scores(model: HFModel, examples: Sequence[CoreferenceExample] | 
                 for c, c_mask in enumerate(_token_masks(offsets, e.candidates)):
                     candidates[b, c] = torch.tensor(c_mask, dtype=torch.float64)
                     real[b, c] = True
-            state.update(pronoun=pronoun, candidates=candidates, real=real,
-                         answer=torch.tensor([e.antecedent for e in chunk]), first=torch.tensor(start))
+            state.update(pronoun=pronoun.to(here), candidates=candidates.to(here), real=real.to(here),
+                         answer=torch.tensor([e.antecedent for e in chunk]).to(here), first=torch.tensor(start))
             to = model.device
             model.body(input_ids=enc["input_ids"].to(to), attention_mask=enc["attention_mask"].to(to), **model.no_cache)
     n = len(examples)
