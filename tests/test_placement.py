@@ -455,3 +455,36 @@ def test_the_labels_evidence_reads_gpus_where_their_tensors_are(smollm2, monkeyp
     assert torch.isnan(want[1][1, 6:]).all() and not torch.isnan(want[1][0]).any()
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
+def test_accelerates_own_dispatch_over_two_stand_in_gpus_gives_what_the_cpu_gives(smollm2, monkeypatch):
+    """accelerate's dispatch_model itself (its hooks wrapping each module's forward, its map read by
+    ``model_devices``) over the stand-ins — layers 2-3 and the LM head on the second — and the
+    analysis with exact ablation (which replays blocks under those hooks) equals the CPU's."""
+    pytest.importorskip("accelerate")
+    from accelerate import dispatch_model
+
+    from multihead.hf.placement import model_devices
+    from second_device import FIRST, SECOND, devices
+
+    monkeypatch.setenv(native.ENV, "0")
+    native._library.cache_clear()
+    try:
+        want = mh.analyze(_tiny_llama(smollm2.tokenizer), TEXTS, ablation=2, progress=False)
+        model = _tiny_llama(smollm2.tokenizer)
+        device_map = {"model.embed_tokens": FIRST, "model.rotary_emb": FIRST, "model.layers.0": FIRST,
+                      "model.layers.1": FIRST, "model.layers.2": SECOND, "model.layers.3": SECOND,
+                      "model.norm": SECOND, "lm_head": SECOND}
+        with devices():
+            dispatch_model(model.model, device_map=device_map)
+            model.model.hf_device_map = device_map  # as from_pretrained records it
+            assert model_devices(model.model) == [FIRST, SECOND] and model.device == FIRST
+            got = mh.analyze(model, TEXTS, ablation=2, progress=False)
+    finally:
+        monkeypatch.undo()
+        native._library.cache_clear()
+    assert [h.label for h in got.heads] == [h.label for h in want.heads]
+    for metric in want.heads[0].metrics:
+        torch.testing.assert_close(torch.tensor([h.metrics[metric] for h in got.heads], dtype=torch.float64),
+                                   torch.tensor([h.metrics[metric] for h in want.heads], dtype=torch.float64),
+                                   atol=1e-5, rtol=1e-5, equal_nan=True, msg=metric)
