@@ -99,6 +99,8 @@ class AttentionCapture(Attachment):
         # reader's sums live; a layer that the map put on another GPU hands its chunks over there (as
         # the model hands its hidden states from layer to layer), so no reader ever meets two devices —
         # each chunk then no larger than any of the devices takes, unless the caller said its bytes
+        if self._handle is not None:  # entered already: attached as it is
+            return self
         devices = model_devices(self.model)
         self.device = devices[0] if devices else None
         self._given_bytes = self.chunk_bytes
