@@ -300,9 +300,10 @@ def input_device(model: Any) -> Any:
 
 
 def execution_devices(device_map: dict) -> list[Any]:
-    """The devices a model under accelerate's ``device_map`` computes on, in the map's order: its
-    accelerators (accelerate's integers for CUDA GPUs, or names), and for weights it keeps on the host
-    or disk the first of them, where they are swapped in (the CPU when the map names none)."""
+    """The devices a model under accelerate's ``device_map`` computes on: its accelerators
+    (accelerate's integers for CUDA GPUs, or names), its main one first — the lowest GPU index, as
+    ``dispatch_model`` takes it, where the weights it keeps on the host or disk are swapped in and
+    run — then the others in the map's order; the CPU alone when the map names no accelerator."""
     import torch
 
     gpus = [d for d in device_map.values() if d not in ("cpu", "disk")]
@@ -349,12 +350,6 @@ def model_devices(model: Any) -> list[Any]:
     if device_map:
         return execution_devices(device_map)
     return list(dict.fromkeys(p.device for p in model.parameters() if p.device.type != "meta"))
-
-
-def spans_devices(model: Any) -> bool:
-    """Whether the model computes on more than one device (a device map over several GPUs): its
-    layers' attention then comes from where each layer runs."""
-    return len(model_devices(model)) > 1
 
 
 def is_offloaded(model: Any) -> bool:

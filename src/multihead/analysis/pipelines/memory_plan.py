@@ -261,8 +261,8 @@ def plan_devices(model: HFModel | Any, tokens: int, *, device_map: str | dict | 
     ``"balanced"``, ``"sequential"`` with ``max_memory``, as :func:`~multihead.hf.load` takes
     them, or accelerate's dict of module names to devices) — has one per GPU: each with the weights
     the map puts there (the first also the largest module swapped in from the host or disk), the
-    pass of its own layers, and on the inputs' device (the first) the readers' sums and views, since
-    the capture hands every chunk there (its chunks sized for that device). ``available``: bytes per
+    pass of its own layers, and on the map's main device (the first) the readers' sums and views,
+    since the capture hands every chunk there (every chunk no larger than any device takes). ``available``: bytes per
     device (a dict keyed as ``max_memory``: 0, "cuda:1", …), one number for every device, or None
     (what each has free now, for a loaded model). Nothing is allocated."""
     loaded = model if isinstance(model, HFModel) else None
@@ -274,11 +274,11 @@ def plan_devices(model: HFModel | Any, tokens: int, *, device_map: str | dict | 
         return [plan(model, tokens, dtype=dtype, available=_room(available, options.get("device")), **options)]
     options.pop("device", None)  # the map's devices
     devices = execution_devices(mapping)
-    weights = {} if loaded is not None else mapped_weights(
-        empty_model(config, _dtype(dtype or auto_dtype(config, accelerated=True))), mapping)
     home = devices[0]
-    if loaded is not None:
+    if loaded is not None:  # the weights its hooks keep (or swap in) on each device
         weights = {d: resident_bytes(loaded.model, d) for d in devices}
+    else:
+        weights = mapped_weights(empty_model(config, _dtype(dtype or auto_dtype(config, accelerated=True))), mapping)
     rooms = {d: _room(available, d) for d in devices}
     if loaded is not None:  # as plan() counts it: what is free now beside the weights already there
         rooms = {d: room if room is not None else _free_beside(d, weights[d]) for d, room in rooms.items()}
