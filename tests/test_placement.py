@@ -380,7 +380,6 @@ def test_an_encoder_and_an_encoder_decoder_split_across_two_gpus_give_what_they_
     """BERT with its second layer on the second stand-in GPU (its ablation's objective, the pooled
     last hidden state, then ends there), T5 with its decoder there (the cross-attention's keys come
     from the first): every stack's metrics equal the CPU's."""
-    from architectures import build
     from second_device import devices, place
     from test_architectures import _word_tokenizer
 
@@ -419,7 +418,6 @@ def test_the_labels_evidence_reads_gpus_where_their_tensors_are(smollm2, monkeyp
     """The label tests' own passes (a tiny random model earns no label that would run them): an
     induction score under ablation gathers a GPU's map with its own index, an encoder's change per
     token masks its padding where the change is — on stand-in GPUs as on the CPU."""
-    from architectures import build
     from multihead.analysis.interventions.evidence import _induction_under_ablation, _token_changes
     from multihead.analysis.probes.induction import repeated_sequences
     from second_device import devices, place

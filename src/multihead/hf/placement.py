@@ -21,8 +21,9 @@ from typing import Any
 
 from ..files import check_writable
 
-__all__ = ["DEVICE_MAPS", "DTYPES", "Placement", "PlacementError", "auto_dtype", "input_device", "is_offloaded",
-           "mapped_places", "parse_max_memory", "resident_bytes", "resolve", "resolve_device", "resolve_dtype",
+__all__ = ["DEVICE_MAPS", "DTYPES", "Placement", "PlacementError", "accelerate_device", "auto_dtype",
+           "execution_devices", "input_device", "is_offloaded", "mapped_places", "mapped_weights", "memory_entries",
+           "model_devices", "parse_max_memory", "resident_bytes", "resolve", "resolve_device", "resolve_dtype",
            "weights_of"]
 
 #: The dtypes a model may be loaded in ("auto": see the module).
@@ -291,12 +292,19 @@ def input_device(model: Any) -> Any:
             return p.device
     if device_map:
         first = next(iter(device_map.values()))
-        return torch.device("cuda", first) if isinstance(first, int) else \
-            torch.device("cpu" if first in ("cpu", "disk") else first)
+        return torch.device("cpu") if first == "disk" else accelerate_device(first)
     for p in model.parameters():
         if p.device.type != "meta":
             return p.device
     return torch.device("cpu")
+
+
+def accelerate_device(key: Any) -> Any:
+    """A device as accelerate names it in a map or ``max_memory`` (an integer: that CUDA GPU) as a
+    ``torch.device``."""
+    import torch
+
+    return torch.device("cuda", key) if isinstance(key, int) else torch.device(key)
 
 
 def execution_devices(device_map: dict) -> list[Any]:
@@ -307,7 +315,7 @@ def execution_devices(device_map: dict) -> list[Any]:
     import torch
 
     gpus = [d for d in device_map.values() if d not in ("cpu", "disk")]
-    named = list(dict.fromkeys(torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in gpus))
+    named = list(dict.fromkeys(accelerate_device(d) for d in gpus))
     if not named:
         return [torch.device("cpu")]
     # accelerate's main device, where host and disk weights run: its lowest GPU index (dispatch_model)
@@ -321,7 +329,6 @@ def mapped_weights(model: Any, device_map: dict) -> dict[Any, int]:
     while it runs under ``device_map``: those its map puts there, and on the first device the
     largest module kept on the host or disk, swapped in for its forward (one at a time). Tied
     weights count once."""
-    import torch
 
     devices = execution_devices(device_map)
     found = dict.fromkeys(devices, 0)
@@ -338,7 +345,7 @@ def mapped_weights(model: Any, device_map: dict) -> dict[Any, int]:
         if place == "disk" or (place == "cpu" and devices[0].type != "cpu"):  # swapped in where it runs
             offloaded[key] = offloaded.get(key, 0) + size
         else:
-            found[torch.device("cuda", place) if isinstance(place, int) else torch.device(place)] += size
+            found[accelerate_device(place)] += size
     found[devices[0]] += max(offloaded.values(), default=0)
     return found
 
@@ -385,7 +392,7 @@ def resident_bytes(model: Any, device: Any) -> int | None:
         if not _offloading(module):
             continue
         runs_on = module._hf_hook.execution_device
-        if (torch.device("cuda", runs_on) if isinstance(runs_on, int) else torch.device(runs_on)) == device:
+        if accelerate_device(runs_on) == device:
             swapped = max(swapped, sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()]
                                        if id(t) not in kept))
     return sum(kept.values()) + swapped

@@ -48,6 +48,7 @@ from ...hf.load import empty_model
 from ...hf.model import HFModel, takes
 from ...hf.paths import model_path
 from ...hf.placement import (
+    accelerate_device,
     auto_dtype,
     execution_devices,
     mapped_places,
@@ -196,17 +197,13 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     name = loaded.name if loaded else str(model) if isinstance(model, (str, Path)) else \
         f"a {config.model_type} config"
     # a device-mapped model: only its weights on this device (kept there, or swapped in one module at a time)
-    mapped = resident_bytes(loaded.model, device) if loaded and loaded.dtype == dtype else None
-    given = weights
-    if mapped is not None:
-        weights, places = mapped, mapped_places(loaded.model) or ""
-    elif given is None:
-        weights, places = _bytes(loaded.model if loaded and loaded.dtype == dtype else empty_model(config, dtype)), ""
-    if given is not None:
-        weights, places = given, places if mapped is not None else ""
-    if available is None:
-        free = available_memory(device)
-        available = None if free is None else free + (weights if loaded is not None else 0)
+    mapped = resident_bytes(loaded.model, device) if loaded and loaded.dtype == dtype and weights is None else None
+    places = (mapped_places(loaded.model) or "") if loaded and loaded.dtype == dtype else ""
+    if weights is None:
+        weights = mapped if mapped is not None else _bytes(loaded.model if loaded and loaded.dtype == dtype
+                                                           else empty_model(config, dtype))
+    if available is None:  # a loaded model's own weights are there already
+        available = _free_beside(device, weights if loaded is not None else 0)
     room = None if available is None else max(available - weights, 0)
     limit = chunk_bytes(device, free=room) if chunk_limit is None else chunk_limit
     budget = limit if budget is None else budget  # as the pipelines stream
@@ -338,7 +335,7 @@ def _room(available: int | dict | None, device: Any) -> int | None:
         return available
     device = torch.device(device) if device is not None else None
     for key, value in available.items():
-        if device is not None and (torch.device("cuda", key) if isinstance(key, int) else torch.device(key)) == device:
+        if device is not None and accelerate_device(key) == device:
             return value
     return None
 
