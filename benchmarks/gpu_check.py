@@ -2,10 +2,15 @@
 machine's own PyTorch (no .venv, nothing downloaded, no weights carried: random-weight models of
 real shapes are built on the spot).
 
-1. the tests marked ``cuda`` (when pytest and hypothesis are there);
+1. the tests marked ``cuda``, and tests/test_rowstats.py's kernels on the GPU (when pytest and hypothesis
+   are there);
 2. our kernels forward and backward against SDPA and FlexAttention compiled for CUDA (bfloat16,
    causal window 256 at 8k and 32k tokens);
-3. a Qwen2-1.5B-shaped decoder (random, bfloat16) on 8k and 32k tokens: the plain forward against
+3. the row-statistics kernels (attn/rowstats.py: a layer's outputs and every row's sums from Q and K,
+   the map never written; then the columns' sums and the weights at the diagonals) against SDPA's
+   forward on one Qwen2-1.5B-shaped layer (12 query / 2 key-value heads of 128, bfloat16, causal) at
+   8k and 32k tokens: what the analysis would add per layer if its readers took these sums;
+4. a Qwen2-1.5B-shaped decoder (random, bfloat16) on 8k and 32k tokens: the plain forward against
    the streamed analysis (every reducer that streams without a parser, as bench_scale's: head
    metrics, typical texts, long-context statistics, redundancy; one untimed analysis of 64 tokens
    first), time and peak memory above the weights, and the memory plan against the allocator's
@@ -16,7 +21,7 @@ real shapes are built on the spot).
     PYTHONPATH=src python3 benchmarks/gpu_check.py
     PYTHONPATH=src python3 benchmarks/gpu_check.py --rehearse   # the same code on the CPU, small
 
-``--rehearse`` runs steps 2 and 3 on the CPU at a few hundred tokens with two layers (FlexAttention
+``--rehearse`` runs steps 2 to 4 on the CPU at a few hundred tokens with two layers (FlexAttention
 uncompiled and forward only: it has no backward on a CPU): every call of the benchmark is made on a
 machine without a GPU (the suite runs it), so the GPU's minutes are not the first to meet a broken one.
 """
@@ -173,8 +178,78 @@ def _analysis_at(hf, tokenizer, T: int, device: str) -> tuple[list, float]:
             plan], ours
 
 
+def row_statistics(device: str, lengths: tuple[int, ...], *, heads: int = 12, kv_heads: int = 2, dim: int = 128,
+                   ) -> dict[int, float]:
+    """One causal layer of ``heads`` query and ``kv_heads`` key-value heads of ``dim`` (bfloat16):
+    SDPA's forward against the row-statistics kernels with what the analysis's readers sum (three key
+    sets, the induction pattern's tokens, 18 distance bins; the columns; the weights at five
+    diagonals); returns {tokens: seconds the kernels take beyond SDPA}."""
+    from _common import table
+    from multihead.attn import rowstats
+
+    if not rowstats.available(device):
+        print(f"row statistics: the kernels cannot run on {device} here (no Triton, or its interpreter is off)")
+        return {}
+    extra, rows = {}, []
+    for T in lengths:
+        sdpa, rows_only, everything = _row_statistics_at(T, heads, kv_heads, dim, device)
+        extra[T] = everything - sdpa
+        rows.append([T, f"{sdpa * 1e3:.2f}", f"{rows_only * 1e3:.2f}", f"{everything * 1e3:.2f}",
+                     f"{everything / sdpa:.2f}x"])
+    print(f"Row statistics on {device}, one layer: bfloat16, B1 H{heads} (KV {kv_heads}) D{dim}, causal")
+    print(table(["tokens", "SDPA ms", "rows kernel ms", "+ columns, diagonals ms", "vs SDPA"], rows), flush=True)
+    return extra
+
+
+def _row_statistics_at(T: int, heads: int, kv_heads: int, dim: int, device: str) -> tuple[float, float, float]:
+    """Seconds of SDPA's forward, the rows kernel, and the rows kernel with the columns and diagonals."""
+    import torch
+    import torch.nn.functional as F
+
+    from multihead.attn import rowstats
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, heads, T, dim, generator=g).to(device, torch.bfloat16)
+    k, v = (torch.randn(1, kv_heads, T, dim, generator=g).to(device, torch.bfloat16) for _ in range(2))
+    sets = (torch.rand(3, 1, T, generator=g) < 0.1).to(device)
+    tokens = torch.randint(0, 1000, (1, T), generator=g).to(device)
+    i = torch.arange(T, device=device)
+    kk, vv = (t.repeat_interleave(heads // kv_heads, 1) for t in (k, v))  # SDPA's grouped heads, as the model's
+
+    def rows_kernel():
+        return rowstats.attention_with_statistics(q, k, v, causal=True, key_sets=sets, tokens=tokens, bins=18)
+
+    def everything():
+        _, found = rows_kernel()
+        rowstats.column_sums(q, k, found.lse, causal=True)
+        for offset in range(-2, 3):
+            rowstats.weights_at(q, k, found.lse, i, i + offset, causal=True)
+
+    with torch.inference_mode():
+        return (timed(lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=True), device),
+                timed(rows_kernel, device), timed(everything, device))
+
+
+def projected(extra: dict[int, float], analysed: list[list], layers: int) -> None:
+    """The analysis's time if its readers took the kernels' sums: the plain forward plus each layer's
+    kernels beyond SDPA (an estimate from the two measurements above, not a run)."""
+    from _common import table
+
+    rows = []
+    for row in analysed:
+        n, plain = int(row[0]), float(row[1])  # the analysed text's tokens (its words tokenise to a few more)
+        if not extra:
+            break
+        T = min(extra, key=lambda t: abs(t - n))  # the kernels' length nearest, scaled to n as attention is: n²
+        ours = plain + layers * extra[T] * (n / T) ** 2
+        rows.append([n, f"{plain:.2f}", f"{ours:.2f}", f"{ours / plain:.2f}x"])
+    if rows:
+        print(f"Projected analysis with the row-statistics kernels ({layers} layers; target <= 1.5x):")
+        print(table(["tokens", "plain s", "projected s", "ratio"], rows), flush=True)
+
+
 def rehearse() -> int:
-    """Steps 2 and 3 on the CPU, small: the benchmark's every call, no GPU needed."""
+    """Steps 2 to 4 on the CPU, small: the benchmark's every call, no GPU needed."""
     import torch
 
     torch.manual_seed(0)
@@ -182,7 +257,9 @@ def rehearse() -> int:
     with warnings.catch_warnings():  # FlexAttention uncompiled says so once: known, and beside the point here
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         kernels("cpu", (256,), compiled=False)
-    analysis("cpu", (96, 192), layers=2)
+    extra = row_statistics("cpu", (64,), heads=2, kv_heads=1, dim=16)  # in Triton's interpreter, where it is on
+    analysed = analysis("cpu", (64, 192), layers=2)
+    projected(extra, analysed, 2)
     return 0
 
 
@@ -207,8 +284,12 @@ def main(argv: list[str] | None = None) -> int:
                                  "-p", "no:cacheprovider"]).returncode
     else:
         print("gpu-check: pytest/hypothesis missing here: the cuda tests are skipped, the benchmark runs")
+    if importlib.util.find_spec("pytest") and importlib.util.find_spec("hypothesis"):
+        status |= subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_rowstats.py",
+                                  "-p", "no:cacheprovider"]).returncode
     kernels("cuda", (8192, 32768))
-    analysis("cuda", (8192, 32768))
+    extra = row_statistics("cuda", (8192, 32768))
+    projected(extra, analysis("cuda", (8192, 32768)), 28)
     return status
 
 

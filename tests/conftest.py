@@ -23,6 +23,10 @@ XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER") is not None
 if XDIST_WORKER:
     os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1 if XDIST_WORKER else max(1, min(2, torch.get_num_threads())))
+# Without CUDA, the Triton kernels (attn/rowstats.py) are tested in Triton's interpreter on CPU tensors:
+# it must be on before Triton is first imported (importing torch does not import it)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 MASK_KINDS = ("none", "causal", "padding", "bool", "float", "causal&padding", "bool&float")
 
@@ -170,6 +174,19 @@ def float_tolerance(want: torch.Tensor, *, ops: int) -> float:
     """
     dtype = want.dtype if want.dtype in (torch.float16, torch.bfloat16) else torch.float32  # float64 sums of float32
     return ops * torch.finfo(dtype).eps * float(want.detach().abs().max())
+
+
+def triton_kernels():
+    """attn/rowstats.py where its kernels can run here — CUDA, else the CPU in Triton's interpreter —
+    with the device to run them on; a skip without Triton, a failure under CI (make test installs it)."""
+    from multihead.attn import rowstats
+
+    for device in ("cuda", "cpu"):
+        if rowstats.available(device):
+            return rowstats, torch.device(device)
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail("CI=true but Triton is not installed (make test installs it: the dev extra)")
+    pytest.skip("no Triton here: the row-statistics kernels cannot run (pip install triton)")
 
 
 def compiled_softmax():

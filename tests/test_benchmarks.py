@@ -106,9 +106,19 @@ def test_gpu_check_rehearses_its_whole_benchmark_on_the_cpu(capsys):
     assert [row.split("|")[2].strip() for row in kernel_rows] == [
         "ours (local)", "FlexAttention (eager)", "SDPA (dense causal)"]
     assert all(float(row.split("|")[3]) > 0 for row in kernel_rows)  # forward ms
-    assert "Qwen2-1.5B-shaped (2 layers, random, bfloat16) on cpu" in out
-    analysis_rows = [line.split("|") for line in out.splitlines() if re.search(r"\|\s*[\d.]+x\s*\|", line)]
+    sections = out.split("Qwen2-1.5B-shaped (2 layers, random, bfloat16) on cpu")
+    assert len(sections) == 2
+    ratio = r"\|\s*[\d.]+x\s*\|"
+    # the row-statistics kernels (in Triton's interpreter, which the suite turns on) on one small layer
+    stats_rows = [line.split("|") for line in sections[0].split("Row statistics on cpu")[1].splitlines()
+                  if re.search(ratio, line)]
+    assert len(stats_rows) == 1 and all(float(cell) > 0 for cell in stats_rows[0][2:5])
+    analysis, projection = sections[1].split("Projected analysis with the row-statistics kernels")
+    analysis_rows = [line.split("|") for line in analysis.splitlines() if re.search(ratio, line)]
     assert len(analysis_rows) == 2 and all(float(row[2]) > 0 and float(row[3]) > 0 for row in analysis_rows)
+    projected_rows = [line.split("|") for line in projection.splitlines() if re.search(ratio, line)]
+    assert [row[1] for row in projected_rows] == [row[1] for row in analysis_rows]
+    assert all(float(p[3]) > float(a[2]) for p, a in zip(projected_rows, analysis_rows, strict=True))
 
 
 def test_gpu_check_skips_a_length_its_budget_cannot_hold(monkeypatch, capsys):

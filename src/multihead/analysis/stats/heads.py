@@ -32,13 +32,14 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ...attn.rowstats import RowStatistics, weights_at
 from ...hf.route import AttentionChunk
 from ...inputs import Batch, TokenInfo
 from . import native
 from .base import ReducerBase, shared
 from .bootstrap import GROUPS, LEVEL, intervals, resampled, used_groups
 
-__all__ = ["METRICS", "HeadStatistics", "RowValues", "row_values"]
+__all__ = ["METRICS", "HeadStatistics", "RowValues", "kernel_key_sets", "row_values", "summary_row_values"]
 
 METRICS = ("entropy", "entropy_norm", "distance", "self", "previous_token", "next_token", "local", "cls", "sep",
            "punctuation", "max_weight", "kl_uniform", "vertical")
@@ -116,10 +117,60 @@ def eager_row_values(chunk: AttentionChunk, tokens: TokenInfo) -> RowValues:
         "max_weight": (p.amax(-1), rows),
         "kl_uniform": (log_n - entropy, informative),
     }
+    return _summed(values)
+
+
+def _summed(values: dict[str, tuple[Tensor, Tensor]]) -> RowValues:
+    """Each metric's (value, counts) per row, (B, H, C) each, summed over the rows that count."""
     names = list(values)
     stacked = torch.stack([values[n][0] for n in names]).to(torch.float64)  # (M, B, H, C)
     where = torch.stack([values[n][1] for n in names]).to(torch.float64)  # (M, B, H, C)
     return RowValues(names, (stacked * where).sum(3), where.sum(3))  # (M, B, H) each
+
+
+def kernel_key_sets(tokens: TokenInfo) -> Tensor:
+    """The key sets whose mass :func:`summary_row_values` reads, as the row-statistics kernel takes
+    them (:func:`multihead.attn.rowstats.attention_with_statistics`): (3, B, T) bool — the first
+    real token, separators, punctuation."""
+    return torch.stack([tokens.first, tokens.separator, tokens.punctuation])
+
+
+def summary_row_values(found: RowStatistics, query: Tensor, key: Tensor, tokens: TokenInfo, *, causal: bool,
+                       scale: float | None = None) -> RowValues:
+    """:func:`row_values` of a whole layer from the row-statistics kernel's sums, no map formed:
+    ``found`` of :func:`~multihead.attn.rowstats.attention_with_statistics` over ``query`` (B, H,
+    T, D) and ``key`` (B, Hkv, T, D), with ``key_valid=tokens.valid`` and
+    ``key_sets=kernel_key_sets(tokens)``, for right-padded texts (real tokens 0..n-1); the weights
+    at offsets -2..2 are formed at those pairs alone (:func:`~multihead.attn.rowstats.weights_at`)."""
+    B, H, T = found.lse.shape
+    dev = found.lse.device
+    if not tokens.positions[1]:
+        raise ValueError("the row-statistics kernel's metrics need right-padded texts (real tokens first)")
+    valid = tokens.valid.to(dev)  # (B, T)
+    i = torch.arange(T, device=dev)  # (T,) the rows
+    real = valid.sum(-1, keepdim=True)  # (B, 1) each text's real tokens
+    n_vis = (torch.minimum(i[None, :] + 1, real) if causal else real.expand(B, T)).float()  # (B, T) keys seen
+    rows = valid[:, None, :].expand(B, H, T)  # (B, H, T) rows that count
+    informative = rows & (n_vis > 1)[:, None, :]
+    log_n = n_vis.clamp_min(1).log()[:, None, :]  # (B, 1, T)
+    diag = {k: weights_at(query, key, found.lse, i, i + k, causal=causal, key_valid=valid, scale=scale)
+            for k in range(-2, 3)}  # {k: (B, H, T)} p_i,i+k
+    sets = found.key_sets  # (B, H, T, 3)
+    values = {
+        "entropy": (found.entropy, rows),
+        "entropy_norm": (found.entropy / log_n.clamp_min(1e-12), informative),
+        "distance": (found.distance, rows),
+        "self": (diag[0], rows),
+        "previous_token": (diag[-1], rows),
+        "next_token": (diag[1], rows),
+        "local": (sum(diag.values()), rows),
+        "cls": (sets[..., 0], rows),
+        "sep": (sets[..., 1], rows),
+        "punctuation": (sets[..., 2], rows),
+        "max_weight": (found.max_weight, rows),
+        "kl_uniform": (log_n - found.entropy, informative),
+    }
+    return _summed(values)
 
 
 def _key_masses(p: Tensor, tokens: TokenInfo, start: int) -> Tensor:

@@ -1,0 +1,207 @@
+"""The flash-style row statistics (attn/rowstats.py) against the map formed in float64 and read
+row by row: outputs, log-sum-exp, entropy, largest weight, distance, key-set masses, the induction
+pattern's mass, distance bins, column sums and weights at pairs — causal or not, padded, grouped
+queries, head sizes that are no power of two, half precision. On CUDA where there is a GPU, else
+on the CPU in Triton's interpreter."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import triton_kernels
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def reference(q, k, v, *, causal, valid, sets=None, tokens=None, bins=0):
+    """Every statistic from the map itself, in float64 (q, k, v as the kernel reads them)."""
+    B, H, T, D = q.shape
+    group = H // k.shape[1]
+    kk, vv = (t.double().repeat_interleave(group, 1) for t in (k, v))
+    s = q.double() @ kk.transpose(-1, -2) / math.sqrt(D)  # (B, H, T, T)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    seen = valid[:, None, None, :] & ((j <= i) if causal else torch.ones(T, T, dtype=torch.bool))
+    s = s.masked_fill(~seen, -math.inf)
+    some = seen.any(-1)  # (B, 1, T) rows that see a key
+    p = torch.softmax(s, -1).where(some[..., None], torch.zeros(()))  # (B, H, T, T): zero rows see nothing
+    d = (i - j).abs().double()
+    out = {"out": p @ vv, "lse": torch.logsumexp(s, -1), "entropy": -(p * p.clamp_min(1e-300).log()).sum(-1),
+           "max_weight": p.amax(-1), "distance": (p * d).sum(-1), "p": p}
+    if sets is not None:
+        out["key_sets"] = torch.stack([(p * f[:, None, None, :]).sum(-1) for f in sets], -1)
+    if tokens is not None:
+        before = torch.cat([torch.full((B, 1), -1), tokens[:, :-1]], 1)
+        target = (before[:, None, :] == tokens[:, :, None]) & (j <= i)  # (B, T, T)
+        out["repeat"] = (p * target[:, None]).sum(-1)
+    if bins:
+        which = torch.where(d == 0, 0, torch.floor(torch.log2(d.clamp_min(1))) + 1).long()
+        out["bins"] = torch.stack([(p * (which == b)).sum(-1) for b in range(bins)], -1)
+    return out
+
+
+@st.composite
+def cases(draw):
+    B = draw(st.integers(1, 2))
+    Hkv = draw(st.sampled_from([1, 2]))
+    H = Hkv * draw(st.sampled_from([1, 2, 3]))
+    T = draw(st.integers(1, 40))
+    D = draw(st.sampled_from([8, 16, 24]))
+    Dv = draw(st.sampled_from([D, 16]))
+    causal = draw(st.booleans())
+    padded = draw(st.booleans())
+    seed = draw(st.integers(0, 2**16))
+    return B, H, Hkv, T, D, Dv, causal, padded, seed
+
+
+@settings(max_examples=25)  # each a few programs of numpy work in the interpreter
+@given(cases())
+def test_every_row_statistic_equals_the_map_read_row_by_row(case):
+    rowstats, device = triton_kernels()
+    B, H, Hkv, T, D, Dv, causal, padded, seed = case
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(B, H, T, D, generator=g) * 2, torch.randn(B, Hkv, T, D, generator=g)
+    v = torch.randn(B, Hkv, T, Dv, generator=g)
+    valid = torch.ones(B, T, dtype=torch.bool)
+    if padded:  # right padding: the last text's tokens after its length are no keys
+        valid[-1, torch.randint(0, T + 1, (), generator=g):] = False
+    sets = torch.rand(3, B, T, generator=g) < 0.3
+    tokens = torch.randint(0, 4, (B, T), generator=g)
+    want = reference(q, k, v, causal=causal, valid=valid, sets=sets, tokens=tokens, bins=7)
+    out, got = rowstats.attention_with_statistics(q.to(device), k.to(device), v.to(device), causal=causal,
+                                                  key_valid=valid, key_sets=sets, tokens=tokens, bins=7)
+    assert out.dtype == v.dtype and out.shape == (B, H, T, Dv)
+    torch.testing.assert_close(out.cpu().double(), want["out"], atol=1e-5, rtol=1e-5)
+    some = want["lse"] > -math.inf
+    assert torch.equal(got.lse.cpu() > -math.inf, some)
+    torch.testing.assert_close(got.lse.cpu().double()[some], want["lse"][some], atol=1e-5, rtol=1e-5)
+    for name in ("entropy", "max_weight", "distance", "key_sets", "repeat", "bins"):
+        torch.testing.assert_close(getattr(got, name).cpu().double(), want[name], atol=3e-5, rtol=1e-5,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    rows = valid & torch.rand(B, T, generator=g).lt(0.7)  # the rows that count
+    columns = rowstats.column_sums(q.to(device), k.to(device), got.lse, causal=causal, key_valid=valid, rows=rows)
+    torch.testing.assert_close(columns.cpu().double(), (want["p"] * rows[:, None, :, None]).sum(2),
+                               atol=3e-5, rtol=1e-5)
+    i = torch.randint(0, T, (12,), generator=g)
+    j = torch.randint(-2, T + 2, (12,), generator=g)  # keys outside 0..T-1 weigh 0
+    at = rowstats.weights_at(q.to(device), k.to(device), got.lse, i, j, causal=causal, key_valid=valid)
+    inside = (j >= 0) & (j < T)
+    want_at = want["p"][:, :, i, j.clamp(0, T - 1)] * inside
+    torch.testing.assert_close(at.cpu().double(), want_at, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_sums_in_float32_what_a_flash_attention_computes(dtype):
+    rowstats, device = triton_kernels()
+    g = torch.Generator().manual_seed(1)
+    B, H, T, D = 1, 4, 33, 32
+    q, k, v = (torch.randn(B, H, T, D, generator=g).to(dtype) for _ in range(3))
+    # the reference from the same half-precision values: the scores' products are exact in float32
+    want = reference(q, k, v, causal=True, valid=torch.ones(B, T, dtype=torch.bool), bins=6)
+    out, got = rowstats.attention_with_statistics(q.to(device), k.to(device), v.to(device), causal=True, bins=6)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.cpu().double(), want["out"], atol=2e-2, rtol=2e-2)  # p rounded to the dtype for P·V
+    for name in ("lse", "entropy", "max_weight", "distance", "bins"):
+        torch.testing.assert_close(getattr(got, name).cpu().double(), want[name], atol=3e-5, rtol=1e-5)
+    assert got.key_sets is None and got.repeat is None
+
+
+def test_a_row_that_sees_no_key_has_zeros_and_no_nan():
+    rowstats, device = triton_kernels()
+    B, H, T, D = 2, 2, 20, 16
+    q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
+    valid = torch.ones(B, T, dtype=torch.bool)
+    valid[1] = False  # the second text has no key at all
+    out, got = rowstats.attention_with_statistics(q.to(device), k.to(device), v.to(device), causal=False,
+                                                  key_valid=valid, key_sets=valid[None], bins=3)
+    assert torch.isinf(got.lse[1]).all() and torch.isfinite(got.lse[0]).all()
+    for t in (out, got.entropy, got.max_weight, got.distance, got.key_sets, got.bins):
+        assert not t.isnan().any()
+        assert (t[1] == 0).all()
+    columns = rowstats.column_sums(q.to(device), k.to(device), got.lse, causal=False, key_valid=valid)
+    assert not columns.isnan().any() and (columns[1] == 0).all()
+    torch.testing.assert_close(columns[0].sum(-1).cpu(), torch.full((H,), float(T)))  # every row's mass is 1
+
+
+def test_bad_input_is_named():
+    rowstats, device = triton_kernels()
+    q = torch.randn(1, 3, 8, 16, device=device)
+    k = torch.randn(1, 2, 8, 16, device=device)
+    with pytest.raises(ValueError, match="cannot share"):
+        rowstats.attention_with_statistics(q, k, k, causal=True)
+    with pytest.raises(ValueError, match="self-attention"):
+        rowstats.attention_with_statistics(q, k[:, :1, :5], k[:, :1, :5], causal=True)
+    with pytest.raises(ValueError, match="float16, bfloat16 or float32"):
+        d = q[:, :1].double()
+        rowstats.attention_with_statistics(d, d, d, causal=True)
+    with pytest.raises(ValueError, match="key_sets"):
+        rowstats.attention_with_statistics(q[:, :2], k, k, causal=True, key_sets=torch.ones(9, 1, 8, dtype=torch.bool))
+    if device.type == "cpu":  # the interpreter is on: CUDA tensors are not its to run
+        assert not rowstats.available("meta")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_head_metrics_from_the_kernel_equal_the_eager_reader_on_the_map(causal):
+    """HeadStatistics' twelve row metrics from the kernel's sums (no map) against the analysis's
+    reference reader over the map the capture forms (math kernel, float32)."""
+    rowstats, device = triton_kernels()
+    from types import SimpleNamespace
+
+    from multihead.analysis.stats.heads import eager_row_values, kernel_key_sets, summary_row_values
+    from multihead.attn import attention
+    from multihead.inputs import TokenInfo
+    from multihead.masks import causal as causal_mask
+    from multihead.masks import from_tensor
+
+    g = torch.Generator().manual_seed(3)
+    B, H, Hkv, T, D = 3, 4, 2, 37, 16
+    q, k, v = torch.randn(B, H, T, D, generator=g) * 2, torch.randn(B, Hkv, T, D, generator=g), \
+        torch.randn(B, Hkv, T, D, generator=g)
+    lengths = torch.tensor([37, 20, 2])
+    valid = torch.arange(T)[None, :] < lengths[:, None]  # (B, T) right padding
+    first = torch.zeros(B, T, dtype=torch.bool)
+    first[:, 0] = True
+    tokens = TokenInfo(valid, first, (torch.rand(B, T, generator=g) < 0.1) & valid,
+                       (torch.rand(B, T, generator=g) < 0.2) & valid)
+    mask = from_tensor(valid[:, None, None, :])
+    if causal:
+        mask = causal_mask() & mask
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    _, weights = attention(q, kk, vv, mask, backend="math", need_weights=True)  # (B, H, T, T)
+    visible = mask.materialize(T, T)
+    want = eager_row_values(SimpleNamespace(weights=weights, visible=visible, start=0), tokens)
+    _, found = rowstats.attention_with_statistics(q.to(device), k.to(device), v.to(device), causal=causal,
+                                                  key_valid=valid, key_sets=kernel_key_sets(tokens))
+    got = summary_row_values(found, q.to(device), k.to(device), tokens.to(device), causal=causal)
+    assert got.names == want.names
+    torch.testing.assert_close(got.counts.cpu(), want.counts)
+    for m, name in enumerate(want.names):  # sums over up to 37 rows of float32 values
+        torch.testing.assert_close(got.sums[m].cpu(), want.sums[m], atol=2e-4, rtol=1e-5,
+                                   msg=lambda msg, name=name: f"{name}: {msg}")
+
+
+def test_the_kernels_compile_for_a_hopper_gpu():
+    """Triton's compiler builds both kernels for an sm_90 GPU (H100/H200) to machine code, as the
+    wrapper launches them with a GPU's tiles (bfloat16 and float32) — here, without a GPU: what the
+    interpreter does not check (types across branches, loop-carried shapes, the dot's operand sizes,
+    register spills) is caught before a lent GPU's minutes are spent on it. In a process of its own:
+    Triton builds its library for the interpreter or for the compiler, once, as it is imported."""
+    _, device = triton_kernels()
+    if device.type != "cpu":
+        pytest.skip("on a GPU the kernels run (the tests above); this compiles them where none is")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # Triton 3.9 warns where it is unset (its default changes in 3.10)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("compile_kernels.py"))], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == ["_rows_kernel", "bfloat16", "_columns_kernel", "bfloat16",
+                                   "_rows_kernel", "float32", "_columns_kernel", "float32"]
