@@ -27,7 +27,7 @@ def launches(dtype: torch.dtype) -> list[tuple[str, tuple, dict]]:
             return lambda *args, **constants: made.append((self.name, args, constants))
 
     rowstats._built = Launcher  # this process only: the launches recorded, not run
-    rowstats._blocks = rowstats.gpu_blocks
+    rowstats._blocks = lambda head_dim, tokens: rowstats.gpu_blocks(head_dim)
     rowstats._runnable = lambda device: None
     q = torch.randn(1, 4, 64, 128, dtype=dtype)
     k = torch.randn(1, 2, 64, 128, dtype=dtype)

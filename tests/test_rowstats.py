@@ -43,7 +43,7 @@ def reference(q, k, v, *, causal, valid, sets=None, tokens=None, bins=0):
         target = (before[:, None, :] == tokens[:, :, None]) & (j <= i)  # (B, T, T)
         out["repeat"] = (p * target[:, None]).sum(-1)
     if bins:
-        which = torch.where(d == 0, 0, torch.floor(torch.log2(d.clamp_min(1))) + 1).long()
+        which = torch.where(d == 0, 0, torch.floor(torch.log2(d.clamp_min(1))) + 1).long().clamp_max(bins - 1)
         out["bins"] = torch.stack([(p * (which == b)).sum(-1) for b in range(bins)], -1)
     return out
 
@@ -75,9 +75,9 @@ def test_every_row_statistic_equals_the_map_read_row_by_row(case):
         valid[-1, torch.randint(0, T + 1, (), generator=g):] = False
     sets = torch.rand(3, B, T, generator=g) < 0.3
     tokens = torch.randint(0, 4, (B, T), generator=g)
-    want = reference(q, k, v, causal=causal, valid=valid, sets=sets, tokens=tokens, bins=7)
+    want = reference(q, k, v, causal=causal, valid=valid, sets=sets, tokens=tokens, bins=5)
     out, got = rowstats.attention_with_statistics(q.to(device), k.to(device), v.to(device), causal=causal,
-                                                  key_valid=valid, key_sets=sets, tokens=tokens, bins=7)
+                                                  key_valid=valid, key_sets=sets, tokens=tokens, bins=5)
     assert out.dtype == v.dtype and out.shape == (B, H, T, Dv)
     torch.testing.assert_close(out.cpu().double(), want["out"], atol=1e-5, rtol=1e-5)
     some = want["lse"] > -math.inf
@@ -205,3 +205,29 @@ def test_the_kernels_compile_for_a_hopper_gpu():
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.split() == ["_rows_kernel", "bfloat16", "_columns_kernel", "bfloat16",
                                    "_rows_kernel", "float32", "_columns_kernel", "float32"]
+
+
+def test_long_context_metrics_from_the_kernel_equal_the_eager_reader_on_the_map():
+    """The long-context reader's row metrics and distance histograms from the kernel's sums against
+    its reference over the map, on a text long enough for every window (64, 256, 1,024) and the
+    sinks beyond 1,024 tokens: a causal layer of 1,100 tokens and a shorter padded text beside it."""
+    rowstats, device = triton_kernels()
+    from multihead.analysis.stats.longcontext import BINS, _by_prefix_sums, summary_long_values
+    from multihead.inputs import TokenInfo
+
+    g = torch.Generator().manual_seed(5)
+    B, H, T, D = 2, 1, 1100, 16
+    q, k, v = (torch.randn(B, H, T, D, generator=g) * s for s in (1.0, 0.3, 1.0))  # broad rows: far mass
+    q[:, :, :, 0], k[:, :, :4, 0] = 4.0, 3.0  # and sinks: the first four keys stand out
+    valid = torch.arange(T)[None, :] < torch.tensor([[T], [700]])  # (B, T) right padding
+    none = torch.zeros(B, T, dtype=torch.bool)
+    tokens = TokenInfo(valid, none, none, none)
+    want = reference(q, k, v, causal=True, valid=valid)["p"].float()  # (B, H, T, T)
+    values, hist = _by_prefix_sums(want, valid, tokens.positions[0], 0)
+    _, found = rowstats.attention_with_statistics(q.to(device), k.to(device), v.to(device), causal=True,
+                                                  key_valid=valid, bins=BINS)
+    got_values, got_hist = summary_long_values(found, q.to(device), k.to(device), tokens.to(device), causal=True)
+    rows = valid[:, None, :, None]  # the real query rows, as the reducer sums them
+    assert (values * rows)[..., 6].abs().sum() > 10 and (values * rows)[..., 7].abs().sum() > 1  # measured, not 0
+    torch.testing.assert_close((got_values.cpu() * rows), (values * rows), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close((got_hist.cpu() * rows), (hist * rows), atol=2e-5, rtol=1e-4)

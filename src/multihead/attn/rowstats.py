@@ -16,7 +16,8 @@ row sum at once, with the running maximum's rescaling (Milakov & Gimelshein; Dao
 | ``distance`` | ``Σ_j p_ij |i − j|`` |
 | ``key_sets`` | (B, H, T, F): ``Σ_{j ∈ set f} p_ij`` for up to 8 sets of keys, given as bits per key |
 | ``repeat`` | ``Σ_{j ≤ i, token(j − 1) = token(i)} p_ij``: the induction pattern's targets |
-| ``bins`` | (B, H, T, NB): mass at ``|i − j| = 0``, then in ``[2^(k−1), 2^k − 1]`` for k = 1 .. NB − 1 |
+| ``bins`` | (B, H, T, NB): mass at ``|i − j| = 0``, then in ``[2^(k−1), 2^k − 1]`` for k = 1 .. NB − 1 (the |
+|  | last bin also takes every farther key) |
 
 and, in a second kernel from the first's ``lse``, each key's column sum over the rows that count
 (:func:`column_sums`), and at any (row, key) pairs their weights (:func:`weights_at`, O(pairs·D)
@@ -186,7 +187,7 @@ def _rows_kernel(Q, K, V, OUT, STATS, SETS, BINS, VALID, FLAGS, TOKENS, PREVIOUS
             bins = bins * alpha[:, None]
             # bin of d: 0 for d = 0, else floor(log2 d) + 1 — the exponent of d as a float32, exact below 2^24
             exponent = (gap.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 126
-            which = tl.where(gap == 0, 0, exponent)  # (BM, BN)
+            which = tl.minimum(tl.where(gap == 0, 0, exponent), NB - 1)  # (BM, BN): the last bin takes the farther keys
             # a block's distances span few bins (one or two off the diagonal): only those are summed
             for at in range(tl.min(which), tl.minimum(tl.max(which) + 1, NB)):
                 mass = tl.sum(tl.where(which == at, e, 0.0), 1)
@@ -261,10 +262,12 @@ def _built(name: str) -> Any:
 # --------------------------------------------------------------------------- the calls
 
 
-def _blocks(head_dim: int) -> tuple[int, int, int]:
-    """(rows, keys, warps) of a program: small in the interpreter (each block is numpy work), else
-    :func:`gpu_blocks`."""
-    return (16, 16, 1) if interpreting() else gpu_blocks(head_dim)
+def _blocks(head_dim: int, tokens: int) -> tuple[int, int, int]:
+    """(rows, keys, warps) of a program: :func:`gpu_blocks`, or in the interpreter (each block is
+    numpy work, its cost mostly per block) 16 for a short text — many blocks of it — else 64."""
+    if interpreting():
+        return (16, 16, 1) if tokens <= 256 else (64, 64, 1)
+    return gpu_blocks(head_dim)
 
 
 def gpu_blocks(head_dim: int) -> tuple[int, int, int]:
@@ -353,7 +356,7 @@ def attention_with_statistics(query: Tensor, key: Tensor, value: Tensor, *, scal
     stats = torch.empty(B, H, T, 5, dtype=torch.float32, device=device)
     sets = torch.empty(B, H, T, max(F, 1), dtype=torch.float32, device=device)
     histogram = torch.empty(B, H, T, max(bins, 1), dtype=torch.float32, device=device)
-    BM, BN, warps = _blocks(D)
+    BM, BN, warps = _blocks(D, T)
     grid = (-(-T // BM), B * H)
     _built("_rows_kernel")[grid](
         query, key, value, out, stats, sets, histogram, valid, flags, tokens, previous,
@@ -386,7 +389,7 @@ def column_sums(query: Tensor, key: Tensor, lse: Tensor, *, scale: float | None 
     counted = (torch.ones(B, T, dtype=torch.int8, device=device) if rows is None
                else rows.to(device, torch.int8).contiguous())
     out = torch.empty(B, H, T, dtype=torch.float32, device=device)
-    BM, BN, warps = _blocks(D)
+    BM, BN, warps = _blocks(D, T)
     _built("_columns_kernel")[(-(-T // BN), B * H)](
         query, key, lse.to(torch.float32).contiguous(), counted, valid, out,
         *query.stride()[:3], *key.stride()[:3], H, H // key.shape[1], T, T, scale,

@@ -27,12 +27,13 @@ import math
 import torch
 from torch import Tensor
 
+from ...attn.rowstats import RowStatistics, weights_at
 from ...hf.route import AttentionChunk
 from ...inputs import Batch
 from . import native
 from .base import ReducerBase
 
-__all__ = ["BINS", "LONG_METRICS", "LongContextStatistics"]
+__all__ = ["BINS", "LONG_METRICS", "LongContextStatistics", "summary_long_values"]
 
 LONG_METRICS = ("sink_first", "sink_first4", "long_256", "long_1024", "window_64", "window_256", "window_1024",
                 "long_1024_past_sinks", "distance_median", "distance_p90")
@@ -142,6 +143,36 @@ def _by_prefix_sums(p: Tensor, valid: Tensor, pos: Tensor, start: int) -> tuple[
     # bins: d = 0, then [2^(k-1), 2^k) for k = 1 .. BINS - 1; the mass with d < 2^k is within 2^k - 1
     inside[..., -1] = total  # the last bin takes every farther key too
     hist = torch.cat([inside[..., :1], inside.diff(dim=-1)], -1).clamp_min(0)  # (B, H, C, BINS)
+    return values, hist
+
+
+def summary_long_values(found: RowStatistics, query: Tensor, key: Tensor, tokens, *, causal: bool,
+                        scale: float | None = None) -> tuple[Tensor, Tensor]:
+    """:func:`_by_prefix_sums` of a whole layer from the row-statistics kernel's sums, no map formed:
+    ``found`` of :func:`~multihead.attn.rowstats.attention_with_statistics` over ``query`` (B, H,
+    T, D) and ``key`` (B, Hkv, T, D) with ``key_valid=tokens.valid`` and ``bins=BINS``, for
+    right-padded texts; the first four keys and each window's exact edge (d = w) are weights at
+    those pairs (:func:`~multihead.attn.rowstats.weights_at`). Returns the row metrics (B, H, T, 8)
+    and the distance histograms (B, H, T, BINS)."""
+    T = found.lse.shape[-1]
+    if not tokens.positions[1]:
+        raise ValueError("the row-statistics kernel's metrics need right-padded texts (real tokens first)")
+    dev = found.lse.device
+    valid = tokens.valid.to(dev)
+    i = torch.arange(T, device=dev)  # (T,) the rows
+
+    def at(keys: Tensor) -> Tensor:  # (B, H, T) p_i,keys[i]
+        return weights_at(query, key, found.lse, i, keys, causal=causal, key_valid=valid, scale=scale)
+
+    first = [at(torch.full_like(i, j)) for j in range(4)]  # (B, H, T) each: p_i0 .. p_i3
+    hist = found.bins  # (B, H, T, BINS)
+    total = hist.sum(-1)  # (B, H, T)
+    within = hist.cumsum(-1)  # [k]: the mass at d <= 2^k - 1 (k >= 1; [0]: d = 0)
+    # d <= w for w = 2^k: the bins up to 2^k - 1, and the two keys at d = w exactly
+    windows = [within[..., w.bit_length() - 1] + at(i - w) + at(i + w) for w in (64, 256, 1024)]
+    sink_far = sum(p * (i - j > 1024) for j, p in enumerate(first))  # keys j < 4 farther than 1,024
+    values = torch.stack([first[0], sum(first), total - windows[1], total - windows[2], *windows,
+                          total - windows[2] - sink_far], -1)  # (B, H, T, 8)
     return values, hist
 
 
