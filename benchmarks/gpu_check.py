@@ -11,7 +11,8 @@ real shapes are built on the spot).
    forward on one Qwen2-1.5B-shaped layer (12 query / 2 key-value heads of 128, bfloat16, causal) at
    8k and 32k tokens: what the analysis would add per layer if its readers took these sums;
 4. a Qwen2-1.5B-shaped decoder (random, bfloat16) on 8k and 32k tokens: the plain forward against
-   the streamed analysis (every reducer that streams without a parser, as bench_scale's: head
+   the streamed analysis — through the row-statistics kernels, the default on CUDA (every reducer
+   that streams without a parser, as bench_scale's: head
    metrics, typical texts, long-context statistics, redundancy; one untimed analysis of 64 tokens
    first), time and peak memory above the weights, and the memory plan against the allocator's
    peak. A length whose time, extrapolated from the one before it (quadratic in the tokens), would
@@ -213,11 +214,12 @@ def _row_statistics_at(T: int, heads: int, kv_heads: int, dim: int, device: str)
     k, v = (torch.randn(1, kv_heads, T, dim, generator=g).to(device, torch.bfloat16) for _ in range(2))
     sets = (torch.rand(3, 1, T, generator=g) < 0.1).to(device)
     tokens = torch.randint(0, 1000, (1, T), generator=g).to(device)
+    targets = (torch.cat([tokens.new_full((1, 1), -1), tokens[:, :-1]], 1), tokens)  # the induction pattern's
     i = torch.arange(T, device=device)
     kk, vv = (t.repeat_interleave(heads // kv_heads, 1) for t in (k, v))  # SDPA's grouped heads, as the model's
 
     def rows_kernel():
-        return rowstats.attention_with_statistics(q, k, v, causal=True, key_sets=sets, tokens=tokens, bins=18)
+        return rowstats.attention_with_statistics(q, k, v, causal=True, key_sets=sets, targets=targets, bins=18)
 
     def everything():
         _, found = rows_kernel()

@@ -32,7 +32,7 @@ def launches(dtype: torch.dtype) -> list[tuple[str, tuple, dict]]:
     q = torch.randn(1, 4, 64, 128, dtype=dtype)
     k = torch.randn(1, 2, 64, 128, dtype=dtype)
     rowstats.attention_with_statistics(q, k, k, causal=True, key_sets=torch.ones(3, 1, 64, dtype=torch.bool),
-                                       tokens=torch.zeros(1, 64, dtype=torch.long), bins=18)
+                                       targets=(torch.zeros(1, 64, dtype=torch.int32),) * 2, bins=18)
     rowstats.column_sums(q, k, torch.zeros(1, 4, 64), causal=True)
     return made
 

@@ -93,6 +93,8 @@ TEXT = " ".join(f"w{(7 * i) % 997 + 2}" for i in range(1500))
 
 
 def test_the_streamed_analysis_on_cuda_equals_the_cpu():
+    """On CUDA the document's layers go to the row-statistics kernels (the default there); on the CPU
+    through the maps: the head metrics agree."""
     cpu = mh.analysis.collect_statistics(_random_decoder("cpu"), [TEXT], redundancy=False, progress=False)
     gpu = mh.analysis.collect_statistics(_random_decoder("cuda"), [TEXT], redundancy=False, progress=False)
     want, got = dict(cpu.heads.result()), dict(gpu.heads.result())
@@ -100,7 +102,9 @@ def test_the_streamed_analysis_on_cuda_equals_the_cpu():
         torch.testing.assert_close(got[name].cpu(), value, atol=1e-4, rtol=1e-4, equal_nan=True)
 
 
-def test_the_memory_plan_on_cuda_is_within_20_percent_of_the_allocator():
+def test_the_memory_plan_on_cuda_is_within_20_percent_of_the_allocator(monkeypatch):
+    # the plan traces the maps' path; the row-statistics kernels' (the default on CUDA) hold far less
+    monkeypatch.setenv("MULTIHEAD_ROWSTATS", "0")
     model = _random_decoder("cuda")
     n = len(model.tokenizer(TEXT)["input_ids"])
     found = mh.analysis.plan(model, n, probes=False, views=0)

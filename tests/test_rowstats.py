@@ -22,6 +22,11 @@ from conftest import triton_kernels
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
+def targets_of(tokens):
+    """(previous, token): the induction targets of texts with no padding (the token before each key)."""
+    return torch.cat([torch.full((tokens.shape[0], 1), -1), tokens[:, :-1]], 1), tokens
+
+
 def reference(q, k, v, *, causal, valid, sets=None, tokens=None, bins=0):
     """Every statistic from the map itself, in float64 (q, k, v as the kernel reads them)."""
     B, H, T, D = q.shape
@@ -77,7 +82,7 @@ def test_every_row_statistic_equals_the_map_read_row_by_row(case):
     tokens = torch.randint(0, 4, (B, T), generator=g)
     want = reference(q, k, v, causal=causal, valid=valid, sets=sets, tokens=tokens, bins=5)
     out, got = rowstats.attention_with_statistics(q.to(device), k.to(device), v.to(device), causal=causal,
-                                                  key_valid=valid, key_sets=sets, tokens=tokens, bins=5)
+                                                  key_valid=valid, key_sets=sets, targets=targets_of(tokens), bins=5)
     assert out.dtype == v.dtype and out.shape == (B, H, T, Dv)
     torch.testing.assert_close(out.cpu().double(), want["out"], atol=1e-5, rtol=1e-5)
     some = want["lse"] > -math.inf
@@ -96,6 +101,9 @@ def test_every_row_statistic_equals_the_map_read_row_by_row(case):
     inside = (j >= 0) & (j < T)
     want_at = want["p"][:, :, i, j.clamp(0, T - 1)] * inside
     torch.testing.assert_close(at.cpu().double(), want_at, atol=1e-6, rtol=1e-5)
+    texts = torch.randint(0, B, (5,), generator=g)
+    whole = rowstats.rows_at(q.to(device), k.to(device), got.lse, texts, i[:5], causal=causal, key_valid=valid)
+    torch.testing.assert_close(whole.cpu().double(), want["p"][texts, :, i[:5]], atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -231,3 +239,73 @@ def test_long_context_metrics_from_the_kernel_equal_the_eager_reader_on_the_map(
     assert (values * rows)[..., 6].abs().sum() > 10 and (values * rows)[..., 7].abs().sum() > 1  # measured, not 0
     torch.testing.assert_close((got_values.cpu() * rows), (values * rows), atol=2e-5, rtol=1e-4)
     torch.testing.assert_close((got_hist.cpu() * rows), (hist * rows), atol=2e-5, rtol=1e-4)
+
+
+def _tiny_decoder():
+    """A random two-layer Qwen2 (4 query / 2 key-value heads of 16) with a word-level tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
+
+    import multihead as mh
+
+    raw = Tokenizer(models.WordLevel({f"w{i}": i for i in range(200)}, unk_token="w0"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="w0", pad_token="w0", eos_token="w1")
+    torch.manual_seed(0)
+    config = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=128, vocab_size=200, max_position_embeddings=1024)
+    return mh.hf.wrap(AutoModelForCausalLM.from_config(config).eval(), tokenizer, name="tiny-qwen2")
+
+
+def _analysed(monkeypatch, rowstats, model, texts, setting):
+    from multihead.analysis.pipelines.analyze import collect_statistics
+
+    calls = []
+    kernel = rowstats.attention_with_statistics
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(rowstats, "attention_with_statistics", counted)
+    if setting is None:
+        monkeypatch.delenv("MULTIHEAD_ROWSTATS", raising=False)
+    else:
+        monkeypatch.setenv("MULTIHEAD_ROWSTATS", setting)
+    found = collect_statistics(model, texts, progress=False, long_context=True)
+    monkeypatch.setattr(rowstats, "attention_with_statistics", kernel)
+    return found, calls
+
+
+def test_an_analysis_through_the_kernels_equals_the_one_through_the_maps(monkeypatch):
+    """A document's whole streamed analysis — head metrics, typical texts with the induction
+    pattern, long-context statistics, redundancy — with every layer taken as the kernels' row sums
+    (MULTIHEAD_ROWSTATS=1) equals the one read from the maps (=0); a padded batch's layers (a mask
+    tensor) and the default on a CPU keep to the maps."""
+    rowstats, device = triton_kernels()
+    if device.type != "cpu":
+        pytest.skip("the CUDA tests compare the two paths on the GPU")
+    model = _tiny_decoder()
+    g = torch.Generator().manual_seed(1)
+    text = " ".join(f"w{int(i)}" for i in torch.randint(2, 40, (90,), generator=g))  # words repeat: induction
+    kernels, calls = _analysed(monkeypatch, rowstats, model, [text], "1")
+    assert len(calls) == 2  # one kernel pass a layer: the whole layer, no map
+    maps, none = _analysed(monkeypatch, rowstats, model, [text], "0")
+    assert none == []
+    for name, value in maps.heads.result().items():
+        torch.testing.assert_close(kernels.heads.result()[name], value, atol=1e-5, rtol=1e-5,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    for name, value in maps.long.result().items():
+        torch.testing.assert_close(kernels.long.result()[name], value, atol=1e-5, rtol=1e-5,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    ours, theirs = kernels.typical.metrics, maps.typical.metrics
+    assert list(ours) == list(theirs) and "repeat_successor" in list(ours)
+    torch.testing.assert_close(ours.value, theirs.value, atol=1e-6, rtol=1e-5)
+    assert torch.equal(ours.index, theirs.index)
+    torch.testing.assert_close(kernels.redundancy.js_sum, maps.redundancy.js_sum, atol=1e-5, rtol=1e-3)
+    torch.testing.assert_close(kernels.redundancy.cos_sum, maps.redundancy.cos_sum, atol=1e-4, rtol=1e-4)
+    assert kernels.redundancy.js_count == maps.redundancy.js_count > 0
+    _, default = _analysed(monkeypatch, rowstats, model, [text], None)
+    assert default == []  # on a CPU the maps, unless asked
+    _, padded = _analysed(monkeypatch, rowstats, model, [text, text[:100]], "1")
+    assert padded == []  # a padded batch's mask is a tensor: the maps

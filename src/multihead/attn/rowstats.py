@@ -15,7 +15,8 @@ row sum at once, with the running maximum's rescaling (Milakov & Gimelshein; Dao
 | ``max_weight`` | ``max_j p_ij`` = ``1 / l`` (the largest ``e`` is ``exp(0)``) |
 | ``distance`` | ``Σ_j p_ij |i − j|`` |
 | ``key_sets`` | (B, H, T, F): ``Σ_{j ∈ set f} p_ij`` for up to 8 sets of keys, given as bits per key |
-| ``repeat`` | ``Σ_{j ≤ i, token(j − 1) = token(i)} p_ij``: the induction pattern's targets |
+| ``repeat`` | ``Σ_{j ≤ i, previous(j) = token(i)} p_ij``: the induction pattern's targets (the keys right |
+|  | after an earlier occurrence of the row's token) |
 | ``bins`` | (B, H, T, NB): mass at ``|i − j| = 0``, then in ``[2^(k−1), 2^k − 1]`` for k = 1 .. NB − 1 (the |
 |  | last bin also takes every farther key) |
 
@@ -55,7 +56,7 @@ triton: Any = None
 tl: Any = None
 
 __all__ = ["KERNEL_DTYPES", "MAX_KEY_SETS", "RowStatistics", "attention_with_statistics", "available",
-           "column_sums", "weights_at"]
+           "column_sums", "rows_at", "weights_at"]
 
 #: The dtypes the kernels take (float64 and others: the chunked path).
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -324,16 +325,18 @@ def _widen(dtype: torch.dtype) -> bool:
 
 def attention_with_statistics(query: Tensor, key: Tensor, value: Tensor, *, scale: float | None = None,
                               causal: bool, key_valid: Tensor | None = None, key_sets: Tensor | None = None,
-                              tokens: Tensor | None = None, bins: int = 0
+                              targets: tuple[Tensor, Tensor] | None = None, bins: int = 0
                               ) -> tuple[Tensor, RowStatistics]:
     """Self-attention and its rows' statistics in one pass over the scores (the module's table).
 
     query (B, H, T, Dk), key/value (B, Hkv, T, D·) with H a multiple of Hkv (grouped queries);
     ``causal``: row i sees keys j <= i; ``key_valid`` (B, T) bool: the keys that may be seen at
     all (padding False; default all); ``key_sets`` (F, B, T) bool: keys of each set whose mass
-    each row gets; ``tokens`` (B, T) int: the texts' tokens, for the induction pattern's mass
-    (``repeat``; None: not summed); ``bins``: distance bins to sum (0: none). Returns the head
-    outputs (B, H, T, Dv) in the values' dtype and the :class:`RowStatistics`.
+    each row gets; ``targets`` ``(previous, token)``, (B, T) int each: row i's induction targets are
+    the keys j <= i with ``previous[j] == token[i]`` (``repeat``; None: not summed — e.g. the token
+    before each key, and each row's own, with distinct negative values where padding should match
+    nothing); ``bins``: distance bins to sum (0: none). Returns the head outputs (B, H, T, Dv) in
+    the values' dtype and the :class:`RowStatistics`.
     """
     _checked(query, key, value)
     _runnable(query.device)
@@ -345,13 +348,11 @@ def attention_with_statistics(query: Tensor, key: Tensor, value: Tensor, *, scal
     valid = (torch.ones(B, T, dtype=torch.int8, device=device) if key_valid is None
              else key_valid.to(device, torch.int8).contiguous())
     flags, F = _key_bits(key_sets, B, T, device)
-    repeat = tokens is not None
+    repeat = targets is not None
     if repeat:
-        tokens = tokens.to(device, torch.int64)
-        previous = torch.cat([tokens.new_full((B, 1), -1), tokens[:, :-1]], 1).contiguous()  # (B, T) token at j - 1
-        tokens = tokens.contiguous()
+        previous, tokens = (t.to(device, torch.int32).contiguous() for t in targets)  # (B, T) each
     else:
-        tokens = previous = torch.zeros(B, T, dtype=torch.int64, device=device)
+        previous = tokens = torch.zeros(B, T, dtype=torch.int32, device=device)
     out = value.new_empty(B, H, T, Dv)  # (B, H, T, Dv)
     stats = torch.empty(B, H, T, 5, dtype=torch.float32, device=device)
     sets = torch.empty(B, H, T, max(F, 1), dtype=torch.float32, device=device)
@@ -422,3 +423,24 @@ def weights_at(query: Tensor, key: Tensor, lse: Tensor, rows: Tensor, keys: Tens
     seen = seen[:, None, :] & (row_lse > float("-inf"))  # (B|1, H, P)
     return torch.where(seen, (score - row_lse.where(seen, torch.zeros_like(row_lse))).exp(),
                        torch.zeros_like(score))  # (B, H, P)
+
+
+def rows_at(query: Tensor, key: Tensor, lse: Tensor, texts: Tensor, rows: Tensor, *, causal: bool,
+            key_valid: Tensor | None = None, scale: float | None = None) -> Tensor:
+    """Whole rows of the map, ``p_i· = exp(s_i· − lse_i)`` over every key, at chosen (text, row)
+    pairs: ``texts``, ``rows`` (R,) int -> (R, H, T) float32 (0 where the row may not see a key).
+    O(R·H·T·D): a sample of rows (redundancy's), not a layer."""
+    H, T, D = query.shape[1:]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    texts, rows = texts.to(query.device), rows.to(query.device)
+    q = query[texts, :, rows].float()  # (R, H, D)
+    k = key[texts].float().repeat_interleave(H // key.shape[1], dim=1)  # (R, H, T, D)
+    score = torch.einsum("rhd,rhtd->rht", q, k) * scale  # (R, H, T)
+    row_lse = lse[texts, :, rows]  # (R, H)
+    seen = (row_lse > float("-inf"))[..., None]  # (R, H, 1)
+    if causal:
+        seen = seen & (torch.arange(T, device=query.device)[None, :] <= rows[:, None])[:, None, :]
+    if key_valid is not None:
+        seen = seen & key_valid.to(query.device)[texts][:, None, :]
+    return torch.where(seen, (score - row_lse.where(row_lse > float("-inf"), 0)[..., None]).exp(),
+                       torch.zeros_like(score))  # (R, H, T)

@@ -21,7 +21,7 @@ from torch import Tensor
 from . import route
 from .model import ModelLike, as_module
 from .placement import model_devices
-from .route import MAP_BUDGET, Attachment, AttentionChunk
+from .route import MAP_BUDGET, Attachment, AttentionChunk, SummaryRequest
 from .sites import AttentionSite, find_sites, select
 
 __all__ = ["AttentionCapture", "LayerCallback"]
@@ -51,6 +51,9 @@ class AttentionCapture(Attachment):
     """
 
     reads = True
+    #: the row sums the callback can take instead of a layer's map (set by its caller, e.g. per batch:
+    #: :meth:`~multihead.hf.route.Attachment.summary`); None: the maps
+    summary_request: SummaryRequest | None = None
     #: where chunks are handed over (set on entering: the first of
     #: :func:`~multihead.hf.placement.model_devices`; None for a model traced on meta by a plan)
     device = None
@@ -111,6 +114,9 @@ class AttentionCapture(Attachment):
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
         self.chunk_bytes = self._given_bytes
+
+    def summary(self, site: AttentionSite, layer: int) -> SummaryRequest | None:
+        return self.summary_request
 
     def read(self, chunk: AttentionChunk) -> None:
         self.callback(chunk.to(self.device) if self.device is not None else chunk)

@@ -13,6 +13,12 @@ at some of the model's named layers (``decoder.3``; :func:`~multihead.hf.sites.s
    activation patching);
 5. every reader handed each chunk of the map (:class:`AttentionChunk`), in order.
 
+Where its one reader can take a layer as row sums (:meth:`Attachment.summary`) and the layer allows
+it (:func:`_summary_plan`: self-attention, causal or no mask, no soft-cap, sinks, bias, uniform heads
+or replacement), steps 2 and 5 are one pass of the row-statistics kernels
+(:mod:`multihead.attn.rowstats`): the map is never formed, and the reader gets the whole layer as
+one chunk with its :class:`LayerSummary` — on CUDA by default (``MULTIHEAD_ROWSTATS``: :data:`ROWSTATS_ENV`).
+
 transformers' attention modules reach it through an attention function registered with
 transformers (the model's configs point at it only while something is attached); our own
 :class:`~multihead.MultiHeadAttention` layers through their ``router`` slot. Neither knows the
@@ -26,6 +32,7 @@ argument the routing does not know is an error that names it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,18 +40,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attn import attention
+from ..attn import attention, rowstats
 from ..attn.layer import MultiHeadAttention, scale_heads
 from ..attn.memory import available_memory
 from ..attn.precision import KEY_GRID, key_grid
 from ..attn.workspace import Workspace
-from ..masks import Mask, Rows, as_mask, causal, from_tensor, split_topk, window
+from ..masks import Causal, Mask, Rows, as_mask, causal, from_tensor, split_topk, window
 from .model import ModelLike, as_module
 from .sites import AttentionSite
 from .version import require_transformers
 
-__all__ = ["CHUNK_BYTES", "IMPLEMENTATION", "MAP_BUDGET", "Attachment", "AttentionChunk", "Handle", "attach",
-           "chunk_bytes", "routed"]
+__all__ = ["CHUNK_BYTES", "IMPLEMENTATION", "MAP_BUDGET", "ROWSTATS_ENV", "Attachment", "AttentionChunk", "Handle",
+           "LayerSummary", "SummaryRequest", "attach", "chunk_bytes", "routed"]
 
 IMPLEMENTATION = "multihead_capture"
 
@@ -71,6 +78,50 @@ CUDA_CHUNK_MAX = 512 << 20
 
 #: the one attribute routing keeps on a module: its :class:`_SiteState`
 _STATE = "_multihead_route"
+#: Where a reader that can take a layer's row sums gets them instead of its map: ``auto`` (the
+#: default) on CUDA with Triton, where the map's memory traffic is most of an analysis's time
+#: (docs/scale.md); ``1`` wherever the kernels run (also CPU tensors in Triton's interpreter: the
+#: tests); ``0`` never (the map: the reference).
+ROWSTATS_ENV = "MULTIHEAD_ROWSTATS"
+
+
+@dataclass
+class SummaryRequest:
+    """What a reader asks of a layer given as row sums (:class:`LayerSummary`): the kernels' key
+    sets (F, B, T) bool, induction targets ``(previous, token)`` (B, T) each, distance bins (0: none),
+    and the rows whose column sums it wants ((B, T) bool; None: no column sums) — see
+    :func:`multihead.attn.rowstats.attention_with_statistics`."""
+
+    key_sets: Tensor | None = None
+    targets: tuple[Tensor, Tensor] | None = None
+    bins: int = 0
+    columns: Tensor | None = None
+
+
+@dataclass(eq=False)
+class LayerSummary:
+    """A whole self-attention layer as the row-statistics kernels sum it, the map never formed:
+    ``query`` (B, H, T, D) and ``key`` (B, Hkv, T, D) as the model computed them, the ``scale``
+    (None: 1/√D) and whether it was ``causal`` (else every key: no mask), ``found`` the rows'
+    :class:`~multihead.attn.rowstats.RowStatistics`, ``columns`` (B, H, T) float32 the column sums
+    over the requested rows (or None). Weights at chosen pairs or rows come from ``query``, ``key``
+    and ``found.lse`` (:func:`~multihead.attn.rowstats.weights_at`, :func:`~multihead.attn.rowstats.rows_at`)."""
+
+    query: Tensor
+    key: Tensor
+    scale: float | None
+    causal: bool
+    found: rowstats.RowStatistics
+    columns: Tensor | None
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> LayerSummary:
+        def moved(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(device, non_blocking=non_blocking)
+
+        f = self.found
+        found = rowstats.RowStatistics(*(moved(getattr(f, name)) for name in
+                                         ("lse", "entropy", "max_weight", "distance", "key_sets", "repeat", "bins")))
+        return LayerSummary(moved(self.query), moved(self.key), self.scale, self.causal, found, moved(self.columns))
 
 
 @dataclass(eq=False)
@@ -89,6 +140,9 @@ class AttentionChunk:
     ``entropy`` (B, H, c) float32: each row's entropy (nats) as the kernel's softmax formed it from
     the scores — the compiled half softmax of a streamed layer on a CPU — or None where it did not
     (readers then form it from the weights).
+
+    A layer given as row sums (``summary``, :class:`LayerSummary`; only to a reader that asked for
+    them, :meth:`Attachment.summary`) is one chunk of every row with ``weights`` and ``visible`` None.
     """
 
     site: AttentionSite
@@ -102,6 +156,7 @@ class AttentionChunk:
     call_memo: dict
     memo: dict = field(default_factory=dict)
     entropy: Tensor | None = None
+    summary: LayerSummary | None = None
 
     @property
     def name(self) -> str:
@@ -110,7 +165,7 @@ class AttentionChunk:
 
     @property
     def stop(self) -> int:
-        return self.start + self.weights.shape[2]
+        return self.start + (self.rows if self.weights is None else self.weights.shape[2])
 
     @property
     def last(self) -> bool:
@@ -120,7 +175,7 @@ class AttentionChunk:
     @property
     def whole(self) -> bool:
         """Whether this chunk is the whole (T, S) map."""
-        return self.start == 0 and self.last and self.weights.shape[-1] == self.keys
+        return self.start == 0 and self.last and (self.weights is None or self.weights.shape[-1] == self.keys)
 
     def output_projection(self) -> Tensor | None:
         """W^O of the layer, (D, H·Dv), or None when it cannot be found (on the layer's device)."""
@@ -132,15 +187,18 @@ class AttentionChunk:
         one device. Its ``memo`` starts afresh (what readers derive is then derived there); the
         layer call's ``call_memo`` is shared, as every chunk of the call comes the same way."""
         device = torch.device(device)
-        if self.weights.device == device:
+        if self.outputs.device == device:
             return self
         # GPU to GPU without waiting (stream-ordered); into host memory the copy must be done before
         # readers look at it
         ahead = device.type == "cuda"
-        return AttentionChunk(self.site, self.layer, self.start, self.rows, self.keys,
-                              self.weights.to(device, non_blocking=ahead), self.outputs.to(device, non_blocking=ahead),
-                              self.visible.to(device, non_blocking=ahead), self.call_memo,
-                              entropy=None if self.entropy is None else self.entropy.to(device, non_blocking=ahead))
+
+        def moved(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(device, non_blocking=ahead)
+
+        return AttentionChunk(self.site, self.layer, self.start, self.rows, self.keys, moved(self.weights),
+                              moved(self.outputs), moved(self.visible), self.call_memo, entropy=moved(self.entropy),
+                              summary=None if self.summary is None else self.summary.to(device, non_blocking=ahead))
 
 
 def chunk_bytes(device: Any, free: int | None = None, row_bytes: int = 0) -> int:
@@ -201,6 +259,12 @@ class Attachment:
 
     def read(self, chunk: AttentionChunk) -> None:
         """Receive one chunk of the layer's map (:class:`AttentionChunk`); never keep it."""
+
+    def summary(self, site: AttentionSite, layer: int) -> SummaryRequest | None:
+        """The row sums this reader can take instead of the layer's map (:class:`SummaryRequest`;
+        then :meth:`read` gets one chunk with a :class:`LayerSummary` where the layer allows it), or
+        None: it reads the map."""
+        return None
 
     # As a context manager: attached at ``self.where`` of ``self.model`` inside the block.
     model: nn.Module
@@ -466,6 +530,10 @@ def routed(state: _SiteState, query: Tensor, key: Tensor, value: Tensor, mask: M
         given = [a.chunk_bytes for a in readers if a.chunk_bytes is not None]
         # once per layer call, not per chunk; a caller's own bytes stand
         limit = min(given) if given else chunk_bytes(query.device, row_bytes=B * H * S * 4)
+    plan = _summary_plan(readers, site, layer, query, key, mask, heads=heads, fill=fill, dropout_p=dropout_p,
+                         softcap=softcap, sinks=sinks, need_weights=need_weights)
+    if plan is not None:
+        return _summarised(site, layer, readers, query, key, value, scale, gates, call_memo, *plan), None
     streamed = _stream_rows(readers, mask, B, H, T, S, limit) if readers and not heads else None
     if streamed is not None:
         # rows from the budget (no reader asked for a row count): a chunk may take more rows where they see fewer keys
@@ -492,6 +560,55 @@ def routed(state: _SiteState, query: Tensor, key: Tensor, value: Tensor, mask: M
         for a in readers:
             a.read(chunk)
     return out, (weights.to(query.dtype) if weights is not None else None)
+
+
+def _summary_plan(readers: list[Attachment], site: AttentionSite, layer: int, query: Tensor, key: Tensor,
+                  mask: Mask | Tensor | None, *, heads: Sequence[int], fill: Tensor | None, dropout_p: float,
+                  softcap: float | None, sinks: Tensor | None, need_weights: bool
+                  ) -> tuple[SummaryRequest, bool] | None:
+    """(the reader's request, causal) where this layer call goes to its reader as row sums, else
+    None: one reader that asks for them (:meth:`Attachment.summary`), a self-attention (T = S) in a
+    dtype the kernels take, on a device :data:`ROWSTATS_ENV` lets them run on, with no mask or the
+    causal one alone (a padded batch's mask is a tensor: its map), and nothing the kernels do not
+    compute — soft-capping, sink logits, dropout, uniform heads, a replacement, the weights returned."""
+    if len(readers) != 1 or heads or fill is not None or dropout_p or softcap is not None or sinks is not None \
+            or need_weights:
+        return None
+    if query.shape[2] != key.shape[2] or query.dtype not in rowstats.KERNEL_DTYPES:
+        return None
+    if mask is not None and type(mask) is not Causal:
+        return None
+    setting = os.environ.get(ROWSTATS_ENV, "auto")
+    if setting == "0" or (setting != "1" and query.device.type != "cuda") or not rowstats.available(query.device):
+        return None
+    request = readers[0].summary(site, layer)
+    return None if request is None else (request, mask is not None)
+
+
+def _summarised(site: AttentionSite, layer: int, readers: list[Attachment], query: Tensor, key: Tensor,
+                value: Tensor, scale: float | None, gates: Tensor | None, call_memo: dict,
+                request: SummaryRequest, causal_mask: bool) -> Tensor:
+    """The layer in one pass of the row-statistics kernels, handed to its reader as one chunk with
+    its :class:`LayerSummary`; returns the head outputs (B, H, T, Dv)."""
+    T, S = query.shape[2], key.shape[2]
+    device = query.device
+
+    def here(t: Tensor | None) -> Tensor | None:  # the request is made where the reader is: this layer's device
+        return None if t is None else t.to(device)
+
+    targets = None if request.targets is None else (here(request.targets[0]), here(request.targets[1]))
+    out, found = rowstats.attention_with_statistics(query, key, value, scale=scale, causal=causal_mask,
+                                                    key_sets=here(request.key_sets), targets=targets,
+                                                    bins=request.bins)  # (B, H, T, Dv)
+    columns = None if request.columns is None else rowstats.column_sums(query, key, found.lse, scale=scale,
+                                                                        causal=causal_mask, rows=here(request.columns))
+    if gates is not None:
+        out = _gated(out, gates, None)
+    chunk = AttentionChunk(site, layer, 0, T, S, None, out, None, call_memo,
+                           summary=LayerSummary(query, key, scale, causal_mask, found, columns))
+    for a in readers:
+        a.read(chunk)
+    return out
 
 
 def _product(a: Tensor, b: Tensor) -> Tensor:

@@ -3,7 +3,9 @@
 :func:`run_pass` is the one flow of the design: one capture over the model's named layers feeding
 any set of reducers (:mod:`multihead.analysis.stats`), batch by batch; whether a layer is
 streamed in chunks of query rows is the memory budget's decision (by default one chunk's bytes on
-the model's device, :func:`~multihead.hf.route.chunk_bytes`), not the caller's.
+the model's device, :func:`~multihead.hf.route.chunk_bytes`), not the caller's — and where every
+reducer of the pass can take a layer as row sums instead (:func:`summary_request`), on CUDA a layer
+the routing allows goes to them as one pass of the row-statistics kernels (:mod:`multihead.attn.rowstats`).
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ import torch
 from ...collector import old_objects_frozen
 from ...hf.capture import AttentionCapture
 from ...hf.model import HFModel, right_padding
-from ...hf.route import chunk_bytes
+from ...hf.route import SummaryRequest, chunk_bytes
 from ...inputs import Batch, token_info
 from ...progress import bar
+from ..stats import native
 from ..stats.base import Reducer, dispatch
+from ..stats.heads import kernel_key_sets
+from ..stats.longcontext import BINS
 
 __all__ = ["Encoded", "all_ranks", "corpus_fingerprint", "encode_corpus", "process_group", "run_pass", "shard",
-           "text_batches"]
+           "summary_request", "text_batches"]
 
 
 @dataclass
@@ -94,12 +99,33 @@ def run_pass(model: HFModel, batches: Iterable[Batch], reducers: Sequence[Reduce
             batch = batch.to(device)  # the maps are captured where the model runs: so are the tokens' flags
             for reducer in reducers:
                 reducer.begin_batch(batch)
+            capture.summary_request = summary_request(reducers, batch)
             # The base model: attention is all we read, so a language-model head is skipped.
             model.body(**batch.inputs, **model.no_cache)
             capture.release()  # the streamed layers' buffers: not beside the reducers' end-of-batch work
             for reducer in reducers:
                 reducer.end_batch()
             return_freed_memory()
+
+
+def summary_request(reducers: Sequence[Reducer], batch: Batch) -> SummaryRequest | None:
+    """The row sums every reducer of a pass can take instead of a layer's map, for ``batch`` (after
+    their ``begin_batch``): each says what it reads (``summary_needs(batch)``: key sets, induction
+    targets, distance bins, columns); None where one of them reads the map (it has no
+    ``summary_needs``, or it returns None — e.g. the syntax scores, a page's views)."""
+    wanted: set[str] = set()
+    for reducer in reducers:
+        needs = getattr(reducer, "summary_needs", None)
+        found = None if needs is None else needs(batch)
+        if found is None:
+            return None
+        wanted |= found
+    tokens = batch.tokens
+    return SummaryRequest(key_sets=kernel_key_sets(tokens) if "key_sets" in wanted else None,
+                          # (previous, token) of the batch's induction pattern, set by TypicalTexts.begin_batch
+                          targets=batch.memo.get(native.REPEAT) if "targets" in wanted else None,
+                          bins=BINS if "bins" in wanted else 0,
+                          columns=tokens.valid if "columns" in wanted else None)
 
 
 def corpus_fingerprint(texts: Sequence[str]) -> dict:

@@ -64,6 +64,9 @@ def row_values(chunk: AttentionChunk, batch: Batch) -> RowValues:
 
 
 def _row_values(chunk: AttentionChunk, batch: Batch) -> RowValues:
+    if chunk.weights is None:  # the layer as the row-statistics kernels summed it (chunk.summary; no map)
+        s = chunk.summary
+        return summary_row_values(s.found, s.query, s.key, batch.tokens, causal=s.causal, scale=s.scale)
     weights, start, tokens = chunk.weights, chunk.start, batch.tokens
     B, H, C, K = weights.shape
     T = tokens.valid.shape[-1]
@@ -240,6 +243,12 @@ class HeadStatistics(ReducerBase):
         """Bytes of the running sums (float64): the totals and their bootstrap groups (G, M, L, H)."""
         return 2 * (groups + 1) * len(METRICS) * num_layers * num_heads * 8
 
+    @staticmethod
+    def summary_needs(batch: Batch) -> frozenset[str]:
+        """What this reducer reads of a layer given as row sums (the head metrics' key sets, the
+        columns for vertical concentration): see ``pipelines.common.summary_request``."""
+        return frozenset({"key_sets", "columns"})
+
     def begin_batch(self, batch: Batch) -> None:
         """Count a batch's sentences and real tokens (once per batch, not per layer, on the host)."""
         self.end_batch()
@@ -282,6 +291,9 @@ class HeadStatistics(ReducerBase):
     def _vertical(self, chunk: AttentionChunk, tokens: TokenInfo) -> None:
         """Vertical concentration, per sentence: the column that receives most of its attention,
         summed over the layer's chunks and taken once its last rows are in."""
+        if chunk.weights is None:  # the whole layer's columns, summed over its real rows by the kernel
+            self._vertical_of(chunk.summary.columns.double(), chunk.layer, tokens.valid.to(chunk.outputs.device))
+            return
         p, start, layer = chunk.weights.detach().float(), chunk.start, chunk.layer
         B, H, C, K = p.shape
         T = tokens.valid.shape[-1]
@@ -307,6 +319,10 @@ class HeadStatistics(ReducerBase):
             self._columns[layer] = column
             return
         self._columns["buffer"] = column
+        self._vertical_of(column, layer, valid)
+
+    def _vertical_of(self, column: Tensor, layer: int, valid: Tensor) -> None:
+        """A layer's vertical concentration from its columns' sums over the real rows (B, H, T)."""
         q_count = valid.sum(-1).to(torch.float64)  # (B,)
         vertical = (column / q_count.clamp_min(1)[:, None, None]).amax(-1)  # (B, H)
         m = METRICS.index("vertical")

@@ -54,6 +54,11 @@ class LongContextStatistics(ReducerBase):
         self.longest = 0  # real tokens of the longest text seen
         self._batch: tuple[Tensor, Tensor, Tensor] | None = None  # this batch's sums, on the chunks' device
 
+    @staticmethod
+    def summary_needs(batch: Batch) -> frozenset[str]:
+        """What this reducer reads of a layer given as row sums: the distance bins."""
+        return frozenset({"bins"})
+
     def begin_batch(self, batch: Batch) -> None:
         self.end_batch()
         super().begin_batch(batch)
@@ -66,17 +71,26 @@ class LongContextStatistics(ReducerBase):
         once the batch ends."""
         assert self.batch is not None, "begin_batch first"
         tokens, layer, start = self.batch.tokens, chunk.layer, chunk.start
-        C = chunk.weights.shape[2]
-        p = chunk.weights.detach().float()  # (B, H, C, K)
-        valid = tokens.valid.to(p.device)  # (B, T)
+        summary = chunk.summary if chunk.weights is None else None  # the layer as the kernels summed it (no map)
+        C = chunk.rows if summary is not None else chunk.weights.shape[2]
+        dev = chunk.outputs.device if summary is not None else chunk.weights.device
+        valid = tokens.valid.to(dev)  # (B, T)
         pos, prefix = tokens.positions  # (B, T) position among real tokens
         rows = valid[:, start:start + C].to(torch.float32)  # (B, C) real query rows
         if self._batch is None:  # row sums (8, L, H), rows (L,), histogram (L, H, BINS), where the chunks are
             L, H = self.shape
-            self._batch = (p.new_zeros(len(_ROW_METRICS), L, H, dtype=torch.float64),
-                           p.new_zeros(L, dtype=torch.float64), p.new_zeros(L, H, BINS, dtype=torch.float64))
+            self._batch = (torch.zeros(len(_ROW_METRICS), L, H, dtype=torch.float64, device=dev),
+                           torch.zeros(L, dtype=torch.float64, device=dev),
+                           torch.zeros(L, H, BINS, dtype=torch.float64, device=dev))
         sums, counted, histogram = self._batch
         counted[layer] += rows.sum()
+        if summary is not None:
+            s = summary
+            values, hist = summary_long_values(s.found, s.query, s.key, tokens, causal=s.causal, scale=s.scale)
+            sums[:, layer] += (values * rows[:, None, :, None]).sum(dim=(0, 2)).T  # (8, H)
+            histogram[layer] += (hist * rows[:, None, :, None]).sum(dim=(0, 2))  # (H, BINS)
+            return
+        p = chunk.weights.detach().float()  # (B, H, C, K)
         found = native.compiled_rows(chunk, self.batch)  # the compiled readers' sums over the real rows
         if found is not None:
             sums[:, layer] += found.long.sum(0).T  # (8, H)

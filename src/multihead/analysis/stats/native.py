@@ -219,7 +219,7 @@ def visible_counts(visible: Tensor, valid: Tensor) -> Tensor:
 def compiled_rows(chunk: AttentionChunk, batch: Batch) -> RowSums | None:
     """The chunk's compiled row sums (:func:`row_sums`, once a chunk) where they read it — a
     right-padded float32 map in CPU memory (:func:`usable`) — else None (the eager readers' chunk)."""
-    if usable(chunk.weights) and batch.tokens.positions[1]:
+    if chunk.weights is not None and usable(chunk.weights) and batch.tokens.positions[1]:
         return row_sums(chunk, batch)
     return None
 

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from ...attn.precision import HALF, half_units
+from ...attn.rowstats import rows_at
 from ...hf.route import AttentionChunk
 from ...inputs import Batch
 from . import native
@@ -122,6 +123,12 @@ class RedundancyStatistics(ReducerBase):
         gram = N * N * (4 + 4 + 8)  # the Gram's bands, the Gram and its float64 sum
         return held, max(js, N * at_once * hidden * gram_size + layer + gram)
 
+    @staticmethod
+    def summary_needs(batch: Batch) -> frozenset[str]:
+        """What this reducer reads of a layer given as row sums: nothing beyond them — its sampled
+        rows are formed from the layer's queries, keys and rows' ``lse`` (:func:`~multihead.attn.rowstats.rows_at`)."""
+        return frozenset()
+
     def begin_batch(self, batch: Batch) -> None:
         """Choose the batch's sampled rows: an even stride through its real query tokens in (text,
         position) order."""
@@ -146,15 +153,22 @@ class RedundancyStatistics(ReducerBase):
         on the host once a batch; nothing read back from the device)."""
         assert self.batch is not None and self._where is not None, "begin_batch first"
         start, stop, layer = chunk.start, chunk.stop, chunk.layer
-        weights = chunk.weights.detach()
-        H, K = weights.shape[1], weights.shape[3]
-        S = chunk.keys
+        device = chunk.outputs.device
+        H, S = chunk.outputs.shape[1], chunk.keys
         if self._all_maps is None:
-            self._all_maps = weights.new_zeros(self.L, H, self._sampled, S)
+            dtype = torch.float32 if chunk.weights is None else chunk.weights.dtype  # the maps' (float64 model's: its)
+            self._all_maps = torch.zeros(self.L, H, self._sampled, S, dtype=dtype, device=device)
         self._layers.add(layer)
-        sampled = self._rows_of(start, stop, 1, weights.device)
-        if sampled is not None:  # (b, c, place) of the chunk's rows in the JS sample
+        sampled = self._rows_of(start, stop, 1, device)
+        if sampled is not None and chunk.weights is None:  # a summary chunk: the sampled rows from Q, K and lse
             b, c, place = sampled
+            s = chunk.summary
+            rows = rows_at(s.query, s.key, s.found.lse, b, c + start, causal=s.causal, scale=s.scale)  # (r, H, S)
+            self._all_maps[layer][:, place] = rows.transpose(0, 1)  # (H, r, S)
+        elif sampled is not None:  # (b, c, place) of the chunk's rows in the JS sample
+            b, c, place = sampled
+            weights = chunk.weights.detach()
+            K = weights.shape[3]
             self._all_maps[layer][:, place, :K] = weights[b, :, c].transpose(0, 1)  # (H, r, K)
         w_o = chunk.output_projection()
         if w_o is not None:
@@ -166,7 +180,7 @@ class RedundancyStatistics(ReducerBase):
                 self._all_outputs = chunk.outputs.new_zeros(self.L, H, self._rows, chunk.outputs.shape[-1])
             if start == 0:
                 self._w_o[layer] = w_o.detach().view(w_o.shape[0], self.H, -1)  # (D, H, Dv)
-            kept = self._rows_of(start, stop, 2, weights.device)
+            kept = self._rows_of(start, stop, 2, device)
             if kept is not None:
                 b, c, place = kept
                 self._all_outputs[layer][:, place] = chunk.outputs.detach()[b, :, c].transpose(0, 1)  # (H, r, Dv)

@@ -148,6 +148,12 @@ class TypicalTexts(ReducerBase):
         per relation key the parses hold."""
         return (len(_RANKED) + relations) * 4 * num_layers * num_heads * k * 8
 
+    @staticmethod
+    def summary_needs(batch: Batch) -> frozenset[str] | None:
+        """What this reducer reads of a layer given as row sums — the head metrics' key sets and the
+        induction pattern's targets — or None with parses (the syntax scores read the map)."""
+        return None if batch.parses is not None else frozenset({"key_sets", "targets"})
+
     def begin_batch(self, batch: Batch) -> None:
         super().begin_batch(batch)
         self._per_text = {}
@@ -169,7 +175,10 @@ class TypicalTexts(ReducerBase):
         names, per_text, per_count = list(found.names), found.sums, found.counts  # (M, B, H)
         if tokens.ids is not None:  # and, per text only, its own induction pattern
             compiled = native.compiled_rows(chunk, batch)
-            if compiled is not None and compiled.repeat is not None:  # summed in the compiled row pass
+            if chunk.weights is None:  # a summary chunk: summed by the row-statistics kernel, row by row
+                copy_sum = chunk.summary.found.repeat.sum(-1)  # (B, H)
+                copy_rows = self._repeat.rows_counted(chunk.start, chunk.stop).expand_as(copy_sum)
+            elif compiled is not None and compiled.repeat is not None:  # summed in the compiled row pass
                 copy_sum = compiled.repeat  # (B, H)
                 copy_rows = self._repeat.rows_counted(chunk.start, chunk.stop).expand_as(copy_sum)
             else:
