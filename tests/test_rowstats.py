@@ -257,7 +257,7 @@ def _tiny_decoder():
     return mh.hf.wrap(AutoModelForCausalLM.from_config(config).eval(), tokenizer, name="tiny-qwen2")
 
 
-def _analysed(monkeypatch, rowstats, model, texts, setting):
+def _analysed(monkeypatch, rowstats, model, texts, setting, **options):
     from multihead.analysis.pipelines.analyze import collect_statistics
 
     calls = []
@@ -272,7 +272,7 @@ def _analysed(monkeypatch, rowstats, model, texts, setting):
         monkeypatch.delenv("MULTIHEAD_ROWSTATS", raising=False)
     else:
         monkeypatch.setenv("MULTIHEAD_ROWSTATS", setting)
-    found = collect_statistics(model, texts, progress=False, long_context=True)
+    found = collect_statistics(model, texts, progress=False, long_context=True, **options)
     monkeypatch.setattr(rowstats, "attention_with_statistics", kernel)
     return found, calls
 
@@ -309,3 +309,34 @@ def test_an_analysis_through_the_kernels_equals_the_one_through_the_maps(monkeyp
     assert default == []  # on a CPU the maps, unless asked
     _, padded = _analysed(monkeypatch, rowstats, model, [text, text[:100]], "1")
     assert padded == []  # a padded batch's mask is a tensor: the maps
+
+
+def test_a_page_view_keeps_its_texts_batches_on_the_maps_and_a_kernel_that_cannot_build_falls_back(monkeypatch):
+    """The texts a page shows are read from their maps (their batch only: another text's layers
+    still go to the kernels); a kernel Triton cannot build for the GPU leaves the layer — and every
+    later layer of that shape — to the maps, with the same statistics."""
+    rowstats, device = triton_kernels()
+    if device.type != "cpu":
+        pytest.skip("run where the interpreter is on")
+    from multihead.hf import route
+
+    model = _tiny_decoder()
+    g = torch.Generator().manual_seed(2)
+    texts = [" ".join(f"w{int(i)}" for i in torch.randint(2, 40, (n,), generator=g)) for n in (40, 60)]
+    _, calls = _analysed(monkeypatch, rowstats, model, texts, "1", batch_size=1, views=[1])
+    first = len(model.tokenizer(texts[0])["input_ids"])
+    assert [shape[2] for shape in calls] == [first, first]  # text 0's two layers; text 1 (shown) from its maps
+    maps, _ = _analysed(monkeypatch, rowstats, model, texts, "0", batch_size=1)
+
+    def unbuildable(*args, **kwargs):
+        raise rowstats.KernelUnavailableError("_rows_kernel: OutOfResources: shared memory")
+
+    monkeypatch.setattr(rowstats, "attention_with_statistics", unbuildable)
+    monkeypatch.setenv("MULTIHEAD_ROWSTATS", "1")
+    monkeypatch.setattr(route, "_UNBUILT", set())
+    from multihead.analysis.pipelines.analyze import collect_statistics
+
+    fallen = collect_statistics(model, texts, progress=False, long_context=True, batch_size=1)
+    assert len(route._UNBUILT) == 1
+    for name, value in maps.heads.result().items():
+        torch.testing.assert_close(fallen.heads.result()[name], value, atol=1e-6, rtol=1e-6)

@@ -39,6 +39,7 @@ are built then; tests/conftest.py sets it on a machine without CUDA).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import math
@@ -55,11 +56,13 @@ from torch import Tensor
 triton: Any = None
 tl: Any = None
 
-__all__ = ["KERNEL_DTYPES", "MAX_KEY_SETS", "RowStatistics", "attention_with_statistics", "available",
-           "column_sums", "rows_at", "weights_at"]
+__all__ = ["KERNEL_DTYPES", "MAX_KEY_SETS", "KernelUnavailableError", "RowStatistics", "attention_with_statistics",
+           "available", "column_sums", "rows_at", "supported", "weights_at"]
 
 #: The dtypes the kernels take (float64 and others: the chunked path).
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: The most bytes of float32 query and key rows :func:`weights_at` forms at once.
+PAIR_BYTES = 64 << 20
 #: Key sets one call sums (bits of an int32 per key; more would only widen the row's registers).
 MAX_KEY_SETS = 8
 
@@ -120,8 +123,8 @@ def _rows_kernel(Q, K, V, OUT, STATS, SETS, BINS, VALID, FLAGS, TOKENS, PREVIOUS
     """One program: BM query rows of one (text, head) over every key they may see, in blocks of BN."""
     row_block = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    b = (bh // H).to(tl.int64)  # int64: a text's or head's offset passes 2^31 elements on long texts
+    h = (bh % H).to(tl.int64)
     kv = h // GROUP
     i = row_block * BM + tl.arange(0, BM)  # (BM,) the rows
     dk = tl.arange(0, BD)
@@ -222,8 +225,8 @@ def _columns_kernel(Q, K, LSE, COUNTED, VALID, C,
     """One program: BN keys of one (text, head), summed over every counted row that may see them."""
     key_block = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
     kv = h // GROUP
     j = key_block * BN + tl.arange(0, BN)  # (BN,)
     dk = tl.arange(0, BD)
@@ -251,6 +254,39 @@ def _columns_kernel(Q, K, LSE, COUNTED, VALID, C,
         finite = tl.where(lse > float("-inf"), lse, 0.0)
         column += tl.sum(tl.where(seen, tl.exp(s - finite[:, None]), 0.0), 0)
     tl.store(C + (b * H + h) * S + j, column, mask=j < S)
+
+
+class KernelUnavailableError(RuntimeError):
+    """Triton could not build a kernel for these shapes on this GPU (its compiler's error, or too
+    little shared memory or registers): raised before anything ran, so a caller can take another path."""
+
+
+def supported(query: Tensor, key: Tensor, value: Tensor) -> bool:
+    """Whether the kernels take these tensors where they can run at all (:func:`available`): one
+    dtype of :data:`KERNEL_DTYPES` for all three, head sizes up to 128 (a program's blocks of larger
+    heads may not fit a GPU's shared memory), at most 65,535 (text, head) pairs (CUDA's grid), and
+    on CUDA a GPU with bfloat16 products (compute capability 8.0 on) for bfloat16."""
+    if query.dtype not in KERNEL_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
+        return False
+    if max(query.shape[-1], value.shape[-1]) > 128 or query.shape[0] * query.shape[1] > 65535:
+        return False
+    if query.device.type == "cuda" and query.dtype == torch.bfloat16:
+        return torch.cuda.get_device_capability(query.device)[0] >= 8
+    return True
+
+
+def _launch(name: str, grid: tuple[int, int], device: torch.device, *args: Any, **constants: Any) -> None:
+    """Run a kernel on ``device``'s GPU (Triton launches on the current CUDA device: a model spread over
+    GPUs runs layers on others) — :class:`KernelUnavailableError` where Triton cannot build it."""
+    kernel = _built(name)
+    place = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with place:
+        try:
+            kernel[grid](*args, **constants)
+        except Exception as err:  # only what Triton raises while building: a launch's own errors pass
+            if type(err).__name__ not in ("CompilationError", "OutOfResources"):
+                raise
+            raise KernelUnavailableError(f"{name}: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from err
 
 
 @functools.cache
@@ -359,7 +395,7 @@ def attention_with_statistics(query: Tensor, key: Tensor, value: Tensor, *, scal
     histogram = torch.empty(B, H, T, max(bins, 1), dtype=torch.float32, device=device)
     BM, BN, warps = _blocks(D, T)
     grid = (-(-T // BM), B * H)
-    _built("_rows_kernel")[grid](
+    _launch("_rows_kernel", grid, device,
         query, key, value, out, stats, sets, histogram, valid, flags, tokens, previous,
         *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *out.stride()[:3],
         H, H // Hkv, T, T, scale,
@@ -391,7 +427,7 @@ def column_sums(query: Tensor, key: Tensor, lse: Tensor, *, scale: float | None 
                else rows.to(device, torch.int8).contiguous())
     out = torch.empty(B, H, T, dtype=torch.float32, device=device)
     BM, BN, warps = _blocks(D, T)
-    _built("_columns_kernel")[(-(-T // BN), B * H)](
+    _launch("_columns_kernel", (-(-T // BN), B * H), device,
         query, key, lse.to(torch.float32).contiguous(), counted, valid, out,
         *query.stride()[:3], *key.stride()[:3], H, H // key.shape[1], T, T, scale,
         D=D, BD=max(16, _pow2(D)), BM=BM, BN=BN, CAUSAL=bool(causal),
@@ -406,8 +442,10 @@ def weights_at(query: Tensor, key: Tensor, lse: Tensor, rows: Tensor, keys: Tens
     (:func:`attention_with_statistics`): ``rows``, ``keys`` (P,) int, the same pairs for every text
     and head; a pair the row may not see (a key outside 0..T-1, after the row where ``causal``, not
     in ``key_valid`` (B, T)) weighs 0. query (B, H, T, D), key (B, Hkv, T, D), lse (B, H, T) ->
-    (B, H, P) float32. O(P·D) work: a diagonal, the first tokens, a window's exact edge."""
-    H, T, D = query.shape[1:]
+    (B, H, P) float32. O(P·D) work: a diagonal, the first tokens, a window's exact edge — in slices
+    of pairs whose float32 rows take at most :data:`PAIR_BYTES`."""
+    B, H, T, D = query.shape
+    Hkv = key.shape[1]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     rows, keys = rows.to(query.device), keys.to(query.device)
     at = keys.clamp(0, T - 1)
@@ -416,9 +454,13 @@ def weights_at(query: Tensor, key: Tensor, lse: Tensor, rows: Tensor, keys: Tens
         seen = seen & (keys <= rows)[None, :]
     if key_valid is not None:
         seen = seen & key_valid.to(query.device)[:, at]  # (B, P)
-    q = query[:, :, rows].float()  # (B, H, P, D)
-    k = key[:, :, at].float().repeat_interleave(H // key.shape[1], dim=1)  # (B, H, P, D)
-    score = (q * k).sum(-1) * scale  # (B, H, P)
+    P = rows.shape[0]
+    score = torch.empty(B, H, P, dtype=torch.float32, device=query.device)
+    step = max(1, PAIR_BYTES // max(1, B * H * D * 4))
+    for s in range(0, P, step):  # the grouped heads as (B, Hkv, G, ·): no copy of K per query head
+        q = query[:, :, rows[s:s + step]].float().view(B, Hkv, H // Hkv, -1, D)  # (B, Hkv, G, p, D)
+        k = key[:, :, at[s:s + step]].float()  # (B, Hkv, p, D)
+        score[:, :, s:s + step] = torch.einsum("bkgpd,bkpd->bkgp", q, k).reshape(B, H, -1) * scale
     row_lse = lse[:, :, rows]  # (B, H, P)
     seen = seen[:, None, :] & (row_lse > float("-inf"))  # (B|1, H, P)
     return torch.where(seen, (score - row_lse.where(seen, torch.zeros_like(row_lse))).exp(),
@@ -429,13 +471,19 @@ def rows_at(query: Tensor, key: Tensor, lse: Tensor, texts: Tensor, rows: Tensor
             key_valid: Tensor | None = None, scale: float | None = None) -> Tensor:
     """Whole rows of the map, ``p_i· = exp(s_i· − lse_i)`` over every key, at chosen (text, row)
     pairs: ``texts``, ``rows`` (R,) int -> (R, H, T) float32 (0 where the row may not see a key).
-    O(R·H·T·D): a sample of rows (redundancy's), not a layer."""
-    H, T, D = query.shape[1:]
+    O(R·H·T·D): a sample of rows (redundancy's), not a layer; a text's keys are read once for all
+    its rows (one product a text of the batch)."""
+    B, H, T, D = query.shape
+    Hkv = key.shape[1]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     texts, rows = texts.to(query.device), rows.to(query.device)
-    q = query[texts, :, rows].float()  # (R, H, D)
-    k = key[texts].float().repeat_interleave(H // key.shape[1], dim=1)  # (R, H, T, D)
-    score = torch.einsum("rhd,rhtd->rht", q, k) * scale  # (R, H, T)
+    R = texts.shape[0]
+    score = torch.empty(R, H, T, dtype=torch.float32, device=query.device)
+    for b in range(B):  # a batch's texts (at most its size): no host read of which texts the rows are in
+        mine = texts == b  # (R,)
+        q = query[b][:, rows].float().view(Hkv, H // Hkv, R, D)  # (Hkv, G, R, D) every row, as text b's
+        scores = torch.einsum("kgrd,ktd->kgrt", q, key[b].float()).reshape(H, R, T)  # (H, R, T)
+        score = torch.where(mine[:, None, None], scores.transpose(0, 1) * scale, score)
     row_lse = lse[texts, :, rows]  # (R, H)
     seen = (row_lse > float("-inf"))[..., None]  # (R, H, 1)
     if causal:

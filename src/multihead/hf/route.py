@@ -530,10 +530,12 @@ def routed(state: _SiteState, query: Tensor, key: Tensor, value: Tensor, mask: M
         given = [a.chunk_bytes for a in readers if a.chunk_bytes is not None]
         # once per layer call, not per chunk; a caller's own bytes stand
         limit = min(given) if given else chunk_bytes(query.device, row_bytes=B * H * S * 4)
-    plan = _summary_plan(readers, site, layer, query, key, mask, heads=heads, fill=fill, dropout_p=dropout_p,
+    plan = _summary_plan(readers, site, layer, query, key, value, mask, heads=heads, fill=fill, dropout_p=dropout_p,
                          softcap=softcap, sinks=sinks, need_weights=need_weights)
-    if plan is not None:
-        return _summarised(site, layer, readers, query, key, value, scale, gates, call_memo, *plan), None
+    out = None if plan is None else _summarised(site, layer, readers, query, key, value, scale, gates, call_memo,
+                                                *plan)
+    if out is not None:
+        return out, None
     streamed = _stream_rows(readers, mask, B, H, T, S, limit) if readers and not heads else None
     if streamed is not None:
         # rows from the budget (no reader asked for a row count): a chunk may take more rows where they see fewer keys
@@ -563,8 +565,8 @@ def routed(state: _SiteState, query: Tensor, key: Tensor, value: Tensor, mask: M
 
 
 def _summary_plan(readers: list[Attachment], site: AttentionSite, layer: int, query: Tensor, key: Tensor,
-                  mask: Mask | Tensor | None, *, heads: Sequence[int], fill: Tensor | None, dropout_p: float,
-                  softcap: float | None, sinks: Tensor | None, need_weights: bool
+                  value: Tensor, mask: Mask | Tensor | None, *, heads: Sequence[int], fill: Tensor | None,
+                  dropout_p: float, softcap: float | None, sinks: Tensor | None, need_weights: bool
                   ) -> tuple[SummaryRequest, bool] | None:
     """(the reader's request, causal) where this layer call goes to its reader as row sums, else
     None: one reader that asks for them (:meth:`Attachment.summary`), a self-attention (T = S) in a
@@ -574,22 +576,43 @@ def _summary_plan(readers: list[Attachment], site: AttentionSite, layer: int, qu
     if len(readers) != 1 or heads or fill is not None or dropout_p or softcap is not None or sinks is not None \
             or need_weights:
         return None
-    if query.shape[2] != key.shape[2] or query.dtype not in rowstats.KERNEL_DTYPES:
-        return None
-    if mask is not None and type(mask) is not Causal:
+    if query.shape[2] != key.shape[2] or (mask is not None and type(mask) is not Causal):
         return None
     setting = os.environ.get(ROWSTATS_ENV, "auto")
     if setting == "0" or (setting != "1" and query.device.type != "cuda") or not rowstats.available(query.device):
         return None
+    if not rowstats.supported(query, key, value) or _shape_key(query, value) in _UNBUILT:
+        return None
     request = readers[0].summary(site, layer)
-    return None if request is None else (request, mask is not None)
+    if request is None or not _fits(request, *query.shape[:1], query.shape[2]):
+        return None
+    return request, mask is not None
+
+
+#: (device, dtype, head sizes) the kernels could not be built for on this GPU: the maps, without trying again
+_UNBUILT: set[tuple] = set()
+
+
+def _shape_key(query: Tensor, value: Tensor) -> tuple:
+    return query.device, query.dtype, query.shape[-1], value.shape[-1]
+
+
+def _fits(request: SummaryRequest, B: int, T: int) -> bool:
+    """Whether a request's tensors are this layer's texts and tokens (a layer whose length is not the
+    batch's — tokens the model prepends — reads its map)."""
+    shaped = [request.columns, *(request.targets or ())]
+    if request.key_sets is not None:
+        shaped.append(request.key_sets[0])
+    return all(t.shape == (B, T) for t in shaped if t is not None)
 
 
 def _summarised(site: AttentionSite, layer: int, readers: list[Attachment], query: Tensor, key: Tensor,
                 value: Tensor, scale: float | None, gates: Tensor | None, call_memo: dict,
-                request: SummaryRequest, causal_mask: bool) -> Tensor:
+                request: SummaryRequest, causal_mask: bool) -> Tensor | None:
     """The layer in one pass of the row-statistics kernels, handed to its reader as one chunk with
-    its :class:`LayerSummary`; returns the head outputs (B, H, T, Dv)."""
+    its :class:`LayerSummary`; returns the head outputs (B, H, T, Dv) — or None where Triton cannot
+    build the kernels for this GPU and these heads (before anything ran or was read: the maps then,
+    for this and every later layer of the shape)."""
     T, S = query.shape[2], key.shape[2]
     device = query.device
 
@@ -597,11 +620,15 @@ def _summarised(site: AttentionSite, layer: int, readers: list[Attachment], quer
         return None if t is None else t.to(device)
 
     targets = None if request.targets is None else (here(request.targets[0]), here(request.targets[1]))
-    out, found = rowstats.attention_with_statistics(query, key, value, scale=scale, causal=causal_mask,
-                                                    key_sets=here(request.key_sets), targets=targets,
-                                                    bins=request.bins)  # (B, H, T, Dv)
-    columns = None if request.columns is None else rowstats.column_sums(query, key, found.lse, scale=scale,
-                                                                        causal=causal_mask, rows=here(request.columns))
+    try:
+        out, found = rowstats.attention_with_statistics(query, key, value, scale=scale, causal=causal_mask,
+                                                        key_sets=here(request.key_sets), targets=targets,
+                                                        bins=request.bins)  # (B, H, T, Dv)
+        columns = None if request.columns is None else rowstats.column_sums(
+            query, key, found.lse, scale=scale, causal=causal_mask, rows=here(request.columns))
+    except rowstats.KernelUnavailableError:
+        _UNBUILT.add(_shape_key(query, value))
+        return None
     if gates is not None:
         out = _gated(out, gates, None)
     chunk = AttentionChunk(site, layer, 0, T, S, None, out, None, call_memo,
