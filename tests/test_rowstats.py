@@ -311,22 +311,32 @@ def test_an_analysis_through_the_kernels_equals_the_one_through_the_maps(monkeyp
     assert padded == []  # a padded batch's mask is a tensor: the maps
 
 
-def test_a_page_view_keeps_its_texts_batches_on_the_maps_and_a_kernel_that_cannot_build_falls_back(monkeypatch):
-    """The texts a page shows are read from their maps (their batch only: another text's layers
-    still go to the kernels); a kernel Triton cannot build for the GPU leaves the layer — and every
-    later layer of that shape — to the maps, with the same statistics."""
+def test_the_readers_of_maps_get_them_formed_from_the_sums_and_a_kernel_that_cannot_build_falls_back(monkeypatch):
+    """Beside the kernels' readers, those that read maps — a page's view of a text, the syntax
+    scores — get each layer's map formed from its Q, K and the rows' lse, chunk by chunk: the same
+    views and scores as through the maps, every layer still one kernel pass. A kernel Triton cannot
+    build for the GPU leaves the layer — and every later one of that shape — to the maps."""
     rowstats, device = triton_kernels()
     if device.type != "cpu":
         pytest.skip("run where the interpreter is on")
+    from multihead.analysis.pipelines.analyze import collect_statistics
     from multihead.hf import route
 
     model = _tiny_decoder()
     g = torch.Generator().manual_seed(2)
     texts = [" ".join(f"w{int(i)}" for i in torch.randint(2, 40, (n,), generator=g)) for n in (40, 60)]
-    _, calls = _analysed(monkeypatch, rowstats, model, texts, "1", batch_size=1, views=[1])
-    first = len(model.tokenizer(texts[0])["input_ids"])
-    assert [shape[2] for shape in calls] == [first, first]  # text 0's two layers; text 1 (shown) from its maps
-    maps, _ = _analysed(monkeypatch, rowstats, model, texts, "0", batch_size=1)
+    options = {"batch_size": 1, "views": [1], "parses": "spacy"}
+    kernels, calls = _analysed(monkeypatch, rowstats, model, texts, "1", **options)
+    assert len(calls) == 4  # both texts' two layers
+    maps, _ = _analysed(monkeypatch, rowstats, model, texts, "0", **options)
+    (ours,), (theirs,) = kernels.views.result(), maps.views.result()
+    torch.testing.assert_close(ours.maps, theirs.maps, atol=1e-6, rtol=1e-5)
+    ours, theirs = kernels.syntax.result(), maps.syntax.result()
+    assert ours.count == theirs.count and ours.count
+    for relation, value in theirs.accuracy.items():  # which word each dependent attends most: the same
+        torch.testing.assert_close(ours.accuracy[relation], value)
+    for name, value in maps.heads.result().items():
+        torch.testing.assert_close(kernels.heads.result()[name], value, atol=1e-5, rtol=1e-5)
 
     def unbuildable(*args, **kwargs):
         raise rowstats.KernelUnavailableError("_rows_kernel: OutOfResources: shared memory")
@@ -334,9 +344,32 @@ def test_a_page_view_keeps_its_texts_batches_on_the_maps_and_a_kernel_that_canno
     monkeypatch.setattr(rowstats, "attention_with_statistics", unbuildable)
     monkeypatch.setenv("MULTIHEAD_ROWSTATS", "1")
     monkeypatch.setattr(route, "_UNBUILT", set())
-    from multihead.analysis.pipelines.analyze import collect_statistics
-
     fallen = collect_statistics(model, texts, progress=False, long_context=True, batch_size=1)
     assert len(route._UNBUILT) == 1
-    for name, value in maps.heads.result().items():
+    plain, _ = _analysed(monkeypatch, rowstats, model, texts, "0", batch_size=1)
+    for name, value in plain.heads.result().items():
         torch.testing.assert_close(fallen.heads.result()[name], value, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_summary_forms_its_map_chunk_by_chunk_for_readers_of_maps(causal):
+    rowstats, device = triton_kernels()
+    from multihead.hf.route import AttentionChunk, LayerSummary, map_chunks
+
+    g = torch.Generator().manual_seed(4)
+    B, H, Hkv, T, D = 2, 4, 2, 37, 16
+    q, k, v = torch.randn(B, H, T, D, generator=g), torch.randn(B, Hkv, T, D, generator=g), \
+        torch.randn(B, Hkv, T, D, generator=g)
+    want = reference(q, k, v, causal=causal, valid=torch.ones(B, T, dtype=torch.bool))["p"]
+    q, k, v = q.to(device), k.to(device), v.to(device)
+    out, found = rowstats.attention_with_statistics(q, k, v, causal=causal)
+    whole = AttentionChunk(None, 3, 0, T, T, None, out, None, {}, summary=LayerSummary(q, k, None, causal, found, None))
+    pieces = list(map_chunks(whole, limit=B * H * T * 4 * 10))  # ten rows a chunk
+    assert [(c.start, c.stop, c.weights.shape[-1]) for c in pieces] == [
+        (s, min(T, s + 10), min(T, s + 10) if causal else T) for s in range(0, T, 10)]
+    assert pieces[-1].last and all(c.layer == 3 for c in pieces)
+    for c in pieces:
+        K = c.weights.shape[-1]
+        torch.testing.assert_close(c.weights.cpu().double(), want[:, :, c.start:c.stop, :K], atol=1e-6, rtol=1e-5)
+        assert torch.equal(c.outputs, out[:, :, c.start:c.stop])
+        assert torch.equal(c.visible[0, 0].cpu(), want[0, 0, c.start:c.stop, :K] > 0)

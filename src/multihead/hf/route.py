@@ -32,8 +32,9 @@ argument the routing does not know is an error that names it.
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +52,7 @@ from .sites import AttentionSite
 from .version import require_transformers
 
 __all__ = ["CHUNK_BYTES", "IMPLEMENTATION", "MAP_BUDGET", "ROWSTATS_ENV", "Attachment", "AttentionChunk", "Handle",
-           "LayerSummary", "SummaryRequest", "attach", "chunk_bytes", "routed"]
+           "LayerSummary", "SummaryRequest", "attach", "chunk_bytes", "map_chunks", "routed"]
 
 IMPLEMENTATION = "multihead_capture"
 
@@ -199,6 +200,35 @@ class AttentionChunk:
         return AttentionChunk(self.site, self.layer, self.start, self.rows, self.keys, moved(self.weights),
                               moved(self.outputs), moved(self.visible), self.call_memo, entropy=moved(self.entropy),
                               summary=None if self.summary is None else self.summary.to(device, non_blocking=ahead))
+
+
+def map_chunks(chunk: AttentionChunk, limit: int | None = None) -> Iterator[AttentionChunk]:
+    """A layer given as row sums (``chunk.summary``) as its map after all, for a reader that reads
+    maps: formed from the layer's Q, K and rows' ``lse`` (``p = exp(s − lse)``, float32) in chunks of
+    query rows of at most ``limit`` bytes (default :func:`chunk_bytes` of the layer's device), each
+    over the keys its rows may see (a causal chunk ending at row r: r + 1) — as the maps' path hands
+    them, with the layer's outputs for those rows."""
+    s = chunk.summary
+    q, k, lse = s.query, s.key, s.found.lse
+    B, H, T, D = q.shape
+    Hkv = k.shape[1]
+    scale = 1.0 / math.sqrt(D) if s.scale is None else float(s.scale)
+    row_bytes = B * H * T * 4
+    limit = chunk_bytes(q.device, row_bytes=row_bytes) if limit is None else limit
+    rows = max(1, limit // row_bytes)
+    for start in range(0, T, rows):
+        stop = min(T, start + rows)
+        c, K = stop - start, (stop if s.causal else T)
+        block = q[:, :, start:stop].float().view(B, Hkv, H // Hkv, c, D)  # (B, Hkv, G, c, D): K not repeated
+        scores = torch.einsum("bkgcd,bkjd->bkgcj", block, k[:, :, :K].float()).reshape(B, H, c, K) * scale
+        keys, at = torch.arange(K, device=q.device), torch.arange(start, stop, device=q.device)
+        visible = (keys <= at[:, None] if s.causal else (keys >= 0).expand(c, K))[None, None]  # (1, 1, c, K)
+        row_lse = lse[:, :, start:stop, None]  # (B, H, c, 1)
+        seen = visible & (row_lse > float("-inf"))
+        weights = torch.where(seen, (scores - row_lse.where(seen, torch.zeros((), device=q.device))).exp_(),
+                              torch.zeros((), device=q.device))  # (B, H, c, K)
+        yield AttentionChunk(chunk.site, chunk.layer, start, T, chunk.keys, weights, chunk.outputs[:, :, start:stop],
+                             visible, chunk.call_memo)
 
 
 def chunk_bytes(device: Any, free: int | None = None, row_bytes: int = 0) -> int:

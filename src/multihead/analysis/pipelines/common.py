@@ -93,13 +93,15 @@ def run_pass(model: HFModel, batches: Iterable[Batch], reducers: Sequence[Reduce
     if budget is None:  # maps above one chunk's bytes stream: on a CPU a larger one is slower, not faster
         budget = chunk_bytes(device)
     # a reducer never keeps a chunk (the Reducer protocol): the streamed maps may reuse their buffers
-    capture = AttentionCapture(model.model, dispatch(reducers), at=at, chunk=chunk, budget=budget, transient=True)
+    feed = dispatch(reducers)
+    capture = AttentionCapture(model.model, feed, at=at, chunk=chunk, budget=budget, transient=True)
     with capture, torch.inference_mode(), old_objects_frozen():
         for batch in bar(batches, desc=desc, unit="batch", progress=progress, total=total):
             batch = batch.to(device)  # the maps are captured where the model runs: so are the tokens' flags
             for reducer in reducers:
                 reducer.begin_batch(batch)
-            capture.summary_request = summary_request(reducers, batch)
+            capture.summary_request, direct = summary_request(reducers, batch)
+            feed.direct = frozenset(map(id, direct))
             # The base model: attention is all we read, so a language-model head is skipped.
             model.body(**batch.inputs, **model.no_cache)
             capture.release()  # the streamed layers' buffers: not beside the reducers' end-of-batch work
@@ -108,24 +110,30 @@ def run_pass(model: HFModel, batches: Iterable[Batch], reducers: Sequence[Reduce
             return_freed_memory()
 
 
-def summary_request(reducers: Sequence[Reducer], batch: Batch) -> SummaryRequest | None:
-    """The row sums every reducer of a pass can take instead of a layer's map, for ``batch`` (after
-    their ``begin_batch``): each says what it reads (``summary_needs(batch)``: key sets, induction
-    targets, distance bins, columns); None where one of them reads the map (it has no
-    ``summary_needs``, or it returns None — e.g. the syntax scores, a page's views)."""
+def summary_request(reducers: Sequence[Reducer], batch: Batch) -> tuple[SummaryRequest | None, list[Reducer]]:
+    """The row sums a pass asks of a layer instead of its map for ``batch`` (after the reducers'
+    ``begin_batch``), and the reducers that read them: each that says what it reads
+    (``summary_needs(batch)``: key sets, induction targets, distance bins, columns; None — or no
+    such method, as the syntax scores and a page's views — where it reads the map, which it is then
+    given formed from the sums, :class:`~multihead.analysis.stats.base.Dispatch`). (None, []) where
+    none reads row sums."""
     wanted: set[str] = set()
+    direct = []
     for reducer in reducers:
         needs = getattr(reducer, "summary_needs", None)
         found = None if needs is None else needs(batch)
-        if found is None:
-            return None
-        wanted |= found
+        if found is not None:
+            wanted |= found
+            direct.append(reducer)
+    if not direct:
+        return None, []
     tokens = batch.tokens
-    return SummaryRequest(key_sets=kernel_key_sets(tokens) if "key_sets" in wanted else None,
-                          # (previous, token) of the batch's induction pattern, set by TypicalTexts.begin_batch
-                          targets=batch.memo.get(native.REPEAT) if "targets" in wanted else None,
-                          bins=BINS if "bins" in wanted else 0,
-                          columns=tokens.valid if "columns" in wanted else None)
+    request = SummaryRequest(key_sets=kernel_key_sets(tokens) if "key_sets" in wanted else None,
+                             # (previous, token) of the batch's induction pattern, set by TypicalTexts.begin_batch
+                             targets=batch.memo.get(native.REPEAT) if "targets" in wanted else None,
+                             bins=BINS if "bins" in wanted else 0,
+                             columns=tokens.valid if "columns" in wanted else None)
+    return request, direct
 
 
 def corpus_fingerprint(texts: Sequence[str]) -> dict:

@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from ...hf.route import AttentionChunk
+from ...hf.route import AttentionChunk, map_chunks
 from ...inputs import Batch
 
-__all__ = ["Reducer", "ReducerBase", "dispatch", "shared"]
+__all__ = ["Dispatch", "Reducer", "ReducerBase", "dispatch", "shared"]
 
 T = TypeVar("T")
 
@@ -71,12 +71,34 @@ def shared(memo: dict, key: Any, compute: Callable[[], T]) -> T:
     return memo[key]
 
 
-def dispatch(reducers: Iterable[Reducer]) -> Callable[[AttentionChunk], None]:
-    """A capture callback handing each chunk to every reducer, in order."""
-    chosen = list(reducers)
+class Dispatch:
+    """A capture callback handing each chunk to every reducer, in order. A layer given as row sums (a
+    chunk with a ``summary`` and no ``weights``: :mod:`multihead.hf.route`) goes as it is to the
+    reducers in :attr:`direct` — those that read row sums for the batch at hand, set per batch by
+    :func:`~multihead.analysis.pipelines.common.run_pass` — and to every other one as its map, formed
+    from the sums chunk by chunk (:func:`~multihead.hf.route.map_chunks`)."""
 
-    def update(chunk: AttentionChunk) -> None:
-        for reducer in chosen:
-            reducer.update(chunk)
+    def __init__(self, reducers: Iterable[Reducer]) -> None:
+        self.reducers = list(reducers)
+        self.direct: frozenset[int] = frozenset()  # id() of each reducer that takes the row sums
 
-    return update
+    def __call__(self, chunk: AttentionChunk) -> None:
+        if chunk.weights is not None:
+            for reducer in self.reducers:
+                reducer.update(chunk)
+            return
+        maps = []
+        for reducer in self.reducers:
+            if id(reducer) in self.direct:
+                reducer.update(chunk)
+            else:
+                maps.append(reducer)
+        if maps:
+            for piece in map_chunks(chunk):
+                for reducer in maps:
+                    reducer.update(piece)
+
+
+def dispatch(reducers: Iterable[Reducer]) -> Dispatch:
+    """A capture callback handing each chunk to every reducer, in order (:class:`Dispatch`)."""
+    return Dispatch(reducers)

@@ -292,11 +292,6 @@ class TextViews(ReducerBase):
                 n = int(batch.host_tokens.valid[row].sum())
                 self._kept[index] = _Kept(row, n, L, H, n > self.long, self.top_k)
 
-    def summary_needs(self, batch: Batch) -> frozenset[str] | None:
-        """None (the maps) for a batch holding a text this page shows; nothing for any other batch: a
-        layer of it may come as the row-statistics kernels' sums (then :meth:`update` keeps nothing)."""
-        return None if self._kept else frozenset()
-
     def update(self, chunk: AttentionChunk) -> None:
         """Keep the chosen texts' rows of this chunk: on the chunk's device until the text's last
         row of the layer is in, then in host memory (one copy per layer, none per chunk)."""
