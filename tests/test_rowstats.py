@@ -373,3 +373,26 @@ def test_a_summary_forms_its_map_chunk_by_chunk_for_readers_of_maps(causal):
         torch.testing.assert_close(c.weights.cpu().double(), want[:, :, c.start:c.stop, :K], atol=1e-6, rtol=1e-5)
         assert torch.equal(c.outputs, out[:, :, c.start:c.stop])
         assert torch.equal(c.visible[0, 0].cpu(), want[0, 0, c.start:c.stop, :K] > 0)
+
+
+def test_what_triton_cannot_build_is_said_as_kernel_unavailable_and_other_errors_pass(monkeypatch):
+    rowstats, device = triton_kernels()
+    from triton.runtime.errors import OutOfResources
+
+    def failing(error):
+        class Kernel:
+            def __getitem__(self, grid):
+                def run(*args, **constants):
+                    raise error
+
+                return run
+
+        return lambda name: Kernel()
+
+    q = torch.randn(1, 2, 16, 16, device=device)
+    monkeypatch.setattr(rowstats, "_built", failing(OutOfResources(232448, 101376, "shared memory")))
+    with pytest.raises(rowstats.KernelUnavailableError, match="_rows_kernel: OutOfResources"):
+        rowstats.attention_with_statistics(q, q, q, causal=True)
+    monkeypatch.setattr(rowstats, "_built", failing(ValueError("a launch's own error")))
+    with pytest.raises(ValueError, match="own error"):
+        rowstats.attention_with_statistics(q, q, q, causal=True)

@@ -283,10 +283,24 @@ def _launch(name: str, grid: tuple[int, int], device: torch.device, *args: Any, 
     with place:
         try:
             kernel[grid](*args, **constants)
-        except Exception as err:  # only what Triton raises while building: a launch's own errors pass
-            if type(err).__name__ not in ("CompilationError", "OutOfResources"):
-                raise
+        except _build_errors() as err:  # raised before the launch: nothing ran (a launch's own errors pass)
             raise KernelUnavailableError(f"{name}: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from err
+
+
+@functools.cache
+def _build_errors() -> tuple[type[BaseException], ...]:
+    """What Triton raises where it cannot build a kernel — its compiler's errors (and their
+    subclasses), too little shared memory or registers, ptxas failing — as its own autotuner
+    catches them; those a Triton version lacks are left out."""
+    _load()
+    found = []
+    for module, name in (("triton.compiler.errors", "CompilationError"), ("triton.runtime.errors", "OutOfResources"),
+                         ("triton.runtime.errors", "PTXASError")):
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
 
 
 @functools.cache

@@ -213,22 +213,25 @@ def map_chunks(chunk: AttentionChunk, limit: int | None = None) -> Iterator[Atte
     B, H, T, D = q.shape
     Hkv = k.shape[1]
     scale = 1.0 / math.sqrt(D) if s.scale is None else float(s.scale)
-    row_bytes = B * H * T * 4
+    row_bytes = max(1, B * H * T * 4)
     limit = chunk_bytes(q.device, row_bytes=row_bytes) if limit is None else limit
     rows = max(1, limit // row_bytes)
     for start in range(0, T, rows):
         stop = min(T, start + rows)
         c, K = stop - start, (stop if s.causal else T)
         block = q[:, :, start:stop].float().view(B, Hkv, H // Hkv, c, D)  # (B, Hkv, G, c, D): K not repeated
-        scores = torch.einsum("bkgcd,bkjd->bkgcj", block, k[:, :, :K].float()).reshape(B, H, c, K) * scale
+        weights = torch.einsum("bkgcd,bkjd->bkgcj", block, k[:, :, :K].float()).reshape(B, H, c, K)  # (B, H, c, K)
+        del block
         keys, at = torch.arange(K, device=q.device), torch.arange(start, stop, device=q.device)
         visible = (keys <= at[:, None] if s.causal else (keys >= 0).expand(c, K))[None, None]  # (1, 1, c, K)
         row_lse = lse[:, :, start:stop, None]  # (B, H, c, 1)
-        seen = visible & (row_lse > float("-inf"))
-        weights = torch.where(seen, (scores - row_lse.where(seen, torch.zeros((), device=q.device))).exp_(),
-                              torch.zeros((), device=q.device))  # (B, H, c, K)
+        # in place (one map-sized block, no temporaries beside it): exp(s·scale - lse), 0 where unseen; a row
+        # that sees no key has lse -inf: all its keys unseen (none with a causal mask or none)
+        weights.mul_(scale).sub_(row_lse.clamp_min(torch.finfo(torch.float32).min)).exp_()
+        weights.masked_fill_(~visible | (row_lse == float("-inf")), 0.0)
         yield AttentionChunk(chunk.site, chunk.layer, start, T, chunk.keys, weights, chunk.outputs[:, :, start:stop],
                              visible, chunk.call_memo)
+        del weights  # not kept while the next chunk is formed
 
 
 def chunk_bytes(device: Any, free: int | None = None, row_bytes: int = 0) -> int:

@@ -97,6 +97,7 @@ class Dispatch:
             for piece in map_chunks(chunk):
                 for reducer in maps:
                     reducer.update(piece)
+                del piece  # not held while the next chunk's map is formed
 
 
 def dispatch(reducers: Iterable[Reducer]) -> Dispatch:

@@ -292,6 +292,12 @@ class TextViews(ReducerBase):
                 n = int(batch.host_tokens.valid[row].sum())
                 self._kept[index] = _Kept(row, n, L, H, n > self.long, self.top_k)
 
+    def summary_needs(self, batch: Batch) -> frozenset[str] | None:
+        """Nothing for a batch without a text this page shows (a layer of it may come as row sums,
+        :mod:`multihead.attn.rowstats`: there is nothing to keep); None — its maps, formed from the row
+        sums where the layer ran through the kernels — for a batch with one."""
+        return None if self._kept else frozenset()
+
     def update(self, chunk: AttentionChunk) -> None:
         """Keep the chosen texts' rows of this chunk: on the chunk's device until the text's last
         row of the layer is in, then in host memory (one copy per layer, none per chunk)."""
