@@ -6,6 +6,7 @@ on the CPU in Triton's interpreter."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import subprocess
@@ -241,8 +242,9 @@ def test_long_context_metrics_from_the_kernel_equal_the_eager_reader_on_the_map(
     torch.testing.assert_close((got_hist.cpu() * rows), (hist * rows), atol=2e-5, rtol=1e-4)
 
 
-def _tiny_decoder():
-    """A random two-layer Qwen2 (4 query / 2 key-value heads of 16) with a word-level tokenizer."""
+def _tiny_decoder(device):
+    """A random two-layer Qwen2 (4 query / 2 key-value heads of 16) with a word-level tokenizer, on
+    ``device`` (where the kernels run: the CPU in the interpreter, or CUDA)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
@@ -254,7 +256,7 @@ def _tiny_decoder():
     torch.manual_seed(0)
     config = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          intermediate_size=128, vocab_size=200, max_position_embeddings=1024)
-    return mh.hf.wrap(AutoModelForCausalLM.from_config(config).eval(), tokenizer, name="tiny-qwen2")
+    return mh.hf.wrap(AutoModelForCausalLM.from_config(config).eval().to(device), tokenizer, name="tiny-qwen2")
 
 
 def _analysed(monkeypatch, rowstats, model, texts, setting, **options):
@@ -281,11 +283,9 @@ def test_an_analysis_through_the_kernels_equals_the_one_through_the_maps(monkeyp
     """A document's whole streamed analysis — head metrics, typical texts with the induction
     pattern, long-context statistics, redundancy — with every layer taken as the kernels' row sums
     (MULTIHEAD_ROWSTATS=1) equals the one read from the maps (=0); a padded batch's layers (a mask
-    tensor) and the default on a CPU keep to the maps."""
+    tensor) and the default on a CPU keep to the maps (on CUDA, where a GPU runs this, the kernels)."""
     rowstats, device = triton_kernels()
-    if device.type != "cpu":
-        pytest.skip("the CUDA tests compare the two paths on the GPU")
-    model = _tiny_decoder()
+    model = _tiny_decoder(device)
     g = torch.Generator().manual_seed(1)
     text = " ".join(f"w{int(i)}" for i in torch.randint(2, 40, (90,), generator=g))  # words repeat: induction
     kernels, calls = _analysed(monkeypatch, rowstats, model, [text], "1")
@@ -306,7 +306,7 @@ def test_an_analysis_through_the_kernels_equals_the_one_through_the_maps(monkeyp
     torch.testing.assert_close(kernels.redundancy.cos_sum, maps.redundancy.cos_sum, atol=1e-4, rtol=1e-4)
     assert kernels.redundancy.js_count == maps.redundancy.js_count > 0
     _, default = _analysed(monkeypatch, rowstats, model, [text], None)
-    assert default == []  # on a CPU the maps, unless asked
+    assert len(default) == (0 if device.type == "cpu" else 2)  # the maps on a CPU unless asked; on CUDA the kernels
     _, padded = _analysed(monkeypatch, rowstats, model, [text, text[:100]], "1")
     assert padded == []  # a padded batch's mask is a tensor: the maps
 
@@ -317,24 +317,25 @@ def test_the_readers_of_maps_get_them_formed_from_the_sums_and_a_kernel_that_can
     views and scores as through the maps, every layer still one kernel pass. A kernel Triton cannot
     build for the GPU leaves the layer — and every later one of that shape — to the maps."""
     rowstats, device = triton_kernels()
-    if device.type != "cpu":
-        pytest.skip("run where the interpreter is on")
     from multihead.analysis.pipelines.analyze import collect_statistics
     from multihead.hf import route
 
-    model = _tiny_decoder()
+    model = _tiny_decoder(device)
     g = torch.Generator().manual_seed(2)
     texts = [" ".join(f"w{int(i)}" for i in torch.randint(2, 40, (n,), generator=g)) for n in (40, 60)]
-    options = {"batch_size": 1, "views": [1], "parses": "spacy"}
+    # spaCy's parses where spaCy is (the suite installs it; a GPU machine may lack it: views only there)
+    spacy = importlib.util.find_spec("spacy") is not None
+    options = {"batch_size": 1, "views": [1], "parses": "spacy" if spacy else None}
     kernels, calls = _analysed(monkeypatch, rowstats, model, texts, "1", **options)
     assert len(calls) == 4  # both texts' two layers
     maps, _ = _analysed(monkeypatch, rowstats, model, texts, "0", **options)
     (ours,), (theirs,) = kernels.views.result(), maps.views.result()
     torch.testing.assert_close(ours.maps, theirs.maps, atol=1e-6, rtol=1e-5)
-    ours, theirs = kernels.syntax.result(), maps.syntax.result()
-    assert ours.count == theirs.count and ours.count
-    for relation, value in theirs.accuracy.items():  # which word each dependent attends most: the same
-        torch.testing.assert_close(ours.accuracy[relation], value)
+    if spacy:
+        ours, theirs = kernels.syntax.result(), maps.syntax.result()
+        assert ours.count == theirs.count and ours.count
+        for relation, value in theirs.accuracy.items():  # which word each dependent attends most: the same
+            torch.testing.assert_close(ours.accuracy[relation], value)
     for name, value in maps.heads.result().items():
         torch.testing.assert_close(kernels.heads.result()[name], value, atol=1e-5, rtol=1e-5)
 
