@@ -57,7 +57,7 @@ triton: Any = None
 tl: Any = None
 
 __all__ = ["KERNEL_DTYPES", "MAX_KEY_SETS", "KernelUnavailableError", "RowStatistics", "attention_with_statistics",
-           "available", "column_sums", "rows_at", "supported", "weights_at"]
+           "available", "column_sums", "rows_at", "rows_between", "supported", "weights_at"]
 
 #: The dtypes the kernels take (float64 and others: the chunked path).
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -327,6 +327,41 @@ def gpu_blocks(head_dim: int) -> tuple[int, int, int]:
     return (64, 64, 4) if head_dim <= 64 else (64, 32, 4)
 
 
+def _scale(scale: float | None, head_dim: int) -> float:
+    """The scores' scale: the given one, else 1/√D."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+def _marks(flags: Tensor | None, B: int, T: int, device: torch.device) -> Tensor:
+    """(B, T) bool flags (None: all) as the kernels read them: int8, contiguous, on ``device``."""
+    if flags is None:
+        return torch.ones(B, T, dtype=torch.int8, device=device)
+    return flags.to(device, torch.int8).contiguous()
+
+
+def _from_lse(score: Tensor, row_lse: Tensor, seen: Tensor) -> Tensor:
+    """Weights ``exp(score − lse)`` from float32 scaled scores and their rows' ``lse`` (broadcast),
+    0 where not ``seen`` or where the row sees no key (lse −inf)."""
+    seen = seen & (row_lse > float("-inf"))
+    return torch.where(seen, (score - row_lse.where(seen, torch.zeros((), device=score.device))).exp(),
+                       torch.zeros((), device=score.device))
+
+
+def rows_between(query: Tensor, key: Tensor, lse: Tensor, start: int, stop: int, keys: int, *,
+                 scale: float | None = None) -> Tensor:
+    """The map's rows ``start .. stop`` over its first ``keys`` keys, ``exp(s − lse)`` in float32,
+    made in place in one block (B, H, c, keys) — before any mask: the caller zeroes what its rows may
+    not see (a row that sees no key, lse −inf, comes out inf). query (B, H, T, D), key (B, Hkv, T, D)."""
+    B, H, _, D = query.shape
+    Hkv = key.shape[1]
+    c = stop - start
+    block = query[:, :, start:stop].float().view(B, Hkv, H // Hkv, c, D)  # (B, Hkv, G, c, D): K not repeated
+    weights = torch.einsum("bkgcd,bkjd->bkgcj", block, key[:, :, :keys].float()).reshape(B, H, c, keys)
+    del block
+    row_lse = lse[:, :, start:stop, None]  # (B, H, c, 1)
+    return weights.mul_(_scale(scale, D)).sub_(row_lse.clamp_min(torch.finfo(torch.float32).min)).exp_()
+
+
 def _pow2(n: int) -> int:
     """The smallest power of two >= n (a block's side: Triton's ranges are powers of two)."""
     return 1 << max(0, int(n) - 1).bit_length()
@@ -394,9 +429,8 @@ def attention_with_statistics(query: Tensor, key: Tensor, value: Tensor, *, scal
     Hkv, Dv = key.shape[1], value.shape[-1]
     device = query.device
     query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    valid = (torch.ones(B, T, dtype=torch.int8, device=device) if key_valid is None
-             else key_valid.to(device, torch.int8).contiguous())
+    scale = _scale(scale, D)
+    valid = _marks(key_valid, B, T, device)
     flags, F = _key_bits(key_sets, B, T, device)
     repeat = targets is not None
     if repeat:
@@ -434,11 +468,8 @@ def column_sums(query: Tensor, key: Tensor, lse: Tensor, *, scale: float | None 
     _runnable(query.device)
     device = query.device
     query, key = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key))
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    valid = (torch.ones(B, T, dtype=torch.int8, device=device) if key_valid is None
-             else key_valid.to(device, torch.int8).contiguous())
-    counted = (torch.ones(B, T, dtype=torch.int8, device=device) if rows is None
-               else rows.to(device, torch.int8).contiguous())
+    scale = _scale(scale, D)
+    valid, counted = _marks(key_valid, B, T, device), _marks(rows, B, T, device)
     out = torch.empty(B, H, T, dtype=torch.float32, device=device)
     BM, BN, warps = _blocks(D, T)
     _launch("_columns_kernel", (-(-T // BN), B * H), device,
@@ -460,7 +491,7 @@ def weights_at(query: Tensor, key: Tensor, lse: Tensor, rows: Tensor, keys: Tens
     of pairs whose float32 rows take at most :data:`PAIR_BYTES`."""
     B, H, T, D = query.shape
     Hkv = key.shape[1]
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale = _scale(scale, D)
     rows, keys = rows.to(query.device), keys.to(query.device)
     at = keys.clamp(0, T - 1)
     seen = ((keys >= 0) & (keys < T))[None, :]  # (1, P)
@@ -475,10 +506,7 @@ def weights_at(query: Tensor, key: Tensor, lse: Tensor, rows: Tensor, keys: Tens
         q = query[:, :, rows[s:s + step]].float().view(B, Hkv, H // Hkv, -1, D)  # (B, Hkv, G, p, D)
         k = key[:, :, at[s:s + step]].float()  # (B, Hkv, p, D)
         score[:, :, s:s + step] = torch.einsum("bkgpd,bkpd->bkgp", q, k).reshape(B, H, -1) * scale
-    row_lse = lse[:, :, rows]  # (B, H, P)
-    seen = seen[:, None, :] & (row_lse > float("-inf"))  # (B|1, H, P)
-    return torch.where(seen, (score - row_lse.where(seen, torch.zeros_like(row_lse))).exp(),
-                       torch.zeros_like(score))  # (B, H, P)
+    return _from_lse(score, lse[:, :, rows], seen[:, None, :])  # (B, H, P)
 
 
 def rows_at(query: Tensor, key: Tensor, lse: Tensor, texts: Tensor, rows: Tensor, *, causal: bool,
@@ -489,7 +517,7 @@ def rows_at(query: Tensor, key: Tensor, lse: Tensor, texts: Tensor, rows: Tensor
     its rows (one product a text of the batch)."""
     B, H, T, D = query.shape
     Hkv = key.shape[1]
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale = _scale(scale, D)
     texts, rows = texts.to(query.device), rows.to(query.device)
     R = texts.shape[0]
     score = torch.empty(R, H, T, dtype=torch.float32, device=query.device)
@@ -498,11 +526,9 @@ def rows_at(query: Tensor, key: Tensor, lse: Tensor, texts: Tensor, rows: Tensor
         q = query[b][:, rows].float().view(Hkv, H // Hkv, R, D)  # (Hkv, G, R, D) every row, as text b's
         scores = torch.einsum("kgrd,ktd->kgrt", q, key[b].float()).reshape(H, R, T)  # (H, R, T)
         score = torch.where(mine[:, None, None], scores.transpose(0, 1) * scale, score)
-    row_lse = lse[texts, :, rows]  # (R, H)
-    seen = (row_lse > float("-inf"))[..., None]  # (R, H, 1)
+    seen = torch.ones(R, 1, T, dtype=torch.bool, device=query.device)  # (R, 1, T)
     if causal:
         seen = seen & (torch.arange(T, device=query.device)[None, :] <= rows[:, None])[:, None, :]
     if key_valid is not None:
         seen = seen & key_valid.to(query.device)[texts][:, None, :]
-    return torch.where(seen, (score - row_lse.where(row_lse > float("-inf"), 0)[..., None]).exp(),
-                       torch.zeros_like(score))  # (R, H, T)
+    return _from_lse(score, lse[texts, :, rows][..., None], seen)  # (R, H, T)

@@ -32,7 +32,6 @@ argument the routing does not know is an error that names it.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -209,26 +208,19 @@ def map_chunks(chunk: AttentionChunk, limit: int | None = None) -> Iterator[Atte
     over the keys its rows may see (a causal chunk ending at row r: r + 1) — as the maps' path hands
     them, with the layer's outputs for those rows."""
     s = chunk.summary
-    q, k, lse = s.query, s.key, s.found.lse
-    B, H, T, D = q.shape
-    Hkv = k.shape[1]
-    scale = 1.0 / math.sqrt(D) if s.scale is None else float(s.scale)
+    q = s.query
+    B, H, T = q.shape[:3]
     row_bytes = max(1, B * H * T * 4)
     limit = chunk_bytes(q.device, row_bytes=row_bytes) if limit is None else limit
     rows = max(1, limit // row_bytes)
     for start in range(0, T, rows):
         stop = min(T, start + rows)
         c, K = stop - start, (stop if s.causal else T)
-        block = q[:, :, start:stop].float().view(B, Hkv, H // Hkv, c, D)  # (B, Hkv, G, c, D): K not repeated
-        weights = torch.einsum("bkgcd,bkjd->bkgcj", block, k[:, :, :K].float()).reshape(B, H, c, K)  # (B, H, c, K)
-        del block
+        weights = rowstats.rows_between(q, s.key, s.found.lse, start, stop, K, scale=s.scale)  # (B, H, c, K)
         keys, at = torch.arange(K, device=q.device), torch.arange(start, stop, device=q.device)
         visible = (keys <= at[:, None] if s.causal else (keys >= 0).expand(c, K))[None, None]  # (1, 1, c, K)
-        row_lse = lse[:, :, start:stop, None]  # (B, H, c, 1)
-        # in place (one map-sized block, no temporaries beside it): exp(s·scale - lse), 0 where unseen; a row
-        # that sees no key has lse -inf: all its keys unseen (none with a causal mask or none)
-        weights.mul_(scale).sub_(row_lse.clamp_min(torch.finfo(torch.float32).min)).exp_()
-        weights.masked_fill_(~visible | (row_lse == float("-inf")), 0.0)
+        # 0 where unseen; a row that sees no key (lse -inf: none with a causal mask or none) sees nothing
+        weights.masked_fill_(~visible | (s.found.lse[:, :, start:stop, None] == float("-inf")), 0.0)
         yield AttentionChunk(chunk.site, chunk.layer, start, T, chunk.keys, weights, chunk.outputs[:, :, start:stop],
                              visible, chunk.call_memo)
         del weights  # not kept while the next chunk is formed

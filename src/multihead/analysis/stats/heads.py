@@ -106,6 +106,15 @@ def eager_row_values(chunk: AttentionChunk, tokens: TokenInfo) -> RowValues:
     informative = rows & (n_vis > 1)
     key_mass = _key_masses(p, tokens, start)  # (B, H, C, 5)
     diag, distance = _offsets(p, pos, prefix, vis, key_mass, start)
+    return _summed(entropy, distance, diag, key_mass[..., :3], p.amax(-1), log_n, rows, informative)
+
+
+def _summed(entropy: Tensor, distance: Tensor, diag: dict[int, Tensor], sets: Tensor, max_weight: Tensor,
+            log_n: Tensor, rows: Tensor, informative: Tensor) -> RowValues:
+    """The twelve row metrics from each row's sums — entropy, distance, max weight (B, H, C), the
+    weights at offsets -2..2 ({k: (B, H, C)}), the masses on the first token, separators and
+    punctuation (B, H, C, 3), log n (broadcast) — summed over the rows that count (``rows``;
+    ``informative`` for the normalised entropy and the KL divergence)."""
     values = {
         "entropy": (entropy, rows),
         "entropy_norm": (entropy / log_n.clamp_min(1e-12), informative),
@@ -114,17 +123,12 @@ def eager_row_values(chunk: AttentionChunk, tokens: TokenInfo) -> RowValues:
         "previous_token": (diag[-1], rows),
         "next_token": (diag[1], rows),
         "local": (sum(diag.values()), rows),
-        "cls": (key_mass[..., 0], rows),
-        "sep": (key_mass[..., 1], rows),
-        "punctuation": (key_mass[..., 2], rows),
-        "max_weight": (p.amax(-1), rows),
+        "cls": (sets[..., 0], rows),
+        "sep": (sets[..., 1], rows),
+        "punctuation": (sets[..., 2], rows),
+        "max_weight": (max_weight, rows),
         "kl_uniform": (log_n - entropy, informative),
     }
-    return _summed(values)
-
-
-def _summed(values: dict[str, tuple[Tensor, Tensor]]) -> RowValues:
-    """Each metric's (value, counts) per row, (B, H, C) each, summed over the rows that count."""
     names = list(values)
     stacked = torch.stack([values[n][0] for n in names]).to(torch.float64)  # (M, B, H, C)
     where = torch.stack([values[n][1] for n in names]).to(torch.float64)  # (M, B, H, C)
@@ -158,22 +162,7 @@ def summary_row_values(found: RowStatistics, query: Tensor, key: Tensor, tokens:
     log_n = n_vis.clamp_min(1).log()[:, None, :]  # (B, 1, T)
     diag = {k: weights_at(query, key, found.lse, i, i + k, causal=causal, key_valid=valid, scale=scale)
             for k in range(-2, 3)}  # {k: (B, H, T)} p_i,i+k
-    sets = found.key_sets  # (B, H, T, 3)
-    values = {
-        "entropy": (found.entropy, rows),
-        "entropy_norm": (found.entropy / log_n.clamp_min(1e-12), informative),
-        "distance": (found.distance, rows),
-        "self": (diag[0], rows),
-        "previous_token": (diag[-1], rows),
-        "next_token": (diag[1], rows),
-        "local": (sum(diag.values()), rows),
-        "cls": (sets[..., 0], rows),
-        "sep": (sets[..., 1], rows),
-        "punctuation": (sets[..., 2], rows),
-        "max_weight": (found.max_weight, rows),
-        "kl_uniform": (log_n - found.entropy, informative),
-    }
-    return _summed(values)
+    return _summed(found.entropy, found.distance, diag, found.key_sets, found.max_weight, log_n, rows, informative)
 
 
 def _key_masses(p: Tensor, tokens: TokenInfo, start: int) -> Tensor:
@@ -182,7 +171,7 @@ def _key_masses(p: Tensor, tokens: TokenInfo, start: int) -> Tensor:
     B, H, C, K = p.shape
     dev = p.device
     j_abs = torch.arange(K, device=dev)  # (K,) the keys' positions
-    keys = torch.stack([tokens.first[:, :K], tokens.separator[:, :K], tokens.punctuation[:, :K]]).to(dev)
+    keys = kernel_key_sets(tokens)[:, :, :K].to(dev)  # (3, B, K)
     keys = torch.cat([keys.float(), j_abs.float().expand(1, B, K), keys.new_ones(1, B, K).float()])  # (5, B, K)
     # as (B, H·C, K) x (B, K, 5) with the key sets stored row-major: a real GEMM, ~3x faster on the
     # CPU than broadcasting (B, 1, K, 5) against (B, H, C, K)
