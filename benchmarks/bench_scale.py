@@ -19,7 +19,11 @@ analysis held at once (`LiveBytes`, a third process), against the plan's tensors
 Targets: analysis <= 2.5x the plain forward at every length; peak above the weights <= 1.5 GiB at
 8k; the plan within 20 % of the measured peak.
 
-    python benchmarks/bench_scale.py [--quick]
+    python benchmarks/bench_scale.py [--quick] [--models "smollm2 float32,smollm2 bfloat16"]
+
+On a CPU without bfloat16 units (AVX2) the Qwen2 shape's plain forward alone runs its bfloat16
+linear layers at ~14 GFLOP/s: ~35 min at 8k tokens, hours for its nine runs — ``--models`` picks
+the cells such a host can afford.
 """
 
 from __future__ import annotations
@@ -142,17 +146,28 @@ def worker(spec: str, method: str, n: int) -> dict:
 
 
 def cpu_name() -> str:
+    """lscpu's model name and the vector units that set a half model's speed (one name, e.g. "AMD EPYC",
+    covers both an AVX2 and an AVX-512 BF16 machine here)."""
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+        name = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+        flags = set(next((line.split(":", 1)[1].split() for line in out.splitlines() if line.startswith("Flags")), []))
     except (OSError, StopIteration):
         return platform.processor() or "unknown CPU"
+    units = ("AMX" if "amx_tile" in flags else "AVX-512 with bf16" if "avx512_bf16" in flags
+             else "AVX-512, no bf16" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2")
+    return f"{name} ({units})"
 
 
 def main(flags: list[str] | None = None) -> None:
     flags = flags or []
     quick = "--quick" in flags
     lengths, models = (QUICK, QUICK_MODELS) if quick else (LENGTHS, MODELS)
+    if "--models" in flags:  # e.g. --models "smollm2 bfloat16,smollm2 float32": the cells a host can afford
+        models = tuple(m.strip() for m in flags[flags.index("--models") + 1].split(","))
+        unknown = [m for m in models if m not in MODELS]
+        if unknown:
+            raise SystemExit(f"bench_scale: unknown model {unknown[0]!r}; expected some of {', '.join(MODELS)}")
     rows = []
     for spec in models:
         for n in lengths:

@@ -185,6 +185,43 @@ def test_half_products_padded_to_the_key_grid_change_nothing(dtype, units, monke
         torch.testing.assert_close(padded, plain, atol=ulp * plain.abs().max().item(), rtol=ulp)
 
 
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_products_without_half_units_are_float32_sums_rounded_once(dtype, monkeypatch):
+    """On a CPU without half units PyTorch's half GEMM is a scalar loop (20x a float32 one on an AVX2
+    EPYC), so P·V and the long kernels' half products are float32 products of the raised operands
+    (exact) summed in float32 and rounded once — a float32-accumulating half GEMM's result: torch's
+    own half product within its summation order (a unit in the last place at most), as close to
+    float64's as it. Without a gradient a's rows are raised a block at a time, which changes no bit;
+    batch dims broadcast; gradients flow; a CPU with the units (or full precision) is ``a @ b``."""
+    from multihead.attn import precision
+
+    g = torch.Generator().manual_seed(3)
+    a = torch.softmax(torch.randn(2, 3, 301, 257, generator=g), -1).to(dtype)  # (2, 3, 301, 257)
+    b = torch.randn(1, 3, 257, 40, generator=g).to(dtype)  # (1, 3, 257, 40): broadcast over the batch
+    monkeypatch.setattr(precision, "half_units", lambda dt: False)
+    whole = precision.half_matmul(a, b)
+    assert whole.dtype == dtype and whole.shape == (2, 3, 301, 40)
+    assert torch.equal(whole, (a.float() @ b.float()).to(dtype))
+    monkeypatch.setattr(precision, "RAISED_BYTES", 1024)
+    monkeypatch.setattr(precision, "RAISED_ROWS", 7)  # 44 blocks of 7 rows and one of 0..6
+    assert torch.equal(precision.half_matmul(a, b), whole)
+    exact = a.double() @ b.double()
+    ulp = torch.finfo(dtype).eps * exact.abs().max().item()
+    torch_half = a @ b  # torch's own half GEMM
+    assert (whole.double() - torch_half.double()).abs().max().item() <= ulp
+    assert (whole.double() - exact).abs().max().item() <= (torch_half.double() - exact).abs().max().item() + ulp / 2
+    a2, b2 = a.clone().requires_grad_(), b.clone().requires_grad_()
+    precision.half_matmul(a2, b2).float().square().sum().backward()
+    a3, b3 = a.double().requires_grad_(), b.double().requires_grad_()
+    (a3 @ b3).square().sum().backward()
+    for got, want in ((a2.grad, a3.grad), (b2.grad, b3.grad)):
+        torch.testing.assert_close(got.double(), want, atol=4 * torch.finfo(dtype).eps * want.abs().max().item(),
+                                   rtol=0)
+    monkeypatch.setattr(precision, "half_units", lambda dt: True)
+    assert torch.equal(precision.half_matmul(a, b), torch_half)
+    assert torch.equal(precision.half_matmul(a.float(), b.float()), a.float() @ b.float())
+
+
 def _eager_and_compiled(monkeypatch, call):
     """``call()`` once through the eager steps after the half product, once through the compiled softmax."""
     from multihead.attn import fused

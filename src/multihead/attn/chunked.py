@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..masks import Mask, TopK
-from .precision import as_half_product, compute_dtype, score_operands
+from .precision import as_half_product, compute_dtype, half_matmul, score_operands
 
 __all__ = ["Chunk", "chunked_attention", "fusable"]
 
@@ -110,7 +110,7 @@ class _ChunkedAttention(torch.autograd.Function):
                     continue
                 _, _, vc, rows, p, visible = _probabilities(q, k, v, chunk, mask, scale, topk, work)
                 pd = _dropout(p, dropout_p, seed + n)  # (B, Hkv, G·c, W)
-                oc = (pd.to(v.dtype) @ vc).view(B, H, -1, Dv)  # (B, H, c, Dv)
+                oc = half_matmul(pd.to(v.dtype), vc).view(B, H, -1, Dv)  # (B, H, c, Dv)
                 if visible is not None:
                     oc = oc * visible
                 out.index_copy_(2, rows, oc)
@@ -138,13 +138,13 @@ class _ChunkedAttention(torch.autograd.Function):
                     doc = doc * visible
                 doc = _grouped(doc, Hkv)  # (B, Hkv, G·c, Dv)
                 pd = _dropout(p, ctx.dropout_p, ctx.seed + n)  # (B, Hkv, G·c, W)
-                dvc = pd.to(v.dtype).transpose(-1, -2) @ doc  # (B, Hkv, W, Dv)
-                dp = (doc @ vc.transpose(-1, -2)).to(acc)  # (B, Hkv, G·c, W)
+                dvc = half_matmul(pd.to(v.dtype).transpose(-1, -2), doc)  # (B, Hkv, W, Dv)
+                dp = half_matmul(doc, vc.transpose(-1, -2)).to(acc)  # (B, Hkv, G·c, W)
                 dp = _dropout(dp, ctx.dropout_p, ctx.seed + n)
                 # softmax backward, fused: ds = p ∘ (dp − rowsum(dp ∘ p))
                 ds = torch._softmax_backward_data(dp, p, -1, acc).to(q.dtype)  # (B, Hkv, G·c, W)
-                dqc = (ds @ kc) * ctx.scale  # (B, Hkv, G·c, Dk)
-                dkc = ds.transpose(-1, -2) @ qc  # (B, Hkv, W, Dk)  (qc carries the scale)
+                dqc = half_matmul(ds, kc) * ctx.scale  # (B, Hkv, G·c, Dk)
+                dkc = half_matmul(ds.transpose(-1, -2), qc)  # (B, Hkv, W, Dk)  (qc carries the scale)
                 dq.index_copy_(2, rows, dqc.view(B, H, -1, Dk))
                 _scatter_keys(dk, dkc, chunk)
                 _scatter_keys(dv, dvc, chunk)

@@ -33,7 +33,7 @@ from .chunked import chunked_attention, fusable
 from .dispatch import BACKENDS, BackendChoice, choose
 from .memory import check_memory, estimate_memory
 from .plans import plan_chunks
-from .precision import HALF, as_half_product, compute_dtype, key_grid, score_operands
+from .precision import HALF, as_half_product, compute_dtype, half_matmul, key_grid, score_operands
 from .workspace import Workspace
 
 __all__ = ["BACKENDS", "BackendChoice", "attention", "explain_backend"]
@@ -221,7 +221,7 @@ def _math_attention(
         padded[..., S:].zero_()
         padded[..., :S].copy_(grouped)
         grouped = padded
-    out = torch.bmm(grouped, values).view(B, H, T, -1)  # (B, H, T, Dv)
+    out = half_matmul(grouped, values).view(B, H, T, -1)  # (B, H, T, Dv); float32 sums on a CPU without half units
     return out, weights  # weights in the softmax's dtype (float32 for half-precision inputs)
 
 
@@ -257,7 +257,7 @@ def _fused_half_attention(product: Tensor, v: Tensor, mask: Mask | None, take: _
     fused.half_softmax(product, S, weights, half, keep, entropy)
     if entropy is not None:
         workspace.entropy = entropy
-    return torch.bmm(half, values).view(B, H, T, -1), weights  # (B, H, T, Dv), (B, H, T, S)
+    return half_matmul(half, values).view(B, H, T, -1), weights  # (B, H, T, Dv), (B, H, T, S)
 
 
 def _values_on_grid(v: Tensor, take: _Take) -> tuple[Tensor, int]:

@@ -11,11 +11,17 @@ import functools
 import torch
 from torch import Tensor
 
-__all__ = ["HALF", "KEY_GRID", "as_half_product", "compute_dtype", "half_units", "key_grid", "score_operands"]
+__all__ = ["HALF", "KEY_GRID", "RAISED_BYTES", "as_half_product", "compute_dtype", "half_matmul", "half_units",
+           "key_grid", "score_operands"]
 
 HALF = (torch.float16, torch.bfloat16)
 #: Key counts a half-precision product on a CPU is padded up to a multiple of (see :func:`key_grid`).
 KEY_GRID = 256
+#: The most bytes of float32 rows :func:`half_matmul` raises a half operand to at once (so a map's
+#: product never holds a float32 copy of the whole map).
+RAISED_BYTES = 4 << 20
+#: The fewest rows :func:`half_matmul` multiplies at once (fewer make MKL's GEMM a slow GEMV).
+RAISED_ROWS = 64
 
 
 def compute_dtype(q: Tensor) -> torch.dtype:
@@ -88,3 +94,30 @@ def as_half_product(scores: Tensor, dtype: torch.dtype, scale: float | None = No
     if scale is not None:
         half = half.mul_(scale) if not scores.requires_grad else half * scale
     return half.to(scores.dtype) if scores.requires_grad else scores.copy_(half)
+
+
+def half_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` for half-precision a (..., n, k) and b (..., k, m) of one dtype: (..., n, m) in it.
+
+    On a CPU without units for the dtype (:func:`half_units`: an AVX2 CPU, or AVX-512 without BF16)
+    PyTorch's own half GEMM is a scalar loop — on an AVX2 AMD EPYC 20x slower than a float32 one
+    (P·V of SmolLM2's 1,024 tokens, 30 layers: 16 s, as long as the model's whole forward) — so the
+    product is formed in float32 on the raised operands, whose products are exact there, and
+    rounded once to the dtype: what a float32-accumulating half GEMM gives (within its summation
+    order), at MKL's float32 speed. Without a gradient a's rows are raised a few MiB at a time
+    (:data:`RAISED_BYTES`), never a float32 copy of a whole map. Anywhere else (CUDA, a CPU with
+    the units, full precision) it is ``a @ b``."""
+    if a.dtype not in HALF or b.dtype != a.dtype or a.device.type != "cpu" or half_units(a.dtype):
+        return a @ b
+    wide = b.float()  # (..., k, m), small beside a map
+    if a.requires_grad or b.requires_grad:
+        return (a.float() @ wide).to(a.dtype)
+    n, m = a.shape[-2], b.shape[-1]
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    out = torch.empty(*batch, n, m, dtype=a.dtype, device=a.device)  # (..., n, m)
+    row_bytes = max(a[..., :1, :].numel(), 1) * 4
+    step = max(RAISED_BYTES // row_bytes, RAISED_ROWS)
+    for start in range(0, n, step):
+        rows = slice(start, start + step)
+        out[..., rows, :] = a[..., rows, :].float() @ wide  # (..., step, m), rounded to the dtype as it is stored
+    return out

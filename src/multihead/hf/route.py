@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from ..attn import attention, rowstats
 from ..attn.layer import MultiHeadAttention, scale_heads
 from ..attn.memory import available_memory
-from ..attn.precision import KEY_GRID, key_grid
+from ..attn.precision import KEY_GRID, half_matmul, key_grid
 from ..attn.workspace import Workspace
 from ..masks import Causal, Mask, Rows, as_mask, causal, from_tensor, split_topk, window
 from .model import ModelLike, as_module
@@ -579,7 +579,7 @@ def routed(state: _SiteState, query: Tensor, key: Tensor, value: Tensor, mask: M
         group = query.shape[1] // value.shape[1]
         out = out.clone()
         for h in heads:
-            out[:, h] = flat[:, 0] @ value[:, h // group]  # (B, T, Dv)
+            out[:, h] = half_matmul(flat[:, 0], value[:, h // group])  # (B, T, Dv)
     if gates is not None:
         out = _gated(out, gates, fill)
     if readers:

@@ -34,7 +34,7 @@ from bisect import bisect_left
 import torch
 from torch import Tensor
 
-from ...attn.precision import HALF, half_units
+from ...attn.precision import HALF, half_matmul, half_units
 from ...attn.rowstats import rows_at
 from ...hf.route import AttentionChunk
 from ...inputs import Batch
@@ -233,8 +233,11 @@ class RedundancyStatistics(ReducerBase):
             # one block for every step's contributions (N, D, rows), made once: a fresh one per step, larger
             # than glibc keeps in its heap, would be mapped and page-faulted anew each time
             block = torch.empty(N * D * step, dtype=in_dtype, device=outputs.device)
-            # a model whose products are not the Gram's dtype forms them in its own, then copies them into the block
-            staging = None if outputs.dtype == in_dtype else outputs.new_empty(H * D * step)
+            # a model whose products are not the Gram's dtype forms them in its own, then copies them into the
+            # block: on a GPU through a staging block; on a CPU (one without half units: gram_dtype) through
+            # half_matmul, whose float32 sums run at MKL's speed where PyTorch's half GEMM is a scalar loop
+            staged = outputs.dtype != in_dtype and outputs.device.type != "cpu"
+            staging = outputs.new_empty(H * D * step) if staged else None
             # the unit vectors in one compiled pass a layer where it runs (a CPU block: 6x the eager steps, whose
             # float32 temporaries took fresh pages a layer), else the eager steps (the reference)
             compiled = (block.device.type == "cpu" and block.dtype in (torch.bfloat16, torch.float32)
@@ -251,10 +254,12 @@ class RedundancyStatistics(ReducerBase):
                     rows = outputs[layer, :, r:r + n].transpose(1, 2)  # (H, Dv, rows)
                     if w_o.device != mine.device:  # a layer a device map put on another GPU: its product
                         mine.copy_(torch.bmm(w_o, rows.to(w_o.device)))  # there (no copy of its W^O here)
-                    elif staging is None:
+                    elif staging is not None:
+                        mine.copy_(torch.bmm(w_o, rows, out=staging[:H * D * n].view(H, D, n)))
+                    elif mine.dtype == w_o.dtype:
                         torch.bmm(w_o, rows, out=mine)
                     else:
-                        mine.copy_(torch.bmm(w_o, rows, out=staging[:H * D * n].view(H, D, n)))
+                        mine.copy_(half_matmul(w_o, rows))
                     # unit vectors layer by layer, while the layer's part is in cache: (H, 1, rows) norms summed
                     # in float32 whatever the block's dtype (2x .norm(dim=1)'s speed for float32)
                     if compiled:
