@@ -282,8 +282,8 @@ def _analysed(monkeypatch, rowstats, model, texts, setting, **options):
 def test_an_analysis_through_the_kernels_equals_the_one_through_the_maps(monkeypatch):
     """A document's whole streamed analysis — head metrics, typical texts with the induction
     pattern, long-context statistics, redundancy — with every layer taken as the kernels' row sums
-    (MULTIHEAD_ROWSTATS=1) equals the one read from the maps (=0); a padded batch's layers (a mask
-    tensor) and the default on a CPU keep to the maps (on CUDA, where a GPU runs this, the kernels)."""
+    (MULTIHEAD_ROWSTATS=1) equals the one read from the maps (=0); the default on a CPU keeps to the
+    maps (on CUDA, where a GPU runs this, the kernels)."""
     rowstats, device = triton_kernels()
     model = _tiny_decoder(device)
     g = torch.Generator().manual_seed(1)
@@ -307,8 +307,54 @@ def test_an_analysis_through_the_kernels_equals_the_one_through_the_maps(monkeyp
     assert kernels.redundancy.js_count == maps.redundancy.js_count > 0
     _, default = _analysed(monkeypatch, rowstats, model, [text], None)
     assert len(default) == (0 if device.type == "cpu" else 2)  # the maps on a CPU unless asked; on CUDA the kernels
-    _, padded = _analysed(monkeypatch, rowstats, model, [text, text[:100]], "1")
-    assert padded == []  # a padded batch's mask is a tensor: the maps
+
+
+
+def test_a_padded_batch_goes_through_the_kernels_where_its_mask_is_its_padding(monkeypatch):
+    """Texts of different lengths in one batch: transformers gives each layer a mask tensor (the
+    causal rule and each text's padding). Where it is exactly that — checked once a forward, one read
+    back — the layer goes to the kernels with the padding as its keys: every statistic the same as
+    through the maps, a page's view too. A mask that is something else (a sliding window, a bias of
+    its own, another batch's padding) keeps to the maps."""
+    rowstats, device = triton_kernels()
+    from multihead.hf import route
+
+    model = _tiny_decoder(device)
+    g = torch.Generator().manual_seed(4)
+    texts = [" ".join(f"w{int(i)}" for i in torch.randint(2, 40, (n,), generator=g)) for n in (70, 31, 52)]
+    options = {"batch_size": 3, "views": [1]}
+    checks = []
+    rule_of = route._padding_rule_of
+    monkeypatch.setattr(route, "_padding_rule_of", lambda *a: checks.append(1) or rule_of(*a))
+    kernels, calls = _analysed(monkeypatch, rowstats, model, texts, "1", **options)
+    assert len(calls) == 2 and calls[0][0] == 3  # both layers, the three texts in one pass each
+    assert len(checks) == 1  # the mask read once for the forward's two layers
+    maps, none = _analysed(monkeypatch, rowstats, model, texts, "0", **options)
+    assert none == []
+    for name, value in maps.heads.result().items():
+        torch.testing.assert_close(kernels.heads.result()[name], value, atol=1e-5, rtol=1e-5,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    for name, value in maps.long.result().items():
+        torch.testing.assert_close(kernels.long.result()[name], value, atol=1e-5, rtol=1e-5,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    torch.testing.assert_close(kernels.typical.metrics.value, maps.typical.metrics.value, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(kernels.redundancy.js_sum, maps.redundancy.js_sum, atol=1e-5, rtol=1e-3)
+    torch.testing.assert_close(kernels.redundancy.cos_sum, maps.redundancy.cos_sum, atol=1e-4, rtol=1e-4)
+    (ours,), (theirs,) = kernels.views.result(), maps.views.result()
+    torch.testing.assert_close(ours.maps, theirs.maps, atol=1e-6, rtol=1e-5)
+
+    valid = torch.tensor([[True] * 5 + [False] * 3, [True] * 8])  # (2, 8): the first text right-padded
+    earlier = torch.ones(8, 8, dtype=torch.bool).tril()
+    causal_mask = valid[:, None, None, :] & earlier  # (2, 1, 8, 8)
+    rule = route._padding_rule_of
+    assert rule(causal_mask, valid) is True
+    assert rule(valid[:, None, None, :].expand(2, 1, 8, 8), valid) is False  # no causal rule: every real key
+    additive = torch.zeros(2, 1, 8, 8).masked_fill_(~causal_mask, torch.finfo(torch.float32).min)
+    assert rule(additive, valid) is True
+    assert rule(additive.masked_fill(~causal_mask, float("-inf")), valid) is True
+    assert rule(additive - 1.0, valid) is None  # a bias of its own
+    assert rule(causal_mask & ~earlier.tril(-3), valid) is None  # a sliding window
+    assert rule(causal_mask, valid.flip(0)) is None  # another batch's padding
 
 
 def test_the_readers_of_maps_get_them_formed_from_the_sums_and_a_kernel_that_cannot_build_falls_back(monkeypatch):

@@ -45,7 +45,7 @@ from ..attn.layer import MultiHeadAttention, scale_heads
 from ..attn.memory import available_memory
 from ..attn.precision import KEY_GRID, half_matmul, key_grid
 from ..attn.workspace import Workspace
-from ..masks import Causal, Mask, Rows, as_mask, causal, from_tensor, split_topk, window
+from ..masks import Causal, FromTensor, Mask, Rows, as_mask, causal, from_tensor, split_topk, window
 from .model import ModelLike, as_module
 from .sites import AttentionSite
 from .version import require_transformers
@@ -90,12 +90,19 @@ class SummaryRequest:
     """What a reader asks of a layer given as row sums (:class:`LayerSummary`): the kernels' key
     sets (F, B, T) bool, induction targets ``(previous, token)`` (B, T) each, distance bins (0: none),
     and the rows whose column sums it wants ((B, T) bool; None: no column sums) — see
-    :func:`multihead.attn.rowstats.attention_with_statistics`."""
+    :func:`multihead.attn.rowstats.attention_with_statistics`. ``key_valid`` (B, T) bool: the batch's
+    real tokens when they come first in every text (right padding); a layer whose mask is a tensor
+    goes to the kernels where that mask is exactly these keys, with or without the causal rule (else
+    its map), and a padded batch without it keeps to the maps."""
 
     key_sets: Tensor | None = None
     targets: tuple[Tensor, Tensor] | None = None
     bins: int = 0
     columns: Tensor | None = None
+    key_valid: Tensor | None = None
+    #: mask tensors already compared with ``key_valid``: {(address, shape, strides, dtype): rule} — a
+    #: request serves one batch's forward, whose layers transformers hands the same mask (in new views)
+    rules: dict = field(default_factory=dict, repr=False)
 
 
 @dataclass(eq=False)
@@ -104,8 +111,9 @@ class LayerSummary:
     ``query`` (B, H, T, D) and ``key`` (B, Hkv, T, D) as the model computed them, the ``scale``
     (None: 1/√D) and whether it was ``causal`` (else every key: no mask), ``found`` the rows'
     :class:`~multihead.attn.rowstats.RowStatistics`, ``columns`` (B, H, T) float32 the column sums
-    over the requested rows (or None). Weights at chosen pairs or rows come from ``query``, ``key``
-    and ``found.lse`` (:func:`~multihead.attn.rowstats.weights_at`, :func:`~multihead.attn.rowstats.rows_at`)."""
+    over the requested rows (or None), ``key_valid`` (B, T) bool the keys a padded batch's rows may
+    see at all (None: every key). Weights at chosen pairs or rows come from ``query``, ``key`` and
+    ``found.lse`` (:func:`~multihead.attn.rowstats.weights_at`, :func:`~multihead.attn.rowstats.rows_at`)."""
 
     query: Tensor
     key: Tensor
@@ -113,6 +121,7 @@ class LayerSummary:
     causal: bool
     found: rowstats.RowStatistics
     columns: Tensor | None
+    key_valid: Tensor | None = None
 
     def to(self, device: torch.device, non_blocking: bool = False) -> LayerSummary:
         def moved(t: Tensor | None) -> Tensor | None:
@@ -121,7 +130,8 @@ class LayerSummary:
         f = self.found
         found = rowstats.RowStatistics(*(moved(getattr(f, name)) for name in
                                          ("lse", "entropy", "max_weight", "distance", "key_sets", "repeat", "bins")))
-        return LayerSummary(moved(self.query), moved(self.key), self.scale, self.causal, found, moved(self.columns))
+        return LayerSummary(moved(self.query), moved(self.key), self.scale, self.causal, found, moved(self.columns),
+                            moved(self.key_valid))
 
 
 @dataclass(eq=False)
@@ -219,6 +229,8 @@ def map_chunks(chunk: AttentionChunk, limit: int | None = None) -> Iterator[Atte
         weights = rowstats.rows_between(q, s.key, s.found.lse, start, stop, K, scale=s.scale)  # (B, H, c, K)
         keys, at = torch.arange(K, device=q.device), torch.arange(start, stop, device=q.device)
         visible = (keys <= at[:, None] if s.causal else (keys >= 0).expand(c, K))[None, None]  # (1, 1, c, K)
+        if s.key_valid is not None:  # a padded batch: its padding keys unseen
+            visible = visible & s.key_valid[:, None, None, :K]  # (B, 1, c, K)
         # 0 where unseen; a row that sees no key (lse -inf: none with a causal mask or none) sees nothing
         weights.masked_fill_(~visible | (s.found.lse[:, :, start:stop, None] == float("-inf")), 0.0)
         yield AttentionChunk(chunk.site, chunk.layer, start, T, chunk.keys, weights, chunk.outputs[:, :, start:stop],
@@ -592,16 +604,18 @@ def routed(state: _SiteState, query: Tensor, key: Tensor, value: Tensor, mask: M
 def _summary_plan(readers: list[Attachment], site: AttentionSite, layer: int, query: Tensor, key: Tensor,
                   value: Tensor, mask: Mask | Tensor | None, *, heads: Sequence[int], fill: Tensor | None,
                   dropout_p: float, softcap: float | None, sinks: Tensor | None, need_weights: bool
-                  ) -> tuple[SummaryRequest, bool] | None:
-    """(the reader's request, causal) where this layer call goes to its reader as row sums, else
+                  ) -> tuple[SummaryRequest, bool, bool] | None:
+    """(the reader's request, causal, padded) where this layer call goes to its reader as row sums, else
     None: one reader that asks for them (:meth:`Attachment.summary`), a self-attention (T = S) in a
     dtype the kernels take, on a device :data:`ROWSTATS_ENV` lets them run on, with no mask or the
-    causal one alone (a padded batch's mask is a tensor: its map), and nothing the kernels do not
-    compute — soft-capping, sink logits, dropout, uniform heads, a replacement, the weights returned."""
+    causal one alone — or, for a right-padded batch, a mask tensor that is exactly its real keys, with
+    or without the causal rule (:func:`_padding_rule_of`) — and nothing the kernels do not compute:
+    soft-capping, sink logits, dropout, uniform heads, a replacement, the weights returned."""
     if len(readers) != 1 or heads or fill is not None or dropout_p or softcap is not None or sinks is not None \
             or need_weights:
         return None
-    if query.shape[2] != key.shape[2] or (mask is not None and type(mask) is not Causal):
+    tensor_mask = isinstance(mask, (Tensor, FromTensor))
+    if query.shape[2] != key.shape[2] or (mask is not None and type(mask) is not Causal and not tensor_mask):
         return None
     setting = os.environ.get(ROWSTATS_ENV, "auto")
     if setting == "0" or (setting != "1" and query.device.type != "cuda") or not rowstats.available(query.device):
@@ -611,7 +625,43 @@ def _summary_plan(readers: list[Attachment], site: AttentionSite, layer: int, qu
     request = readers[0].summary(site, layer)
     if request is None or not _fits(request, *query.shape[:1], query.shape[2]):
         return None
-    return request, mask is not None
+    if not tensor_mask:
+        return request, mask is not None, False
+    if request.key_valid is None:  # a padded batch the readers do not take as right-padded: its maps
+        return None
+    t = (mask if isinstance(mask, FromTensor) else from_tensor(mask)).tensor
+    # one comparison a forward: its layers get the same mask (each in a view of its own), and the
+    # request — the batch's — outlives none of them
+    seen = (t.device, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
+    if seen not in request.rules:
+        request.rules[seen] = _padding_rule_of(t, request.key_valid.to(t.device))
+    rule = request.rules[seen]
+    return None if rule is None else (request, rule, True)
+
+
+def _padding_rule_of(t: Tensor, key_valid: Tensor) -> bool | None:
+    """Whether a mask tensor t (B|1, 1, T|1, T) is exactly a padded batch's keys ``key_valid`` (B, T)
+    with the causal rule (True), without it (False), or something else (None: a window, a block, a
+    bias, another batch's padding) — bool (True: may attend) or additive (0: may attend; its dtype's
+    lowest value or −inf: may not; anything else is a bias the kernels do not add). One comparison
+    on the mask's device and one read back."""
+    B, T = key_valid.shape
+    if t.dim() != 4 or t.shape[0] not in (1, B) or t.shape[1] != 1 or t.shape[2] not in (1, T) or t.shape[3] != T:
+        return None
+    if t.dtype == torch.bool:
+        allowed, known = t, torch.ones((), dtype=torch.bool, device=t.device)
+    else:
+        allowed = t == 0
+        known = (allowed | (t <= torch.finfo(t.dtype).min)).all()  # 0 or "never": no bias of its own
+    keys = key_valid[:, None, None, :]  # (B, 1, 1, T)
+    i = torch.arange(T, device=t.device)
+    earlier = i[None, :] <= i[:, None]  # (T, T): key j at or before row i
+    full = (allowed == keys).all()
+    causal_rule = (allowed == (keys & earlier)).all() if t.shape[2] == T else torch.zeros_like(full)
+    known, full, causal_rule = torch.stack([known, full, causal_rule]).tolist()  # the one read back
+    if not known:
+        return None
+    return True if causal_rule else False if full else None
 
 
 #: (device, dtype, head sizes) the kernels could not be built for on this GPU: the maps, without trying again
@@ -633,7 +683,7 @@ def _fits(request: SummaryRequest, B: int, T: int) -> bool:
 
 def _summarised(site: AttentionSite, layer: int, readers: list[Attachment], query: Tensor, key: Tensor,
                 value: Tensor, scale: float | None, gates: Tensor | None, call_memo: dict,
-                request: SummaryRequest, causal_mask: bool) -> Tensor | None:
+                request: SummaryRequest, causal_mask: bool, padded: bool) -> Tensor | None:
     """The layer in one pass of the row-statistics kernels, handed to its reader as one chunk with
     its :class:`LayerSummary`; returns the head outputs (B, H, T, Dv) — or None where Triton cannot
     build the kernels for this GPU and these heads (before anything ran or was read: the maps then,
@@ -645,19 +695,20 @@ def _summarised(site: AttentionSite, layer: int, readers: list[Attachment], quer
         return None if t is None else t.to(device)
 
     targets = None if request.targets is None else (here(request.targets[0]), here(request.targets[1]))
+    key_valid = here(request.key_valid) if padded else None  # (B, T): a padded batch's keys
     try:
         out, found = rowstats.attention_with_statistics(query, key, value, scale=scale, causal=causal_mask,
-                                                        key_sets=here(request.key_sets), targets=targets,
-                                                        bins=request.bins)  # (B, H, T, Dv)
+                                                        key_valid=key_valid, key_sets=here(request.key_sets),
+                                                        targets=targets, bins=request.bins)  # (B, H, T, Dv)
         columns = None if request.columns is None else rowstats.column_sums(
-            query, key, found.lse, scale=scale, causal=causal_mask, rows=here(request.columns))
+            query, key, found.lse, scale=scale, causal=causal_mask, key_valid=key_valid, rows=here(request.columns))
     except rowstats.KernelUnavailableError:
         _UNBUILT.add(_shape_key(query, value))
         return None
     if gates is not None:
         out = _gated(out, gates, None)
     chunk = AttentionChunk(site, layer, 0, T, S, None, out, None, call_memo,
-                           summary=LayerSummary(query, key, scale, causal_mask, found, columns))
+                           summary=LayerSummary(query, key, scale, causal_mask, found, columns, key_valid))
     for a in readers:
         a.read(chunk)
     return out

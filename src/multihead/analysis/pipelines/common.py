@@ -132,7 +132,9 @@ def summary_request(reducers: Sequence[Reducer], batch: Batch) -> tuple[SummaryR
                              # (previous, token) of the batch's induction pattern, set by TypicalTexts.begin_batch
                              targets=batch.memo.get(native.REPEAT) if "targets" in wanted else None,
                              bins=BINS if "bins" in wanted else 0,
-                             columns=tokens.valid if "columns" in wanted else None)
+                             columns=tokens.valid if "columns" in wanted else None,
+                             # a padded batch's layers (mask tensors) go to the kernels if it is right-padded
+                             key_valid=tokens.valid if tokens.positions[1] else None)
     return request, direct
 
 

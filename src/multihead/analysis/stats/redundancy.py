@@ -163,7 +163,8 @@ class RedundancyStatistics(ReducerBase):
         if sampled is not None and chunk.weights is None:  # a summary chunk: the sampled rows from Q, K and lse
             b, c, place = sampled
             s = chunk.summary
-            rows = rows_at(s.query, s.key, s.found.lse, b, c + start, causal=s.causal, scale=s.scale)  # (r, H, S)
+            rows = rows_at(s.query, s.key, s.found.lse, b, c + start, causal=s.causal, key_valid=s.key_valid,
+                           scale=s.scale)  # (r, H, S)
             self._all_maps[layer][:, place] = rows.transpose(0, 1)  # (H, r, S)
         elif sampled is not None:  # (b, c, place) of the chunk's rows in the JS sample
             b, c, place = sampled
