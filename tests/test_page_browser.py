@@ -527,6 +527,12 @@ def test_what_a_row_did_not_store_is_said_not_shown_as_zero(browser, tmp_path):
     assert abs(share - kept) <= k / 255 + 1e-3  # the row's stored mass, quantised
 
 
+#: The tests of one costly module fixture in one xdist worker (``--dist loadgroup``): built once, not
+#: once a worker (each SmolLM2 analysis ~40 s on the AVX2 machine).
+DOCUMENT_PAGE = pytest.mark.xdist_group("document-page")
+EVIDENCE_PAGE = pytest.mark.xdist_group("evidence-page")
+
+
 @pytest.fixture(scope="module")
 def document_page(tmp_path_factory, smollm2):
     """SmolLM2 on a 4,096-token Penn Treebank document: the page of a long input."""
@@ -539,6 +545,7 @@ def document_page(tmp_path_factory, smollm2):
     return path
 
 
+@DOCUMENT_PAGE
 def test_a_4096_token_document_page_is_under_20_mb_pooled_and_zooms_to_full_resolution(browser, document_page):
     from selenium.webdriver.common.action_chains import ActionChains
 
@@ -624,6 +631,7 @@ def evidence_page(tmp_path_factory, smollm2):
     return path, report
 
 
+@EVIDENCE_PAGE
 def test_the_overview_says_which_texts_spacy_did_not_parse(browser, evidence_page):
     """The page's corpus has the articles' Chinese sentence (twice): its syntax section counts it,
     and the overview says so above the relations' table."""
@@ -638,6 +646,7 @@ def test_the_overview_says_which_texts_spacy_did_not_parse(browser, evidence_pag
     assert any(n.startswith(f"{unread} texts not parsed: not in Latin script") for n in notes), notes
 
 
+@EVIDENCE_PAGE
 def test_a_head_opens_on_the_induction_probe_and_a_relations_example(browser, evidence_page):
     from selenium.webdriver.support.ui import Select
 
@@ -664,6 +673,7 @@ def test_a_head_opens_on_the_induction_probe_and_a_relations_example(browser, ev
         assert options[chosen].startswith("[example of ") and chosen != probe
 
 
+@DOCUMENT_PAGE
 def test_a_long_documents_map_has_a_position_axis_and_only_the_mode_that_applies(browser, document_page):
     from selenium.webdriver.common.action_chains import ActionChains
 
