@@ -279,6 +279,14 @@ def _analysed(monkeypatch, rowstats, model, texts, setting, **options):
     return found, calls
 
 
+def _same_head_and_long_metrics(kernels, maps):
+    """Every head metric and long-context statistic of the kernels' analysis within 1e-5 of the maps'."""
+    for found, reference in ((kernels.heads, maps.heads), (kernels.long, maps.long)):
+        for name, value in reference.result().items():
+            torch.testing.assert_close(found.result()[name], value, atol=1e-5, rtol=1e-5,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+
+
 def test_an_analysis_through_the_kernels_equals_the_one_through_the_maps(monkeypatch):
     """A document's whole streamed analysis — head metrics, typical texts with the induction
     pattern, long-context statistics, redundancy — with every layer taken as the kernels' row sums
@@ -292,12 +300,7 @@ def test_an_analysis_through_the_kernels_equals_the_one_through_the_maps(monkeyp
     assert len(calls) == 2  # one kernel pass a layer: the whole layer, no map
     maps, none = _analysed(monkeypatch, rowstats, model, [text], "0")
     assert none == []
-    for name, value in maps.heads.result().items():
-        torch.testing.assert_close(kernels.heads.result()[name], value, atol=1e-5, rtol=1e-5,
-                                   msg=lambda m, name=name: f"{name}: {m}")
-    for name, value in maps.long.result().items():
-        torch.testing.assert_close(kernels.long.result()[name], value, atol=1e-5, rtol=1e-5,
-                                   msg=lambda m, name=name: f"{name}: {m}")
+    _same_head_and_long_metrics(kernels, maps)
     ours, theirs = kernels.typical.metrics, maps.typical.metrics
     assert list(ours) == list(theirs) and "repeat_successor" in list(ours)
     torch.testing.assert_close(ours.value, theirs.value, atol=1e-6, rtol=1e-5)
@@ -307,7 +310,6 @@ def test_an_analysis_through_the_kernels_equals_the_one_through_the_maps(monkeyp
     assert kernels.redundancy.js_count == maps.redundancy.js_count > 0
     _, default = _analysed(monkeypatch, rowstats, model, [text], None)
     assert len(default) == (0 if device.type == "cpu" else 2)  # the maps on a CPU unless asked; on CUDA the kernels
-
 
 
 def test_a_padded_batch_goes_through_the_kernels_where_its_mask_is_its_padding(monkeypatch):
@@ -331,12 +333,7 @@ def test_a_padded_batch_goes_through_the_kernels_where_its_mask_is_its_padding(m
     assert len(checks) == 1  # the mask read once for the forward's two layers
     maps, none = _analysed(monkeypatch, rowstats, model, texts, "0", **options)
     assert none == []
-    for name, value in maps.heads.result().items():
-        torch.testing.assert_close(kernels.heads.result()[name], value, atol=1e-5, rtol=1e-5,
-                                   msg=lambda m, name=name: f"{name}: {m}")
-    for name, value in maps.long.result().items():
-        torch.testing.assert_close(kernels.long.result()[name], value, atol=1e-5, rtol=1e-5,
-                                   msg=lambda m, name=name: f"{name}: {m}")
+    _same_head_and_long_metrics(kernels, maps)
     torch.testing.assert_close(kernels.typical.metrics.value, maps.typical.metrics.value, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(kernels.redundancy.js_sum, maps.redundancy.js_sum, atol=1e-5, rtol=1e-3)
     torch.testing.assert_close(kernels.redundancy.cos_sum, maps.redundancy.cos_sum, atol=1e-4, rtol=1e-4)

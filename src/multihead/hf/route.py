@@ -629,7 +629,7 @@ def _summary_plan(readers: list[Attachment], site: AttentionSite, layer: int, qu
         return request, mask is not None, False
     if request.key_valid is None:  # a padded batch the readers do not take as right-padded: its maps
         return None
-    t = (mask if isinstance(mask, FromTensor) else from_tensor(mask)).tensor
+    t = mask.tensor if isinstance(mask, FromTensor) else mask  # (B|1, 1, T|1, T)
     # one comparison a forward: its layers get the same mask (each in a view of its own), and the
     # request — the batch's — outlives none of them
     seen = (t.device, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
