@@ -22,7 +22,7 @@ real shapes are built on the spot).
     PYTHONPATH=src python3 benchmarks/gpu_check.py
     PYTHONPATH=src python3 benchmarks/gpu_check.py --rehearse   # the same code on the CPU, small
 
-``--rehearse`` runs steps 2 to 4 on the CPU at a few hundred tokens with two layers (FlexAttention
+``--rehearse`` runs steps 2 to 4 on the CPU at 32 to 256 tokens with two layers (FlexAttention
 uncompiled and forward only: it has no backward on a CPU): every call of the benchmark is made on a
 machine without a GPU (the suite runs it), so the GPU's minutes are not the first to meet a broken one.
 """
@@ -260,7 +260,7 @@ def rehearse() -> int:
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         kernels("cpu", (256,), compiled=False)
     extra = row_statistics("cpu", (64,), heads=2, kv_heads=1, dim=16)  # in Triton's interpreter, where it is on
-    analysed = analysis("cpu", (64, 192), layers=2)
+    analysed = analysis("cpu", (32, 96), layers=2)
     projected(extra, analysed, 2)
     return 0
 

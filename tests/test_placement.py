@@ -20,6 +20,7 @@ from architectures import build, inputs
 from multihead.analysis.interventions.ablation import ablation_effects, attribution_effects
 from multihead.analysis.interventions.direct import direct_logit_attribution
 from multihead.analysis.interventions.patching import EXAMPLES, patch_heads
+from multihead.analysis.probes.induction import induction_scores
 from multihead.analysis.stats import native
 from multihead.hf.model import HFModel
 from multihead.hf.placement import (
@@ -153,13 +154,18 @@ def test_smollm2_in_bfloat16_keeps_its_outputs_and_its_metrics_near_float32(smol
     torch.testing.assert_close(captured, eager, atol=slack, rtol=0)
     own = max(float((sdpa - reference).abs().max()), float((eager - reference).abs().max()))
     assert float((captured - reference).abs().max()) <= own + slack
-    low = mh.analyze(bf16, TEXTS, coreference=False, redundancy=False, progress=False)
-    high = mh.analyze(smollm2, TEXTS, coreference=False, redundancy=False, progress=False)
+    # the induction probe apart, on 8 of its 32 sequences: this CPU's bfloat16 linear layers run at a
+    # tenth of float32's speed without bf16 units (the whole probe took 79 s here, the rest 7 s)
+    low = mh.analyze(bf16, TEXTS, coreference=False, redundancy=False, induction=False, progress=False)
+    high = mh.analyze(smollm2, TEXTS, coreference=False, redundancy=False, induction=False, progress=False)
     assert low.placement == "bfloat16 on cpu" and high.placement == "float32 on cpu"
-    for name in ("entropy_norm", "previous_token", "cls", "induction", "max_weight"):
+    for name in ("entropy_norm", "previous_token", "cls", "max_weight"):
         a = torch.tensor([h.metrics[name] for h in low.heads])
         b = torch.tensor([h.metrics[name] for h in high.heads])
         assert torch.isfinite(a).all() and float((a - b).abs().max()) < 0.05, name
+    for name, a in induction_scores(bf16, count=8).items():  # (L, H) float64 means over the probe's queries
+        b = induction_scores(smollm2, count=8)[name]
+        assert torch.isfinite(a).all() and float((a - b).abs().max()) < 0.05 and float(b.max()) > 0.3, name
 
 
 # -- accelerate's device map, with CPU and disk offload ------------------------------------------------------------
@@ -214,7 +220,7 @@ def test_an_offloaded_model_gives_what_the_plain_one_gives(offloaded, smollm2):
         pytest.approx(patch_heads(smollm2, clean, corrupt, answer, wrong, [(18, 6)]), abs=1e-4)
     torch.testing.assert_close(direct_logit_attribution(offloaded, clean, answer, wrong),
                                direct_logit_attribution(smollm2, clean, answer, wrong), **exact)
-    got, want = (mh.analysis.what_if(m, TEXTS[:1], "window=4") for m in (offloaded, smollm2))
+    got, want = (mh.analysis.what_if(m, TEXTS[:1], "window=4", per_layer=False) for m in (offloaded, smollm2))
     assert (got.loss, got.replaced) == pytest.approx((want.loss, want.replaced), abs=1e-5)
 
     def batches(model):

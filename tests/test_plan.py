@@ -52,7 +52,7 @@ def test_a_model_spread_over_two_gpus_is_planned_device_by_device():
     assert "cuda:1: its layers only, the readers on cuda:0" in str(second)
     assert first.chunk == second.chunk  # the run's every chunk no larger than any device takes (run_pass)
     assert first.fits and second.fits
-    cramped = mh.analysis.plan_devices(config, 32768, available={0: 24 * 10**9, 1: second.weights + 2**20}, **gpus)
+    cramped = mh.analysis.plan_devices(config, 8192, available={0: 24 * 10**9, 1: second.weights + 2**20}, **gpus)
     assert cramped[0].fits and not cramped[1].fits
     with pytest.raises(mh.analysis.PlanError, match="cuda:1: its layers only"):
         plan_module.check_plan(cramped[1])
