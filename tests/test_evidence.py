@@ -119,6 +119,44 @@ def test_syntax_labels_against_the_other_heads_of_their_layer(minilm):
     assert evidence.label_evidence(minilm, {(2, 6): "syntactic:no-such-relation"}, texts, parses=parses) == []
 
 
+@pytest.mark.skipif(not spacy_available(), reason="syntax tests need spaCy and en_core_web_sm")
+@pytest.mark.parametrize("name, labels", [
+    ("smollm2", {(26, 1): "syntactic:det>", (26, 4): "syntactic:punct>", (28, 7): "syntactic:det>",
+                 (28, 0): "syntactic:no-such-relation"}),
+    ("minilm", {(4, 1): "syntactic:det>", (5, 3): "syntactic:punct>"}),
+])
+def test_syntax_evidence_equals_whole_texts_with_one_head_removed_at_a_time(name, labels, request):
+    """The syntax test runs a causal model's layers one at a time over the texts holding their
+    relations' tokens, each cut after the last of them (an encoder's over whole texts): each head's
+    value and its baseline's are what removing that head from the whole, padded texts gives."""
+    from multihead.hf.model import right_padding
+
+    model = request.getfixturevalue(name)
+    texts = sample_sentences(14)
+    parses = parse_with_spacy(texts)
+    found = {(e.layer, e.head): e for e in evidence.label_evidence(model, labels, texts, parses=parses)}
+    assert set(found) == set(labels) - {(28, 0)}  # a relation the texts lack is not tested
+    ids, where = evidence._relation_tokens(model, texts, parses)
+    with right_padding(model.tokenizer):
+        padded = model.tokenizer.pad({"input_ids": ids}, return_tensors="pt")
+    layers = {layer for layer, _ in labels}
+    cells = [(layer, h) for layer in sorted(layers) for h in range(model.num_heads)]
+    wanted = tuple(torch.tensor(x) for x in zip(*sorted({p for key in where for p in where[key]}), strict=True))
+    whole = evidence._token_changes(model, [(padded["input_ids"], padded["attention_mask"])], cells,
+                                    [wanted] if model.is_causal else None)  # those tokens' logits alone
+
+    def fit(cell, key):
+        return float(torch.stack([whole[cell][0][i, t] for i, t in where[key]]).nanmean())
+
+    for (layer, h), e in found.items():
+        key = e.label.removeprefix("syntactic:")
+        drawn = evidence._draw([(layer, k) for k in range(model.num_heads)], seed=layer, k=evidence.BASELINE_HEADS + 1)
+        others = [c for c in drawn if c != (layer, h) and labels.get(c) != e.label][:evidence.BASELINE_HEADS]
+        assert len(where[key]) >= evidence.MIN_TOKENS and len(e.baseline) == len(others) > 0
+        assert e.value == pytest.approx(fit((layer, h), key), abs=2e-5)
+        assert e.baseline == pytest.approx([fit(c, key) for c in others], abs=2e-5)
+
+
 def test_marks_reach_the_terminal_map_the_csv_and_the_page(minilm, tmp_path):
     from multihead.render.page import page_data
 
