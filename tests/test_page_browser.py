@@ -696,6 +696,7 @@ def test_a_long_documents_map_has_a_position_axis_and_only_the_mode_that_applies
     assert not mode.is_displayed()
 
 
+@EVIDENCE_PAGE
 def test_every_heads_typical_texts_open_on_the_page(browser, evidence_page):
     """A head's typical corpus texts that are not among the page's texts still open: its own map on
     each is kept (this head only), and drawn in the detail when clicked."""
