@@ -154,8 +154,12 @@ def test_syntax_evidence_equals_whole_texts_with_one_head_removed_at_a_time(name
         drawn = evidence._draw([(layer, k) for k in range(model.num_heads)], seed=layer, k=evidence.BASELINE_HEADS + 1)
         others = [c for c in drawn if c != (layer, h) and labels.get(c) != e.label][:evidence.BASELINE_HEADS]
         assert len(where[key]) >= evidence.MIN_TOKENS and len(e.baseline) == len(others) > 0
-        assert e.value == pytest.approx(fit((layer, h), key), abs=2e-5)
-        assert e.baseline == pytest.approx([fit(c, key) for c in others], abs=2e-5)
+        # float32 losses in other batch shapes (measured: 2.2e-7 on SmolLM2, 2e-9 on MiniLM), while heads
+        # differ by far more: a head or a token taken for another shows
+        tolerance = 2e-6
+        assert max(e.baseline) - min(e.baseline) > 100 * tolerance
+        assert e.value == pytest.approx(fit((layer, h), key), abs=tolerance)
+        assert e.baseline == pytest.approx([fit(c, key) for c in others], abs=tolerance)
 
 
 def test_marks_reach_the_terminal_map_the_csv_and_the_page(minilm, tmp_path):

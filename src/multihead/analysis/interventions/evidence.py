@@ -218,10 +218,12 @@ def _syntax_tests(model: HFModel, labels: dict[tuple[int, int], str], texts: lis
     baseline = {layer: _draw([(layer, h) for h in range(H)], seed=layer, k=BASELINE_HEADS + 1)
                 for layer in sorted({layer for layer, _ in tested})}
     # A causal model's passes one layer at a time, each over the texts that hold its relations' tokens, each
-    # text cut after the last of them: a later token changes no earlier loss (SmolLM2's syntax tests of 100
-    # sentences, 7 heads in 5 layers, one thread on an AMD EPYC: 167 -> 105 s, each value within the report's
-    # rounding). An encoder's tokens see the whole text: one group, whole texts.
-    groups = [[layer] for layer in baseline] if model.is_causal else [list(baseline)]
+    # text cut after the last of them: under causal attention a later token changes no earlier loss (nor, on
+    # texts within the model's original context, anything that depends on the length, such as dynamic rope
+    # scaling). SmolLM2's syntax tests of 100 sentences, 7 heads in 5 layers, one thread on an AMD EPYC: 167 ->
+    # 105 s, each value within the report's rounding, though each layer now has its own intact run. An
+    # encoder's tokens see the whole text: one group, whole texts.
+    groups = [[layer] for layer in baseline] if model.is_causal else [list(baseline)] if baseline else []
     out = []
     for layers in groups:
         labelled = {cell: label for cell, label in tested.items() if cell[0] in layers}
@@ -231,12 +233,14 @@ def _syntax_tests(model: HFModel, labels: dict[tuple[int, int], str], texts: lis
             for i, t in where[key]:
                 needed[i] = max(needed.get(i, 0), t + 1) if model.is_causal else len(ids[i])
         batches, place = _prefix_batches(model, ids, needed, batch_size)
-        wanted = []  # per batch, the tested relations' tokens: the only losses read
-        for n in range(len(batches)):
-            places = sorted({place[i] + (t,) for key in keys for i, t in where[key] if place[i][0] == n})
-            wanted.append(tuple(torch.tensor([x[k] for x in places], dtype=torch.long) for k in (1, 2)))
+        wanted = None  # a causal model's, per batch: the tested relations' tokens, the only losses read
+        if model.is_causal:
+            wanted = []
+            for n in range(len(batches)):
+                places = sorted({place[i] + (t,) for key in keys for i, t in where[key] if place[i][0] == n})
+                wanted.append(tuple(torch.tensor([x[k] for x in places], dtype=torch.long) for k in (1, 2)))
         cells = sorted({*labelled, *(c for layer in layers for c in baseline[layer])})
-        changes = _token_changes(model, batches, cells, wanted if model.is_causal else None)
+        changes = _token_changes(model, batches, cells, wanted)
         for (layer, h), label in sorted(labelled.items()):
             positions = [place[i] + (t,) for i, t in where[label.removeprefix("syntactic:")]]  # (batch, row, token)
 
