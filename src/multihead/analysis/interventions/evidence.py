@@ -233,16 +233,16 @@ def _syntax_tests(model: HFModel, labels: dict[tuple[int, int], str], texts: lis
             for i, t in where[key]:
                 needed[i] = max(needed.get(i, 0), t + 1) if model.is_causal else len(ids[i])
         batches, place = _prefix_batches(model, ids, needed, batch_size)
+        located = {key: [place[i] + (t,) for i, t in where[key]] for key in keys}  # (batch, row, token)
         wanted = None  # a causal model's, per batch: the tested relations' tokens, the only losses read
         if model.is_causal:
-            wanted = []
-            for n in range(len(batches)):
-                places = sorted({place[i] + (t,) for key in keys for i, t in where[key] if place[i][0] == n})
-                wanted.append(tuple(torch.tensor([x[k] for x in places], dtype=torch.long) for k in (1, 2)))
+            every = sorted({p for found in located.values() for p in found})
+            wanted = [tuple(torch.tensor([p[k] for p in every if p[0] == n], dtype=torch.long) for k in (1, 2))
+                      for n in range(len(batches))]
         cells = sorted({*labelled, *(c for layer in layers for c in baseline[layer])})
         changes = _token_changes(model, batches, cells, wanted)
         for (layer, h), label in sorted(labelled.items()):
-            positions = [place[i] + (t,) for i, t in where[label.removeprefix("syntactic:")]]  # (batch, row, token)
+            positions = located[label.removeprefix("syntactic:")]
 
             def fit(cell: tuple[int, int], positions=positions, changes=changes) -> float:
                 return float(torch.stack([changes[cell][b][r, t] for b, r, t in positions]).nanmean())
