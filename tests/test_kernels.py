@@ -233,22 +233,28 @@ def _eager_and_compiled(monkeypatch, call):
     return eager, call()
 
 
-@pytest.mark.parametrize("dtype", HALF)
+#: (dtype, half units): half scores formed in their dtype (a CPU with units for it); half scores formed
+#: in float32 and rounded, soft-maxed from float32 (an AVX2 CPU); a float32 model's, soft-maxed in place
+SCORES = [(torch.bfloat16, True), (torch.float16, True), (torch.bfloat16, False), (torch.float16, False),
+          (torch.float32, False)]
+
+
+@pytest.mark.parametrize(("dtype", "units"), SCORES)
 @pytest.mark.parametrize("shape", [(1, 9, 3, 170, 2210, 64), (2, 12, 2, 100, 300, 128), (1, 4, 4, 7, 5, 96),
                                    (2, 8, 2, 33, 1000, 80)])
 @pytest.mark.parametrize("masking", ["none", "causal", "padded"])
-def test_the_compiled_half_softmax_is_the_eager_steps_within_float32s_rounding(dtype, shape, masking, monkeypatch):
-    """Half scores on a CPU with half units: the compiled pass (softmax.c, which reads the mask
-    itself) against the eager steps (float32 copy, masked fill, softmax, half copy) — float32 weights
-    within 1e-6 relative, masked keys exactly 0, rows summing to 1 or, seeing no key, all 0, the half
-    outputs within a unit in their last place (a weight on a rounding boundary may round the other
-    way); head dims 80 and 128 scale the product in the half dtype, key counts off the key grid
-    (2,210, 300, 1,000) pad it; a causal mask with T > S and a per-text padding mask (B, 1, 1, S)
-    leave rows that see nothing."""
+def test_the_compiled_softmax_is_the_eager_steps_within_float32s_rounding(dtype, units, shape, masking, monkeypatch):
+    """The compiled pass (softmax.c, which reads the mask itself) against the eager steps (float32
+    copy, masked fill, softmax, half copy) — float32 weights within 1e-6 relative, masked keys exactly
+    0, rows summing to 1 or, seeing no key, all 0, half outputs within a unit in their last place (a
+    weight on a rounding boundary may round the other way), float32 ones within the weights' error;
+    head dims 80 and 128 scale the product (in the half dtype where it is formed in it), key counts
+    off the key grid (2,210, 300, 1,000) pad it; a causal mask with T > S and a per-text padding mask
+    (B, 1, 1, S) leave rows that see nothing; key counts not a multiple of 8 or 16 end in part blocks."""
     from multihead.attn import precision
 
     compiled_softmax()
-    monkeypatch.setattr(precision, "half_units", lambda dt: True)
+    monkeypatch.setattr(precision, "half_units", lambda dt: units)
     B, H, Hkv, T, S, D = shape
     g = torch.Generator().manual_seed(S)
     q = (torch.randn(B, H, T, D, generator=g) * 2).to(dtype)
@@ -268,22 +274,25 @@ def test_the_compiled_half_softmax_is_the_eager_steps_within_float32s_rounding(d
     assert torch.equal(fast_w == 0, w == 0)  # the masked keys, and only they (no weight here underflows)
     assert float(((fast_w - w).abs() / w.clamp_min(1e-30))[w > 0].max()) < 1e-6
     assert float((fast_w.sum(-1) - w.sum(-1)).abs().max()) < 1e-5  # 1, or 0 for a row that sees no key (T > S)
+    if dtype == torch.float32:  # P·V of weights 1e-6 apart: every output moves by a few units in its last place
+        torch.testing.assert_close(fast_out, out, atol=2e-6 * float(out.abs().max()), rtol=0)
+        return
     ulp = torch.finfo(dtype).eps
     torch.testing.assert_close(fast_out.float(), out.float(), atol=ulp * float(out.abs().max()), rtol=ulp)
     assert float((fast_out != out).float().mean()) < 0.01
 
 
-@pytest.mark.parametrize("dtype", HALF)
-def test_the_compiled_half_softmax_keeps_rows_that_see_nothing_and_huge_scores_finite(dtype, monkeypatch):
+@pytest.mark.parametrize(("dtype", "units"), SCORES)
+def test_the_compiled_softmax_keeps_rows_that_see_nothing_and_huge_scores_finite(dtype, units, monkeypatch):
     """A row that may see no key gives zeros (the compiled pass finds no key to see); scores in the
     thousands, far beyond exp's range beside a row's largest, give no NaN, a row of equal scores its
     uniform weights."""
     from multihead.attn import precision
 
     compiled_softmax()
-    monkeypatch.setattr(precision, "half_units", lambda dt: True)
+    monkeypatch.setattr(precision, "half_units", lambda dt: units)
     g = torch.Generator().manual_seed(3)
-    big = 3000.0 if dtype == torch.bfloat16 else 100.0  # scores up to ~1e4-1e5: finite in the dtype
+    big = 100.0 if dtype == torch.float16 else 3000.0  # scores up to ~1e4-1e5: finite in the dtype
     q = torch.randn(1, 2, 40, 64, generator=g).to(dtype)
     k, v = (torch.randn(1, 2, 40, 64, generator=g).to(dtype) for _ in range(2))
     q[0, 0, :10] = 0  # equal scores: uniform rows
@@ -302,15 +311,15 @@ def test_the_compiled_half_softmax_keeps_rows_that_see_nothing_and_huge_scores_f
         assert float((weights[0, 1, 10:20].sum(-1) - 1).abs().max()) < 1e-5
 
 
-@pytest.mark.parametrize("dtype", HALF)
-def test_the_compiled_half_softmax_reads_a_mask_per_head_under_grouped_query_attention(dtype, monkeypatch):
+@pytest.mark.parametrize(("dtype", "units"), SCORES)
+def test_the_compiled_softmax_reads_a_mask_per_head_under_grouped_query_attention(dtype, units, monkeypatch):
     """Random keep masks that differ by head, text and row — (B, H, T, S), (1, H, T, S), (B, 1, T, 1)
     and one whose keys are not consecutive in memory — over grouped-query heads (H = 6, Hkv = 2),
     rows that may see no key among them: the eager steps' weights and outputs (and their zeros)."""
     from multihead.attn import precision
 
     compiled_softmax()
-    monkeypatch.setattr(precision, "half_units", lambda dt: True)
+    monkeypatch.setattr(precision, "half_units", lambda dt: units)
     g = torch.Generator().manual_seed(11)
     B, H, Hkv, T, S = 2, 6, 2, 37, 300
     q = (torch.randn(B, H, T, 64, generator=g) * 2).to(dtype)
@@ -328,22 +337,22 @@ def test_the_compiled_half_softmax_reads_a_mask_per_head_under_grouped_query_att
         (out, w), (fast_out, fast_w) = _eager_and_compiled(monkeypatch, run)
         assert torch.equal(fast_w == 0, w == 0), name
         torch.testing.assert_close(fast_w, w, atol=1e-7, rtol=1e-6, msg=name)
-        ulp = torch.finfo(dtype).eps
+        ulp = torch.finfo(dtype).eps * (16 if dtype == torch.float32 else 1)  # float32: the weights' 1e-6
         torch.testing.assert_close(fast_out.float(), out.float(), atol=ulp * float(out.abs().max()), rtol=ulp,
                                    msg=name)
 
 
-@pytest.mark.parametrize("dtype", HALF)
-def test_the_compiled_half_softmax_keeps_nan_and_infinite_scores_as_the_eager_steps_do(dtype, monkeypatch):
+@pytest.mark.parametrize(("dtype", "written"), [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+                                              (torch.float32, None), (torch.float32, torch.bfloat16)])
+def test_the_compiled_softmax_keeps_nan_and_infinite_scores_as_the_eager_steps_do(dtype, written):
     """Nothing broken turns finite: a NaN score, +inf scores (alone or beside finite ones) and a row
     whose visible scores are all -inf give NaN rows, as the eager softmax gives them; a row the mask
     hides entirely still gives zeros; scores 90-100 below a row's largest give eager's subnormal
-    weights, not zeros."""
-    from multihead.attn import precision
-
-    compiled_softmax()
-    monkeypatch.setattr(precision, "half_units", lambda dt: True)
-    T, S = 8, 40
+    weights, not zeros (AVX2 forms 2^n as two powers of two: the same weights). Half scores, and
+    float32 ones soft-maxed in place (a float32 model's) or written in bfloat16 as well (a half
+    model's on an AVX2 CPU); 43 keys end in a part block of every width."""
+    fused = compiled_softmax()
+    T, S = 8, 43
     product = torch.randn(1, T, S).to(dtype)
     product[0, 0, 3] = float("nan")
     product[0, 1] = float("inf")
@@ -351,29 +360,35 @@ def test_the_compiled_half_softmax_keeps_nan_and_infinite_scores_as_the_eager_st
     product[0, 3] = float("-inf")
     product[0, 5, :20] = -95.0  # e^-95 ≈ 5e-42: subnormal in float32
     product[0, 5, 20:] = 0.0
+    product[0, 7, 41] = -90.0  # subnormal in a part block
     keep = torch.ones(T, S, dtype=torch.bool)
     keep[4] = False  # row 4 sees nothing
     keep[6, 3] = False  # row 6 hides a NaN
     product[0, 6, 3] = float("nan")
-    from multihead.attn import fused
-
-    weights, half = torch.empty(1, 1, T, S), torch.empty(1, T, 64, dtype=dtype)
-    fused.half_softmax(product, S, weights, half, keep)
     eager = torch.softmax(product.float().masked_fill(~keep, float("-inf")), -1)  # (1, T, S)
     eager[:, 4] = 0.0  # the kernels' definition for a row that sees nothing
+    in_place = written is None
+    weights = product.view(1, 1, T, S) if in_place else torch.empty(1, 1, T, S)
+    half = None if in_place else torch.empty(1, T, 64, dtype=written)
+    fused.softmax(product, S, weights, half, keep)
     assert torch.equal(weights[0, 0].isnan(), eager[0].isnan())
     assert weights[0, 0, :4].isnan().all() and not weights[0, 0, 4:].isnan().any()
-    assert torch.equal(weights[0, 0, 4], torch.zeros(S)) and torch.equal(half[0, 4], torch.zeros(64, dtype=dtype))
-    assert torch.equal(half[0, :4, :S].isnan(), eager[0, :4].isnan()) and not half[0, :, S:].any()
+    assert torch.equal(weights[0, 0, 4], torch.zeros(S))
     assert float(weights[0, 0, 5, 0]) > 0 and torch.equal(weights[0, 0, 5] == 0, eager[0, 5] == 0)
+    assert torch.equal(weights[0, 0, 5, :20], eager[0, 5, :20])  # subnormal: exact
+    assert float(weights[0, 0, 7, 41]) > 0 and torch.equal(weights[0, 0, 7] == 0, eager[0, 7] == 0)
     fine = ~eager[0].isnan()
     torch.testing.assert_close(weights[0, 0][fine], eager[0][fine], atol=1e-7, rtol=1e-6)
+    if half is not None:
+        assert torch.equal(half[0, 4], torch.zeros(64, dtype=written))
+        assert torch.equal(half[0, :4, :S].isnan(), eager[0, :4].isnan()) and not half[0, :, S:].any()
+        assert torch.equal(half[0, 4:, :S], weights[0, 0, 4:].to(written))  # rounded as PyTorch rounds
 
 
-@pytest.mark.parametrize("dtype", HALF)
-def test_the_compiled_half_softmax_forms_each_rows_entropy_from_its_scores(dtype):
+@pytest.mark.parametrize("dtype", [*HALF, torch.float32])
+def test_the_compiled_softmax_forms_each_rows_entropy_from_its_scores(dtype):
     """Each row's −Σ p ln p formed on the softmax's way (ln Z − Σ e (s − m) / Z, no log a weight):
-    the definition in float64 on the same half scores — flat, middling and sharp heads, a causal
+    the definition in float64 on the same scores (half or float32) — flat, middling and sharp heads, a causal
     band and a padded text, rows that see one key (0) or none (0), a row with a NaN score (NaN) —
     within float32's rounding, and as close as −Σ p ln p of the float32 weights it writes."""
     fused = compiled_softmax()
@@ -389,7 +404,7 @@ def test_the_compiled_half_softmax_forms_each_rows_entropy_from_its_scores(dtype
     product[0, 0, 9, 5] = float("nan")  # a NaN score it may see
     weights, entropy = torch.empty(B, H, T, S), torch.full((B, H, T), -7.0)
     half = torch.empty(B * H, T, S, dtype=dtype)
-    fused.half_softmax(product.view(B * H, T, S), S, weights, half, keep, entropy)
+    fused.softmax(product.view(B * H, T, S), S, weights, half if dtype in HALF else None, keep, entropy)
     exact = torch.softmax(product.double().masked_fill(~keep, float("-inf")), -1)  # (B, H, T, S)
     want = -torch.xlogy(exact, exact).sum(-1)  # (B, H, T)
     want[0, 1, 7] = 0.0  # no key to see: zeros, entropy 0 (the kernels' definition)
@@ -403,7 +418,7 @@ def test_the_compiled_half_softmax_forms_each_rows_entropy_from_its_scores(dtype
     sharp = want[:, 2][fine[:, 2]]
     assert float(sharp.min()) < 0.05 and float(want[:, 0][fine[:, 0]].max()) > 5.5  # the heads span the range
     with pytest.raises(ValueError, match="entropy"):
-        fused.half_softmax(product.view(B * H, T, S), S, weights, half, keep, torch.empty(B, H, T + 1))
+        fused.softmax(product.view(B * H, T, S), S, weights, None, keep, torch.empty(B, H, T + 1))
 
 
 def test_a_traced_half_attention_records_the_eager_steps(monkeypatch):
@@ -427,17 +442,22 @@ def test_a_traced_half_attention_records_the_eager_steps(monkeypatch):
     torch.testing.assert_close(replayed.float(), direct.float(), atol=torch.finfo(torch.bfloat16).eps * 4, rtol=0.01)
 
 
-def test_the_compiled_half_softmax_refuses_tensors_it_cannot_read():
+def test_the_compiled_softmax_refuses_tensors_it_cannot_read():
     fused = compiled_softmax()
     product, half = torch.zeros(2, 3, 16, dtype=torch.bfloat16), torch.empty(2, 3, 16, dtype=torch.bfloat16)
     weights = torch.empty(1, 2, 3, 16)  # (B, H, T, K): B·H·T = 2·3 rows
-    fused.half_softmax(product, 16, weights, half)  # fits: uniform rows
+    fused.softmax(product, 16, weights, half)  # fits: uniform rows
     assert torch.equal(weights, torch.full_like(weights, 1 / 16))
+    scores = torch.zeros(2, 3, 16)
+    fused.softmax(scores, 16, scores.view(1, 2, 3, 16))  # float32 in place: fits
+    assert torch.equal(scores, torch.full_like(scores, 1 / 16))
+    wide = torch.zeros(2, 3, 20)
     for bad in ({"weights": torch.empty(1, 2, 3, 8)}, {"half": half.half()}, {"product": product.transpose(0, 1)},
-                {"keep": torch.ones(3, 16)}):
+                {"keep": torch.ones(3, 16)}, {"half": torch.empty(2, 3, 16)}, {"product": product.double()},
+                {"product": wide, "weights": wide.view(-1)[:96].view(1, 2, 3, 16)}):  # in place, but 20 keys a row
         args = {"product": product, "weights": weights, "half": half, "keep": None} | bad
         with pytest.raises(ValueError, match=r"do not fit|bool"):
-            fused.half_softmax(args["product"], 16, args["weights"], args["half"], args["keep"])
+            fused.softmax(args["product"], 16, args["weights"], args["half"], args["keep"])
 
 
 @pytest.mark.parametrize("dtype", [*HALF, torch.float32])

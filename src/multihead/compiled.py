@@ -1,6 +1,6 @@
 """C sources of ours compiled for this CPU at first use, cached, and loaded through ctypes.
 
-Two layers use it: the attention kernel's fused half-precision softmax (``attn/softmax.c``) and the
+Two layers use it: the attention kernel's compiled softmax (``attn/softmax.c``) and the
 analysis's row readers (``analysis/stats/native.c``). Each is compiled with the machine's C
 compiler (``$CC``, else ``gcc``) and ``-march=native`` into the user's cache
 (``$XDG_CACHE_HOME/multihead/native``), keyed by the source, the flags, the compiler and the CPU's

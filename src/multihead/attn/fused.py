@@ -1,15 +1,18 @@
-"""The math kernel's softmax of half-precision scores compiled for the CPU (``softmax.c``).
+"""The math kernel's softmax compiled for the CPU (``softmax.c``): one pass a row.
 
-On a CPU with half units (:func:`~multihead.attn.precision.half_units`: AVX-512 BF16 or AMX) the
-scores' product is formed in bfloat16 or float16, as the model's eager attention forms it. The
-eager steps after it — the scores copied to float32, soft-maxed, the weights rounded back to the
-half dtype for P·V — are three passes over every chunk of a streamed layer, most of what an
-analysis adds to a bfloat16 model's own forward there after the readers. ``softmax.c`` does them in
-one pass a row, on the OpenMP threads PyTorch already runs: both results, float32 weights for the
-readers and half weights (zeros for the keys the product was padded with) for P·V. Its exp is not
-PyTorch's (a few units in float32's last place apart; a half weight that lies on a rounding
-boundary can round the other way); the tests hold it to the eager steps, which remain everywhere
-else: without AVX-512 or a C compiler with OpenMP, with ``MULTIHEAD_NATIVE=0``, under autograd.
+After the scores' product the eager steps are a mask's checks and fill, a softmax, and for a half
+model the scores copied to float32 first and the weights rounded back to the half dtype for P·V —
+passes over every chunk of a streamed layer, most of what an analysis adds to the model's own
+forward after the readers. ``softmax.c`` does them in one pass a row, on the OpenMP threads PyTorch
+already runs, built for AVX-512 or for AVX2 (with FMA and F16C): float32 weights for the readers (in
+place of float32 scores), half weights (zeros for the keys a half product was padded with) where
+P·V takes them, and each row's entropy where a streaming reader asks for it. The scores are
+bfloat16 or float16 where the CPU has units for them (:func:`~multihead.attn.precision.half_units`),
+float32 otherwise — a float32 model's, or a half model's product formed in float32 and rounded. Its
+exp is not PyTorch's (a few units in float32's last place apart; a half weight that lies on a
+rounding boundary can round the other way); the tests hold it to the eager steps, which remain
+everywhere else: on a CPU with neither instruction set or without a C compiler with OpenMP, with
+``MULTIHEAD_NATIVE=0``, under autograd.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from torch import Tensor
 
 from .. import compiled
 
-__all__ = ["available", "half_softmax"]
+__all__ = ["available", "softmax"]
 
 SOURCE = Path(__file__).with_name("softmax.c")
 #: No -ffast-math: masked scores are -inf, and the compiler may not assume them away.
@@ -35,8 +38,8 @@ THREADED = 1 << 16
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    """softmax.c built for this CPU and loaded, or None: no compiler with OpenMP, no AVX-512, or
-    ``MULTIHEAD_NATIVE=0``."""
+    """softmax.c built for this CPU and loaded, or None: no compiler with OpenMP, neither AVX-512 nor
+    AVX2 with FMA and F16C, or ``MULTIHEAD_NATIVE=0``."""
     if not compiled.enabled():
         return None
     lib = compiled.build(SOURCE, "softmax", FLAGS, LINK)
@@ -45,8 +48,9 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.fused_available.argtypes = []
     lib.fused_available.restype = i64
-    lib.half_softmax.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64, ptr]
-    lib.half_softmax.restype = None
+    lib.softmax_rows.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64,
+                                 ptr]
+    lib.softmax_rows.restype = None
     return lib if lib.fused_available() else None
 
 
@@ -55,17 +59,24 @@ def available() -> bool:
     return _library() is not None
 
 
-def half_softmax(product: Tensor, keys: int, weights: Tensor, half: Tensor, keep: Tensor | None = None,
-                 entropy: Tensor | None = None) -> None:
-    """Each row's softmax over its first ``keys`` scores, written twice (and its entropy, where asked).
+#: the C side's codes of the dtypes it reads and writes
+KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+#: the half dtypes it writes
+HALF_KINDS = (torch.bfloat16, torch.float16)
+
+
+def softmax(scores: Tensor, keys: int, weights: Tensor, half: Tensor | None = None, keep: Tensor | None = None,
+            entropy: Tensor | None = None) -> None:
+    """Each row's softmax over its first ``keys`` scores (and its entropy, where asked).
 
     Args:
-        product: (N, R, P) bfloat16 or float16 scores, contiguous, P >= keys (the columns after
-            ``keys`` are not read).
+        scores: (N, R, P) float32, bfloat16 or float16 scores, contiguous, P >= keys (the columns
+            after ``keys`` are not read).
         keys: K, the keys each row is soft-maxed over.
-        weights: (B, H, T, K) float32, contiguous, B·H·T = N·R: the weights, row after row.
-        half: (N, R, P') in ``product``'s dtype, contiguous, P' >= K: the weights rounded to it,
-            zeros at keys K..P'-1.
+        weights: (B, H, T, K) float32, contiguous, B·H·T = N·R: the weights, row after row — the
+            float32 ``scores`` themselves (the same memory, P = K): soft-maxed in place.
+        half: (N, R, P') bfloat16 or float16 (half scores' own dtype), contiguous, P' >= K, or None:
+            the weights rounded to its dtype, zeros at keys K..P'-1.
         keep: bool, broadcastable to (B, H, T, K): True where a row may see a key. A key it may not
             see weighs 0; a row that may see none gives zeros (never NaN). None: every key. A row with
             a NaN or +inf score at a key it may see, or -inf at all of them, gives NaN (as eager's).
@@ -76,29 +87,35 @@ def half_softmax(product: Tensor, keys: int, weights: Tensor, half: Tensor, keep
     lib = _library()
     if lib is None:
         raise RuntimeError("the compiled softmax is not available here (see multihead.attn.fused.available)")
-    N, R, P = product.shape
+    N, R, P = scores.shape
     rows = N * R
-    laid_out = all(t.is_contiguous() and t.device.type == "cpu" for t in (product, weights, half))
-    if not (laid_out and product.dtype in (torch.bfloat16, torch.float16) and half.dtype == product.dtype
-            and weights.dtype == torch.float32 and weights.dim() == 4 and weights.shape[-1] == keys
-            and weights.numel() == rows * keys and keys <= P and half.shape[:2] == product.shape[:2]
-            and half.shape[2] >= keys
+    tensors = (scores, weights) if half is None else (scores, weights, half)
+    laid_out = all(t.is_contiguous() and t.device.type == "cpu" for t in tensors)
+    in_place = weights.data_ptr() == scores.data_ptr()
+    if not (laid_out and scores.dtype in KINDS and weights.dtype == torch.float32 and weights.dim() == 4
+            and weights.shape[-1] == keys and weights.numel() == rows * keys and keys <= P
+            and (not in_place or (scores.dtype == torch.float32 and P == keys))
+            and (half is None or (half.dtype in HALF_KINDS and scores.dtype in (torch.float32, half.dtype)
+                                  and half.shape[:2] == scores.shape[:2] and half.shape[2] >= keys))
             and (entropy is None or (entropy.dtype == torch.float32 and entropy.is_contiguous()
                                      and entropy.device.type == "cpu" and entropy.shape == weights.shape[:3]))):
-        raise ValueError(f"half_softmax: product {tuple(product.shape)} {product.dtype}, weights "
-                         f"{tuple(weights.shape)} {weights.dtype}, half {tuple(half.shape)} {half.dtype}"
+        raise ValueError(f"softmax: scores {tuple(scores.shape)} {scores.dtype}, weights "
+                         f"{tuple(weights.shape)} {weights.dtype}"
+                         + ("" if half is None else f", half {tuple(half.shape)} {half.dtype}")
                          + ("" if entropy is None else f", entropy {tuple(entropy.shape)} {entropy.dtype}")
                          + " do not fit (see its docstring)")
     B, H, T, _ = weights.shape
     strides = (0, 0, 0)
     if keep is not None:
         if keep.dtype != torch.bool or keep.device.type != "cpu":
-            raise ValueError(f"half_softmax: keep must be a bool CPU tensor; got {keep.dtype} on {keep.device}")
+            raise ValueError(f"softmax: keep must be a bool CPU tensor; got {keep.dtype} on {keep.device}")
         if keep.stride(-1) != 1 or keep.shape[-1] != keys:  # keys consecutive (a mask broadcast over them: made whole)
             keep = keep.expand(*keep.shape[:-1], keys).contiguous()
         keep = keep.expand(B, H, T, keys)  # (B, H, T, K), a view: stride 0 where it broadcasts
         strides = keep.stride()[:3]
     parts = 1 if rows * keys < THREADED else max(1, min(torch.get_num_threads(), rows))
-    lib.half_softmax(product.data_ptr(), P, weights.data_ptr(), half.data_ptr(), half.shape[2], half.shape[2], rows,
-                     keys, int(product.dtype == torch.bfloat16), None if keep is None else keep.data_ptr(), H, T,
-                     *strides, parts, None if entropy is None else entropy.data_ptr())
+    lib.softmax_rows(scores.data_ptr(), P, KINDS[scores.dtype], weights.data_ptr(),
+                     None if half is None else half.data_ptr(), 0 if half is None else half.shape[2],
+                     0 if half is None else half.shape[2], 0 if half is None else KINDS[half.dtype], rows, keys,
+                     None if keep is None else keep.data_ptr(), H, T, *strides, parts,
+                     None if entropy is None else entropy.data_ptr())

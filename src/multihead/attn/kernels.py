@@ -14,9 +14,9 @@ Shapes: q (B, H, T, Dk); k (B, Hkv, S, Dk); v (B, Hkv, S, Dv), with Hkv dividing
 (B, H, T, S).
 
 A query row whose every key is masked yields zeros in ``out`` and in ``weights`` (never
-NaN), in every dtype. Half-precision inputs are soft-maxed in float32 — on an AVX-512 CPU, without
-a gradient, in one compiled pass a row after their half product (:mod:`.fused`; the eager steps stay
-the reference it is tested against).
+NaN), in every dtype. Half-precision inputs are soft-maxed in float32. On a CPU with AVX-512 or AVX2,
+without a gradient, the math path's softmax (with its mask, and for half inputs the casts around it)
+is one compiled pass a row (:mod:`.fused`; the eager steps stay the reference it is tested against).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def attention(
     """
     mask = as_mask(mask)
     if workspace is not None:
-        workspace.entropy = None  # set again only by a path that forms it (the compiled half softmax)
+        workspace.entropy = None  # set again only by a path that forms it (the compiled softmax)
     _check_inputs(q, k, v, scale, dropout_p)
     if softcap is not None and not softcap > 0:
         raise ValueError(f"softcap must be a positive number; got {softcap!r}")
@@ -177,8 +177,8 @@ def _math_attention(
         product = take.bmm("product", q3, k3.transpose(1, 2))
         scores = product[..., :S]
         scores = scores.mul_(scale) if not scores.requires_grad else scores * scale  # (B·Hkv, G·T, S)
-    if _compiled_softmax_applies(product, mask, softcap, sinks, dropout_p):
-        return _fused_half_attention(product, v, mask, take, (B, H, T, S))
+    if _compiled_softmax_applies(product, S, mask, softcap, sinks, dropout_p):
+        return _compiled_softmax_attention(product, v, mask, take, (B, H, T, S))
     scores = take.cast("weights", scores.view(B, H, T, S), compute)  # (B, H, T, S), float32 for half inputs
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)  # (B, H, T, S) within ±softcap
@@ -225,39 +225,48 @@ def _math_attention(
     return out, weights  # weights in the softmax's dtype (float32 for half-precision inputs)
 
 
-def _compiled_softmax_applies(product: Tensor, mask: Mask | None, softcap: float | None, sinks: Tensor | None,
-                              dropout_p: float) -> bool:
-    """Whether a chunk's softmax may take the compiled pass (:mod:`.fused`): half scores formed in
-    their dtype on a CPU with it, no gradient, nothing between the scores and the softmax but a
-    mask that only hides keys."""
-    return (product.dtype in HALF and product.device.type == "cpu" and not product.requires_grad
+def _compiled_softmax_applies(product: Tensor, keys: int, mask: Mask | None, softcap: float | None,
+                              sinks: Tensor | None, dropout_p: float) -> bool:
+    """Whether a chunk's softmax may take the compiled pass (:mod:`.fused`): the final scores in
+    ``product`` — half ones formed in their dtype on a CPU with units for it, or float32 ones over
+    exactly ``keys`` keys (a float32 model's, or a half model's rounded in place) — no gradient, and
+    nothing between the scores and the softmax but a mask that only hides keys."""
+    return ((product.dtype in HALF or (product.dtype == torch.float32 and product.shape[-1] == keys))
+            and product.device.type == "cpu" and not product.requires_grad
             and softcap is None and sinks is None and dropout_p == 0 and not torch.compiler.is_compiling()
             and not torch.jit.is_tracing()  # a ctypes call is invisible to a trace (it would record empty weights)
             and (mask is None or (not mask.has_bias and split_topk(mask)[0] is None)) and fused.available())
 
 
-def _fused_half_attention(product: Tensor, v: Tensor, mask: Mask | None, take: _Take,
-                          shape: tuple[int, int, int, int]) -> tuple[Tensor, Tensor]:
-    """The rest of :func:`_math_attention` for half scores ``product`` (B·Hkv, G·T, grid) through
+def _compiled_softmax_attention(product: Tensor, v: Tensor, mask: Mask | None, take: _Take,
+                                shape: tuple[int, int, int, int]) -> tuple[Tensor, Tensor]:
+    """The rest of :func:`_math_attention` for the scores ``product`` (B·Hkv, G·T, grid) through
     the compiled softmax, which reads the mask itself (rows that may see no key: zeros): (out,
-    float32 weights)."""
+    float32 weights). Float32 scores are soft-maxed in place, as the eager path does; P·V takes the
+    weights rounded to a half model's dtype, or the float32 ones themselves."""
     B, H, T, S = shape
     Hkv = v.shape[1]
     keep = None
     if mask is not None:
         keep = mask.materialize(T, S, device=product.device)  # (..., T, S) bool
         _check_broadcast("mask", keep.shape, (B, H, T, S))
-    weights = take("weights", (B, H, T, S), torch.float32)  # (B, H, T, S)
+    if product.dtype == torch.float32:
+        weights = product.view(B, H, T, S)  # (B, H, T, S): in place
+    else:
+        weights = take("weights", (B, H, T, S), torch.float32)  # (B, H, T, S)
     values, grid = _values_on_grid(v, take)  # (B·Hkv, grid, Dv)
-    half = take("half weights", (B * Hkv, (H // Hkv) * T, grid), v.dtype)  # (B·Hkv, G·T, grid)
+    half = None  # a float32 model's P·V takes the float32 weights (q, k, v share a dtype; no grid for float32)
+    if v.dtype in HALF:
+        half = take("half weights", (B * Hkv, (H // Hkv) * T, grid), v.dtype)  # (B·Hkv, G·T, grid)
     workspace = take.workspace
     entropy = None
     if workspace is not None and workspace.wants_entropy:
         entropy = take("entropy", (B, H, T), torch.float32, map_shaped=False)  # (B, H, T)
-    fused.half_softmax(product, S, weights, half, keep, entropy)
+    fused.softmax(product, S, weights, half, keep, entropy)
     if entropy is not None:
         workspace.entropy = entropy
-    return half_matmul(half, values).view(B, H, T, -1), weights  # (B, H, T, Dv), (B, H, T, S)
+    taken = weights.view(B * Hkv, (H // Hkv) * T, S) if half is None else half  # (B·Hkv, G·T, grid)
+    return half_matmul(taken, values).view(B, H, T, -1), weights  # (B, H, T, Dv), (B, H, T, S)
 
 
 def _values_on_grid(v: Tensor, take: _Take) -> tuple[Tensor, int]:

@@ -13,7 +13,7 @@ capture's time at 1k-4k tokens (AMD EPYC) — so the pages are faulted in once.
 Whatever the kernel returns from a workspace — the weights — lives in it until the next call
 that uses it: for callers that read each chunk and keep nothing of it (the analysis's reducers).
 So does what a workspace asks the kernel to form on the way: with ``entropy=True``, each row's
-entropy where the kernel's softmax forms it from the scores (the compiled half softmax, which then
+entropy where the kernel's softmax forms it from the scores (the compiled softmax, which then
 spares the readers a log a weight), in :attr:`Workspace.entropy` after the call, else None there.
 """
 

@@ -148,7 +148,7 @@ class AttentionChunk:
     ``memo`` is shared by every reader of this chunk, ``call_memo`` by every chunk of this layer's
     call: derived quantities computed once, whichever reader asks first (they go with the chunk).
     ``entropy`` (B, H, c) float32: each row's entropy (nats) as the kernel's softmax formed it from
-    the scores — the compiled half softmax of a streamed layer on a CPU — or None where it did not
+    the scores — the compiled softmax of a streamed layer on a CPU — or None where it did not
     (readers then form it from the weights).
 
     A layer given as row sums (``summary``, :class:`LayerSummary`; only to a reader that asked for

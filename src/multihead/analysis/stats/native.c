@@ -49,8 +49,8 @@ static inline int64_t part_bound(int64_t lo, int64_t hi, int64_t part, int64_t p
 #define HEAD_VALUES 12 /* heads.ROW_METRICS order */
 #define LONG_VALUES 8  /* longcontext._ROW_METRICS order */
 
-/* The head metrics' pass, where it takes a log a weight (float32 maps, or no AVX-512 for the compiled
-   softmax to form the rows' entropies), is vectorised 16 floats wide
+/* The head metrics' pass, where it takes a log a weight (the compiled softmax did not form the rows'
+   entropies: maps made whole or by the eager steps, or no compiled softmax), is vectorised 16 floats wide
    with the inline log below where GCC compiles for AVX-512: 1.85x glibc's vector logf there (one
    thread, rows of 4,096 keys: 1.27 → 0.69 ns a weight). Elsewhere (8 wide, AVX2, or clang) glibc's
    logf stays: the inline log 8 wide was slower than it (1.17 → 1.55 ns on AVX2). */

@@ -4,7 +4,7 @@ The eager readers (:mod:`.heads`, :mod:`.longcontext`, :mod:`.maps`) make a doze
 chunk, each a few PyTorch operations, and on a CPU those passes — not the model — were most of an
 analysis's time (SmolLM2, 4,096 tokens: 8.5 of 25.6 s). ``native.c`` reads each row in one
 vectorised pass for every head metric (mass, Σ p·|i − j|, largest weight, and p log p unless the
-chunk brings its rows' entropies, which the compiled half softmax forms from the scores), the
+chunk brings its rows' entropies, which the compiled softmax forms from the scores), the
 key-set masses at the sets' keys (:func:`key_sets`),
 and a second over its distance bins for the long-context ones, the columns' sums for vertical
 concentration, and each row's mass on its induction-pattern targets (one comparison a key); for
