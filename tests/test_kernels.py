@@ -348,7 +348,7 @@ def test_the_compiled_softmax_keeps_nan_and_infinite_scores_as_the_eager_steps_d
     """Nothing broken turns finite: a NaN score, +inf scores (alone or beside finite ones) and a row
     whose visible scores are all -inf give NaN rows, as the eager softmax gives them; a row the mask
     hides entirely still gives zeros; scores 90-100 below a row's largest give eager's subnormal
-    weights, not zeros (AVX2 forms 2^n as two powers of two: the same weights). Half scores, and
+    weights, not zeros (AVX2 forms 2^n as two powers of two: the same exps). Half scores, and
     float32 ones soft-maxed in place (a float32 model's) or written in bfloat16 as well (a half
     model's on an AVX2 CPU); 43 keys end in a part block of every width."""
     fused = compiled_softmax()
@@ -421,6 +421,28 @@ def test_the_compiled_softmax_forms_each_rows_entropy_from_its_scores(dtype):
         fused.softmax(product.view(B * H, T, S), S, weights, None, keep, torch.empty(B, H, T + 1))
 
 
+def test_a_forward_mode_derivative_goes_through_the_eager_steps():
+    """A dual tensor (torch.autograd.forward_ad) requires no grad, yet carries a tangent that a ctypes
+    call — and an in-place ``out=`` softmax — would drop: the math kernel takes the eager steps for it,
+    and float32's tangents of the outputs and weights are float64's."""
+    from torch.autograd import forward_ad
+
+    compiled_softmax()
+    g = torch.Generator().manual_seed(4)
+    q, k, v, along = (torch.randn(1, 4, 50, 32, generator=g, dtype=torch.float64) for _ in range(4))
+
+    def tangents(dtype):
+        with torch.no_grad(), forward_ad.dual_level():
+            dual = forward_ad.make_dual(q.to(dtype), along.to(dtype))
+            out, w = mh.attention(dual, k.to(dtype), v.to(dtype), masks.causal(), backend="math", need_weights=True)
+            return forward_ad.unpack_dual(out).tangent, forward_ad.unpack_dual(w).tangent
+
+    (out32, w32), (out64, w64) = tangents(torch.float32), tangents(torch.float64)
+    assert out32 is not None and float(out64.abs().max()) > 0.1
+    torch.testing.assert_close(out32.double(), out64, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(w32.double(), w64, atol=1e-5, rtol=1e-4)
+
+
 def test_a_traced_half_attention_records_the_eager_steps(monkeypatch):
     """torch.jit.trace cannot see a ctypes call: while tracing, the math kernel takes the eager steps,
     so the traced graph replays on new inputs what the kernel computes."""
@@ -452,9 +474,14 @@ def test_the_compiled_softmax_refuses_tensors_it_cannot_read():
     fused.softmax(scores, 16, scores.view(1, 2, 3, 16))  # float32 in place: fits
     assert torch.equal(scores, torch.full_like(scores, 1 / 16))
     wide = torch.zeros(2, 3, 20)
+    shared = torch.zeros(112)  # float32 scores and weights one row apart in one block
+    fused.softmax(torch.empty(0, 3, 16, dtype=torch.bfloat16), 16, torch.empty(1, 0, 3, 16),
+                  torch.empty(0, 3, 16, dtype=torch.bfloat16))  # no rows: nothing to do, not "in place"
     for bad in ({"weights": torch.empty(1, 2, 3, 8)}, {"half": half.half()}, {"product": product.transpose(0, 1)},
                 {"keep": torch.ones(3, 16)}, {"half": torch.empty(2, 3, 16)}, {"product": product.double()},
-                {"product": wide, "weights": wide.view(-1)[:96].view(1, 2, 3, 16)}):  # in place, but 20 keys a row
+                {"product": wide, "weights": wide.view(-1)[:96].view(1, 2, 3, 16)},  # in place, but 20 keys a row
+                {"product": shared[16:].view(2, 3, 16), "weights": shared[:96].view(1, 2, 3, 16), "half": None},
+                {"half": weights.view(torch.bfloat16)[..., :16].reshape(2, 3, 16)}):  # overlaps: refused
         args = {"product": product, "weights": weights, "half": half, "keep": None} | bad
         with pytest.raises(ValueError, match=r"do not fit|bool"):
             fused.softmax(args["product"], 16, args["weights"], args["half"], args["keep"])

@@ -93,7 +93,7 @@ def test_row_sums_equal_the_eager_readers_on_long_rows(T, start, C, causal):
 
 
 def test_row_sums_take_the_rows_entropy_the_softmax_formed():
-    """A chunk that carries its rows' entropies (the compiled half softmax forms them from the
+    """A chunk that carries its rows' entropies (the compiled softmax forms them from the
     scores): the row sums take them instead of a log a weight — the same sums as the readers' own
     −Σ p ln p where they are that, and exactly what was carried where it is not."""
     chunk, batch = _chunk(2, 3, 900, 600, 300, [900, 700], True, 3)

@@ -91,10 +91,15 @@ def softmax(scores: Tensor, keys: int, weights: Tensor, half: Tensor | None = No
     rows = N * R
     tensors = (scores, weights) if half is None else (scores, weights, half)
     laid_out = all(t.is_contiguous() and t.device.type == "cpu" for t in tensors)
-    in_place = weights.data_ptr() == scores.data_ptr()
+    # in place: the weights over the float32 scores exactly; any other sharing of memory is refused (a row
+    # would be written before it is read, and by another thread)
+    in_place = weights.numel() > 0 and weights.data_ptr() == scores.data_ptr()
+    pairs = [(weights, half), (weights, entropy), (scores, half), (scores, entropy), (half, entropy)]
+    overlapping = (any(_shares_memory(a, b) for a, b in pairs)
+                   or (not in_place and _shares_memory(scores, weights)))
     if not (laid_out and scores.dtype in KINDS and weights.dtype == torch.float32 and weights.dim() == 4
             and weights.shape[-1] == keys and weights.numel() == rows * keys and keys <= P
-            and (not in_place or (scores.dtype == torch.float32 and P == keys))
+            and (not in_place or (scores.dtype == torch.float32 and P == keys)) and not overlapping
             and (half is None or (half.dtype in HALF_KINDS and scores.dtype in (torch.float32, half.dtype)
                                   and half.shape[:2] == scores.shape[:2] and half.shape[2] >= keys))
             and (entropy is None or (entropy.dtype == torch.float32 and entropy.is_contiguous()
@@ -119,3 +124,9 @@ def softmax(scores: Tensor, keys: int, weights: Tensor, half: Tensor | None = No
                      0 if half is None else half.shape[2], 0 if half is None else KINDS[half.dtype], rows, keys,
                      None if keep is None else keep.data_ptr(), H, T, *strides, parts,
                      None if entropy is None else entropy.data_ptr())
+
+
+def _shares_memory(a: Tensor | None, b: Tensor | None) -> bool:
+    """Whether two tensors (None: none) are views of one storage — any overlap the C code could meet."""
+    return (a is not None and b is not None and a.numel() > 0 and b.numel() > 0
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())

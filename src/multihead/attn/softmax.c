@@ -7,7 +7,7 @@
    zeros for the keys the half product was padded with — passes over a (B, H, c, K) chunk and its
    page-sized buffers, 0.51 ns a weight on an Intel Xeon with AMX (two threads, rows of 2,210 keys)
    before the mask's; this one reads each row of scores (and of the mask) while the row is in cache
-   and writes both outputs: 0.25-0.29 ns with the mask. The scores and the mask are read twice (the
+   and writes its outputs: 0.25-0.29 ns with the mask. The scores and the mask are read twice (the
    largest, then the exps: three bytes a key again, where the masked scores stored in float32 and
    loaded back had cost eight), and a row is soft-maxed only up to the last block of keys that holds
    one it may see, the rest zeroed — a causal chunk's early rows see fewer keys than it has (AMD
@@ -141,7 +141,8 @@ int64_t fused_available(void) { return 1; }
 
 /* e^x for x <= 0, as the AVX-512 build's: the same polynomial; 2^n (n in [-150, 0]) as 2^a · 2^b with
    a = floor(n / 2), b = n − a, each a normal float — p · 2^a is exact, the product with 2^b rounds
-   once, as scalef rounds p · 2^n: the same weights bit for bit, subnormal ones included. */
+   once, as scalef rounds p · 2^n: the same exps bit for bit, subnormal ones included (the weights differ
+   by the rounding of their sum, 8 lanes at a time instead of 16). */
 static inline vf exp_nonpositive(vf x) {
     vf vanishing = _mm256_cmp_ps(x, _mm256_set1_ps(-104.0f), _CMP_LT_OQ); /* and -inf */
     x = _mm256_max_ps(x, _mm256_set1_ps(-104.0f));
