@@ -54,6 +54,19 @@
 #define IN_PARTS
 #endif
 
+/* e^x for x <= 0, both builds: 0 below EXP_FLOOR (where e^x rounds to 0 in float32) and for -inf;
+   else x = n·ln 2 + r (ln 2 in two parts, so r is exact), e^r by Cephes' expf polynomial, times 2^n. */
+#define EXP_FLOOR (-104.0f)
+#define LOG2_E 1.44269504088896341f
+#define LN2_HIGH 0.693359375f
+#define LN2_LOW (-2.12194440e-4f)
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+
 /* Each build below gives the row pass (softmax_rows, after them: one implementation) the same few
    operations on W float lanes: `lanes(n)`, the first n of a block; loads of n scores (the other
    lanes unspecified: every use masks them); masked max, adds and stores. */
@@ -69,18 +82,18 @@ int64_t fused_available(void) { return 1; }
 /* e^x for x <= 0 (a score less the row's largest): 0 below -104, where e^x rounds to 0 in float32,
    and for -inf; subnormal between -104 and -87.3, as the eager exp gives them. */
 static inline vf exp_nonpositive(vf x) {
-    vmask vanishing = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.0f), _CMP_LT_OQ); /* and -inf */
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+    vmask vanishing = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_FLOOR), _CMP_LT_OQ); /* and -inf */
+    x = _mm512_max_ps(x, _mm512_set1_ps(EXP_FLOOR));
+    vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2_E)),
                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x); /* ln 2 in two parts: r exact */
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    vf p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HIGH), x); /* ln 2 in two parts: r exact */
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LOW), r);
+    vf p = _mm512_set1_ps(EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
     p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f))); /* e^r */
     return _mm512_maskz_mov_ps(~vanishing, _mm512_scalef_ps(p, n));                     /* e^r · 2^n */
 }
@@ -144,18 +157,18 @@ int64_t fused_available(void) { return 1; }
    once, as scalef rounds p · 2^n: the same exps bit for bit, subnormal ones included (the weights differ
    by the rounding of their sum, 8 lanes at a time instead of 16). */
 static inline vf exp_nonpositive(vf x) {
-    vf vanishing = _mm256_cmp_ps(x, _mm256_set1_ps(-104.0f), _CMP_LT_OQ); /* and -inf */
-    x = _mm256_max_ps(x, _mm256_set1_ps(-104.0f));
-    vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+    vf vanishing = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_FLOOR), _CMP_LT_OQ); /* and -inf */
+    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_FLOOR));
+    vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2_E)),
                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x); /* ln 2 in two parts: r exact */
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    vf p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HIGH), x); /* ln 2 in two parts: r exact */
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LOW), r);
+    vf p = _mm256_set1_ps(EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
     p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f))); /* e^r */
     __m256i whole = _mm256_cvtps_epi32(n);
     __m256i a = _mm256_srai_epi32(whole, 1), b = _mm256_sub_epi32(whole, a);
