@@ -32,11 +32,12 @@ def _silenced(model, cells):
 
 
 @SHARES_SMOLLM2_SAMPLE100
-def test_smollm2_has_confirmed_induction_and_previous_token_heads(smollm2, smollm2_sample100):
+def test_smollm2_has_confirmed_induction_and_previous_token_heads(smollm2, smollm2_sample100, monkeypatch):
     """The evidence of the shared SmolLM2 analysis (100 texts): its induction heads and the
     previous-token heads below them tested, each kind confirmed somewhere (K-composition: a
     previous-token head feeds the induction heads); a confirmed head made to write nothing loses
-    its confirmation, with nothing measured at all."""
+    its confirmation, with nothing measured at all (against two baseline heads: a threshold is never
+    below its test's floor, so nothing measured stays unconfirmed whatever the baseline)."""
     report = smollm2_sample100.report
     labels = {(r.layer, r.head): r.label for r in report.heads}
     found = [e for e in report.sections.evidence.heads if e.label in ("induction", "previous")]
@@ -51,10 +52,14 @@ def test_smollm2_has_confirmed_induction_and_previous_token_heads(smollm2, smoll
     chosen = [next((e.layer, e.head) for e in found if e.label == label and e.mark == "confirmed")
               for label in ("induction", "previous")]
     silent = _silenced(smollm2, chosen)
+    drawn = evidence._draw
+    monkeypatch.setattr(evidence, "_draw", lambda candidates, seed, k=2: drawn(candidates, seed, 2))
     again = {(e.layer, e.head): e for e in [*evidence._induction_tests(silent, [chosen[0]]),
                                             *evidence._previous_tests(silent, [chosen[1]], inductive)]}
     for cell in chosen:
         assert again[cell].value == pytest.approx(0.0, abs=1e-6) and again[cell].mark == "attention-only"
+        assert len(again[cell].baseline) == 2 and again[cell].threshold >= min(evidence.INDUCTION_MARGIN,
+                                                                               evidence.PREVIOUS_DROP)
 
 
 def test_per_token_changes_add_up_to_the_ablation_effect(smollm2):
