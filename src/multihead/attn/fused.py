@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from .. import compiled
+from .precision import HALF
 
 __all__ = ["available", "softmax"]
 
@@ -59,10 +60,8 @@ def available() -> bool:
     return _library() is not None
 
 
-#: the C side's codes of the dtypes it reads and writes
+#: the C side's codes of the dtypes it reads and writes (the half ones: precision.HALF)
 KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-#: the half dtypes it writes
-HALF_KINDS = (torch.bfloat16, torch.float16)
 
 
 def softmax(scores: Tensor, keys: int, weights: Tensor, half: Tensor | None = None, keep: Tensor | None = None,
@@ -100,7 +99,7 @@ def softmax(scores: Tensor, keys: int, weights: Tensor, half: Tensor | None = No
     if not (laid_out and scores.dtype in KINDS and weights.dtype == torch.float32 and weights.dim() == 4
             and weights.shape[-1] == keys and weights.numel() == rows * keys and keys <= P
             and (not in_place or (scores.dtype == torch.float32 and P == keys)) and not overlapping
-            and (half is None or (half.dtype in HALF_KINDS and scores.dtype in (torch.float32, half.dtype)
+            and (half is None or (half.dtype in HALF and scores.dtype in (torch.float32, half.dtype)
                                   and half.shape[:2] == scores.shape[:2] and half.shape[2] >= keys))
             and (entropy is None or (entropy.dtype == torch.float32 and entropy.is_contiguous()
                                      and entropy.device.type == "cpu" and entropy.shape == weights.shape[:3]))):
