@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..masks import FULL, Causal, Mask, TopK, as_mask, split_topk
-from . import fused
+from . import fused, gemm
 from .chunked import chunked_attention, fusable
 from .dispatch import BACKENDS, BackendChoice, choose
 from .memory import check_memory, estimate_memory
@@ -299,8 +299,8 @@ class _Take:
     def bmm(self, name: str, a: Tensor, b: Tensor) -> Tensor:
         """a @ b (N, n, m) — into a buffer when there is a workspace."""
         if self.workspace is None:
-            return torch.bmm(a, b)
-        return torch.bmm(a, b, out=self(name, (a.shape[0], a.shape[1], b.shape[2]), a.dtype))
+            return gemm.bmm(a, b)
+        return gemm.bmm(a, b, out=self(name, (a.shape[0], a.shape[1], b.shape[2]), a.dtype))
 
     def cast(self, name: str, t: Tensor, dtype: torch.dtype) -> Tensor:
         """``t.to(dtype)`` — into a buffer when there is a workspace."""

@@ -11,6 +11,8 @@ import functools
 import torch
 from torch import Tensor
 
+from . import gemm
+
 __all__ = ["HALF", "KEY_GRID", "RAISED_BYTES", "as_half_product", "compute_dtype", "half_matmul", "half_units",
            "key_grid", "score_operands"]
 
@@ -106,9 +108,10 @@ def half_matmul(a: Tensor, b: Tensor) -> Tensor:
     rounded once to the dtype: what a float32-accumulating half GEMM gives (within its summation
     order), at MKL's float32 speed. Without a gradient a's rows are raised a few MiB at a time
     (:data:`RAISED_BYTES`), never a float32 copy of a whole map. Anywhere else (CUDA, a CPU with
-    the units, full precision) it is ``a @ b``."""
+    the units, full precision) it is ``a @ b``. A float32 product of batches (n, ., .) goes through
+    :func:`~.gemm.bmm`, which keeps every thread busy where the batch would not."""
     if a.dtype not in HALF or b.dtype != a.dtype or a.device.type != "cpu" or half_units(a.dtype):
-        return a @ b
+        return _product(a, b)
     wide = b.float()  # (..., k, m), small beside a map
     if a.requires_grad or b.requires_grad:
         return (a.float() @ wide).to(a.dtype)
@@ -119,5 +122,12 @@ def half_matmul(a: Tensor, b: Tensor) -> Tensor:
     step = max(RAISED_BYTES // row_bytes, RAISED_ROWS)
     for start in range(0, n, step):
         rows = slice(start, start + step)
-        out[..., rows, :] = a[..., rows, :].float() @ wide  # (..., step, m), rounded to the dtype as it is stored
+        out[..., rows, :] = _product(a[..., rows, :].float(), wide)  # (..., step, m), rounded to the dtype as stored
     return out
+
+
+def _product(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b — through :func:`~.gemm.bmm` where both are batches of matrices, (n, r, k) and (n, k, m)."""
+    if a.dim() == 3 and b.dim() == 3 and a.shape[0] == b.shape[0]:
+        return gemm.bmm(a, b)
+    return a @ b
