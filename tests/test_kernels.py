@@ -385,6 +385,43 @@ def test_the_compiled_softmax_keeps_nan_and_infinite_scores_as_the_eager_steps_d
         assert torch.equal(half[0, 4:, :S], weights[0, 0, 4:].to(written))  # rounded as PyTorch rounds
 
 
+def test_the_compiled_softmax_reads_any_shape_of_mask_and_scores_near_exps_normal_floor():
+    """Each row's mask read once for its open prefix (every key seen, no mask read) and its end (no
+    key seen after): rows whose seen keys start late, stop early, have gaps, or are one key, each
+    against the eager steps; and scores straddling -86 below a row's largest in one vector (on AVX2
+    the exps of a vector whose lanes are all normal floats take a shorter path, a vector with one
+    lane below goes the long way), down to subnormal weights: exactly eager's there, within 1e-6
+    elsewhere; entropies within float32's rounding of −Σ p ln p."""
+    fused = compiled_softmax()
+    T, S = 12, 301
+    g = torch.Generator().manual_seed(5)
+    product = torch.randn(1, T, S, generator=g) * 3
+    product[0, 0, ::2] -= 86.0  # every other key just below the floor of the short path
+    product[0, 1] = torch.linspace(-80.0, -92.0, S)  # across it and into subnormal weights
+    product[0, 1, 150] = 0.0
+    keep = torch.ones(T, S, dtype=torch.bool)
+    keep[2, :200] = False  # seen keys start late
+    keep[3, 17:] = False  # stop early, inside a vector
+    keep[4, 40:90] = False  # a gap
+    keep[5] = False
+    keep[5, 123] = True  # one key
+    keep[6, ::3] = False  # every third key hidden
+    keep[7, :8] = False  # a hidden first vector, then every key
+    keep[8, 296:] = False  # the row's part block hidden
+    keep[9, 7] = False  # a hidden key in the last lane of a vector (8 wide, and 16)
+    keep[10, 15] = False
+    eager = torch.softmax(product.masked_fill(~keep, float("-inf")), -1)  # (1, T, S)
+    entropy = torch.empty(1, 1, T)
+    scores = product.clone()
+    fused.softmax(scores, S, scores.view(1, 1, T, S), None, keep, entropy)
+    weights = scores[0]
+    assert torch.equal(weights == 0, eager[0] == 0)
+    assert torch.equal(weights[1, 200:], eager[0, 1, 200:])  # subnormal (and the smallest normal) weights: exact
+    assert float(((weights - eager[0]).abs() / eager[0].clamp_min(1e-30))[eager[0] > 1e-37].max()) < 1e-6
+    plogp = torch.where(eager[0] > 0, eager[0].double() * eager[0].double().log(), 0.0)
+    torch.testing.assert_close(entropy[0, 0].double(), -plogp.sum(-1), atol=2e-6, rtol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [*HALF, torch.float32])
 def test_the_compiled_softmax_forms_each_rows_entropy_from_its_scores(dtype):
     """Each row's −Σ p ln p formed on the softmax's way (ln Z − Σ e (s − m) / Z, no log a weight):
