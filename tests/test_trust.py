@@ -191,6 +191,44 @@ def test_the_syntax_scores_resample_with_the_texts(minilm):
         assert again.baseline[rel] == pytest.approx(whole.baseline[rel])
 
 
+def test_each_labels_stability_is_label_for_on_every_resample(minilm):
+    """A label's stability is the share of resampled corpora on which label_for, given every metric
+    and every relation's syntax scores of that resample, gives the head its label — however
+    _add_intervals gathers them."""
+    from multihead.analysis.labels import SYNTAX_RULE, label_for
+    from multihead.analysis.pipelines.analyze import _add_intervals, _records
+    from multihead.analysis.pipelines.common import encode_corpus, run_pass, text_batches
+    from multihead.analysis.probes.syntax import parse_with_spacy, spacy_available
+    from multihead.analysis.stats.bootstrap import resample_weights, used_groups
+    from multihead.analysis.stats.syntax import SyntaxStatistics
+    from multihead.data import sample_sentences
+
+    if not spacy_available():
+        pytest.skip("spaCy is not installed")
+    texts = sample_sentences(48)
+    stats, syntax_stats = HeadStatistics(6, 12), SyntaxStatistics(6, 12)
+    encoded = encode_corpus(minilm, texts, offsets=True)
+    run_pass(minilm, text_batches(minilm, encoded, range(len(texts)), 16, parses=parse_with_spacy(texts)),
+             [stats, syntax_stats], progress=False)
+    syntax = syntax_stats.result(min_count=SYNTAX_RULE[0])
+    records = _records(minilm, dict(stats.result()), syntax, None)
+    assert any(r.label.startswith("syntactic:") for r in records)  # the syntax rule is exercised
+    _add_intervals(records, stats, False, syntax, None, syntax_stats)
+    used = used_groups(stats.group_counts)
+    weights = resample_weights(int(used.sum()))
+    values = stats.resampled(weights)
+    scores = syntax_stats.resampled(weights, used, SYNTAX_RULE[0])
+    for r in records:
+        same = 0
+        for k in range(weights.shape[0]):
+            metrics = {**r.metrics, **{name: float(v[k, r.layer, r.head]) for name, v in values.items()}}
+            relations = {rel: (float(acc[r.layer, r.head]), scores[k].baseline[rel], scores[k].count[rel])
+                         for rel, acc in scores[k].accuracy.items()}
+            same += label_for(metrics, syntax=relations, causal=False) == r.label
+        assert r.stability == same / weights.shape[0], (r.layer, r.head, r.label)
+    assert len({r.stability for r in records}) > 3  # not all 0 or 1
+
+
 @pytest.mark.slow
 def test_compare_of_minilm_and_smollm2_ranks_no_ablation_across_units(minilm, smollm2):
     texts = ["The cat sat on the mat because it was warm.", "She gave him the book and he read it twice.",

@@ -365,17 +365,23 @@ def _add_intervals(heads: list[HeadRecord], stats: HeadStatistics, causal: bool,
     min_count = SYNTAX_RULE[0]
     scores = syntax_stats.resampled(weights, used, min_count) if syntax_stats is not None and syntax is not None \
         else None
-    # per resample: relation -> (accuracy as nested lists (L, H), baseline, count), read per head below
-    tables = None if scores is None else [{rel: (acc.tolist(), found.baseline[rel], found.count[rel])
-                                           for rel, acc in found.accuracy.items()} for found in scores]
+    # per resample: [(relation, accuracy of every head (L·H,), baseline, count)], read per head below — only
+    # where the head's accuracy reaches the syntax rule's minimum, below which label_for passes a relation
+    # over (each head's dict of every relation, every resample, was half of this step's time)
+    min_accuracy = SYNTAX_RULE[1]
+    tables = None if scores is None else [[(rel, acc.flatten().tolist(), found.baseline[rel], found.count[rel])
+                                           for rel, acc in found.accuracy.items()] for found in scores]
+    width = next((acc.shape[-1] for found in scores or () for acc in found.accuracy.values()), 1)  # H of (L, H)
     for r in heads:
         same = 0
-        cell = {name: v[:, r.layer, r.head].tolist() for name, v in values.items()}
+        at = r.layer * width + r.head  # the head's place in (L·H,)
+        names = list(values)
+        cell = list(zip(*(values[name][:, r.layer, r.head].tolist() for name in names), strict=True))  # (R, metrics)
         for k in range(R):
             metrics = dict(r.metrics)
-            metrics.update({name: v[k] for name, v in cell.items()})
+            metrics.update(zip(names, cell[k], strict=True))
             per_relation = None if tables is None else {
-                rel: (acc[r.layer][r.head], base, n) for rel, (acc, base, n) in tables[k].items()}
+                rel: (acc[at], base, n) for rel, acc, base, n in tables[k] if acc[at] >= min_accuracy}
             same += label_for(metrics, syntax=per_relation, coreference_baseline=coref_baseline,
                               causal=causal) == r.label
         r.stability = same / R
