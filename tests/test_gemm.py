@@ -35,9 +35,10 @@ def operands(n: int, r: int, k: int, m: int, dtype=torch.float32, seed: int = 0)
     (2, 2, False), (4, 2, False),  # even
     (5, 2, False),  # 6 slots for 5: the smaller products split over threads lose more
     (2, 4, True), (6, 4, True), (3, 1, False),
+    (3, 8, False),  # 16.8 M multiply-adds over 8 threads: too little a thread
 ])
 def test_a_batch_is_spread_where_whole_matrices_would_leave_threads_idle(n, count, spreads):
-    a, b = operands(n, 256, 64, 512)  # 8.4 M multiply-adds a matrix
+    a, b = operands(n, 512, 64, 512)  # 16.8 M multiply-adds a matrix: 4 M a thread on 4
     with threads(count):
         assert gemm.spread(a, b) is spreads
 
@@ -45,12 +46,42 @@ def test_a_batch_is_spread_where_whole_matrices_would_leave_threads_idle(n, coun
 def test_small_half_or_differentiated_products_stay_batched():
     a, b = operands(3, 90, 64, 512)
     with threads(2):
-        assert not gemm.spread(a, b)  # 2.9 M multiply-adds: faster whole on one thread
+        assert not gemm.spread(a, b)  # 2.9 M multiply-adds, 1.5 M a thread: faster whole on one
         a, b = operands(3, 256, 64, 512)
         assert gemm.spread(a, b)
         assert not gemm.spread(a.bfloat16(), b.bfloat16())  # oneDNN's: it splits its own work
         assert not gemm.spread(a.requires_grad_(), b)
         assert gemm.spread(a.double().detach(), b.double())
+        assert not gemm.spread(a.detach(), b[:2])  # batches that do not match: torch.bmm's own error
+        with pytest.raises(RuntimeError):
+            gemm.bmm(a.detach(), b[:2])
+
+
+def test_derivatives_go_through_the_batched_product():
+    """A forward-mode tangent (a dual tensor does not require grad), functorch's jvp and vmap: the
+    products stay torch.bmm (an ``out=`` product takes no derivative), reverse mode as well."""
+    a, b = operands(3, 256, 64, 512, dtype=torch.float64)
+    ta, tb = operands(3, 256, 64, 512, dtype=torch.float64, seed=1)
+    expected = torch.bmm(ta, b) + torch.bmm(a, tb)  # d(a b) = da b + a db
+    with threads(2):
+        with torch.autograd.forward_ad.dual_level():
+            dual = gemm.bmm(torch.autograd.forward_ad.make_dual(a, ta), torch.autograd.forward_ad.make_dual(b, tb))
+            tangent = torch.autograd.forward_ad.unpack_dual(dual).tangent
+        torch.testing.assert_close(tangent, expected)
+        _, jvp = torch.func.jvp(gemm.bmm, (a, b), (ta, tb))
+        torch.testing.assert_close(jvp, expected)
+        mapped = torch.func.vmap(gemm.bmm)(a[None].expand(2, -1, -1, -1), b[None].expand(2, -1, -1, -1))
+        torch.testing.assert_close(mapped[1], torch.bmm(a, b))
+        # the math kernel with a tangent on its queries: three key-value heads, products that would spread
+        q, k, v = (torch.randn(1, h, 384, 64, generator=torch.Generator().manual_seed(h)) for h in (9, 3, 3))
+        dq = torch.randn_like(q)
+        with torch.autograd.forward_ad.dual_level(), torch.no_grad():
+            out, _ = mh.attention(torch.autograd.forward_ad.make_dual(q, dq), k, v, mh.masks.causal(), backend="math",
+                                  need_weights=True)
+            assert torch.autograd.forward_ad.unpack_dual(out).tangent is not None
+        leaf = a.clone().requires_grad_()
+        gemm.bmm(leaf, b).sum().backward()
+        torch.testing.assert_close(leaf.grad, b.sum(-1)[:, None, :].expand_as(a))
 
 
 @settings(max_examples=12, deadline=None)

@@ -135,7 +135,7 @@ def _value(metrics: dict[str, float], key: str) -> float:
         total = sum(metrics.get(k, math.nan) for k in key.split("+"))
     else:  # one metric: no split, no generator (a bootstrap's labels read ~400,000 of them)
         total = metrics.get(key, math.nan)
-    return -math.inf if total != total else total
+    return -math.inf if total != total else total + 0.0  # (+ 0.0: a -0.0 metric reads as 0.0, as a sum gives it)
 
 
 def label_for(metrics: dict[str, float], *, syntax: dict[str, tuple[float, float, int]] | None = None,

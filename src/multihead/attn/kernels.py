@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..masks import FULL, Causal, Mask, TopK, as_mask, split_topk
 from . import fused, gemm
+from .autodiff import differentiated
 from .chunked import chunked_attention, fusable
 from .dispatch import BACKENDS, BackendChoice, choose
 from .memory import check_memory, estimate_memory
@@ -200,7 +201,7 @@ def _math_attention(
     if sinks is not None:  # one extra logit per head joins each row's softmax, then leaves with its mass
         sink = sinks.to(compute).view(1, H, 1, 1).expand(B, H, T, 1)  # (B, H, T, 1)
         weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :S]  # (B, H, T, S)
-    elif _differentiated(scores) or scores.device.type != "cpu" or torch.compiler.is_compiling():
+    elif differentiated(scores) or scores.device.type != "cpu" or torch.compiler.is_compiling():
         weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
     else:
         # No autograd graph: soft-max the fresh scores in place. On the CPU this skips a
@@ -232,16 +233,10 @@ def _compiled_softmax_applies(product: Tensor, keys: int, mask: Mask | None, sof
     exactly ``keys`` keys (a float32 model's, or a half model's rounded in place) — no gradient, and
     nothing between the scores and the softmax but a mask that only hides keys."""
     return ((product.dtype in HALF or (product.dtype == torch.float32 and product.shape[-1] == keys))
-            and product.device.type == "cpu" and not _differentiated(product)
+            and product.device.type == "cpu" and not differentiated(product)
             and softcap is None and sinks is None and dropout_p == 0 and not torch.compiler.is_compiling()
             and not torch.jit.is_tracing()  # a ctypes call is invisible to a trace (it would record empty weights)
             and (mask is None or (not mask.has_bias and split_topk(mask)[0] is None)) and fused.available())
-
-
-def _differentiated(t: Tensor) -> bool:
-    """Whether ``t`` carries a derivative: a graph (reverse mode) or a tangent (``torch.autograd.forward_ad``,
-    whose dual tensors do not require grad) — which a ctypes call, or an in-place ``out=`` softmax, would drop."""
-    return t.requires_grad or torch.autograd.forward_ad.unpack_dual(t).tangent is not None
 
 
 def _compiled_softmax_attention(product: Tensor, v: Tensor, mask: Mask | None, take: _Take,

@@ -23,8 +23,9 @@
    CPU softmax, its exp a degree-6 polynomial after the reduction x = n·ln 2 + r (Cephes' expf
    coefficients; relative error ~2e-7, a few units in the last place of float32; exp of a score of
    −inf, or of any more than 104 below the row's largest, is 0), times 2^n — at once by AVX-512's
-   scalef, by two powers of two 8 wide (2^n itself is subnormal below 2^-126; p·2^a is exact and the
-   product with 2^b rounds once, as scalef rounds). Half weights are rounded to nearest, ties to
+   scalef, 8 wide by n added into p's exponent where every lane's result is a normal float (scores
+   within 86 of the row's largest), else by two powers of two (2^n itself is subnormal below 2^-126;
+   p·2^a is exact and the product with 2^b rounds once, as scalef rounds). Half weights are rounded to nearest, ties to
    even, as PyTorch's conversion rounds them. A row with a NaN or +inf score where it may see a key,
    or only −inf ones, is NaN, as the eager softmax makes it.
 
