@@ -189,6 +189,18 @@ def triton_kernels():
     pytest.skip("no Triton here: the row-statistics kernels cannot run (pip install triton)")
 
 
+def needs_spacy() -> None:
+    """A skip where spaCy and its English pipeline are not installed (the ``syntax`` extra) — a failure
+    under CI, where make test installs them."""
+    from multihead.analysis.probes.syntax import spacy_available
+
+    if spacy_available():
+        return
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail("CI=true but spaCy or en_core_web_sm is not installed (make test installs them: the syntax extra)")
+    pytest.skip("spaCy is not installed (pip install multihead[syntax])")
+
+
 def compiled_softmax():
     """The compiled softmax (multihead.attn.fused), or a skip where this CPU has neither AVX-512 nor AVX2
     (it is built only for those; the eager steps run elsewhere) — a failure under CI when it has and it

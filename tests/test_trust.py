@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import multihead as mh
-from conftest import SHARES_SMOLLM2_SAMPLE100
+from conftest import SHARES_SMOLLM2_SAMPLE100, needs_spacy
 from multihead.analysis.compare import compare
 from multihead.analysis.interventions.evidence import Z, upper_bound
 from multihead.analysis.labels import degenerate, describe, flags_for, label_codes, label_for, traits_for
@@ -170,13 +170,12 @@ def test_the_syntax_scores_resample_with_the_texts(minilm):
     """Drawing every text once gives the corpus's own syntax scores; the labels' stability reads
     the syntax resampled with the same draws as the metrics."""
     from multihead.analysis.pipelines.common import encode_corpus, run_pass, text_batches
-    from multihead.analysis.probes.syntax import parse_with_spacy, spacy_available
+    from multihead.analysis.probes.syntax import parse_with_spacy
     from multihead.analysis.stats.bootstrap import used_groups
     from multihead.analysis.stats.syntax import SyntaxStatistics
     from multihead.data import sample_sentences
 
-    if not spacy_available():
-        pytest.skip("spaCy is not installed")
+    needs_spacy()
     texts = sample_sentences(40)
     heads, syntax = HeadStatistics(6, 12), SyntaxStatistics(6, 12)
     encoded = encode_corpus(minilm, texts, offsets=True)
@@ -198,13 +197,12 @@ def test_each_labels_stability_is_label_for_on_every_resample(minilm):
     from multihead.analysis.labels import SYNTAX_RULE, label_for
     from multihead.analysis.pipelines.analyze import _add_intervals, _records
     from multihead.analysis.pipelines.common import encode_corpus, run_pass, text_batches
-    from multihead.analysis.probes.syntax import parse_with_spacy, spacy_available
+    from multihead.analysis.probes.syntax import parse_with_spacy
     from multihead.analysis.stats.bootstrap import resample_weights, used_groups
     from multihead.analysis.stats.syntax import SyntaxStatistics
     from multihead.data import sample_sentences
 
-    if not spacy_available():
-        pytest.skip("spaCy is not installed")
+    needs_spacy()
     texts = sample_sentences(48)
     stats, syntax_stats = HeadStatistics(6, 12), SyntaxStatistics(6, 12)
     encoded = encode_corpus(minilm, texts, offsets=True)

@@ -156,24 +156,28 @@ typedef __m256 vmask; /* all ones in a lane that is in */
 
 int64_t fused_available(void) { return 1; }
 
-/* e^x for x <= 0, as the AVX-512 build's: the same polynomial; 2^n (n in [-150, 0]) as 2^a · 2^b with
-   a = floor(n / 2), b = n − a, each a normal float — p · 2^a is exact, the product with 2^b rounds
-   once, as scalef rounds p · 2^n: the same exps bit for bit, subnormal ones included (the weights differ
-   by the rounding of their sum, 8 lanes at a time instead of 16). */
-static inline vf exp_any(vf x) {
-    vf vanishing = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_FLOOR), _CMP_LT_OQ); /* and -inf */
-    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_FLOOR));
-    vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2_E)),
-                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HIGH), x); /* ln 2 in two parts: r exact */
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LOW), r);
+/* e^r and n of x = n·ln 2 + r (ln 2 in two parts, so r is exact): the polynomial both of this
+   build's exps scale by 2^n. */
+static inline vf exp_reduced(vf x, vf *n) {
+    *n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2_E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vf r = _mm256_fnmadd_ps(*n, _mm256_set1_ps(LN2_HIGH), x);
+    r = _mm256_fnmadd_ps(*n, _mm256_set1_ps(LN2_LOW), r);
     vf p = _mm256_set1_ps(EXP_P0);
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P1));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
-    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f))); /* e^r */
+    return _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f))); /* e^r */
+}
+
+/* e^x for x <= 0, as the AVX-512 build's: the same polynomial; 2^n (n in [-150, 0]) as 2^a · 2^b with
+   a = floor(n / 2), b = n − a, each a normal float — p · 2^a is exact, the product with 2^b rounds
+   once, as scalef rounds p · 2^n: the same exps bit for bit, subnormal ones included (the weights differ
+   by the rounding of their sum, 8 lanes at a time instead of 16). */
+static inline vf exp_any(vf x) {
+    vf vanishing = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_FLOOR), _CMP_LT_OQ); /* and -inf */
+    vf n, p = exp_reduced(_mm256_max_ps(x, _mm256_set1_ps(EXP_FLOOR)), &n);
     __m256i whole = _mm256_cvtps_epi32(n);
     __m256i a = _mm256_srai_epi32(whole, 1), b = _mm256_sub_epi32(whole, a);
     __m256i bias = _mm256_set1_epi32(127);
@@ -190,16 +194,7 @@ static inline vf exp_any(vf x) {
 static inline vf exp_nonpositive(vf x) {
     if (_mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_set1_ps(EXP_NORMAL), _CMP_NGE_UQ)))
         return exp_any(x);
-    vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2_E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HIGH), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LOW), r);
-    vf p = _mm256_set1_ps(EXP_P0);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
-    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    vf n, p = exp_reduced(x, &n);
     __m256i shift = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23); /* n · 2^23: n added to p's exponent */
     return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), shift));
 }

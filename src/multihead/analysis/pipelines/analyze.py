@@ -372,10 +372,10 @@ def _add_intervals(heads: list[HeadRecord], stats: HeadStatistics, causal: bool,
     tables = None if scores is None else [[(rel, acc.flatten().tolist(), found.baseline[rel], found.count[rel])
                                            for rel, acc in found.accuracy.items()] for found in scores]
     width = next((acc.shape[-1] for found in scores or () for acc in found.accuracy.values()), 1)  # H of (L, H)
+    names = list(values)
     for r in heads:
         same = 0
         at = r.layer * width + r.head  # the head's place in (L·H,)
-        names = list(values)
         cell = list(zip(*(values[name][:, r.layer, r.head].tolist() for name in names), strict=True))  # (R, metrics)
         for k in range(R):
             metrics = dict(r.metrics)
