@@ -3,6 +3,7 @@ nothing, intervals that cover at their stated rate, confirmation above a baselin
 syntax scored only where a head can look, and comparisons of what compares."""
 
 import copy
+import importlib
 import math
 
 import pytest
@@ -255,6 +256,54 @@ def test_the_retrieval_probes_input_is_a_page_view(smollm2):
     (view,) = evidence_views(smollm2, [], None, [], set(), induction=False, retrieval=True)
     assert view.extra["purpose"].startswith(f"retrieval probe: the needle at token {first}")
     assert len(view.tokens) == len(ids) and view.pooled is not None  # a long input: kept pooled
+
+
+def _tiny_causal_lm(smollm2):
+    """A random 2-layer Llama with SmolLM2's tokenizer: the probes' inputs, at little cost."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=len(smollm2.tokenizer), max_position_embeddings=2048)
+    return mh.hf.wrap(LlamaForCausalLM(config).eval(), smollm2.tokenizer, name="tiny-llama")
+
+
+def test_the_probes_page_views_are_read_in_their_own_passes(smollm2, monkeypatch):
+    """The page's views of the induction probe's first sequence and the retrieval probe's first trial
+    come from the probes' own passes (InputViews as their reader), equal to a pass of their own, and
+    analyze's page takes them so (no further pass over the probes' inputs)."""
+    from multihead.analysis.pipelines.views import InputViews, token_views
+    from multihead.analysis.probes.induction import induction_scores, repeated_sequences
+    from multihead.analysis.probes.retrieval import probe_inputs, retrieval_scores
+
+    model = _tiny_causal_lm(smollm2)
+    ids, _ = repeated_sequences(model.tokenizer, count=6, length=12, seed=3)
+    reader = InputViews(model, ids[:4].tolist(), keep=(0, 2))
+    induction_scores(model, count=6, length=12, seed=3, batch_size=4, reader=reader)  # batches of 4 and 2
+    for got, want in zip(reader.result(), token_views(model, ids[[0, 2]].tolist()), strict=True):
+        assert got.tokens == want.tokens and torch.equal(got.maps, want.maps)
+    trial = probe_inputs(model.tokenizer, trials=2, haystack=520)[0][0]
+    reader = InputViews(model, [trial], top_k=5)
+    retrieval_scores(model, trials=2, haystack=520, chunk=64, reader=reader)  # a long input, streamed: pooled
+    (got,), (want,) = reader.result(), token_views(model, [trial], top_k=5)
+    assert got.pooled is not None and got.tokens == want.tokens
+    for field in ("index", "values", "largest"):  # row by row: the same whatever the chunks
+        assert torch.equal(getattr(got.pooled, field), getattr(want.pooled, field)), field
+    torch.testing.assert_close(got.pooled.mass, want.pooled.mass)  # summed over chunks of 64 rows or one
+    with pytest.raises(ValueError, match="a batch of 1 sequences of 12 tokens"):
+        InputViews(model, [ids[0, :12].tolist()])(type("Chunk", (), {"weights": torch.zeros(2, 4, 12, 12)})())
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("a probe's input ran a pass of its own for the page")
+
+    pipeline = importlib.import_module("multihead.analysis.pipelines.analyze")  # the module (its package
+    monkeypatch.setattr(pipeline, "token_views", no_pass)  # exports the function of its name)
+    monkeypatch.setattr(pipeline, "LONG_CONTEXT_TOKENS", 8)  # the retrieval probe on a short corpus
+    report = pipeline.analyze(model, ["The cat sat on the mat. It was happy there."], coreference=False,
+                              redundancy=False, parses=None)
+    purposes = [v.extra.get("purpose", "") for v in report.views]
+    assert any(p.startswith("induction probe") for p in purposes)
+    assert any(p.startswith("retrieval probe") for p in purposes)
 
 
 @pytest.mark.slow

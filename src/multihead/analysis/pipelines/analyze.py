@@ -50,13 +50,13 @@ from ..report import HeadRecord, Report
 from ..stats.bootstrap import intervals, resample_weights, used_groups
 from ..stats.heads import HeadStatistics
 from ..stats.longcontext import LongContextStatistics
-from ..stats.maps import LONG_TEXT, TextViews
+from ..stats.maps import LONG_TEXT, TextView, TextViews
 from ..stats.redundancy import RedundancyStatistics, clusters, informative_groups, most_redundant
 from ..stats.syntax import SyntaxStatistics, relation_keys
 from ..stats.typical import TypicalTexts
 from .common import all_ranks, corpus_fingerprint, encode_corpus, process_group, run_pass, shard, text_batches
 from .memory_plan import check_plan, plan_devices
-from .views import head_views, text_views, token_views
+from .views import InputViews, head_views, text_views, token_views
 
 #: Labels with an evidence test: their heads' ablation effects are measured exactly.
 TESTED = ("induction", "previous", "syntactic")
@@ -68,6 +68,8 @@ __all__ = ["CLUSTER_JS", "INDUCTION_PROBE", "LONG_CONTEXT_TOKENS", "PAGE_TEXTS",
 CLUSTER_JS = 0.2
 #: The induction probe of causal models: sequences, random tokens repeated once, seed.
 INDUCTION_PROBE = {"count": 32, "length": 40, "seed": 0}
+#: ... run this many sequences a batch (the page's view of the first is read in the first batch's pass).
+INDUCTION_BATCH = 16
 #: A corpus whose longest text has at least this many tokens gets the long-context statistics
 #: (sinks, long-range mass, windows) and, for a causal language model, the retrieval probe.
 LONG_CONTEXT_TOKENS = 512
@@ -163,6 +165,8 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     chosen = default_views(texts) if views is None else list(views)
     if budget is None:  # the pipelines' rule, resolved here so the report can say it
         budget = chunk_bytes(model.device)
+    # the page's views (of some texts) hold the probes' inputs too: read in the probes' own passes
+    page, probe_views = bool(chosen), {}
     corpus = collect_statistics(model, texts, batch_size=batch_size, truncate=truncate, progress=progress,
                                 parses=parses, redundancy=redundancy, chunk=chunk, views=chosen,
                                 long_context=long_context, budget=budget)
@@ -173,7 +177,11 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
         sections.long_context = S.LongContext(corpus.long.longest, budget, chunk)
         if model.is_causal and getattr(model.model, "get_output_embeddings", lambda: None)() is not None:
             with step("retrieval probe (a needle copied from far back)", progress=progress):
-                found = retrieval_scores(model, chunk=chunk)
+                reader = InputViews(model, [probe_inputs(model.tokenizer)[0][0]], top_k=EVIDENCE_TOP_K) if page \
+                    else None
+                found = retrieval_scores(model, chunk=chunk, reader=reader)
+                if reader is not None:
+                    probe_views["retrieval"] = reader.result()
             means["retrieval"] = found.score
             sections.retrieval = S.Retrieval(**RETRIEVAL_PROBE, copy_steps=found.copy_steps, steps=found.steps)
     unknown = corpus.unknown
@@ -184,8 +192,12 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     if induction and model.is_causal:
         with step("induction probe", progress=progress):
             probe = INDUCTION_PROBE
+            first = repeated_sequences(model.tokenizer, **probe)[0][:INDUCTION_BATCH]  # the probe's first batch
+            reader = InputViews(model, first.tolist()) if page else None
             means.update(induction_scores(model, count=probe["count"], length=probe["length"], seed=probe["seed"],
-                                          per_sequence=probe_items))
+                                          batch_size=INDUCTION_BATCH, per_sequence=probe_items, reader=reader))
+            if reader is not None:
+                probe_views["induction"] = reader.result()
         sections.induction = S.Induction(**INDUCTION_PROBE)
     coref_baseline = None
     if coreference is not False:
@@ -245,7 +257,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
         with step("the labels' evidence texts for the page", progress=progress):
             shown += evidence_views(model, texts, sections.typical, heads, {v.text for v in shown},
                                     induction=induction and model.is_causal,
-                                    retrieval=sections.retrieval is not None)
+                                    retrieval=sections.retrieval is not None, probe_views=probe_views)
             wanted: dict[int, set[tuple[int, int]]] = {}
             for entry in sections.typical.heads if sections.typical is not None else []:
                 for index, _, _ in entry.texts:
@@ -262,24 +274,31 @@ EVIDENCE_TOP_K = 8
 
 
 def evidence_views(model: HFModel, texts: Sequence[str], typical: S.Typical | None, heads: list[HeadRecord],
-                   shown: set[str], *, induction: bool, retrieval: bool = False) -> list:
+                   shown: set[str], *, induction: bool, retrieval: bool = False,
+                   probe_views: dict[str, list[TextView]] | None = None) -> list:
     """The views of the inputs that define the labels, for the page (every head's own map on its
     typical texts is kept apart, :func:`~.views.head_views`): the induction probe's first sequence
     (its repeated random tokens; causal models), the retrieval probe's first trial (long inputs:
     ``retrieval``) and an example of every relation a head is labelled by (the text its syntax head
-    is most typical on), each marked with what it is (``extra["purpose"]``)."""
+    is most typical on), each marked with what it is (``extra["purpose"]``). ``probe_views``: a
+    probe's view read in its own pass ({"induction" or "retrieval": [view]}, :class:`~.views.InputViews`);
+    one not there takes a pass of its own."""
     out = []
+    probe_views = probe_views or {}
     if induction:
-        ids, _ = repeated_sequences(model.tokenizer, count=1, length=INDUCTION_PROBE["length"],
-                                    seed=INDUCTION_PROBE["seed"])
-        probe = token_views(model, ids.tolist())
+        probe = probe_views.get("induction")
+        if probe is None:
+            ids, _ = repeated_sequences(model.tokenizer, count=1, length=INDUCTION_PROBE["length"],
+                                        seed=INDUCTION_PROBE["seed"])
+            probe = token_views(model, ids.tolist())
         for view in probe:
             view.extra["purpose"] = "induction probe: random tokens, repeated"
             view.extra["top_k"] = EVIDENCE_TOP_K
         out += probe
     if retrieval:  # the retrieval probe's first trial: a needle in a haystack, copied at the end
         ids, first, _ = probe_inputs(model.tokenizer)[0]
-        for view in token_views(model, [ids], top_k=EVIDENCE_TOP_K):
+        probe = probe_views.get("retrieval")
+        for view in token_views(model, [ids], top_k=EVIDENCE_TOP_K) if probe is None else probe:
             view.extra["purpose"] = f"retrieval probe: the needle at token {first}, copied at the end"
             out.append(view)
     if typical is not None:

@@ -3,7 +3,8 @@
 :func:`text_views` runs one pass over the texts with a :class:`~multihead.analysis.stats.maps.TextViews`
 reducer — the same one :func:`~multihead.analysis.analyze` runs beside its statistics; a short
 text's view solves its attention rollout and flow when asked (:mod:`multihead.analysis.rollout`).
-:func:`attention_maps` and :func:`rollout` are the one-text forms.
+:func:`attention_maps` and :func:`rollout` are the one-text forms. :class:`InputViews` keeps the
+views of a probe's inputs from the probe's own pass (the page shows them without a second forward).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from ...hf.model import HFModel, require_loaded
+from ...hf.route import AttentionChunk
 from ...inputs import check_texts
 from ..rollout import FLOW_TOKENS, attention_flow, attention_rollout
 from ..stats.maps import HEAD_VIEW_TOKENS, LONG_TEXT, HeadMaps, HeadView, TextView, TextViews
 from .common import Encoded, encode_corpus, run_pass, text_batches
 
-__all__ = ["Rollout", "attention_maps", "head_views", "rollout", "text_views", "token_views"]
+__all__ = ["InputViews", "Rollout", "attention_maps", "head_views", "rollout", "text_views", "token_views"]
 
 def text_views(model: HFModel, texts: Sequence[str], *, long: int = LONG_TEXT, top_k: int | None = None,
                chunk: int | None = None) -> list[TextView]:
@@ -46,6 +48,41 @@ def token_views(model: HFModel, ids: Sequence[Sequence[int]], *, top_k: int | No
     run_pass(model, text_batches(model, Encoded(ids, None), range(len(ids)), 1), [views], desc="views",
              progress=False)
     return views.result()
+
+
+class InputViews:
+    """The :class:`TextView` of token sequences read from another pass over them — a probe's, which
+    hands each chunk of its first batch to this reader — instead of a pass of their own.
+
+    ``ids``: that batch's token sequences, every one as the pass runs them (of one length: no
+    padding, in the batch's order); ``keep``: which of them become views; ``top_k``: weights kept a
+    row of a pooled one. Call it with each chunk of the batch's every layer, then :meth:`result`."""
+
+    def __init__(self, model: HFModel, ids: Sequence[Sequence[int]], *, keep: Sequence[int] = (0,),
+                 top_k: int | None = None) -> None:
+        model = require_loaded(model, "InputViews")
+        ids = [list(map(int, seq)) for seq in ids]
+        if not ids or len({len(seq) for seq in ids}) != 1 or not set(keep) <= set(range(len(ids))):
+            raise ValueError(f"InputViews reads a batch of token sequences of one length and keeps some of them; got "
+                             f"lengths {sorted({len(seq) for seq in ids})} and keep {list(keep)}")
+        self._shape = (len(ids), len(ids[0]))  # (B, T) of the batch whose chunks come
+        texts = {i: model.tokenizer.decode(ids[i]) for i in keep}
+        self._views = TextViews(model.num_layers, model.num_heads, texts, model.tokenizer, long=LONG_TEXT, top_k=top_k)
+        (batch,) = text_batches(model, Encoded(ids, None), range(len(ids)), len(ids))  # one length: in order
+        self._views.begin_batch(batch.to(model.device))
+
+    def __call__(self, chunk: AttentionChunk) -> None:
+        B, T = self._shape
+        if chunk.weights is None or chunk.weights.shape[0] != B or chunk.weights.shape[-1] > T:
+            shape = None if chunk.weights is None else tuple(chunk.weights.shape)
+            raise ValueError(f"InputViews reads the maps of a batch of {B} sequences of {T} tokens; got a chunk of "
+                             f"{shape}")
+        self._views.update(chunk)
+
+    def result(self) -> list[TextView]:
+        """The kept sequences' views, once the pass has run (in ``keep``'s order of their indices)."""
+        self._views.end_batch()
+        return self._views.result()
 
 
 def head_views(model: HFModel, texts: Sequence[str], wanted: dict[int, set[tuple[int, int]]]

@@ -18,6 +18,8 @@ identity can score high: a uniform head over the ``~1.5·length`` visible keys s
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -43,10 +45,13 @@ def repeated_sequences(tokenizer, *, count: int = 32, length: int = 40, seed: in
 
 
 def induction_scores(model: HFModel, *, count: int = 32, length: int = 40, seed: int = 0,
-                     batch_size: int = 16, per_sequence: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+                     batch_size: int = 16, per_sequence: dict[str, Tensor] | None = None,
+                     reader: Callable[[AttentionChunk], None] | None = None) -> dict[str, Tensor]:
     """``{"duplicate_token": (L, H), "induction": (L, H)}`` float64 means over the probe; with a
     ``per_sequence`` dict, also each sequence's own means there ({key: (count, L, H)}: the scores'
-    bootstrap over the probe's sequences)."""
+    bootstrap over the probe's sequences). ``reader``: also handed every chunk of the first batch's
+    pass (its first ``batch_size`` sequences; e.g. the page's view of the first,
+    :class:`~multihead.analysis.pipelines.views.InputViews`)."""
     ids, prefix = repeated_sequences(model.tokenizer, count=count, length=length, seed=seed)
     if model.max_positions and ids.shape[1] > model.max_positions:
         raise ValueError(f"the probe needs {ids.shape[1]} positions; the model takes {model.max_positions}")
@@ -58,6 +63,8 @@ def induction_scores(model: HFModel, *, count: int = 32, length: int = 40, seed:
     at = [0]  # the first sequence of the running batch
 
     def on_layer(chunk: AttentionChunk) -> None:
+        if reader is not None and at[0] == 0:
+            reader(chunk)
         layer = chunk.layer
         if not chunk.whole:  # the probe's texts are short: a streamed chunk is padded back to the whole map
             raise ValueError("the induction probe reads whole maps; its texts fit any memory budget")

@@ -13,6 +13,7 @@ haystack, so the head reaches back hundreds of tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -81,18 +82,22 @@ def probe_inputs(tok, *, trials: int = PROBE["trials"], haystack: int = PROBE["h
 
 
 def retrieval_scores(model: HFModel, *, trials: int = PROBE["trials"], haystack: int = PROBE["haystack"],
-                     depth: float = PROBE["depth"], seed: int = PROBE["seed"], chunk: int = 256) -> RetrievalScores:
-    """The retrieval score of every head of a causal language model (see the module docstring)."""
+                     depth: float = PROBE["depth"], seed: int = PROBE["seed"], chunk: int = 256,
+                     reader: Callable[[AttentionChunk], None] | None = None) -> RetrievalScores:
+    """The retrieval score of every head of a causal language model (see the module docstring).
+    ``reader``: also handed every chunk of the first trial's pass (e.g. the page's view of its input,
+    :class:`~multihead.analysis.pipelines.views.InputViews`, without a pass of its own)."""
     lm = model.model
     if not model.is_causal or getattr(lm, "get_output_embeddings", lambda: None)() is None:
         raise ValueError(f"the retrieval probe needs a causal language model with its head; {model.name} is not one")
     total = torch.zeros(model.num_layers, model.num_heads, dtype=torch.float64)
     copy_steps = steps = 0
-    for ids, first, second in probe_inputs(model.tokenizer, trials=trials, haystack=haystack, depth=depth,
-                                           seed=seed):
+    for trial, (ids, first, second) in enumerate(probe_inputs(model.tokenizer, trials=trials, haystack=haystack,
+                                                              depth=depth, seed=seed)):
         queries = torch.arange(second, len(ids) - 1)  # each predicts the next needle token
         source = queries - second + 1 + first  # that token's place in the first needle
-        keys, logits = _top_keys(lm, ids, second, chunk, model.num_layers)  # (L, H, N), (N, V)
+        keys, logits = _top_keys(lm, ids, second, chunk, model.num_layers,
+                                 reader if trial == 0 else None)  # (L, H, N), (N, V)
         copied = logits.argmax(-1) == torch.tensor(ids)[queries + 1]
         total += retrieval_from_argmax(keys, source, copied)
         copy_steps += int(copied.sum())
@@ -101,13 +106,16 @@ def retrieval_scores(model: HFModel, *, trials: int = PROBE["trials"], haystack:
     return RetrievalScores(score, copy_steps, steps)
 
 
-def _top_keys(lm, ids: list[int], lo: int, chunk: int, num_layers: int) -> tuple[Tensor, Tensor]:
+def _top_keys(lm, ids: list[int], lo: int, chunk: int, num_layers: int,
+              reader: Callable[[AttentionChunk], None] | None = None) -> tuple[Tensor, Tensor]:
     """Each head's most-attended key at the query rows lo .. T-2 — (L, H, N), streamed in chunks —
-    and the model's logits there (N, V)."""
+    and the model's logits there (N, V); ``reader`` is handed every chunk too."""
     T = len(ids)
     top: dict[int, list[Tensor]] = {}
 
     def keep(chunk: AttentionChunk) -> None:
+        if reader is not None:
+            reader(chunk)
         layer, weights = chunk.layer, chunk.weights
         rows = torch.arange(chunk.start, chunk.stop)
         wanted = (rows >= lo) & (rows < T - 1)
