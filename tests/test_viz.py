@@ -200,6 +200,27 @@ def test_a_long_texts_keys_past_65536_are_stored_whole():
     assert top_k_for(8, 81_590) == TOP_K_BYTES // (8 * 81_590 * 5) == 6 and top_k_for(8, 65_536) == 13
 
 
+def test_several_long_texts_arrays_compressed_on_threads_land_in_their_own_entries(monkeypatch):
+    """The page compresses every long text's arrays side by side on threads: each entry still holds
+    its own (index, values, pooled mass and max, decoded against the text's view), as one thread gives;
+    and a long input's purpose (the retrieval probe's) is on its entry."""
+    import json
+
+    from multihead.render import page
+
+    views = [_pooled_view(2, 2, T, k, seed=T) for T, k in ((600, 3), (700, 2), (650, 4))]
+    views[1].extra["purpose"] = "retrieval probe: the needle at token 61, copied at the end"
+    data = page.page_data(views)
+    # a long input that defines a label says so, as a short one does (the page lists it by its purpose)
+    assert [e.get("purpose") for e in data["sentences"]] == [None, views[1].extra["purpose"], None]
+    for view, entry in zip(views, data["sentences"], strict=True):
+        assert torch.equal(_unpacked(entry, "index", "<u2"), view.pooled.index.flatten().long())
+        assert torch.equal(_unpacked(entry, "values", "u1"), view.pooled.values.flatten().long())
+        assert len(_unpacked(entry["pooled"], "mass", "u1")) == view.pooled.mass.numel()
+    monkeypatch.setattr(page.os, "cpu_count", lambda: 1)
+    assert json.dumps(page.page_data(views)) == json.dumps(data)
+
+
 def test_a_long_texts_rows_stay_within_the_pages_size(monkeypatch):
     """Where even one weight a row of every head passes the page's budget (an 8B model's 1,024 heads
     at 32k tokens: 100 MB), the page stores the rows of as many heads as fit — those whose stored
