@@ -74,6 +74,25 @@ def test_auto_is_float32_on_the_cpu_and_a_missing_device_is_named():
         resolve_device("tpu")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_model_on_a_cpu_without_its_units_is_told_that_float32_is_faster(dtype, smollm2, monkeypatch):
+    """`multihead analyze --dtype bfloat16` on a CPU without bf16 units runs 4-6x slower than in float32:
+    the load says so in one line (and nothing where the CPU has the units, or the model is float32)."""
+    from multihead import jobs
+    from multihead.attn import precision
+
+    model = mh.hf.wrap(build("llama (GQA)", dtype=dtype), smollm2.tokenizer, name="tiny")
+    monkeypatch.setattr(precision, "half_units", lambda d: False)
+    line = jobs.slow_half_on_cpu(model)
+    name = str(dtype).removeprefix("torch.")
+    assert line.startswith(f"{name} on a CPU without {name} units") and "--dtype float32" in line
+    assert "\n" not in line
+    assert jobs.slow_half_on_cpu(mh.hf.wrap(build("llama (GQA)", dtype=torch.float32), smollm2.tokenizer,
+                                            name="tiny")) == ""
+    monkeypatch.setattr(precision, "half_units", lambda d: d == dtype)  # a CPU with the units
+    assert jobs.slow_half_on_cpu(model) == ""
+
+
 def test_what_is_wrong_on_any_machine_is_told_without_torch_or_the_model(tmp_path):
     """Placement.check: the command line asks it before anything loads; resolve asks it first."""
     for fine in (Placement(), Placement(device="cuda:3"), Placement(device="mps"),

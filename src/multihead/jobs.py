@@ -35,7 +35,7 @@ from .io import (
     write_report_folder,
 )
 from .plotting import figure_png
-from .progress import step
+from .progress import note, step
 from .texts import InputError, check_texts, read_lines, read_text, readable_file
 from .train_config import load_config
 
@@ -68,7 +68,24 @@ def load_model(name: str, placement: Placement | None = None) -> HFModel:
 
     # the imports' objects out of the full collections a load's allocations set off (four for SmolLM2)
     with step(f"loading {name}"), _named_by_flag(), old_objects_frozen():
-        return load(name, placement=placement)
+        loaded = load(name, placement=placement)
+    slow = slow_half_on_cpu(loaded)
+    if slow:
+        note(slow)
+    return loaded
+
+
+def slow_half_on_cpu(model: HFModel) -> str:
+    """The line saying that ``model`` runs in a half dtype on a CPU without units for it (its products
+    several times slower than float32: SmolLM2's forward 4-6x on an AVX2 CPU), or "" where it does not."""
+    from .attn.precision import HALF, half_units
+
+    if model.dtype not in HALF or model.device.type != "cpu" or half_units(model.dtype):
+        return ""
+    dtype = str(model.dtype).removeprefix("torch.")
+    units = "AVX-512 BF16 or AMX" if dtype == "bfloat16" else "AVX-512 FP16 or AMX-FP16"
+    return (f"{dtype} on a CPU without {dtype} units ({units}): its products run several times slower than in "
+            f"float32 — --dtype float32 (auto's choice on a CPU) is faster here")
 
 
 def check_placement(placement: Placement | None) -> None:
