@@ -89,6 +89,12 @@ def test_a_half_model_on_a_cpu_without_its_units_is_told_that_float32_is_faster(
     assert "\n" not in line
     assert jobs.slow_half_on_cpu(mh.hf.wrap(build("llama (GQA)", dtype=torch.float32), smollm2.tokenizer,
                                             name="tiny")) == ""
+    # accelerate's map with its layers on a GPU (weights offloaded to the CPU and disk): no note
+    monkeypatch.setattr(model.model, "hf_device_map", {"embed_tokens": "cpu", "layers": 0, "norm": "disk"},
+                        raising=False)
+    assert jobs.slow_half_on_cpu(model) == ""
+    monkeypatch.setattr(model.model, "hf_device_map", {"": "cpu"}, raising=False)  # all on the CPU: the note
+    assert jobs.slow_half_on_cpu(model) == line
     monkeypatch.setattr(precision, "half_units", lambda d: d == dtype)  # a CPU with the units
     assert jobs.slow_half_on_cpu(model) == ""
 

@@ -74,6 +74,27 @@ def test_the_plan_counts_the_weights_of_a_loaded_model_exactly(smollm2):
     assert found.dtype == "float32" and found.device == "cpu"
 
 
+def test_with_the_probes_the_plan_keeps_their_inputs_views_for_the_page(smollm2):
+    """The page's views of the induction probe's first sequence and the retrieval probe's first trial
+    are read in the probes' passes and kept with the texts' views: the plan's host memory holds them
+    (those views' own bytes, measured: what the kept tensors take), and holds none without a page."""
+    from multihead.analysis.pipelines.views import InputViews
+    from multihead.analysis.probes.retrieval import retrieval_scores
+    from multihead.analysis.stats.maps import EVIDENCE_TOP_K, TextViews
+
+    L, H = smollm2.num_layers, smollm2.num_heads
+    with_probes, without = (mh.analysis.plan(smollm2, 1024, probes=p) for p in (True, False))
+    added = with_probes.host - without.host
+    assert added == TextViews.planned_bytes(L, H, 81) + TextViews.planned_bytes(L, H, 633, top_k=EVIDENCE_TOP_K)
+    assert mh.analysis.plan(smollm2, 1024, views=0).host == mh.analysis.plan(smollm2, 1024, views=0, probes=False).host
+    reader = InputViews(smollm2, top_k=EVIDENCE_TOP_K)
+    retrieval_scores(smollm2, trials=1, reader=reader)
+    (view,) = reader.result()
+    kept = sum(t.numel() * t.element_size() for t in (view.pooled.index, view.pooled.values, view.pooled.mass,
+                                                       view.pooled.largest))
+    assert kept <= TextViews.planned_bytes(L, H, len(view.tokens), top_k=EVIDENCE_TOP_K) <= 1.1 * kept
+
+
 def test_the_trace_refuses_a_model_that_reads_its_input_values():
     with pytest.raises(RuntimeError, match="cannot be planned from the config alone"), plan_module._FullBatch():
         int(torch.zeros(3, dtype=torch.long, device="meta").sum())

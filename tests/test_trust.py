@@ -270,28 +270,40 @@ def _tiny_causal_lm(smollm2):
 
 def test_the_probes_page_views_are_read_in_their_own_passes(smollm2, monkeypatch):
     """The page's views of the induction probe's first sequence and the retrieval probe's first trial
-    come from the probes' own passes (InputViews as their reader), equal to a pass of their own, and
-    analyze's page takes them so (no further pass over the probes' inputs)."""
+    come from the probes' own passes (InputViews as their reader, given the ids each pass runs), equal
+    to a pass of their own, and analyze's page takes them so (no further pass over the probes'
+    inputs); a reader that fails leaves the probe's scores as they are and the page to its own pass."""
     from multihead.analysis.pipelines.views import InputViews, token_views
     from multihead.analysis.probes.induction import induction_scores, repeated_sequences
     from multihead.analysis.probes.retrieval import probe_inputs, retrieval_scores
 
     model = _tiny_causal_lm(smollm2)
     ids, _ = repeated_sequences(model.tokenizer, count=6, length=12, seed=3)
-    reader = InputViews(model, ids[:4].tolist(), keep=(0, 2))
-    induction_scores(model, count=6, length=12, seed=3, batch_size=4, reader=reader)  # batches of 4 and 2
+    reader = InputViews(model, keep=(0, 2))
+    scores = induction_scores(model, count=6, length=12, seed=3, batch_size=4, reader=reader)  # batches of 4, 2
+    assert reader.failed is None
     for got, want in zip(reader.result(), token_views(model, ids[[0, 2]].tolist()), strict=True):
         assert got.tokens == want.tokens and torch.equal(got.maps, want.maps)
     trial = probe_inputs(model.tokenizer, trials=2, haystack=520)[0][0]
-    reader = InputViews(model, [trial], top_k=5)
+    reader = InputViews(model, top_k=5)
     retrieval_scores(model, trials=2, haystack=520, chunk=64, reader=reader)  # a long input, streamed: pooled
     (got,), (want,) = reader.result(), token_views(model, [trial], top_k=5)
     assert got.pooled is not None and got.tokens == want.tokens
     for field in ("index", "values", "largest"):  # row by row: the same whatever the chunks
         assert torch.equal(getattr(got.pooled, field), getattr(want.pooled, field)), field
     torch.testing.assert_close(got.pooled.mass, want.pooled.mass)  # summed over chunks of 64 rows or one
-    with pytest.raises(ValueError, match="a batch of 1 sequences of 12 tokens"):
-        InputViews(model, [ids[0, :12].tolist()])(type("Chunk", (), {"weights": torch.zeros(2, 4, 12, 12)})())
+
+    failing = InputViews(model, keep=(5,))  # the first batch holds 4 sequences: there is no sixth
+    with pytest.raises(ValueError, match="keeps some of them"):
+        induction_scores(model, count=6, length=12, seed=3, batch_size=4, reader=failing)
+    failing = InputViews(model)
+    read = failing([ids[0].tolist()])
+    read(type("Chunk", (), {"weights": torch.zeros(2, 4, 24, 24)})())  # not the batch it was given: kept, not raised
+    assert "a batch of 1 sequences of 25 tokens" in str(failing.failed) and failing.result() is None
+    monkeypatch.setattr(InputViews, "_read", lambda self, chunk: setattr(self, "failed", RuntimeError("boom")))
+    again = induction_scores(model, count=6, length=12, seed=3, batch_size=4, reader=InputViews(model))
+    assert all(torch.equal(again[key], scores[key]) for key in scores)
+    monkeypatch.undo()
 
     def no_pass(*args, **kwargs):
         raise AssertionError("a probe's input ran a pass of its own for the page")

@@ -217,7 +217,7 @@ def test_several_long_texts_arrays_compressed_on_threads_land_in_their_own_entri
         assert torch.equal(_unpacked(entry, "index", "<u2"), view.pooled.index.flatten().long())
         assert torch.equal(_unpacked(entry, "values", "u1"), view.pooled.values.flatten().long())
         assert len(_unpacked(entry["pooled"], "mass", "u1")) == view.pooled.mass.numel()
-    monkeypatch.setattr(page.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(page, "_cores", lambda: 1)
     assert json.dumps(page.page_data(views)) == json.dumps(data)
 
 

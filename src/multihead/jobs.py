@@ -78,9 +78,14 @@ def load_model(name: str, placement: Placement | None = None) -> HFModel:
 def slow_half_on_cpu(model: HFModel) -> str:
     """The line saying that ``model`` runs in a half dtype on a CPU without units for it (its products
     several times slower than float32: SmolLM2's forward 4-6x on an AVX2 CPU), or "" where it does not."""
-    from .attn.precision import HALF, half_units
+    import torch
 
-    if model.dtype not in HALF or model.device.type != "cpu" or half_units(model.dtype):
+    from .attn.precision import HALF, half_units
+    from .hf.placement import model_devices
+
+    # a model spread by accelerate computes where its layers run: a GPU's, even with weights offloaded
+    on_cpu = all(torch.device(d).type == "cpu" for d in model_devices(model.model))
+    if model.dtype not in HALF or not on_cpu or half_units(model.dtype):
         return ""
     dtype = str(model.dtype).removeprefix("torch.")
     units = "AVX-512 BF16 or AMX" if dtype == "bfloat16" else "AVX-512 FP16 or AMX-FP16"

@@ -28,6 +28,9 @@ __all__ = ["AttentionCapture", "LayerCallback"]
 
 #: callback(chunk): one chunk of query rows of one layer's map (the whole map when it fits the budget)
 LayerCallback = Callable[[AttentionChunk], None]
+#: A reader of another's pass: given the token ids of a batch it runs (one list a text), the callback
+#: that batch's chunks are handed to (a probe's ``reader``: the page's view of its input).
+BatchReader = Callable[[list[list[int]]], LayerCallback]
 
 
 class AttentionCapture(Attachment):

@@ -50,7 +50,7 @@ from ..report import HeadRecord, Report
 from ..stats.bootstrap import intervals, resample_weights, used_groups
 from ..stats.heads import HeadStatistics
 from ..stats.longcontext import LongContextStatistics
-from ..stats.maps import LONG_TEXT, TextView, TextViews
+from ..stats.maps import EVIDENCE_TOP_K, LONG_TEXT, TextView, TextViews
 from ..stats.redundancy import RedundancyStatistics, clusters, informative_groups, most_redundant
 from ..stats.syntax import SyntaxStatistics, relation_keys
 from ..stats.typical import TypicalTexts
@@ -68,8 +68,6 @@ __all__ = ["CLUSTER_JS", "INDUCTION_PROBE", "LONG_CONTEXT_TOKENS", "PAGE_TEXTS",
 CLUSTER_JS = 0.2
 #: The induction probe of causal models: sequences, random tokens repeated once, seed.
 INDUCTION_PROBE = {"count": 32, "length": 40, "seed": 0}
-#: ... run this many sequences a batch (the page's view of the first is read in the first batch's pass).
-INDUCTION_BATCH = 16
 #: A corpus whose longest text has at least this many tokens gets the long-context statistics
 #: (sinks, long-range mass, windows) and, for a causal language model, the retrieval probe.
 LONG_CONTEXT_TOKENS = 512
@@ -166,7 +164,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     if budget is None:  # the pipelines' rule, resolved here so the report can say it
         budget = chunk_bytes(model.device)
     # the page's views (of some texts) hold the probes' inputs too: read in the probes' own passes
-    page, probe_views = bool(chosen), {}
+    page, probe_views = bool(chosen), {}  # {probe: its views, or None where reading them failed}
     corpus = collect_statistics(model, texts, batch_size=batch_size, truncate=truncate, progress=progress,
                                 parses=parses, redundancy=redundancy, chunk=chunk, views=chosen,
                                 long_context=long_context, budget=budget)
@@ -177,11 +175,9 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
         sections.long_context = S.LongContext(corpus.long.longest, budget, chunk)
         if model.is_causal and getattr(model.model, "get_output_embeddings", lambda: None)() is not None:
             with step("retrieval probe (a needle copied from far back)", progress=progress):
-                reader = InputViews(model, [probe_inputs(model.tokenizer)[0][0]], top_k=EVIDENCE_TOP_K) if page \
-                    else None
+                reader = InputViews(model, top_k=EVIDENCE_TOP_K) if page else None
                 found = retrieval_scores(model, chunk=chunk, reader=reader)
-                if reader is not None:
-                    probe_views["retrieval"] = reader.result()
+                probe_views["retrieval"] = _read_views(reader, "retrieval", progress)
             means["retrieval"] = found.score
             sections.retrieval = S.Retrieval(**RETRIEVAL_PROBE, copy_steps=found.copy_steps, steps=found.steps)
     unknown = corpus.unknown
@@ -192,12 +188,10 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     if induction and model.is_causal:
         with step("induction probe", progress=progress):
             probe = INDUCTION_PROBE
-            first = repeated_sequences(model.tokenizer, **probe)[0][:INDUCTION_BATCH]  # the probe's first batch
-            reader = InputViews(model, first.tolist()) if page else None
+            reader = InputViews(model) if page else None
             means.update(induction_scores(model, count=probe["count"], length=probe["length"], seed=probe["seed"],
-                                          batch_size=INDUCTION_BATCH, per_sequence=probe_items, reader=reader))
-            if reader is not None:
-                probe_views["induction"] = reader.result()
+                                          per_sequence=probe_items, reader=reader))
+            probe_views["induction"] = _read_views(reader, "induction", progress)
         sections.induction = S.Induction(**INDUCTION_PROBE)
     coref_baseline = None
     if coreference is not False:
@@ -269,8 +263,16 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
                   head_views=typical_maps)
 
 
-#: Weights kept per row of the evidence inputs' maps (a probe's pattern is a peak or two per row).
-EVIDENCE_TOP_K = 8
+def _read_views(reader: InputViews | None, probe: str, progress: bool | None) -> list[TextView] | None:
+    """A probe's page views as its reader kept them (None: none kept — the page makes them in a pass
+    of their own, after saying why where the reading failed)."""
+    if reader is None:
+        return None
+    if reader.failed is not None:
+        note(f"the {probe} probe's view for the page is made in a pass of its own: reading it in the probe's failed "
+             f"({' '.join(str(reader.failed).split())[:200]})", progress=progress)
+    return reader.result()
+
 
 
 def evidence_views(model: HFModel, texts: Sequence[str], typical: S.Typical | None, heads: list[HeadRecord],
@@ -282,7 +284,7 @@ def evidence_views(model: HFModel, texts: Sequence[str], typical: S.Typical | No
     ``retrieval``) and an example of every relation a head is labelled by (the text its syntax head
     is most typical on), each marked with what it is (``extra["purpose"]``). ``probe_views``: a
     probe's view read in its own pass ({"induction" or "retrieval": [view]}, :class:`~.views.InputViews`);
-    one not there takes a pass of its own."""
+    one not there (or None) takes a pass of its own."""
     out = []
     probe_views = probe_views or {}
     if induction:

@@ -13,7 +13,9 @@ alone — before a weight is read, and for devices this machine does not have.
                (:meth:`HeadStatistics.planned_bytes`), the typical texts' and the syntax scores'
                tables per relation the parses hold (:meth:`TypicalTexts.planned_bytes`,
                :meth:`SyntaxStatistics.planned_bytes`) and the page's views of the chosen texts
-               (:meth:`TextViews.planned_bytes`); on a CPU it adds to the device's total
+               (:meth:`TextViews.planned_bytes`) — with the probes, their inputs' views too (the
+               induction probe's first sequence, the retrieval probe's first trial: read in the
+               probes' passes, kept for the page); on a CPU it adds to the device's total
     probes     the induction and retrieval probes' own passes (fixed, small shapes)
     holes      on a CPU with glibc: the free holes the C heap keeps resident beside the pass's
                tensors — the traced pass's allocations replayed under malloc's rules, the heap's
@@ -61,7 +63,7 @@ from ..probes.retrieval import NEEDLE
 from ..probes.retrieval import PROBE as RETRIEVAL
 from ..stats import native
 from ..stats.heads import HeadStatistics
-from ..stats.maps import TextViews
+from ..stats.maps import EVIDENCE_TOP_K, TextViews
 from ..stats.redundancy import RedundancyStatistics, gram_dtype, js_budget
 from ..stats.syntax import SyntaxStatistics
 from ..stats.typical import TypicalTexts
@@ -239,8 +241,11 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     rules = heap_rules() if device.type == "cpu" else None
     holes = max(_replayed(events, rules) - forward, 0) if rules else 0
     probe = 0
+    haystack = RETRIEVAL["haystack"] + 2 * NEEDLE + 1  # the retrieval probe's trial: its tokens
+    if probes and views:  # the page's views of the probes' inputs, read in their passes and kept with the others
+        host += TextViews.planned_bytes(L, H, INDUCTION_SHAPE[1]) + \
+            TextViews.planned_bytes(L, H, haystack, top_k=EVIDENCE_TOP_K)
     if probes:
-        haystack = RETRIEVAL["haystack"] + 2 * NEEDLE + 1
         probe = max(_traced(body, *INDUCTION_SHAPE, chunk=None, budget=budget, limit=bytes_for(*INDUCTION_SHAPE),
                             work=work)[0],
                     _traced(body, 1, haystack, chunk=256, budget=budget, limit=bytes_for(1, haystack), work=work)[0])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from ...hf.capture import LayerCallback
 from ...hf.model import HFModel, require_loaded
 from ...hf.route import AttentionChunk
 from ...inputs import check_texts
@@ -51,36 +52,56 @@ def token_views(model: HFModel, ids: Sequence[Sequence[int]], *, top_k: int | No
 
 
 class InputViews:
-    """The :class:`TextView` of token sequences read from another pass over them — a probe's, which
-    hands each chunk of its first batch to this reader — instead of a pass of their own.
+    """The :class:`TextView` of token sequences read from another's pass over them — a probe's,
+    which calls this with its first batch's token ids (one list a sequence, of one length: no
+    padding) and hands each chunk of that batch's every layer to the callback it gets back — instead
+    of a pass of their own (a :data:`~multihead.hf.capture.BatchReader`).
 
-    ``ids``: that batch's token sequences, every one as the pass runs them (of one length: no
-    padding, in the batch's order); ``keep``: which of them become views; ``top_k``: weights kept a
-    row of a pooled one. Call it with each chunk of the batch's every layer, then :meth:`result`."""
+    ``keep``: which sequences of the batch become views; ``top_k``: weights kept a row of a pooled
+    one. The page's view is a by-product of the probe: a failure while reading it is kept, not
+    raised (the probe's scores go on), and :meth:`result` then says None — its caller makes the view
+    in a pass of its own, as without a reader."""
 
-    def __init__(self, model: HFModel, ids: Sequence[Sequence[int]], *, keep: Sequence[int] = (0,),
-                 top_k: int | None = None) -> None:
-        model = require_loaded(model, "InputViews")
+    def __init__(self, model: HFModel, *, keep: Sequence[int] = (0,), top_k: int | None = None) -> None:
+        self._model = require_loaded(model, "InputViews")
+        self._keep, self._top_k = list(keep), top_k
+        self._views: TextViews | None = None
+        self._shape = (0, 0)  # (B, T) of the batch whose chunks come
+        self.failed: Exception | None = None
+
+    def __call__(self, ids: Sequence[Sequence[int]]) -> LayerCallback:
         ids = [list(map(int, seq)) for seq in ids]
-        if not ids or len({len(seq) for seq in ids}) != 1 or not set(keep) <= set(range(len(ids))):
+        if not ids or len({len(seq) for seq in ids}) != 1 or not set(self._keep) <= set(range(len(ids))):
             raise ValueError(f"InputViews reads a batch of token sequences of one length and keeps some of them; got "
-                             f"lengths {sorted({len(seq) for seq in ids})} and keep {list(keep)}")
-        self._shape = (len(ids), len(ids[0]))  # (B, T) of the batch whose chunks come
-        texts = {i: model.tokenizer.decode(ids[i]) for i in keep}
-        self._views = TextViews(model.num_layers, model.num_heads, texts, model.tokenizer, long=LONG_TEXT, top_k=top_k)
+                             f"lengths {sorted({len(seq) for seq in ids})} and keep {self._keep}")
+        model = self._model
+        self._shape = (len(ids), len(ids[0]))
+        texts = {i: model.tokenizer.decode(ids[i]) for i in self._keep}
+        self._views = TextViews(model.num_layers, model.num_heads, texts, model.tokenizer, long=LONG_TEXT,
+                                top_k=self._top_k)
         (batch,) = text_batches(model, Encoded(ids, None), range(len(ids)), len(ids))  # one length: in order
         self._views.begin_batch(batch.to(model.device))
+        return self._read
 
-    def __call__(self, chunk: AttentionChunk) -> None:
+    def _read(self, chunk: AttentionChunk) -> None:
+        if self.failed is not None:
+            return
         B, T = self._shape
-        if chunk.weights is None or chunk.weights.shape[0] != B or chunk.weights.shape[-1] > T:
-            shape = None if chunk.weights is None else tuple(chunk.weights.shape)
-            raise ValueError(f"InputViews reads the maps of a batch of {B} sequences of {T} tokens; got a chunk of "
-                             f"{shape}")
-        self._views.update(chunk)
+        try:
+            if chunk.weights is None or chunk.weights.shape[0] != B or chunk.weights.shape[-1] > T:
+                shape = None if chunk.weights is None else tuple(chunk.weights.shape)
+                raise ValueError(f"InputViews reads the maps of a batch of {B} sequences of {T} tokens; got a chunk "
+                                 f"of {shape}")
+            self._views.update(chunk)
+        except Exception as err:  # the probe's pass goes on without its page view
+            self.failed = err
+            self._views = None  # what it kept so far: released
 
-    def result(self) -> list[TextView]:
-        """The kept sequences' views, once the pass has run (in ``keep``'s order of their indices)."""
+    def result(self) -> list[TextView] | None:
+        """The kept sequences' views (in ``keep``'s order), once the pass has run — None where no
+        pass was read or the reading failed (:attr:`failed`)."""
+        if self._views is None:
+            return None
         self._views.end_batch()
         return self._views.result()
 

@@ -18,12 +18,10 @@ identity can score high: a uniform head over the ``~1.5·length`` visible keys s
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
 
-from ...hf.capture import AttentionCapture
+from ...hf.capture import AttentionCapture, BatchReader, LayerCallback
 from ...hf.model import HFModel
 from ...hf.route import AttentionChunk
 
@@ -46,12 +44,12 @@ def repeated_sequences(tokenizer, *, count: int = 32, length: int = 40, seed: in
 
 def induction_scores(model: HFModel, *, count: int = 32, length: int = 40, seed: int = 0,
                      batch_size: int = 16, per_sequence: dict[str, Tensor] | None = None,
-                     reader: Callable[[AttentionChunk], None] | None = None) -> dict[str, Tensor]:
+                     reader: BatchReader | None = None) -> dict[str, Tensor]:
     """``{"duplicate_token": (L, H), "induction": (L, H)}`` float64 means over the probe; with a
     ``per_sequence`` dict, also each sequence's own means there ({key: (count, L, H)}: the scores'
-    bootstrap over the probe's sequences). ``reader``: also handed every chunk of the first batch's
-    pass (its first ``batch_size`` sequences; e.g. the page's view of the first,
-    :class:`~multihead.analysis.pipelines.views.InputViews`)."""
+    bootstrap over the probe's sequences). ``reader``: called with the first batch's token ids (its
+    first ``batch_size`` sequences), and what it returns handed every chunk of that batch's pass
+    (e.g. the page's view of the first, :class:`~multihead.analysis.pipelines.views.InputViews`)."""
     ids, prefix = repeated_sequences(model.tokenizer, count=count, length=length, seed=seed)
     if model.max_positions and ids.shape[1] > model.max_positions:
         raise ValueError(f"the probe needs {ids.shape[1]} positions; the model takes {model.max_positions}")
@@ -62,9 +60,11 @@ def induction_scores(model: HFModel, *, count: int = 32, length: int = 40, seed:
     n = 0
     at = [0]  # the first sequence of the running batch
 
+    also: list[LayerCallback] = []  # the reader's callback, during the first batch
+
     def on_layer(chunk: AttentionChunk) -> None:
-        if reader is not None and at[0] == 0:
-            reader(chunk)
+        for read in also:
+            read(chunk)
         layer = chunk.layer
         if not chunk.whole:  # the probe's texts are short: a streamed chunk is padded back to the whole map
             raise ValueError("the induction probe reads whole maps; its texts fit any memory budget")
@@ -80,6 +80,7 @@ def induction_scores(model: HFModel, *, count: int = 32, length: int = 40, seed:
     with AttentionCapture(model.model, on_layer), torch.inference_mode():
         for start in range(0, count, batch_size):
             at[0] = start
+            also[:] = [reader(ids[start:start + batch_size].tolist())] if reader is not None and start == 0 else []
             batch = ids[start:start + batch_size].to(model.device)
             model.body(input_ids=batch, attention_mask=torch.ones_like(batch), **model.no_cache)
             n += batch.shape[0] * len(queries)

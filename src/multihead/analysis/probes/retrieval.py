@@ -13,13 +13,12 @@ haystack, so the head reaches back hundreds of tokens.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from ...hf.capture import AttentionCapture
+from ...hf.capture import AttentionCapture, BatchReader, LayerCallback
 from ...hf.model import HFModel, takes
 from ...hf.placement import input_device
 from ...hf.route import AttentionChunk
@@ -83,9 +82,10 @@ def probe_inputs(tok, *, trials: int = PROBE["trials"], haystack: int = PROBE["h
 
 def retrieval_scores(model: HFModel, *, trials: int = PROBE["trials"], haystack: int = PROBE["haystack"],
                      depth: float = PROBE["depth"], seed: int = PROBE["seed"], chunk: int = 256,
-                     reader: Callable[[AttentionChunk], None] | None = None) -> RetrievalScores:
+                     reader: BatchReader | None = None) -> RetrievalScores:
     """The retrieval score of every head of a causal language model (see the module docstring).
-    ``reader``: also handed every chunk of the first trial's pass (e.g. the page's view of its input,
+    ``reader``: called with the first trial's token ids, and what it returns handed every chunk of
+    that trial's pass (e.g. the page's view of its input,
     :class:`~multihead.analysis.pipelines.views.InputViews`, without a pass of its own)."""
     lm = model.model
     if not model.is_causal or getattr(lm, "get_output_embeddings", lambda: None)() is None:
@@ -96,8 +96,8 @@ def retrieval_scores(model: HFModel, *, trials: int = PROBE["trials"], haystack:
                                                               depth=depth, seed=seed)):
         queries = torch.arange(second, len(ids) - 1)  # each predicts the next needle token
         source = queries - second + 1 + first  # that token's place in the first needle
-        keys, logits = _top_keys(lm, ids, second, chunk, model.num_layers,
-                                 reader if trial == 0 else None)  # (L, H, N), (N, V)
+        also = reader([ids]) if reader is not None and trial == 0 else None
+        keys, logits = _top_keys(lm, ids, second, chunk, model.num_layers, also)  # (L, H, N), (N, V)
         copied = logits.argmax(-1) == torch.tensor(ids)[queries + 1]
         total += retrieval_from_argmax(keys, source, copied)
         copy_steps += int(copied.sum())
@@ -107,7 +107,7 @@ def retrieval_scores(model: HFModel, *, trials: int = PROBE["trials"], haystack:
 
 
 def _top_keys(lm, ids: list[int], lo: int, chunk: int, num_layers: int,
-              reader: Callable[[AttentionChunk], None] | None = None) -> tuple[Tensor, Tensor]:
+              reader: LayerCallback | None = None) -> tuple[Tensor, Tensor]:
     """Each head's most-attended key at the query rows lo .. T-2 — (L, H, N), streamed in chunks —
     and the model's logits there (N, V); ``reader`` is handed every chunk too."""
     T = len(ids)

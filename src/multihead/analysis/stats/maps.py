@@ -32,15 +32,18 @@ from ..rollout import attention_flow, attention_rollout
 from . import native
 from .base import ReducerBase
 
-__all__ = ["FLOW_BUDGET", "HEAD_VIEW_TOKENS", "LONG_TEXT", "POOLED_CELLS", "ROLLOUT_TOKENS", "HeadMaps", "HeadView",
-           "Pooled", "TextView", "TextViews", "WholeMaps", "key_blocks", "pooled_maps", "stored_bytes", "top_k_for",
-           "top_weights"]
+__all__ = ["EVIDENCE_TOP_K", "FLOW_BUDGET", "HEAD_VIEW_TOKENS", "LONG_TEXT", "POOLED_CELLS", "ROLLOUT_TOKENS",
+           "HeadMaps", "HeadView", "Pooled", "TextView", "TextViews", "WholeMaps", "key_blocks", "pooled_maps",
+           "stored_bytes", "top_k_for", "top_weights"]
 
 #: Above this many tokens a text is kept pooled (the head view's lines and the plain matrix stop
 #: being readable long before).
 LONG_TEXT = 512
 #: The pooled maps have at most this many blocks a side.
 POOLED_CELLS = 128
+#: Weights kept per row of the maps of the inputs that define labels (a probe's pattern is a peak or
+#: two per row; the page's views of the probes' inputs).
+EVIDENCE_TOP_K = 8
 #: Bytes of stored top-k entries (3 bytes each: a uint16 key, a uint8 weight; 5 past 65,536 tokens) a page may hold
 #: for one text before compression; k is the largest that fits, between 1 and 16 (SmolLM2 at 4,096 tokens: 6,
 #: a page of ~18 MB; at 8,192: 3; MiniLM at 512: 16). Where even one weight a row of every head
