@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import NoReturn
 
 import pytest
 import torch
@@ -176,6 +177,17 @@ def float_tolerance(want: torch.Tensor, *, ops: int) -> float:
     return ops * torch.finfo(dtype).eps * float(want.detach().abs().max())
 
 
+#: Under CI (``CI=true``) what make test installs must be there: its absence fails, never skips.
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def missing(why: str, in_ci: str) -> NoReturn:
+    """Skip the test for ``why`` — or, under CI, fail it for ``in_ci`` (what make test should have installed)."""
+    if IN_CI:
+        pytest.fail(f"CI=true but {in_ci}")
+    pytest.skip(why)
+
+
 def triton_kernels():
     """attn/rowstats.py where its kernels can run here — CUDA, else the CPU in Triton's interpreter —
     with the device to run them on; a skip without Triton, a failure under CI (make test installs it)."""
@@ -184,9 +196,8 @@ def triton_kernels():
     for device in ("cuda", "cpu"):
         if rowstats.available(device):
             return rowstats, torch.device(device)
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail("CI=true but Triton is not installed (make test installs it: the dev extra)")
-    pytest.skip("no Triton here: the row-statistics kernels cannot run (pip install triton)")
+    missing("no Triton here: the row-statistics kernels cannot run (pip install triton)",
+            "Triton is not installed (make test installs it: the dev extra)")
 
 
 def needs_spacy() -> None:
@@ -196,9 +207,8 @@ def needs_spacy() -> None:
 
     if spacy_available():
         return
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail("CI=true but spaCy or en_core_web_sm is not installed (make test installs them: the syntax extra)")
-    pytest.skip("spaCy is not installed (pip install multihead[syntax])")
+    missing("spaCy is not installed (pip install multihead[syntax])",
+            "spaCy or en_core_web_sm is not installed (make test installs them: the syntax extra)")
 
 
 def compiled_softmax():
@@ -209,8 +219,7 @@ def compiled_softmax():
 
     if fused.available():
         return fused
-    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and os.environ.get("CI", "").lower() in (
-            "1", "true", "yes"):
-        pytest.fail("CI=true but attn/softmax.c did not build on this AVX2 / AVX-512 CPU (gcc with -fopenmp)")
-    pytest.skip("neither AVX-512 nor AVX2 on this CPU (or no C compiler): the math kernel's eager softmax is its "
-                "only path")
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        missing("no C compiler: the math kernel's eager softmax is its only path",
+                "attn/softmax.c did not build on this AVX2 / AVX-512 CPU (gcc with -fopenmp)")
+    pytest.skip("neither AVX-512 nor AVX2 on this CPU: the math kernel's eager softmax is its only path")

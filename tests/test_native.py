@@ -5,7 +5,6 @@ a CPU: the same head metrics, long-context sums, page blocks and top weights, an
 from __future__ import annotations
 
 import math
-import os
 import types
 
 import pytest
@@ -13,10 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import IN_CI
 from multihead.analysis.stats import heads, longcontext, maps, native, redundancy, typical
 from multihead.inputs import TokenInfo
-
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 @pytest.fixture(autouse=True)

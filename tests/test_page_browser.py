@@ -5,19 +5,18 @@ installs them); with ``CI=true`` a missing browser is a failure, never a silent 
 """
 
 import json
-import os
 import shutil
 
 import pytest
 import torch
 
 import multihead as mh
+from conftest import IN_CI
 from multihead.render.page import page_data, page_html, write_page
 from multihead.viz import view_page
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 pytestmark = pytest.mark.slow
 
 HOSTILE = '<script>alert(1)</script> "onmouseover=alert(2)'

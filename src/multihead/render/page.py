@@ -26,8 +26,8 @@ import html
 import json
 import os
 import uuid
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -136,19 +136,7 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _packed(value: object) -> object:
-    """``value`` with every :func:`_pack` handed to a thread (a Future, in nested dicts and lists)
-    replaced by its result."""
-    if isinstance(value, Future):
-        return value.result()
-    if isinstance(value, dict):
-        return {key: _packed(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_packed(item) for item in value]
-    return value
-
-
-def _pooled_entry(view: TextView, pooled: Pooled, pack: Callable[..., Future]) -> dict:
+def _pooled_entry(view: TextView, pooled: Pooled, threads: Executor) -> dict:
     """A long text's pooled attention as the page reads it: each row's k largest weights and the
     block-pooled mass and max, quantised to a byte (the pooled maps on a square-root scale, so
     faint long-range mass stays visible), gzip-compressed."""
@@ -163,12 +151,13 @@ def _pooled_entry(view: TextView, pooled: Pooled, pack: Callable[..., Future]) -
     if heads is not None:  # the rows of the heads that fit the page's budget, in flat order
         index, values = index.flatten(0, 1)[heads], values.flatten(0, 1)[heads]  # (n, T, k) each
         chosen = {"heads": heads}
+    # the four arrays compressed side by side on ``threads`` (zlib lets go of the GIL)
+    packed = [threads.submit(_pack, raw) for raw in (_key_bytes(index, T), values.contiguous().numpy().tobytes(),
+                                                     mass_q.numpy().tobytes(), largest_q.numpy().tobytes())]
+    index_b64, values_b64, mass_b64, max_b64 = (f.result() for f in packed)
     return {"text": view.text, "tokens": view.tokens, "k": pooled.k, "gzip": True, **_key_width(T), **chosen,
-            **_purpose(view),
-            "index": pack(_pack, _key_bytes(index, T)),
-            "values": pack(_pack, values.contiguous().numpy().tobytes()),
-            "pooled": {"block": pooled.block, "cells": pooled.cells, "mass": pack(_pack, mass_q.numpy().tobytes()),
-                       "max": pack(_pack, largest_q.numpy().tobytes()),
+            **_purpose(view), "index": index_b64, "values": values_b64,
+            "pooled": {"block": pooled.block, "cells": pooled.cells, "mass": mass_b64, "max": max_b64,
                        "mass_scale": [round(float(s), 6) for s in scale.flatten()]}}
 
 
@@ -214,7 +203,7 @@ def page_data(views: Sequence[TextView | tuple], report: Report | None = None, n
     with ThreadPoolExecutor(max_workers=max(1, min(4, _cores()))) as threads:
         for view in views:
             if view.pooled is not None:
-                rows.append(_packed(_pooled_entry(view, view.pooled, threads.submit)))
+                rows.append(_pooled_entry(view, view.pooled, threads))
                 continue
             maps = view.maps
             if maps.dim() != 4 or maps.shape[:2] != (L, H) or maps.shape[2] != maps.shape[3] != len(view.tokens):

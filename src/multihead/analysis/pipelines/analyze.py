@@ -274,7 +274,6 @@ def _read_views(reader: InputViews | None, probe: str, progress: bool | None) ->
     return reader.result()
 
 
-
 def evidence_views(model: HFModel, texts: Sequence[str], typical: S.Typical | None, heads: list[HeadRecord],
                    shown: set[str], *, induction: bool, retrieval: bool = False,
                    probe_views: dict[str, list[TextView]] | None = None) -> list:
