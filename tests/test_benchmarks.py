@@ -86,6 +86,23 @@ def test_bench_scale_worker_measures_the_analysis_and_its_plan(monkeypatch):
     assert abs(counted["planned_tensors"] / counted["tensors"] - 1) < 0.2  # the plan against the tensors it predicts
 
 
+def test_bench_command_reads_the_total_of_the_plan_the_command_prints():
+    """bench_command holds the printed plan to the command's peak: it reads the total from the line
+    as MemoryPlan prints it (GiB and MiB), and the first plan where a run prints several."""
+    import bench_command
+    from multihead.analysis.pipelines.memory_plan import MemoryPlan
+
+    line = dict(model="smollm2", device="cpu", dtype="float32", tokens=1223, batch=1, weights=513 * 2**20,
+                forward=150 * 2**20, statistics=86 * 2**20, end_of_batch=0, probes=0, chunk=22 * 2**20,
+                host=148 * 2**20, available=23 * 2**30, holes=74 * 2**20, process=580 * 2**20)
+    big, small = MemoryPlan(**line), MemoryPlan(**{**line, "weights": 2**20, "process": 0, "host": 0, "holes": 0,
+                                                           "statistics": 10 * 2**20, "forward": 50 * 2**20})
+    printed = f"multihead: loading …\nmultihead: {big}\nmultihead: {small}\n"
+    assert abs(bench_command.planned_total(printed) / big.total - 1) < 0.005  # printed to 2 decimals of a GiB
+    assert bench_command.planned_total(f"multihead: {small}") == -(-small.total // 2**20) * 2**20
+    assert bench_command.planned_total("multihead: analyze: done in 5 s") is None
+
+
 def test_gpu_check_says_when_there_is_no_gpu(capsys):
     import torch
 

@@ -205,10 +205,12 @@ def offloaded(tmp_path_factory):
     return model
 
 
-def test_the_plan_of_an_offloaded_model_counts_the_weights_on_its_device(offloaded, smollm2):
+def test_the_plan_of_an_offloaded_model_counts_the_weights_on_its_device(offloaded, smollm2, monkeypatch):
     """accelerate keeps some of SmolLM2's weights in host memory and swaps the rest in from disk a
     module at a time: the plan's weights are those kept on the CPU and the largest module swapped in,
-    and it says where the others are; the verdict compares the same pass with the same free memory."""
+    and it says where the others are; the verdict compares the same pass with the same free memory.
+    Planned device by device, as ``analyze`` plans it, the CPU's plan counts the process as a model
+    on one device does (what it holds beside the weights, and all it holds as available)."""
     from multihead.hf.placement import _offloading
 
     model = offloaded.model
@@ -223,6 +225,14 @@ def test_the_plan_of_an_offloaded_model_counts_the_weights_on_its_device(offload
     assert found.working == whole.working  # the same pass, readers and heap
     assert "(float32 on cpu + disk (device map), planned for cpu, 1 x 256 tokens)" in str(found)
     assert "device map" not in str(whole)
+    from multihead.analysis.pipelines import memory_plan
+
+    monkeypatch.setattr(memory_plan, "process_resident", lambda: 900 * 2**20)
+    monkeypatch.setattr(memory_plan, "pages_in_memory", lambda tensors: 100 * 2**20)
+    monkeypatch.setattr(memory_plan, "available_memory", lambda device: 2**30)
+    (measured,) = mh.analysis.plan_devices(offloaded, 256, probes=False)
+    assert measured.process == 800 * 2**20 and measured.available == 2**30 + 900 * 2**20
+    assert measured.weights == found.weights and measured.total == measured.process + found.weights + found.working
 
 
 @pytest.mark.slow

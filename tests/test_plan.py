@@ -15,7 +15,7 @@ from multihead.analysis.probes.syntax import Parse
 from multihead.analysis.stats.syntax import SyntaxStatistics, relation_keys
 from multihead.analysis.stats.typical import TypicalTexts
 from multihead.attn.heap import HeapRules
-from multihead.attn.memory import LiveBytes
+from multihead.attn.memory import LiveBytes, pages_in_memory, process_resident
 
 LLAMA_3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                   num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072)
@@ -93,6 +93,70 @@ def test_with_the_probes_the_plan_keeps_their_inputs_views_for_the_page(smollm2)
     kept = sum(t.numel() * t.element_size() for t in (view.pooled.index, view.pooled.values, view.pooled.mass,
                                                        view.pooled.largest))
     assert kept <= TextViews.planned_bytes(L, H, len(view.tokens), top_k=EVIDENCE_TOP_K) <= 1.1 * kept
+
+
+@pytest.mark.skipif(process_resident() is None, reason="VmRSS and pagemap are Linux's")
+def test_the_pages_in_memory_are_those_present_in_the_process(tmp_path):
+    """A tensor made but not written holds (almost) no page; written, every page; a file mapped but
+    not read holds none until a read brings its pages in; two views of one storage count once."""
+    page = 4096
+    made = torch.empty(64 * 2**20 // 4)  # 64 MiB: its own mapping, no page touched yet
+    assert pages_in_memory([made]) <= 2 * page
+    made.fill_(1.0)
+    assert abs(pages_in_memory([made]) - 64 * 2**20) <= 2 * page
+    assert pages_in_memory([made, made[: len(made) // 2], made.view(2, -1)]) == pages_in_memory([made])
+    path = tmp_path / "weights.bin"
+    torch.arange(8 * 2**20 // 4, dtype=torch.float32).numpy().tofile(path)  # 8 MiB, in the page cache
+    mapped = torch.from_file(str(path), shared=True, size=8 * 2**20 // 4, dtype=torch.float32)
+    assert pages_in_memory([mapped]) <= 2 * page  # cached by the system, but not yet in this process
+    assert float(mapped[: len(mapped) // 2].sum()) > 0  # read half
+    assert abs(pages_in_memory([mapped]) - 4 * 2**20) <= 2 * page
+    assert pages_in_memory([torch.empty(3, device="meta")]) == 0
+
+
+def test_on_a_cpu_the_plan_counts_what_the_process_holds_beside_the_weights(smollm2, monkeypatch):
+    """The printed total is the process's peak as the system sees it: what it holds now beside the
+    model's weights (its resident pages taken out, however many a forward has read) is added, and
+    added to what is available; a plan from a config, or for another device, has none."""
+    weights = mh.analysis.plan(smollm2, 1024).weights
+    monkeypatch.setattr(plan_module, "process_resident", lambda: 900 * 2**20)
+    monkeypatch.setattr(plan_module, "pages_in_memory", lambda tensors: 300 * 2**20)
+    monkeypatch.setattr(plan_module, "available_memory", lambda device: 4 * 2**30)
+    found = mh.analysis.plan(smollm2, 1024)
+    assert found.process == 600 * 2**20 and found.available == 4 * 2**30 + 900 * 2**20
+    assert found.total == found.process + found.weights + found.working and found.weights == weights
+    assert str(found).split(": ", 1)[1].startswith("this process 0.59 GiB + weights 0.50 GiB + pass")
+    given = mh.analysis.plan(smollm2, 1024, available=2**40)  # the device's memory said: the process still runs it
+    assert given.process == found.process and given.available == 2**40
+    cramped = mh.analysis.plan(smollm2, 1024, available=found.total - 1)
+    assert not cramped.fits and mh.analysis.plan(smollm2, 1024, available=found.total).fits
+    monkeypatch.setattr(plan_module, "pages_in_memory", lambda tensors: None)  # not Linux: not counted
+    assert mh.analysis.plan(smollm2, 1024).process == 0
+    config = mh.analysis.plan(smollm2.model.config, 1024, device="cpu", available=2**40)
+    assert config.process == 0 and "this process" not in str(config)
+    meta = mh.analysis.plan(smollm2, 1024, device="cuda", available=80 * 10**9)
+    assert meta.process == 0
+
+
+def test_a_long_runs_plan_counts_the_probes_analyze_runs_after_it(smollm2, monkeypatch):
+    """``analyze`` runs the induction probe (and, on a long text, the retrieval probe) after the
+    pass: the plan it prints counts their passes and their views; ``collect_statistics`` alone, or
+    ``analyze`` with neither probe, does not."""
+    pipeline = importlib.import_module("multihead.analysis.pipelines.analyze")
+    asked = []
+
+    def planned(model, tokens, **options):
+        asked.append(options["probes"])
+        raise mh.analysis.PlanError("stop before the pass")
+
+    monkeypatch.setattr(pipeline, "plan_devices", planned)
+    long = ["word " * 600]
+    for run in (lambda: mh.analyze(smollm2, long, progress=False, parses=None, coreference=False),
+                lambda: mh.analyze(smollm2, long, progress=False, induction=False, long_context=False),
+                lambda: collect_statistics(smollm2, long, progress=False)):
+        with pytest.raises(mh.analysis.PlanError):
+            run()
+    assert asked == [True, False, False]
 
 
 def test_the_trace_refuses_a_model_that_reads_its_input_values():

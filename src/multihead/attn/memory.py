@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,7 @@ from .plans import plan_cost
 from .precision import HALF, key_grid
 
 __all__ = ["AttentionMemoryError", "LiveBytes", "MemoryEstimate", "available_memory", "check_memory",
-           "estimate_memory"]
+           "estimate_memory", "pages_in_memory", "process_resident"]
 
 #: Below this an estimate is not checked against the free memory (reading it costs a syscall).
 CHECK_ABOVE = 256 * 2**20
@@ -122,6 +123,59 @@ def check_memory(estimate: MemoryEstimate) -> None:
     raise AttentionMemoryError(
         f"attention would need {estimate} but only {_human(free)} is free on {estimate.device}; {remedy}"
     )
+
+
+def process_resident() -> int | None:
+    """This process's resident memory now, in bytes (Linux's VmRSS; None elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+#: pages read from /proc/self/pagemap at a time (8 bytes a page)
+_PAGEMAP_PAGES = 1 << 18
+
+
+def pages_in_memory(tensors: Iterable[Tensor]) -> int | None:
+    """Bytes of the CPU ``tensors``' storages in this process's resident memory now, each page once
+    (Linux's ``/proc/self/pagemap``: the pages present in its page table, what VmRSS counts); None
+    where that cannot be read. A model loaded from safetensors maps its files, and a page becomes
+    resident only when a forward first reads it."""
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    spans = []
+    for tensor in tensors:
+        if tensor.device.type != "cpu":
+            continue
+        storage = tensor.untyped_storage()
+        start, size = storage.data_ptr(), storage.nbytes()
+        if size:
+            spans.append((start // page, -(-(start + size) // page)))
+    merged: list[list[int]] = []
+    for first, end in sorted(spans):  # a page shared by two storages counted once
+        if merged and first <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([first, end])
+    present = 0
+    try:
+        with open("/proc/self/pagemap", "rb", buffering=0) as pagemap:
+            for first, end in merged:
+                for at in range(first, end, _PAGEMAP_PAGES):
+                    count = min(_PAGEMAP_PAGES, end - at)
+                    pagemap.seek(at * 8)
+                    entries = pagemap.read(count * 8)
+                    if len(entries) != count * 8:
+                        return None
+                    # bit 63 of each entry: the page is present (the sign bit of an int64)
+                    present += int((torch.frombuffer(bytearray(entries), dtype=torch.int64) < 0).sum())
+    except OSError:
+        return None
+    return present * page
 
 
 def _meminfo_available() -> int | None:

@@ -167,7 +167,8 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     page, probe_views = bool(chosen), {}  # {probe: its views, or None where reading them failed}
     corpus = collect_statistics(model, texts, batch_size=batch_size, truncate=truncate, progress=progress,
                                 parses=parses, redundancy=redundancy, chunk=chunk, views=chosen,
-                                long_context=long_context, budget=budget)
+                                long_context=long_context, budget=budget,
+                                probes=model.is_causal and (induction or long_context is not False))
     means = dict(corpus.heads.result())
     sections = S.Sections(corpus=S.Corpus(**corpus_fingerprint(texts)))
     if corpus.long is not None:  # long inputs: how far each head looks
@@ -452,7 +453,8 @@ def redundancy_section(red: RedundancyStatistics, H: int, *, sinks: set[tuple[in
 def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
                        progress: bool | None = None, parses: Sequence[Parse] | str | None = None,
                        redundancy: bool = True, chunk: int | None = None, views: Sequence[int] = (),
-                       long_context: bool | None = None, budget: int | None = None) -> CorpusStatistics:
+                       long_context: bool | None = None, budget: int | None = None,
+                       probes: bool = False) -> CorpusStatistics:
     """One pass of the model over ``texts`` feeding every reducer :func:`analyze` reads.
 
     Under ``torch.distributed`` (e.g. ``torchrun``) the corpus is sharded across the ranks — rank
@@ -460,7 +462,9 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
     ``torchrun`` with no process group yet, one is joined for the pass (gloo on the CPU, nccl with
     CUDA) and left after it, so a script calling ``mh.analyze`` needs no set-up of its own.
     ``parses="spacy"`` parses each rank's own texts, and only the part of each that is analysed
-    (with ``truncate``, the tokens the model keeps).
+    (with ``truncate``, the tokens the model keeps). ``probes``: the induction and retrieval probes
+    will follow the pass (as :func:`analyze` runs them): a long run's memory plan counts their
+    passes and the page's views of their inputs.
     """
     texts = check_texts(texts)
     if not isinstance(batch_size, int) or batch_size < 1:
@@ -473,12 +477,13 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
     unknown = count_unknown_tokens(encoded.ids, model.tokenizer)
     with process_group():  # under torchrun: its ranks share the corpus (joined here when no group exists yet)
         return _collect(model, texts, encoded, unknown, batch_size=batch_size, progress=progress, parses=parses,
-                        redundancy=redundancy, chunk=chunk, views=views, long_context=long_context, budget=budget)
+                        redundancy=redundancy, chunk=chunk, views=views, long_context=long_context, budget=budget,
+                        probes=probes)
 
 
 def _collect(model: HFModel, texts: list[str], encoded, unknown: UnknownTokens, *, batch_size: int,
              progress: bool | None, parses, redundancy: bool, chunk: int | None, views: Sequence[int],
-             long_context: bool | None, budget: int | None) -> CorpusStatistics:
+             long_context: bool | None, budget: int | None, probes: bool) -> CorpusStatistics:
     mine, sharded = shard(range(len(texts)))
     not_parsed = 0
     if parses == "spacy":
@@ -505,7 +510,8 @@ def _collect(model: HFModel, texts: list[str], encoded, unknown: UnknownTokens, 
         parsed = [parses[i] for i in mine if parses[i] is not None] if parses is not None else []
         try:  # one plan for each device the run computes on (a model spread over GPUs: each GPU's)
             found = plan_devices(model, longest, batch=min(batch_size, len(mine)), redundancy=redundancy,
-                                 views=kept, probes=False, relations=len(relation_keys(parsed, model.is_causal)),
+                                 views=kept, probes=probes,
+                                 relations=len(relation_keys(parsed, model.is_causal)),
                                  chunk=chunk, budget=budget)
         except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:  # a model the trace cannot follow
             note(f"no memory plan for {model.name}: {' '.join(str(err).split())[:200]}", progress=progress)

@@ -17,12 +17,16 @@ alone — before a weight is read, and for devices this machine does not have.
                induction probe's first sequence, the retrieval probe's first trial: read in the
                probes' passes, kept for the page); on a CPU it adds to the device's total
     probes     the induction and retrieval probes' own passes (fixed, small shapes)
+    process    on a CPU, for the model loaded in this process: what the process holds now beside the
+               model's resident weights (the libraries, the tokenizer, the parses: VmRSS less the
+               weights' pages present, :func:`~multihead.attn.memory.pages_in_memory`), so that the
+               total is what the system will see the process hold at the run's peak
     holes      on a CPU with glibc: the free holes the C heap keeps resident beside the pass's
                tensors — the traced pass's allocations replayed under malloc's rules, the heap's
                highest extent and the most mapped at once (:func:`~multihead.attn.heap.replay`,
                :attr:`~multihead.attn.heap.HeapPeak.bound`); RSS is the tensors plus these
 
-``total = weights + statistics + max(pass + holes, end-of-batch work, probes)``. A layer's activations
+``total = process + weights + statistics + max(pass + holes, end-of-batch work, probes)``. A layer's activations
 do not pile up (no cache, no hidden states kept), so the pass is traced through one layer of each
 kind the config names (full and sliding attention) and holds for any depth.
 
@@ -44,7 +48,7 @@ from typing import Any
 import torch
 
 from ...attn.heap import HeapRules, heap_rules, replay
-from ...attn.memory import LiveBytes, available_memory
+from ...attn.memory import LiveBytes, available_memory, pages_in_memory, process_resident
 from ...hf.capture import AttentionCapture
 from ...hf.load import empty_model
 from ...hf.model import HFModel, takes
@@ -121,6 +125,9 @@ class MemoryPlan:
     #: for a device that only runs layers of a model spread over several: the device its chunks are
     #: handed to, where the readers' sums are ("" where they are on this one)
     readers_on: str = ""
+    #: what the process running it holds beside the weights before the run (a loaded model's CPU plan;
+    #: 0: not counted — a plan from a config, or for an accelerator)
+    process: int = 0
 
     @property
     def working(self) -> int:
@@ -144,8 +151,8 @@ class MemoryPlan:
 
     @property
     def total(self) -> int:
-        """Bytes on the device at the run's peak, weights included."""
-        return self.weights + self.working
+        """Bytes on the device at the run's peak, weights included (and on a CPU, the process's own)."""
+        return self.process + self.weights + self.working
 
     @property
     def fits(self) -> bool:
@@ -161,8 +168,9 @@ class MemoryPlan:
         place = f"{self.mapped} (device map), planned for {self.device}" if self.mapped else self.device
         if self.readers_on:
             place += f": its layers only, the readers on {self.readers_on}"
+        process = f"this process {_gib(self.process)} + " if self.process else ""
         return (f"memory plan for {self.model} ({self.dtype} on {place}, {self.batch} x {self.tokens:,} "
-                f"tokens): weights {_gib(self.weights)} + pass {_gib(work)} (chunks of at most "
+                f"tokens): {process}weights {_gib(self.weights)} + pass {_gib(work)} (chunks of at most "
                 f"{self.chunk / 2**20:.0f} MiB{holes}) + statistics {_gib(self.statistics)}{on_cpu} = "
                 f"{_gib(self.total)}{room}{beside}")
 
@@ -176,7 +184,8 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     (its config only). ``dtype`` / ``device``: the run's (default: the loaded model's, else
     :func:`~multihead.hf.load`'s rule: the config's dtype on an accelerator, float32 on the CPU);
     ``available``: the device's memory in bytes (default: what it has free now, plus the loaded
-    model's own weights); ``views``: texts of this length whose page views are kept;
+    model's own weights — on a CPU, plus all the process holds now); ``views``: texts of this
+    length whose page views are kept;
     ``relations``: the relation keys the run may score (0: no parses; ``stats.syntax.relation_keys``:
     spaCy's parse of a Penn Treebank document of 1k-8k tokens has 76-86, a causal model scores up
     to 48-60 of them: ~43 MiB of tables for a 28 x 12-head model, ~128 MiB for 32 x 32). Nothing
@@ -204,9 +213,17 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     if weights is None:
         weights = mapped if mapped is not None else _bytes(loaded.model if loaded and loaded.dtype == dtype
                                                            else empty_model(config, dtype))
+    process = 0
+    if loaded is not None and device.type == "cpu":  # this process runs it: what it holds beside the weights counts
+        held, present = process_resident(), pages_in_memory(_tensors(loaded.model))
+        if held is not None and present is not None:
+            process = max(held - present, 0)
+            if available is None:  # all it holds now, weights' pages present or not yet read, plus what is free
+                free = available_memory(device)
+                available = None if free is None else free + held
     if available is None:  # a loaded model's own weights are there already
         available = _free_beside(device, weights if loaded is not None else 0)
-    room = None if available is None else max(available - weights, 0)
+    room = None if available is None else max(available - process - weights, 0)
     limit = chunk_bytes(device, free=room) if chunk_limit is None else chunk_limit
     budget = limit if budget is None else budget  # as the pipelines stream
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -251,7 +268,7 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
                     _traced(body, 1, haystack, chunk=256, budget=budget, limit=bytes_for(1, haystack), work=work)[0])
     return MemoryPlan(name, str(device), str(dtype).removeprefix("torch."), tokens, batch, weights, forward,
                       statistics, end, probe, largest, host, available, holes, places,
-                      "" if readers_on is None else str(torch.device(readers_on)))
+                      "" if readers_on is None else str(torch.device(readers_on)), process)
 
 
 def plan_devices(model: HFModel | Any, tokens: int, *, device_map: str | dict | None = None,
@@ -281,12 +298,13 @@ def plan_devices(model: HFModel | Any, tokens: int, *, device_map: str | dict | 
         weights = {d: resident_bytes(loaded.model, d) for d in devices}
     else:
         weights = mapped_weights(empty_model(config, _dtype(dtype or auto_dtype(config, accelerated=True))), mapping)
-    rooms = {d: _room(available, d) for d in devices}
+    rooms = {d: _room(available, d) for d in devices}  # for a loaded model, None: plan() measures it
+    free = rooms
     if loaded is not None:  # as plan() counts it: what is free now beside the weights already there
-        rooms = {d: room if room is not None else _free_beside(d, weights[d]) for d, room in rooms.items()}
+        free = {d: room if room is not None else _free_beside(d, weights[d]) for d, room in rooms.items()}
     # the capture's rule over several devices: every chunk no larger than any of them takes, each handed to
     # the first (one device: its own rule, as plan() has it)
-    limit = min(chunk_bytes(d, free=None if rooms[d] is None else max(rooms[d] - weights[d], 0))
+    limit = min(chunk_bytes(d, free=None if free[d] is None else max(free[d] - weights[d], 0))
                 for d in devices) if len(devices) > 1 else None
     return [plan(model, tokens, dtype=dtype, device=d, available=rooms[d], weights=weights[d],
                  readers_on=None if d == home else home, chunk_limit=limit, **options) for d in devices]
@@ -459,10 +477,15 @@ def _dtype(dtype: Any) -> torch.dtype:
     return found
 
 
+def _tensors(model: Any) -> list[torch.Tensor]:
+    """Every parameter and buffer."""
+    return [*model.parameters(), *model.buffers()]
+
+
 def _bytes(model: Any) -> int:
     """Every parameter and buffer once (tied weights are one tensor)."""
     seen: dict[int, int] = {}
-    for tensor in [*model.parameters(), *model.buffers()]:
+    for tensor in _tensors(model):
         seen[id(tensor)] = tensor.numel() * tensor.element_size()
     return sum(seen.values())
 
