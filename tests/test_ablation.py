@@ -67,6 +67,28 @@ def test_a_causal_models_objective_is_its_own_next_token_loss(smollm2):
     assert torch.isfinite(found.zero[18, 6]) and torch.isfinite(found.zero[0, 0])
 
 
+def test_single_token_texts_give_a_causal_lm_nothing_to_ablate_and_analyze_says_so(smollm2):
+    """A causal LM's objective is its loss on the tokens after each text's first: one-token texts
+    give it no term. ablation_effects refuses them in one line (it divided by zero), the count is
+    the tokenizer's alone, and analyze skips its ablation with the reason instead of failing after
+    its whole pass; a corpus with one longer text is measured on that text's tokens."""
+    from multihead.analysis.interventions.ablation import objective_terms
+    from multihead.render.text import analyze_text
+
+    words = ["hello", "world"]
+    assert [len(ids) for ids in smollm2.tokenizer(words)["input_ids"]] == [1, 1]
+    assert objective_terms(smollm2, words) == 0
+    assert objective_terms(smollm2, ["hello there", "world"]) == 1
+    with pytest.raises(ValueError, match=r"every text is a single token.*two tokens or more"):
+        ablation_effects(smollm2, words, heads=[(0, 0)], modes=("zero",))
+    found = ablation_effects(smollm2, ["hello there", "world"], heads=[(0, 0)], modes=("zero",))
+    assert found.tokens == 1 and torch.isfinite(found.zero[0, 0]) and found.text_counts.tolist() == [1.0, 0.0]
+    report = mh.analyze(smollm2, words, ablation=2, coreference=False, induction=False, progress=False)
+    section = report.sections.ablation
+    assert section.skipped.startswith("ablation effects need a token to predict") and section.modes == []
+    assert "Ablation skipped: ablation effects need a token to predict" in analyze_text(report)
+
+
 def test_bad_requests_are_refused(minilm):
     with pytest.raises(ValueError, match="outside the model's 6 x 12 heads"):
         ablation_effects(minilm, TEXTS, heads=[(6, 0)])

@@ -435,6 +435,30 @@ def test_what_if_reports_the_loss_change_overall_and_per_layer(tmp_path):
             mh.analysis.what_if(hf, [text], bad)
 
 
+def test_what_if_on_single_token_texts_is_refused_before_any_pass(smollm2, tmp_path, capsys, monkeypatch):
+    """One-token texts give a causal LM no token to predict: the what-if's losses were 0.0000 over 0
+    tokens, shown as measured. It is refused in one line, asked of the tokenizer before the pass
+    (exit 2, nothing written); texts of which one has two tokens are measured on that one."""
+    import importlib
+
+    from conftest import run_cli
+
+    pipeline = importlib.import_module("multihead.analysis.pipelines.analyze")  # the module, not the function
+    with pytest.raises(ValueError, match="every text is a single token; give texts of two tokens or more"):
+        mh.analysis.what_if(smollm2, ["hello", "world"], "window=4", per_layer=False)
+    found = mh.analysis.what_if(smollm2, ["hello there", "world"], "window=4", per_layer=False)
+    assert found.tokens == 1 and found.loss > 0
+    passes = []
+    monkeypatch.setattr(pipeline, "collect_statistics", lambda *a, **k: passes.append(1))
+    with pytest.raises(ValueError, match="single token"):
+        mh.analyze(smollm2, ["hello", "world"], what_if="window=4", progress=False)
+    assert not passes
+    code, _, err = run_cli(["analyze", "--model", "smollm2", "hello", "world", "--what-if", "window=4", "--out",
+                            str(tmp_path / "o")], capsys)
+    assert code == 2 and "two tokens or more" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
 def test_cli_what_if_is_checked_before_anything_runs(tmp_path, capsys):
     from conftest import run_cli
 

@@ -42,7 +42,7 @@ from ..sections import Ablation, unit_of
 from ..stats.bootstrap import LEVEL, intervals
 
 __all__ = ["ABLATION_TOKENS", "AblationEffects", "ablation_effects", "attribution_effects", "blocks_of",
-           "has_gradient", "objective_name", "passes", "recorded", "replayed"]
+           "has_gradient", "no_terms_reason", "objective_name", "objective_terms", "passes", "recorded", "replayed"]
 
 #: Tokens per forward pass (R replicas x B texts x T positions) the batched ablation aims for.
 ABLATION_TOKENS = 8192
@@ -131,6 +131,8 @@ def ablation_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence[st
     for batch, indices in zip(batches, rows, strict=True):
         counts[indices] = _counts(model, batch)
     tokens = int(counts.sum())
+    if tokens == 0:
+        raise ValueError(no_terms_reason(model))
     blocks = blocks_of(model)
     per_text = {mode: torch.zeros(len(cells), len(texts), dtype=torch.float64) for mode in modes}
     intact_sum = 0.0
@@ -212,6 +214,22 @@ def passes(cells: list[tuple[int, int]], R: int) -> list[list[tuple[int, tuple[i
 def has_gradient(model: HFModel) -> bool:
     """Whether the model's objective has a gradient to estimate ablations with (a loss; not 1 − cos)."""
     return _objective(model) != "cosine"
+
+
+def objective_terms(model: HFModel, texts: Sequence[str], batch_size: int = 16) -> int:
+    """How many terms ``texts`` give the model's ablation objective (:func:`objective_name`): the
+    tokens a causal LM predicts (each text's after its first), the tokens masked for a masked LM, or
+    one a text — from the tokenizer alone, no forward. 0: nothing to measure an ablation on."""
+    return int(sum(_counts(model, batch).sum() for batch in _batches(model, list(texts), batch_size)))
+
+
+def no_terms_reason(model: HFModel) -> str:
+    """Why texts give the objective no term, and what would."""
+    if _objective(model) == "next-token":
+        return ("ablation effects need a token to predict: every text is a single token (a causal LM's "
+                "loss is on the tokens after the first); give texts of two tokens or more")
+    return (f"ablation effects need a masked token: none of the texts' tokens was drawn for the "
+            f"masked-LM objective ({MLM_SHARE:.0%} of each text's tokens); give longer texts")
 
 
 def _objective(model: HFModel) -> str:

@@ -20,7 +20,7 @@ from ...masks import Mask, global_tokens, window
 from ..sections import WhatIf as WhatIfSection
 from .whatif_spec import read_what_if
 
-__all__ = ["WhatIf", "parse_what_if", "what_if"]
+__all__ = ["WhatIf", "check_what_if", "parse_what_if", "what_if"]
 
 
 def parse_what_if(spec: str) -> tuple[Mask, str]:
@@ -47,16 +47,28 @@ class WhatIf:
                              [x - self.loss for x in self.per_layer])
 
 
-def what_if(model: HFModel, texts: Sequence[str], spec: str, *, per_layer: bool = True) -> WhatIf:
-    """The change in ``model``'s loss on ``texts`` when its layers attend with the ``spec`` mask."""
-    mask, name = parse_what_if(spec)
-    lm = model.model
-    if not model.is_causal or getattr(lm, "get_output_embeddings", lambda: None)() is None:
+def check_what_if(model: HFModel, texts: Sequence[str], spec: str) -> None:
+    """Raise ValueError unless :func:`what_if` can measure ``spec`` on ``model`` over ``texts``: a
+    causal language model with its head, and a token to predict (texts of two tokens or more) —
+    asked of the tokenizer alone, before any forward."""
+    parse_what_if(spec)
+    if not model.is_causal or getattr(model.model, "get_output_embeddings", lambda: None)() is None:
         raise ValueError(f"what-if measures a causal language model's loss; {model.name} is not one "
                          "(an encoder, or a decoder loaded without its language-model head)")
+    if not any(len(ids) > 1 for ids in model.tokenizer(list(texts), verbose=False)["input_ids"]):
+        raise ValueError("what-if measures the loss on the tokens after each text's first, and every text is a "
+                         "single token; give texts of two tokens or more")
+
+
+def what_if(model: HFModel, texts: Sequence[str], spec: str, *, per_layer: bool = True) -> WhatIf:
+    """The change in ``model``'s loss on ``texts`` when its layers attend with the ``spec`` mask."""
+    check_what_if(model, texts, spec)
+    mask, name = parse_what_if(spec)
+    lm = model.model
     tok = model.tokenizer
     with right_padding(tok):
         batches = [tok([t], return_tensors="pt", verbose=False).to(model.device) for t in texts]
+    batches = [batch for batch in batches if batch["input_ids"].shape[1] > 1]  # a single token predicts nothing
 
     def loss() -> tuple[float, int]:
         total, count = 0.0, 0

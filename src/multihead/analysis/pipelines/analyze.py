@@ -35,10 +35,13 @@ from ..interventions.ablation import (
     ablation_effects,
     attribution_effects,
     has_gradient,
+    no_terms_reason,
     objective_name,
+    objective_terms,
 )
 from ..interventions.evidence import PROBE as EVIDENCE_PROBE
 from ..interventions.evidence import SYNTAX_TEXTS, TESTS, label_evidence
+from ..interventions.whatif import check_what_if
 from ..interventions.whatif import what_if as what_if_loss
 from ..labels import SYNTAX_RULE, degenerate, flags_for, label_for, label_value, traits_for
 from ..probes.coreference import CoreferenceExample, coreference_scores
@@ -160,6 +163,8 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
         raise ValueError("targets are read by encoder-decoder models only; this model has one stack")
     if not isinstance(ablation, int) or isinstance(ablation, bool) or ablation < 0:
         raise ValueError(f"ablation is a number of texts (0: off); got {ablation!r}")
+    if what_if is not None:  # asked before the pass, not after it
+        check_what_if(model, texts, what_if)
     chosen = default_views(texts) if views is None else list(views)
     if budget is None:  # the pipelines' rule, resolved here so the report can say it
         budget = chunk_bytes(model.device)
@@ -219,6 +224,10 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
                                        skipped=f"the ablated texts reach {longest_ablated} tokens; each of "
                                                f"{model.num_layers * model.num_heads} heads removed alone would "
                                                f"rerun them (ablation reads texts of at most {LONG_TEXT} tokens)",
+                                       unit=S.unit_of(objective_name(model)))
+        ablated = []
+    if ablated and not objective_terms(model, ablated, batch_size):  # e.g. one-token texts of a causal LM
+        sections.ablation = S.Ablation(objective_name(model), float("nan"), 0, 0, [], skipped=no_terms_reason(model),
                                        unit=S.unit_of(objective_name(model)))
         ablated = []
     if ablated:
