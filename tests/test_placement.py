@@ -205,6 +205,36 @@ def offloaded(tmp_path_factory):
     return model
 
 
+def test_an_offloaded_modules_freed_weights_go_back_to_the_system_after_its_forward(offloaded, monkeypatch):
+    """Each module whose weights accelerate swaps in gives the heap's freed pages back after its
+    forward — once its hook has dropped the weights (every swapping module's are on meta when it
+    runs), once per forward, hooked once however often the model is wrapped; a model in memory
+    gets no hook."""
+    from multihead.hf import placement
+    from multihead.hf.placement import _offloading, give_back_swapped_weights
+
+    swapping = [m for m in offloaded.model.modules() if _offloading(m)]
+    assert swapping and all(getattr(m, "_multihead_gives_back", False) for m in swapping)  # done by load
+    assert give_back_swapped_weights(offloaded.model) == 0  # not twice
+    events = []
+
+    def given_back():
+        assert all(p.device.type == "meta" for m in swapping for p in m.parameters())
+        events.append("given back")
+
+    monkeypatch.setattr(placement, "give_back_freed", given_back)
+    started = [m.register_forward_pre_hook(lambda *_: events.append("forward")) for m in swapping]
+    try:
+        ids = offloaded.tokenizer("The cat sat on the mat.", return_tensors="pt")
+        with torch.inference_mode():
+            offloaded.model(**ids)
+    finally:
+        for handle in started:
+            handle.remove()
+    assert events == ["forward", "given back"] * len(swapping)
+    assert give_back_swapped_weights(mh.hf.load("smollm2").model) == 0
+
+
 def test_the_plan_of_an_offloaded_model_counts_the_weights_on_its_device(offloaded, smollm2, monkeypatch):
     """accelerate keeps some of SmolLM2's weights in host memory and swaps the rest in from disk a
     module at a time: the plan's weights are those kept on the CPU and the largest module swapped in,

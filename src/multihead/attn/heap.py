@@ -31,12 +31,14 @@ names) are read from the environment: setting any turns the dynamic threshold of
 from __future__ import annotations
 
 import bisect
+import ctypes
+import functools
 import os
 import platform
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["Heap", "HeapPeak", "HeapRules", "heap_rules", "replay"]
+__all__ = ["Heap", "HeapPeak", "HeapRules", "give_back_freed", "heap_rules", "replay"]
 
 #: glibc's defaults on 64-bit systems
 MMAP_THRESHOLD = 128 * 1024
@@ -93,6 +95,25 @@ def heap_rules(environ: dict[str, str] | None = None) -> HeapRules | None:
         return HeapRules()
     maps = values.pop("mmap_max", 1) > 0  # any of these set turns glibc's dynamic threshold off
     return HeapRules(**values, dynamic=False, maps=maps)
+
+
+def give_back_freed() -> None:
+    """Give the system the heap's free pages back — its holes too, not only its top (glibc's
+    ``malloc_trim(0)`` advises them away); nothing where the C library is not glibc. What the rules
+    above keep resident is then returned, at the cost of faulting those pages in again when reused."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    if heap_rules() is None:
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 @dataclass(frozen=True)

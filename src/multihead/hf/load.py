@@ -14,7 +14,7 @@ from typing import Any
 
 from .model import HFModel
 from .paths import KNOWN_MODELS, model_path
-from .placement import Placement, PlacementError, resolve
+from .placement import Placement, PlacementError, give_back_swapped_weights, resolve
 from .sites import find_sites, main_stack
 from .version import require_transformers
 
@@ -109,6 +109,7 @@ def wrap(model: Any, tokenizer: Any, *, name: str, path: Path | None = None, pro
 def _wrapped(model: Any, tokenizer: Any, sites: list, stack: str, *, name: str, path: Path | None,
              processor: Any) -> HFModel:
     layers = [s for s in sites if s.stack == stack]
+    give_back_swapped_weights(model)
     return HFModel(
         model=model,
         tokenizer=tokenizer,
