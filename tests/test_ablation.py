@@ -81,6 +81,8 @@ def test_single_token_texts_give_a_causal_lm_nothing_to_ablate_and_analyze_says_
     assert objective_terms(smollm2, ["hello there", "world"]) == 1
     with pytest.raises(ValueError, match=r"every text is a single token.*two tokens or more"):
         ablation_effects(smollm2, words, heads=[(0, 0)], modes=("zero",))
+    with pytest.raises(ValueError, match=r"every text is a single token.*two tokens or more"):
+        mh.analysis.attribution_effects(smollm2, words)  # its gradients were NaN, divided by 0 tokens
     found = ablation_effects(smollm2, ["hello there", "world"], heads=[(0, 0)], modes=("zero",))
     assert found.tokens == 1 and torch.isfinite(found.zero[0, 0]) and found.text_counts.tolist() == [1.0, 0.0]
     report = mh.analyze(smollm2, words, ablation=2, coreference=False, induction=False, progress=False)

@@ -232,7 +232,9 @@ def test_an_offloaded_modules_freed_weights_go_back_to_the_system_after_its_forw
         for handle in started:
             handle.remove()
     assert events == ["forward", "given back"] * len(swapping)
-    assert give_back_swapped_weights(mh.hf.load("smollm2").model) == 0
+    in_memory = mh.hf.load("smollm2").model
+    assert give_back_swapped_weights(in_memory) == 0
+    assert not any(getattr(m, "_multihead_gives_back", False) or m._forward_hooks for m in in_memory.modules())
 
 
 def test_the_plan_of_an_offloaded_model_counts_the_weights_on_its_device(offloaded, smollm2, monkeypatch):

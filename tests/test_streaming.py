@@ -446,6 +446,8 @@ def test_what_if_on_single_token_texts_is_refused_before_any_pass(smollm2, tmp_p
     pipeline = importlib.import_module("multihead.analysis.pipelines.analyze")  # the module, not the function
     with pytest.raises(ValueError, match="every text is a single token; give texts of two tokens or more"):
         mh.analysis.what_if(smollm2, ["hello", "world"], "window=4", per_layer=False)
+    with pytest.raises(ValueError, match="got none"):
+        mh.analysis.what_if(smollm2, [], "window=4", per_layer=False)
     found = mh.analysis.what_if(smollm2, ["hello there", "world"], "window=4", per_layer=False)
     assert found.tokens == 1 and found.loss > 0
     passes = []

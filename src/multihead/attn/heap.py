@@ -108,9 +108,7 @@ def give_back_freed() -> None:
 
 @functools.cache
 def _malloc_trim():
-    if heap_rules() is None:
-        return None
-    try:
+    try:  # glibc's alone (the name is glibc's: macOS and musl have none)
         return ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return None

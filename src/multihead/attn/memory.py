@@ -151,8 +151,11 @@ def pages_in_memory(tensors: Iterable[Tensor]) -> int | None:
     for tensor in tensors:
         if tensor.device.type != "cpu":
             continue
-        storage = tensor.untyped_storage()
-        start, size = storage.data_ptr(), storage.nbytes()
+        if tensor.is_contiguous():  # its own bytes (a storage may hold more: a whole file's tensors)
+            start, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+        else:
+            storage = tensor.untyped_storage()
+            start, size = storage.data_ptr(), storage.nbytes()
         if size:
             spans.append((start // page, -(-(start + size) // page)))
     merged: list[list[int]] = []

@@ -100,7 +100,10 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
 
 def wrap(model: Any, tokenizer: Any, *, name: str, path: Path | None = None, processor: Any = None) -> HFModel:
     """A transformers model already in memory (built from a config, random weights, fine-tuned in
-    this process) as :func:`load` gives one: its shape read from its attention sites."""
+    this process) as :func:`load` gives one: its shape read from its attention sites. A model
+    accelerate dispatched with weights it swaps in to run on the CPU gets, as from :func:`load`,
+    a forward hook on each such module that gives the freed heap back
+    (:func:`~multihead.hf.placement.give_back_swapped_weights`)."""
     require_transformers()
     sites = find_sites(model)  # one line naming the architecture when its attention cannot be seen exactly
     return _wrapped(model, tokenizer, sites, _stack(model, sites), name=name, path=path, processor=processor)

@@ -368,23 +368,33 @@ def is_offloaded(model: Any) -> bool:
 
 def give_back_swapped_weights(model: Any) -> int:
     """Give the heap's freed pages back after each forward of a module whose weights accelerate
-    swaps in (from the CPU or disk), once its hook has dropped them again; returns how many modules
-    are hooked (once each, however often it is called). Swapped-in weights come from the C heap
-    between the pass's own buffers; freed, they leave holes the next module's weights and buffers
-    seldom fill exactly, and the heap grows module by module: a random Gemma3 of 132M parameters,
-    60 % of them on disk, held 2.0-2.1 GiB at the end of its pass over 2,851 tokens in three of five
-    runs, against 1.1-1.2 GiB with these hooks or with glibc's mmap threshold fixed."""
+    swaps in from disk or the host to run on the CPU, once its hook has dropped them again; returns
+    how many modules are hooked (once each, however often it is called; a hook whose module no
+    longer swaps, its accelerate hook removed, does nothing). Swapped-in weights come from the C
+    heap between the pass's own buffers; freed, they leave holes the next module's weights and
+    buffers seldom fill exactly, and the heap grows module by module: a random Gemma3 of 132M
+    parameters, 60 % of them on disk, held 2.0-2.1 GiB at the end of its pass over 2,851 tokens in
+    three of five runs, against 1.1-1.2 GiB with these hooks or with glibc's mmap threshold fixed.
+    A module swapped onto a GPU is not hooked: its weights are not in the host's heap."""
     hooked = 0
     for module in model.modules():
-        if _offloading(module) and not getattr(module, "_multihead_gives_back", False):
+        if _swapped_onto_cpu(module) and not getattr(module, "_multihead_gives_back", False):
             module.register_forward_hook(_give_back)
             module._multihead_gives_back = True
             hooked += 1
     return hooked
 
 
+def _swapped_onto_cpu(module: Any) -> bool:
+    if not _offloading(module):
+        return False
+    runs_on = getattr(module._hf_hook, "execution_device", None)
+    return runs_on is not None and accelerate_device(runs_on).type == "cpu"
+
+
 def _give_back(module: Any, args: Any, output: Any) -> None:
-    give_back_freed()  # after accelerate's own post-forward, which drops the swapped-in weights
+    if _offloading(module):  # after accelerate's own post-forward, which drops the swapped-in weights
+        give_back_freed()
 
 
 def mapped_places(model: Any) -> str | None:

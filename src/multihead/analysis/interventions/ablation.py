@@ -186,8 +186,12 @@ def attribution_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence
         raise ValueError("attribution patching needs a loss objective; 1 - cosine is at its minimum in the intact "
                          "model (gradient 0): measure this model with ablation_effects")
     texts = list(texts)
+    if not texts:
+        raise ValueError("attribution effects need at least one text")
     batches = _batches(model, texts, batch_size)
     tokens = sum(_count(model, batch) for batch in batches)
+    if tokens == 0:
+        raise ValueError(no_terms_reason(model))
     with torch.inference_mode():
         means = _head_means(model, batches) if "mean" in modes else None
     L, H = model.num_layers, model.num_heads

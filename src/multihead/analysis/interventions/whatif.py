@@ -55,6 +55,8 @@ def check_what_if(model: HFModel, texts: Sequence[str], spec: str) -> None:
     if not model.is_causal or getattr(model.model, "get_output_embeddings", lambda: None)() is None:
         raise ValueError(f"what-if measures a causal language model's loss; {model.name} is not one "
                          "(an encoder, or a decoder loaded without its language-model head)")
+    if not texts:
+        raise ValueError("what-if measures a loss on texts; got none")
     if not any(len(ids) > 1 for ids in model.tokenizer(list(texts), verbose=False)["input_ids"]):
         raise ValueError("what-if measures the loss on the tokens after each text's first, and every text is a "
                          "single token; give texts of two tokens or more")

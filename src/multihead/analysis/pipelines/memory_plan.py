@@ -183,9 +183,10 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     :class:`~multihead.hf.HFModel`, a transformers config, or a local model folder / known name
     (its config only). ``dtype`` / ``device``: the run's (default: the loaded model's, else
     :func:`~multihead.hf.load`'s rule: the config's dtype on an accelerator, float32 on the CPU);
-    ``available``: the device's memory in bytes (default: what it has free now, plus the loaded
-    model's own weights — on a CPU, plus all the process holds now); ``views``: texts of this
-    length whose page views are kept;
+    ``available``: the device's memory in bytes for the run (default: what it has free now, plus
+    the loaded model's own weights — on a CPU, plus all the process holds now, since the total
+    counts the process: a given one for a loaded model's CPU plan is for the whole process, what it
+    holds already included); ``views``: texts of this length whose page views are kept;
     ``relations``: the relation keys the run may score (0: no parses; ``stats.syntax.relation_keys``:
     spaCy's parse of a Penn Treebank document of 1k-8k tokens has 76-86, a causal model scores up
     to 48-60 of them: ~43 MiB of tables for a 28 x 12-head model, ~128 MiB for 32 x 32). Nothing
@@ -283,7 +284,8 @@ def plan_devices(model: HFModel | Any, tokens: int, *, device_map: str | dict | 
     pass of its own layers, and on the map's main device (the first) the readers' sums and views,
     since the capture hands every chunk there (every chunk no larger than any device takes). ``available``: bytes per
     device (a dict keyed as ``max_memory``: 0, "cuda:1", …), one number for every device, or None
-    (what each has free now, for a loaded model). Nothing is allocated."""
+    (for a loaded model, as :func:`plan` measures it: what each has free now beside what the run
+    holds there already). Nothing is allocated."""
     loaded = model if isinstance(model, HFModel) else None
     config = loaded.model.config if loaded else _config(model)
     mapping = getattr(loaded.model, "hf_device_map", None) if loaded else None
