@@ -127,14 +127,7 @@ def check_memory(estimate: MemoryEstimate) -> None:
 
 def process_resident() -> int | None:
     """This process's resident memory now, in bytes (Linux's VmRSS; None elsewhere)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    return None
+    return _proc_bytes("/proc/self/status", "VmRSS")
 
 
 #: pages read from /proc/self/pagemap at a time (8 bytes a page)
@@ -182,12 +175,17 @@ def pages_in_memory(tensors: Iterable[Tensor]) -> int | None:
 
 
 def _meminfo_available() -> int | None:
+    return _proc_bytes("/proc/meminfo", "MemAvailable")
+
+
+def _proc_bytes(path: str, field: str) -> int | None:
+    """A ``field:  N kB`` line of a /proc file, in bytes (None: no such file or field)."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError, IndexError):
         return None
     return None
 
