@@ -210,7 +210,7 @@ def test_an_offloaded_modules_freed_weights_go_back_to_the_system_after_its_forw
     forward — once its hook has dropped the weights (every swapping module's are on meta when it
     runs), once per forward, hooked once however often the model is wrapped; a model in memory
     gets no hook."""
-    from multihead.hf import placement
+    from multihead.attn import heap
     from multihead.hf.placement import _offloading, give_back_swapped_weights
 
     swapping = [m for m in offloaded.model.modules() if _offloading(m)]
@@ -222,7 +222,7 @@ def test_an_offloaded_modules_freed_weights_go_back_to_the_system_after_its_forw
         assert all(p.device.type == "meta" for m in swapping for p in m.parameters())
         events.append("given back")
 
-    monkeypatch.setattr(placement, "give_back_freed", given_back)
+    monkeypatch.setattr(heap, "give_back_freed", given_back)
     started = [m.register_forward_pre_hook(lambda *_: events.append("forward")) for m in swapping]
     try:
         ids = offloaded.tokenizer("The cat sat on the mat.", return_tensors="pt")

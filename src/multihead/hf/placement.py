@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..attn.heap import give_back_freed
 from ..files import check_writable
 
 __all__ = ["DEVICE_MAPS", "DTYPES", "Placement", "PlacementError", "accelerate_device", "auto_dtype",
@@ -393,6 +392,9 @@ def _swapped_onto_cpu(module: Any) -> bool:
 
 
 def _give_back(module: Any, args: Any, output: Any) -> None:
+    # attn is torch's side of the package: this module answers the command line before torch loads
+    from ..attn.heap import give_back_freed
+
     if _offloading(module):  # after accelerate's own post-forward, which drops the swapped-in weights
         give_back_freed()
 
