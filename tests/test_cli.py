@@ -200,6 +200,35 @@ def test_progress_lines_of_a_quick_run_stay_held(monkeypatch, capsys):
         progress.set_enabled(False)
 
 
+def test_held_progress_lines_are_written_when_the_hold_passes_not_with_the_next_line(monkeypatch, capsys):
+    """A long pass says nothing between its first line and its last: the lines held back (the
+    memory plan, "analyze: 1 batches …") are written once HOLD has passed, without waiting for
+    the next line — a batch job's log shows them as the run goes; set_enabled drops a pending
+    release."""
+    import time
+
+    from multihead import progress
+
+    monkeypatch.setattr(progress, "HOLD", 0.3)
+    progress.set_enabled(True, terminal=False)
+    try:
+        progress.note("memory plan: 1.40 GiB")
+        progress.note("analyze: 1 batches …")
+        assert capsys.readouterr().err == ""
+        time.sleep(0.8)  # nothing else said
+        assert capsys.readouterr().err.splitlines() == ["multihead: memory plan: 1.40 GiB",
+                                                        "multihead: analyze: 1 batches …"]
+        progress.note("analyze: done")
+        assert capsys.readouterr().err.splitlines() == ["multihead: analyze: done"]  # nothing twice
+        progress.set_enabled(True, terminal=False)
+        progress.note("quick")
+        progress.set_enabled(False)  # the run ended within HOLD: its line stays held
+        time.sleep(0.6)
+        assert capsys.readouterr().err == ""
+    finally:
+        progress.set_enabled(False)
+
+
 @pytest.mark.slow
 def test_progress_goes_to_a_terminal_only_and_quiet_silences_it(tmp_path):
     done = subprocess.run([sys.executable, "-m", "multihead.cli", "analyze", "Heads look.", "--no-coreference",

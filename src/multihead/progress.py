@@ -4,12 +4,15 @@ one when it ends, and for counted work a line at most every :data:`EVERY` second
 left. Quiet unless asked for (the CLI asks unless ``--quiet`` is given), so libraries stay clean.
 
 Off a terminal the lines of a run's first :data:`HOLD` seconds are held back and written once it
-passes them: a command that fails at once on bad input says so in its one error line, and a
-quick command writes nothing but its output."""
+passes them — at that moment, not with the next line, which for a long pass may be many minutes
+away: a command that fails at once on bad input says so in its one error line, a quick command
+writes nothing but its output, and a log (a batch job's) shows a long run's plan and steps as
+they happen."""
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -24,28 +27,46 @@ T = TypeVar("T")
 #: Off a terminal: seconds between two lines of counted work, and seconds of a run held back.
 EVERY, HOLD = 30.0, 10.0
 
-_state: dict[str, Any] = {"on": False, "terminal": True, "since": 0.0, "held": []}
+_state: dict[str, Any] = {"on": False, "terminal": True, "since": 0.0, "held": [], "release": None}
+#: the held lines are written by the main thread or by the timer that releases them, never both at once
+_lock = threading.Lock()
 
 
 def set_enabled(on: bool, *, terminal: bool | None = None) -> None:
     """Show progress (True) or stay quiet (False) from now on, for every step and bar.
     ``terminal``: stderr is a terminal (bars) or not (lines, the first :data:`HOLD` seconds held
     back); default: ask stderr."""
-    _state["on"] = bool(on)
-    _state["terminal"] = sys.stderr.isatty() if terminal is None else bool(terminal)
-    _state["since"] = time.perf_counter()
-    _state["held"] = []
+    with _lock:
+        if _state["release"] is not None:
+            _state["release"].cancel()
+        _state.update(on=bool(on), terminal=sys.stderr.isatty() if terminal is None else bool(terminal),
+                      since=time.perf_counter(), held=[], release=None)
 
 
 def _say(line: str) -> None:
     """Write one progress line (held back during a run's first seconds off a terminal)."""
-    if not _state["terminal"] and time.perf_counter() - _state["since"] < HOLD:
-        _state["held"].append(line)
-        return
+    with _lock:
+        waited = time.perf_counter() - _state["since"]
+        if not _state["terminal"] and waited < HOLD:
+            _state["held"].append(line)
+            if _state["release"] is None:  # written when HOLD passes, whether or not another line comes
+                _state["release"] = threading.Timer(HOLD - waited, _release)
+                _state["release"].daemon = True  # a run that ends first exits with its lines held
+                _state["release"].start()
+            return
+        _write_held()
+        print(line, file=sys.stderr, flush=True)
+
+
+def _release() -> None:
+    with _lock:
+        _write_held()
+
+
+def _write_held() -> None:
     for earlier in _state["held"]:
-        print(earlier, file=sys.stderr)
+        print(earlier, file=sys.stderr, flush=True)
     _state["held"] = []
-    print(line, file=sys.stderr, flush=True)
 
 
 def _duration(seconds: float) -> str:
