@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import mmap
 from pathlib import Path
 
 import pytest
@@ -108,7 +109,10 @@ def test_the_pages_in_memory_are_those_present_in_the_process(tmp_path):
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     huge = thp.exists() and "[always]" in thp.read_text()
     slack = 2 * (2 * 2**20 if huge else os.sysconf("SC_PAGE_SIZE"))
-    made = torch.empty(64 * 2**20 // 4)  # 64 MiB: its own mapping, no page touched yet
+    # 64 MiB of fresh anonymous pages, none touched yet (torch.empty may be served from heap pages
+    # an earlier test touched and freed)
+    fresh = mmap.mmap(-1, 64 * 2**20)
+    made = torch.frombuffer(fresh, dtype=torch.float32)
     assert pages_in_memory([made]) <= slack
     made.fill_(1.0)
     assert abs(pages_in_memory([made]) - 64 * 2**20) <= slack
