@@ -220,15 +220,12 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     longest_ablated = max((len(ids) for ids in encode_corpus(model, ablated, truncate=True).ids), default=0) \
         if ablated else 0
     if ablated and longest_ablated > LONG_TEXT:
-        sections.ablation = S.Ablation(objective_name(model), float("nan"), 0, 0, [],
-                                       skipped=f"the ablated texts reach {longest_ablated} tokens; each of "
-                                               f"{model.num_layers * model.num_heads} heads removed alone would "
-                                               f"rerun them (ablation reads texts of at most {LONG_TEXT} tokens)",
-                                       unit=S.unit_of(objective_name(model)))
+        sections.ablation = _skipped_ablation(model, f"the ablated texts reach {longest_ablated} tokens; each of "
+                                                     f"{model.num_layers * model.num_heads} heads removed alone would "
+                                                     f"rerun them (ablation reads texts of at most {LONG_TEXT} tokens)")
         ablated = []
     if ablated and not objective_terms(model, ablated, batch_size):  # e.g. one-token texts of a causal LM
-        sections.ablation = S.Ablation(objective_name(model), float("nan"), 0, 0, [], skipped=no_terms_reason(model),
-                                       unit=S.unit_of(objective_name(model)))
+        sections.ablation = _skipped_ablation(model, no_terms_reason(model))
         ablated = []
     if ablated:
         effects = _ablation(model, ablated, heads, exact=exact_ablation, batch_size=batch_size, progress=progress)
@@ -271,6 +268,12 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
                   sentences=corpus.heads.sentences, tokens=corpus.heads.tokens, heads=heads, sections=sections,
                   stack=main_stack(find_sites(model.model)), placement=model.placement, views=shown,
                   head_views=typical_maps)
+
+
+def _skipped_ablation(model: HFModel, why: str) -> S.Ablation:
+    """The ablation section of a run that ablated no head, saying ``why``."""
+    objective = objective_name(model)
+    return S.Ablation(objective, float("nan"), 0, 0, [], skipped=why, unit=S.unit_of(objective))
 
 
 def _read_views(reader: InputViews | None, probe: str, progress: bool | None) -> list[TextView] | None:
