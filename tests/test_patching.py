@@ -128,6 +128,36 @@ def test_frozen_final_norm_reproduces_the_norm(norm):
     assert centred == isinstance(norm, nn.LayerNorm)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["layernorm", "llama", "gemma"])
+def test_frozen_final_norm_reads_a_half_precision_norm(kind, dtype):
+    """A model loaded in bfloat16 runs its final norm in bfloat16: the frozen map must match it within
+    the dtype's rounding (a float32 tolerance refused every such model), and still tell a LayerNorm
+    from an RMSNorm when the stream's mean is small enough to hide in that rounding."""
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    torch.manual_seed(2)
+    D = 576
+    norm = {"layernorm": lambda: nn.LayerNorm(D), "llama": lambda: LlamaRMSNorm(D, eps=1e-5),
+            "gemma": lambda: GemmaRMSNorm(D, eps=1e-6)}[kind]()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        if kind == "layernorm":
+            norm.bias.uniform_(-1, 1)
+    norm = norm.to(dtype)
+    x = torch.randn(D) * 4 + 0.02  # mean/scale 0.005: centring changes the output less than bf16 rounds
+    gain, centred, scale = frozen_norm(norm, x)
+    assert centred == (kind == "layernorm")
+    rounded = x.to(dtype).float()
+    v = rounded - rounded.mean() if centred else rounded
+    bias = norm.bias.detach().float() if kind == "layernorm" else 0
+    want = norm(rounded[None].to(dtype))[0].float().detach()
+    torch.testing.assert_close(gain * v / scale + bias, want, atol=0.05, rtol=0.02)
+    if kind == "gemma":
+        torch.testing.assert_close(gain, 1 + norm.weight.detach().float())
+
+
 def test_final_norm_of_smollm2_is_its_rmsnorm(smollm2):
     assert final_norm(smollm2) is smollm2.model.model.norm
 

@@ -179,6 +179,12 @@ def test_smollm2_in_bfloat16_keeps_its_outputs_and_its_metrics_near_float32(smol
     torch.testing.assert_close(captured, eager, atol=slack, rtol=0)
     own = max(float((sdpa - reference).abs().max()), float((eager - reference).abs().max()))
     assert float((captured - reference).abs().max()) <= own + slack
+    # direct logit attribution freezes the final norm as bfloat16 ran it (a float32 tolerance once
+    # refused every bfloat16 model: `multihead patch --dtype bfloat16` failed)
+    clean, answer, wrong = "When Mary and John went to the store, John gave a drink to", " Mary", " John"
+    low_direct = direct_logit_attribution(bf16, clean, answer, wrong)  # (L, H)
+    high_direct = direct_logit_attribution(smollm2, clean, answer, wrong)
+    assert float((low_direct - high_direct).abs().max()) < 0.05 * float(high_direct.abs().max())
     # the induction probe apart, on 8 of its 32 sequences: this CPU's bfloat16 linear layers run at a
     # tenth of float32's speed without bf16 units (the whole probe took 79 s here, the rest 7 s)
     low = mh.analyze(bf16, TEXTS, coreference=False, redundancy=False, induction=False, progress=False)

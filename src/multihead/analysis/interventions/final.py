@@ -30,14 +30,15 @@ def final_norm(model: HFModel) -> nn.Module:
 def frozen_norm(norm: nn.Module, x: Tensor) -> tuple[Tensor, bool, float]:
     """The final norm as a linear map at ``x`` (D,): (gain (D,), centred, scale) such that
     norm(v) ≈ gain ⊙ P(v) / scale + bias for the actual residual stream — checked against the
-    module's own output, so a norm of another form is refused rather than misread."""
-    x = x.float().cpu()
+    module's own output, within what its dtype rounds away, so a norm of another form is refused
+    rather than misread."""
     with weights_of(norm):  # an offloaded norm's weights are read here, not only run
         param = next(norm.parameters(), x)
         device, dtype = param.device, param.dtype
         weight, bias = getattr(norm, "weight", None), getattr(norm, "bias", None)
         weight = weight.detach().float().cpu() if isinstance(weight, Tensor) else None
         bias = bias.detach().float().cpu() if isinstance(bias, Tensor) else None
+    x = x.to(dtype).float().cpu()  # (D,) what the norm itself is given: in bfloat16 already rounded
     with torch.no_grad():  # run after the read: an offloading hook puts the weights away after each forward
         want = norm(x[None].to(device, dtype)).float()[0].cpu()  # (D,)
     D = x.shape[0]
@@ -45,14 +46,21 @@ def frozen_norm(norm: nn.Module, x: Tensor) -> tuple[Tensor, bool, float]:
     ones = torch.ones(D)
     gains = [ones] if weight is None else [weight, 1 + weight]  # Gemma: 1 + w
     shift = bias if bias is not None else torch.zeros(D)
-    tolerance = 1e-4 * (1 + float(want.abs().max()))
+    # A norm in bfloat16 rounds its output (and HF's RMSNorm its normalised input as well) to 8
+    # significant bits, so the check allows a few of the dtype's steps; float32 keeps 1e-4. The
+    # forms differ by O(1) (gain w or 1 + w) or by the stream's mean (centring), so the closest one
+    # is taken rather than the first within the tolerance, which in bfloat16 could be either.
+    step = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+    tolerance = max(1e-4, 4 * step) * (1 + float(want.abs().max()))
+    candidates = []
     for centred in (False, True):
         v = x - x.mean() if centred else x
         scale = float(torch.sqrt((v * v).mean() + eps))
-        for gain in gains:
-            if float((gain * v / scale + shift - want).abs().max()) <= tolerance:
-                return gain, centred, scale
-    if isinstance(norm, nn.Identity) or float((x - want).abs().max()) <= tolerance:
-        return ones, False, 1.0
+        candidates += [(gain, centred, scale, gain * v / scale + shift) for gain in gains]
+    candidates.append((ones, False, 1.0, x))  # no norm at all (last: a tie goes to the norm's own form)
+    gain, centred, scale, error = min(((g, c, s, float((y - want).abs().max())) for g, c, s, y in candidates),
+                                      key=lambda candidate: candidate[3])
+    if error <= tolerance:
+        return gain, centred, scale
     raise UnsupportedModelError(f"the final norm {type(norm).__name__} is neither a LayerNorm nor an RMSNorm as "
                                 "multihead knows them; its direct logit attribution cannot be read exactly")
