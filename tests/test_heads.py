@@ -222,6 +222,31 @@ def test_sentiment_task_importance_ablation_and_a_short_curve(minilm):
     assert minilm.model.config._attn_implementation != "multihead_capture"  # gates taken off
 
 
+def test_a_model_that_scores_nothing_is_not_pruned_against_nothing():
+    """A random-weight decoder scores 0 next-token accuracy: every step's share of the unpruned
+    metric is 0/0, and "prunable within 99%" would hold at any fraction (once printed as nan and
+    saved a pruned model). The curve stops after the baseline, in one line."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from multihead.heads.curve import PruningCurve, PruningStep
+    from multihead.hf.model import HFModel
+
+    config = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=64, vocab_size=64)
+    tiny = HFModel(transformers.AutoModelForCausalLM.from_config(config).eval(), None, "tiny", Path("."), True,
+                   2, 4, 8, 64)
+    calls = []
+    task = SimpleNamespace(name="lm", metric_name="next-token accuracy", model=tiny,
+                           evaluate=lambda: calls.append("evaluate") or 0.0,
+                           batches=lambda split: calls.append(split) or iter(()), loss=None)
+    with pytest.raises(ValueError, match=r"the unpruned tiny scores 0\.0000 next-token accuracy .* prune a trained"):
+        pruning_curve(task, steps=3)
+    assert calls == ["evaluate"]  # refused before any importance pass
+    curve = PruningCurve("lm", "next-token accuracy", "tiny", 8, 0.0, [PruningStep(1, 0.25, 2, 0.0, [(0, 0)])])
+    assert "nan" not in curve.table() and curve.table().endswith("| 0.0000 | – |")
+
+
 def test_cli_prune_rejects_bad_input_without_traceback(tmp_path, cli_rejects):
     cli_rejects("prune", [
         (["--task", "translation"], "invalid choice"),

@@ -62,7 +62,7 @@ class PruningCurve:
         lines = [f"| step | heads pruned | fraction | {self.metric_name} | vs unpruned |", "|---|---|---|---|---|",
                  f"| 0 | 0 | 0.00 | {self.baseline:.4f} | 1.000 |"]
         lines += [f"| {s.step} | {s.heads_pruned} | {s.fraction_pruned:.2f} | {s.metric:.4f} | "
-                  f"{s.metric / self.baseline if self.baseline else float('nan'):.3f} |" for s in self.steps]
+                  + (f"{s.metric / self.baseline:.3f} |" if self.baseline else "– |") for s in self.steps]
         return "\n".join(lines)
 
     def plot(self, path: str | Path) -> None:
@@ -102,6 +102,10 @@ def pruning_curve(task: Task, *, steps: int = 10, per_step: float = 0.1, reestim
         L, H = gates.num_layers, gates.num_heads
         mask = torch.ones(L, H)
         curve = PruningCurve(task.name, task.metric_name, task.model.name, L * H, task.evaluate())
+    if not curve.baseline > 0:  # every step is read as a share of it: of nothing, nothing is kept
+        raise ValueError(f"the unpruned {task.model.name} scores {curve.baseline:.4f} {task.metric_name} on the "
+                         f"{task.name} task's held-out texts, so no pruning fraction keeps a share of it (an "
+                         "untrained or random-weight model?); prune a trained model or choose another --task")
     ranking = None
     for step in range(1, steps + 1):
         remaining = int(mask.sum())
