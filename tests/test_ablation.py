@@ -67,6 +67,26 @@ def test_a_causal_models_objective_is_its_own_next_token_loss(smollm2):
     assert torch.isfinite(found.zero[18, 6]) and torch.isfinite(found.zero[0, 0])
 
 
+def test_estimated_effects_with_no_head_to_ablate_exactly_still_read_the_intact_objective(smollm2):
+    """analyze ablates exactly only the heads with tested labels; where none has one (a random-weight
+    model: every head 'broad'), the section once printed 'intact nan' and counted 0 tokens."""
+    from multihead.analysis.pipelines.analyze import _ablation
+    from multihead.analysis.report import HeadRecord
+
+    text = "The capital of France is Paris, and the capital of Italy is Rome."
+    heads = [HeadRecord(layer, h, "broad", [], {}) for layer in range(smollm2.num_layers)
+             for h in range(smollm2.num_heads)]
+    effects = _ablation(smollm2, [text], heads, exact=False, batch_size=16, progress=False)
+    ids = smollm2.tokenizer(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        want = float(smollm2.model(input_ids=ids, labels=ids).loss)
+    assert effects.method == "attribution" and effects.exact == []
+    assert effects.intact == pytest.approx(want, rel=1e-5) and effects.tokens == ids.shape[1] - 1
+    assert effects.section().intact == pytest.approx(want, abs=1e-5)
+    for change in effects.metrics().values():  # every head estimated
+        assert change.shape == (30, 9) and torch.isfinite(change).all()
+
+
 def test_single_token_texts_give_a_causal_lm_nothing_to_ablate_and_analyze_says_so(smollm2):
     """A causal LM's objective is its loss on the tokens after each text's first: one-token texts
     give it no term. ablation_effects refuses them in one line (it divided by zero), the count is

@@ -348,9 +348,9 @@ def _ablation(model: HFModel, texts: list[str], heads: list[HeadRecord], *, exac
         estimate = attribution_effects(model, texts, batch_size=batch_size)
     cells = sorted({(r.layer, r.head) for r in heads if r.flags or r.label.split(":")[0] in TESTED})
     start = time.perf_counter()
-    effects = ablation_effects(model, texts, heads=cells, batch_size=batch_size, progress=progress) if cells else \
-        AblationEffects(torch.full((L, H), math.nan, dtype=torch.float64), None, objective_name(model), math.nan,
-                        len(texts), 0)
+    # with no head to ablate exactly it is still the intact run: the objective the effects are read against
+    effects = ablation_effects(model, texts, heads=cells, modes=("zero", "mean") if cells else ("zero",),
+                               batch_size=batch_size, progress=progress)
     if cells:
         seconds = (time.perf_counter() - start) / len(cells) * L * H
         note(f"exact ablation of {len(cells)} heads (tested labels, input-independent patterns); of all {L * H} "
