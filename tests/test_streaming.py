@@ -481,6 +481,23 @@ def test_retrieval_counts_only_copy_steps_that_point_at_the_source():
     assert retrieval_from_argmax(top, source, copied).tolist() == [[3, 1], [0, 2]]
 
 
+def test_a_model_that_never_copies_the_needle_has_its_retrieval_called_unmeasured_not_none():
+    """A random-weight decoder never copies the needle: every head's score is 0 of 0 copy steps (NaN),
+    which the summary once printed as "retrieval heads: none"."""
+    from types import SimpleNamespace
+
+    from multihead.analysis.sections import LongContext, Retrieval
+    from multihead.render.text import _long_context
+
+    heads = [SimpleNamespace(layer=0, head=h, metrics={"sink_first": 0.1, "retrieval": float("nan")})
+             for h in range(2)]
+    for copied, want in ((0, "not measured, the model copied the needle on none of the probe's 60 steps"),
+                         (51, "retrieval heads (copy a needle from far back): none")):
+        report = SimpleNamespace(heads=heads, sections=SimpleNamespace(
+            long_context=LongContext(1334, 24 << 20), retrieval=Retrieval(4, 600, 0.1, 0, copied, 60)))
+        assert want in _long_context(report)
+
+
 @pytest.mark.slow
 def test_smollm2_has_retrieval_heads(smollm2):
     from multihead.analysis.probes.retrieval import retrieval_scores

@@ -255,7 +255,11 @@ def _long_context(report: Report) -> str:
     lines = [f"\nLong context ({section.longest_tokens} tokens, {how}):",
              f"  attention sinks (>= {SINK_HEAD:.0%} on the first token): {len(sinks)} of {len(report.heads)} heads; "
              f"most: {top('sink_first')}"]
-    if "retrieval" in report.heads[0].metrics:
+    probe = report.sections.retrieval
+    if probe is not None and not probe.copy_steps:  # every head's score is 0 of 0 copies: unmeasured, not "none"
+        lines.append(f"  retrieval heads (copy a needle from far back): not measured, the model copied the needle "
+                     f"on none of the probe's {probe.steps} steps")
+    elif "retrieval" in report.heads[0].metrics:
         lines.append(f"  retrieval heads (copy a needle from far back): {top('retrieval', floor=0.5)}")
     lines.append(f"  long-range heads (mass beyond 1,024 tokens, the first 4 aside): "
                  f"{top('long_1024_past_sinks', floor=0.05)}")
