@@ -76,8 +76,10 @@ def load_model(name: str, placement: Placement | None = None) -> HFModel:
 
 
 def slow_half_on_cpu(model: HFModel) -> str:
-    """The line saying that ``model`` runs in a half dtype on a CPU without units for it (its products
-    several times slower than float32: SmolLM2's forward 4-6x on an AVX2 CPU), or "" where it does not."""
+    """The line saying that ``model`` runs in a half dtype on a CPU without units for it, or "" where it
+    does not. Its products are formed in float32 there (:mod:`multihead.hf.halflinear`,
+    :func:`~multihead.attn.precision.half_matmul`), but its other steps run in the half dtype:
+    SmolLM2's pruning step on an AVX2 CPU 51 s against float32's 20 s."""
     import torch
 
     from .attn.precision import HALF, half_units
@@ -89,8 +91,9 @@ def slow_half_on_cpu(model: HFModel) -> str:
         return ""
     dtype = str(model.dtype).removeprefix("torch.")
     units = "AVX-512 BF16 or AMX" if dtype == "bfloat16" else "AVX-512 FP16 or AMX-FP16"
-    return (f"{dtype} on a CPU without {dtype} units ({units}): its products run several times slower than in "
-            f"float32 — --dtype float32 (auto's choice on a CPU) is faster here")
+    return (f"{dtype} on a CPU without {dtype} units ({units}): its products are formed in float32 and rounded, "
+            f"its other steps run slower than in float32 (a backward 2-3x) — --dtype float32 (auto's choice on a "
+            f"CPU) is faster here")
 
 
 def check_placement(placement: Placement | None) -> None:

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from ..attn.layer import MultiHeadAttention
 from ..files import StagedFiles
+from ..hf.halflinear import RaisedHalfLinear
 from ..hf.interventions import self_attention_sites
 from ..hf.model import ModelLike, as_module
 from ..hf.placement import is_offloaded
@@ -40,15 +41,17 @@ __all__ = ["PRUNED_FILE", "count_heads", "load_pruned", "prune_heads", "save_pru
 PRUNED_FILE = "pruned_heads.json"
 
 
-def _linear(*args: object, **kwargs: object) -> nn.Linear:
+def _linear(like: nn.Linear, *args: object, **kwargs: object) -> nn.Linear:
+    # a half model's raised linear layers stay raised (hf.halflinear); any other becomes a plain one
+    kind = RaisedHalfLinear if type(like) is RaisedHalfLinear else nn.Linear
     with warnings.catch_warnings():  # a layer with every head pruned has zero-size weights, by design
         warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
-        return nn.Linear(*args, **kwargs)
+        return kind(*args, **kwargs)
 
 
 def _take_rows(linear: nn.Linear, rows: Tensor) -> nn.Linear:
-    new = _linear(linear.in_features, len(rows), bias=linear.bias is not None,
-                    device=linear.weight.device, dtype=linear.weight.dtype)
+    new = _linear(linear, linear.in_features, len(rows), bias=linear.bias is not None,
+                  device=linear.weight.device, dtype=linear.weight.dtype)
     with torch.no_grad():
         new.weight.copy_(linear.weight[rows])
         if linear.bias is not None:
@@ -58,8 +61,8 @@ def _take_rows(linear: nn.Linear, rows: Tensor) -> nn.Linear:
 
 
 def _take_columns(linear: nn.Linear, cols: Tensor) -> nn.Linear:
-    new = _linear(len(cols), linear.out_features, bias=linear.bias is not None,
-                    device=linear.weight.device, dtype=linear.weight.dtype)
+    new = _linear(linear, len(cols), linear.out_features, bias=linear.bias is not None,
+                  device=linear.weight.device, dtype=linear.weight.dtype)
     with torch.no_grad():
         new.weight.copy_(linear.weight[:, cols])
         if linear.bias is not None:

@@ -12,6 +12,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from .halflinear import raise_half_linears
 from .model import HFModel
 from .paths import KNOWN_MODELS, model_path
 from .placement import Placement, PlacementError, give_back_swapped_weights, resolve
@@ -113,6 +114,7 @@ def _wrapped(model: Any, tokenizer: Any, sites: list, stack: str, *, name: str, 
              processor: Any) -> HFModel:
     layers = [s for s in sites if s.stack == stack]
     give_back_swapped_weights(model)
+    raise_half_linears(model)  # half precision on a CPU without its units: float32 products, rounded once
     return HFModel(
         model=model,
         tokenizer=tokenizer,

@@ -1,0 +1,151 @@
+"""A half-precision model's linear layers on a CPU without half units: products formed in float32
+and rounded once (attn.precision.raised_linear, hf.halflinear) — what a float32-accumulating half
+GEMM gives, without PyTorch's scalar half loop (issue 27: any dtype, any device)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import multihead as mh
+from multihead.attn import precision
+from multihead.hf import halflinear
+from multihead.hf.halflinear import RaisedHalfLinear, raise_half_linears
+
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of a few rows, so every loop of the raised product and its backward runs many times
+    and ends on a partial block."""
+    monkeypatch.setattr(precision, "RAISED_BYTES", 5 * 4 * 24)  # x: 64 rows at least (RAISED_ROWS), then 7
+    monkeypatch.setattr(precision, "RAISED_ROWS", 7)
+    monkeypatch.setattr(precision, "RAISED_WEIGHT_BYTES", 3 * 4 * 24)  # 3 weight rows of K = 24
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_raised_product_is_the_float32_product_rounded_once(dtype, bias, small_blocks):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 45, 24, generator=g).to(dtype)  # (B, T, K): 90 rows, blocks of 7 and a partial one
+    w = (torch.randn(17, 24, generator=g) / 5).to(dtype)  # (N, K): blocks of 3 rows and a partial one
+    b = torch.randn(17, generator=g).to(dtype) if bias else None
+    got = precision.raised_linear(x, w, b)  # (2, 45, 17)
+    assert got.dtype == dtype and got.shape == (2, 45, 17)
+    wide = F.linear(x.float(), w.float(), None if b is None else b.float())
+    # one rounding of the float32 sum: a block's summation order may flip a rounding by one unit
+    torch.testing.assert_close(got, wide.to(dtype), atol=1e-6, rtol=torch.finfo(dtype).eps)
+    exact = F.linear(x.double(), w.double(), None if b is None else b.double())
+    ulp = torch.finfo(dtype).eps * float(exact.abs().max())
+    own = F.linear(x, w, b)  # PyTorch's own half product, as the model computes without us
+    assert float((got.double() - own.double()).abs().max()) <= ulp
+    assert float((got.double() - exact).abs().max()) <= float((own.double() - exact).abs().max()) + ulp / 2
+
+
+@pytest.mark.parametrize("needs", [(True, True, True), (True, False, False), (False, True, True)])
+def test_the_raised_products_backward_passes_gradcheck_in_float64(needs, small_blocks):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 30, 24, dtype=torch.float64, generator=g).requires_grad_(needs[0])  # (B, T, K)
+    w = torch.randn(11, 24, dtype=torch.float64, generator=g).requires_grad_(needs[1])  # (N, K)
+    b = torch.randn(11, dtype=torch.float64, generator=g).requires_grad_(needs[2])  # (N,)
+    assert torch.autograd.gradcheck(precision.raised_linear, (x, w, b))
+    torch.testing.assert_close(precision.raised_linear(x, w, b), F.linear(x, w, b), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_raised_backward_in_half_precision_is_float32s_rounded(dtype, small_blocks):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(90, 24, generator=g).to(dtype)
+    w = (torch.randn(17, 24, generator=g) / 5).to(dtype)
+    b = torch.randn(17, generator=g).to(dtype)
+    up = torch.randn(90, 17, generator=g).to(dtype)  # the gradient arriving from above
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    precision.raised_linear(*leaves).backward(up)
+    wide = [t.float().requires_grad_() for t in (x, w, b)]
+    F.linear(*wide).backward(up.float())
+    for ours, theirs in zip(leaves, wide, strict=True):
+        assert ours.grad.dtype == dtype
+        ulp = torch.finfo(dtype).eps * float(theirs.grad.abs().max())
+        assert float((ours.grad.float() - theirs.grad).abs().max()) <= ulp  # the float32 sum, rounded
+
+
+def _tiny_llama(dtype):
+    config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=128, vocab_size=300)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
+
+
+def test_a_half_model_on_a_cpu_without_units_gets_raised_linears_that_give_its_outputs(monkeypatch):
+    monkeypatch.setattr(precision, "half_units", lambda dtype: False)  # an AVX2 CPU, whatever runs this
+    monkeypatch.setattr(halflinear, "half_units", lambda dtype: False)
+    model = _tiny_llama(torch.bfloat16)
+    ids = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        own = model(input_ids=ids).logits  # (B, T, V): PyTorch's half products
+    keys = list(model.state_dict())
+    linears = [m for m in model.modules() if type(m) is nn.Linear]
+    assert raise_half_linears(model) == len(linears) == 2 * 7 + 1  # q k v o gate up down per layer, the LM head
+    assert all(type(m) is RaisedHalfLinear for m in linears) and list(model.state_dict()) == keys
+    assert raise_half_linears(model) == 0  # once
+    calls = []
+    monkeypatch.setattr(halflinear, "raised_linear", lambda *a: calls.append(1) or precision.raised_linear(*a))
+    with torch.no_grad():
+        raised = model(input_ids=ids).logits
+    assert len(calls) == len(linears)
+    ulps = 4 * torch.finfo(torch.bfloat16).eps * float(own.abs().max())  # summation order, through two layers
+    assert float((raised.float() - own.float()).abs().max()) <= ulps
+    # float32, or a CPU with the units: nothing changes
+    assert raise_half_linears(_tiny_llama(torch.float32)) == 0
+    monkeypatch.setattr(halflinear, "half_units", lambda dtype: True)
+    assert raise_half_linears(_tiny_llama(torch.bfloat16)) == 0
+
+
+def test_load_raises_a_half_models_linears_only_where_the_cpu_lacks_the_units(tmp_path):
+    loaded = mh.hf.load("smollm2", dtype="bfloat16")
+    raised = [m for m in loaded.model.modules() if type(m) is RaisedHalfLinear]
+    plain = [m for m in loaded.model.modules() if type(m) is nn.Linear]
+    if precision.half_units(torch.bfloat16):
+        assert not raised and plain
+    else:
+        assert len(raised) == 30 * 7 + 1 and not plain  # SmolLM2's LM head is tied: one module
+    full = mh.hf.load("smollm2")
+    assert not any(type(m) is RaisedHalfLinear for m in full.model.modules())
+
+
+def test_pruning_a_raised_model_keeps_its_linears_raised(monkeypatch):
+    from multihead.heads import prune_heads
+
+    monkeypatch.setattr(precision, "half_units", lambda dtype: False)
+    monkeypatch.setattr(halflinear, "half_units", lambda dtype: False)
+    model = _tiny_llama(torch.bfloat16)
+    raise_half_linears(model)
+    prune_heads(model, {0: [1, 3]})
+    attention = model.model.layers[0].self_attn
+    assert attention.q_proj.out_features == 2 * 16
+    assert all(type(m) is RaisedHalfLinear for m in (attention.q_proj, attention.k_proj, attention.v_proj,
+                                                     attention.o_proj))
+
+
+def test_an_offloaded_half_model_runs_its_raised_linears_through_accelerates_hooks(tmp_path, monkeypatch):
+    """accelerate's hook calls the forward it saved at dispatch (``_old_forward``): that one is raised
+    too, and the offloaded model gives the in-memory model's logits exactly."""
+    pytest.importorskip("accelerate")
+    monkeypatch.setattr(precision, "half_units", lambda dtype: False)
+    monkeypatch.setattr(halflinear, "half_units", lambda dtype: False)
+    calls = []
+    monkeypatch.setattr(halflinear, "raised_linear", lambda *a: calls.append(1) or precision.raised_linear(*a))
+    offloaded = mh.hf.load("smollm2", dtype="bfloat16", device_map="auto", max_memory="cpu=200MiB",
+                           offload_folder=tmp_path)
+    in_memory = mh.hf.load("smollm2", dtype="bfloat16")
+    assert "disk" in set(offloaded.model.hf_device_map.values())
+    ids = in_memory.tokenizer("The capital of France is Paris, and the capital of Italy is",
+                              return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        got = offloaded.model(input_ids=ids).logits
+        assert len(calls) == 30 * 7 + 1
+        want = in_memory.model(input_ids=ids).logits
+    assert len(calls) == 2 * (30 * 7 + 1) and torch.equal(got, want)
