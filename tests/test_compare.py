@@ -124,3 +124,9 @@ def test_compare_reads_report_folders_and_keeps_the_evidence_sections(reports, t
     assert again.sections.corpus.texts == len(TEXTS)
     result = compare(tmp_path / "a", tmp_path / "b")
     assert [cb for _, cb in result.died()] == [(5, 3)]
+    from multihead.render.text import comparison_text
+
+    assert "float32 on cpu" not in comparison_text(result)  # both ran alike: not said
+    result.b = dataclasses.replace(result.b, placement="bfloat16 on cpu")  # a half-precision run against it
+    head = comparison_text(result).splitlines()[:2]
+    assert head[0].endswith("12, float32 on cpu)") and head[1].endswith("12, bfloat16 on cpu)"), head

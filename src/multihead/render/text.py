@@ -311,8 +311,14 @@ def patching_table(result: Patching) -> str:
 
 def comparison_text(c: Comparison, deltas: int = 10) -> str:
     """What ``multihead compare`` prints."""
-    lines = [f"A: {c.a_name} ({c.a.model}, {c.a.num_layers} x {c.a.num_heads})",
-             f"B: {c.b_name} ({c.b.model}, {c.b.num_layers} x {c.b.num_heads})",
+    # where each ran, when the two differ: a bfloat16 run against a float32 one reads its changes as rounding
+    ran = {r.placement for r in (c.a, c.b)}
+
+    def where(r) -> str:
+        return f", {r.placement}" if len(ran) > 1 and r.placement else ""
+
+    lines = [f"A: {c.a_name} ({c.a.model}, {c.a.num_layers} x {c.a.num_heads}{where(c.a)})",
+             f"B: {c.b_name} ({c.b.model}, {c.b.num_layers} x {c.b.num_heads}{where(c.b)})",
              f"heads matched by {c.matching}: {len(c.pairs)} pairs"
              + (f"; unmatched: {len(c.unmatched_a)} of A, {len(c.unmatched_b)} of B"
                 if c.unmatched_a or c.unmatched_b else "")]
