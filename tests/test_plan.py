@@ -193,6 +193,16 @@ def test_the_plan_is_within_20_percent_of_the_tensors_the_analysis_holds(smollm2
     assert abs(found.tensors / live.peak - 1) <= 0.2, (found, live.peak)
 
 
+def test_a_plan_for_more_tokens_than_the_model_reads_is_refused_in_one_line():
+    """Llama-3-8B reads 8,192 positions: analyze would refuse (or --truncate) a 32k-token text, so a
+    plan for it would answer a run that cannot happen."""
+    config = LlamaConfig(**{**LLAMA_3_8B, "max_position_embeddings": 8192})
+    assert mh.analysis.plan(config, 8192, dtype="bfloat16", device="cuda", available=24 * 10**9).fits
+    with pytest.raises(ValueError, match=r"^32,768 tokens is more than the 8,192 positions the model reads; plan "
+                                         r"for at most 8,192 tokens"):
+        mh.analysis.plan(config, 32768, dtype="bfloat16", device="cuda", available=80 * 10**9)
+
+
 def test_on_a_glibc_cpu_the_plan_adds_the_heaps_holes_and_elsewhere_counts_tensors(monkeypatch):
     config = LlamaConfig(**{**LLAMA_3_8B, "hidden_size": 1024, "intermediate_size": 3584, "num_attention_heads": 8,
                             "num_key_value_heads": 2, "vocab_size": 32000})

@@ -19,7 +19,7 @@ from .placement import Placement, PlacementError, give_back_swapped_weights, res
 from .sites import find_sites, main_stack
 from .version import require_transformers
 
-__all__ = ["empty_model", "load", "model_class", "wrap"]
+__all__ = ["empty_model", "load", "max_positions", "model_class", "wrap"]
 
 
 def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: str = "auto",
@@ -125,7 +125,7 @@ def _wrapped(model: Any, tokenizer: Any, sites: list, stack: str, *, name: str, 
         num_layers=sum(len(s.layers) for s in layers),
         num_heads=max(s.num_heads for s in layers),
         num_kv_heads=max(s.num_kv_heads for s in layers),
-        max_positions=_max_positions(model.config),
+        max_positions=max_positions(model.config),
         processor=processor,
     )
 
@@ -277,7 +277,8 @@ def _names_one_of(config: Any, mapping: Any) -> bool:
     return any(a in names for a in config.architectures or ())
 
 
-def _max_positions(config: Any) -> int | None:
+def max_positions(config: Any) -> int | None:
+    """The most tokens a model of ``config`` reads (its position table or context length), or None."""
     for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:

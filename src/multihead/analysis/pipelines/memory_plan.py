@@ -32,7 +32,8 @@ kind the config names (full and sliding attention) and holds for any depth.
 
     >>> from transformers import LlamaConfig
     >>> p = plan(LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-    ...          num_attention_heads=32, num_key_value_heads=8, vocab_size=128256), 32768,
+    ...          num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+    ...          max_position_embeddings=131072), 32768,
     ...          dtype="bfloat16", device="cuda", available=80 * 10**9)      # doctest: +SKIP
     >>> print(p)                                                                 # doctest: +SKIP
 """
@@ -50,7 +51,7 @@ import torch
 from ...attn.heap import HeapRules, heap_rules, replay
 from ...attn.memory import LiveBytes, available_memory, pages_in_memory, process_resident
 from ...hf.capture import AttentionCapture
-from ...hf.load import empty_model
+from ...hf.load import empty_model, max_positions
 from ...hf.model import HFModel, takes
 from ...hf.paths import model_path
 from ...hf.placement import (
@@ -202,6 +203,10 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
         raise ValueError(f"relations must be a count of relation keys (0 or more); got {relations!r}")
     loaded = model if isinstance(model, HFModel) else None
     config = loaded.model.config if loaded else _config(model)
+    limit = loaded.max_positions if loaded else max_positions(config)
+    if limit and tokens > limit:  # analyze refuses such a text (or cuts it, --truncate): no run to plan
+        raise ValueError(f"{tokens:,} tokens is more than the {limit:,} positions the model reads; plan for at "
+                         f"most {limit:,} tokens (what analyze --truncate keeps), or for a config with more positions")
     device = torch.device(device if device is not None else (loaded.device if loaded else "cpu"))
     if dtype is None:
         dtype = loaded.dtype if loaded else auto_dtype(config, accelerated=device.type != "cpu")
