@@ -130,3 +130,7 @@ def test_compare_reads_report_folders_and_keeps_the_evidence_sections(reports, t
     result.b = dataclasses.replace(result.b, placement="bfloat16 on cpu")  # a half-precision run against it
     head = comparison_text(result).splitlines()[:2]
     assert head[0].endswith("12, float32 on cpu)") and head[1].endswith("12, bfloat16 on cpu)"), head
+    from multihead.render.compare import compare_page
+
+    assert "(6 × 12, float32 on cpu), B: " in compare_page(result) and "(6 × 12, bfloat16 on cpu);" in \
+        compare_page(result)

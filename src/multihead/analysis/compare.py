@@ -90,6 +90,13 @@ class Comparison:
                         metrics[f"{name}_share"] = metrics[name] / largest if largest > 0 else math.nan
         return out
 
+    def placements(self) -> tuple[str, str]:
+        """Where A's and B's models ran (``Report.placement``, e.g. ``bfloat16 on cpu``) when the two
+        differ — a bfloat16 run against a float32 one reads its metric changes as rounding — else ("", "")."""
+        if self.a.placement == self.b.placement:
+            return "", ""
+        return self.a.placement, self.b.placement
+
     def label_changes(self) -> list[tuple[Cell, Cell, str, str]]:
         """(head of A, head of B, label in A, label in B) for every pair whose label differs."""
         out = []

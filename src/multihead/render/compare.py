@@ -30,9 +30,10 @@ def compare_page(comparison: Comparison) -> str:
     died = {ca for ca, _ in c.died()}
     appeared = {ca for ca, _ in c.appeared()}
     partner = {ca: cb for ca, cb, _ in c.pairs}
+    ran_a, ran_b = (f", {escape(p)}" if p else "" for p in c.placements())
     parts = [f"<h1>Compare: {escape(c.a_name)} → {escape(c.b_name)}</h1>",
-             f"<p>A: {escape(c.a.model)} ({c.a.num_layers} × {c.a.num_heads}), B: {escape(c.b.model)} "
-             f"({c.b.num_layers} × {c.b.num_heads}); heads matched by {escape(c.matching)}.</p>"]
+             f"<p>A: {escape(c.a.model)} ({c.a.num_layers} × {c.a.num_heads}{ran_a}), B: {escape(c.b.model)} "
+             f"({c.b.num_layers} × {c.b.num_heads}{ran_b}); heads matched by {escape(c.matching)}.</p>"]
     parts += [f'<p class="warning">Warning: {escape(w)}</p>' for w in c.warnings]
     parts.append('<p class="legend"><span>label kept</span><span class="changed">label changed</span>'
                  '<span class="died">died (removing it changes nothing in B)</span>'

@@ -311,14 +311,9 @@ def patching_table(result: Patching) -> str:
 
 def comparison_text(c: Comparison, deltas: int = 10) -> str:
     """What ``multihead compare`` prints."""
-    # where each ran, when the two differ: a bfloat16 run against a float32 one reads its changes as rounding
-    ran = {r.placement for r in (c.a, c.b)}
-
-    def where(r) -> str:
-        return f", {r.placement}" if len(ran) > 1 and r.placement else ""
-
-    lines = [f"A: {c.a_name} ({c.a.model}, {c.a.num_layers} x {c.a.num_heads}{where(c.a)})",
-             f"B: {c.b_name} ({c.b.model}, {c.b.num_layers} x {c.b.num_heads}{where(c.b)})",
+    ran_a, ran_b = (f", {p}" if p else "" for p in c.placements())
+    lines = [f"A: {c.a_name} ({c.a.model}, {c.a.num_layers} x {c.a.num_heads}{ran_a})",
+             f"B: {c.b_name} ({c.b.model}, {c.b.num_layers} x {c.b.num_heads}{ran_b})",
              f"heads matched by {c.matching}: {len(c.pairs)} pairs"
              + (f"; unmatched: {len(c.unmatched_a)} of A, {len(c.unmatched_b)} of B"
                 if c.unmatched_a or c.unmatched_b else "")]
