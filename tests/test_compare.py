@@ -132,5 +132,6 @@ def test_compare_reads_report_folders_and_keeps_the_evidence_sections(reports, t
     assert head[0].endswith("12, float32 on cpu)") and head[1].endswith("12, bfloat16 on cpu)"), head
     from multihead.render.compare import compare_page
 
-    assert "(6 × 12, float32 on cpu), B: " in compare_page(result) and "(6 × 12, bfloat16 on cpu);" in \
-        compare_page(result)
+    page = compare_page(result)
+    assert "(6 × 12, float32 on cpu), B: " in page and "(6 × 12, bfloat16 on cpu);" in page
+    assert "Labels changed (0 of 72)</h2><p>None: every matched head keeps its label." in page  # not an empty table

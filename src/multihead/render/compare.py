@@ -57,11 +57,14 @@ def compare_page(comparison: Comparison) -> str:
         parts.append("".join(row) + "</tr>")
     parts.append("</table>")
     changes = c.label_changes()
-    parts.append(f"<h2>Labels changed ({len(changes)} of {len(c.pairs)})</h2><table><tr><th>A</th><th>B</th>"
-                 "<th>label in A</th><th>label in B</th></tr>")
-    parts += [f"<tr><td>{_cell(ca)}</td><td>{_cell(cb)}</td><td>{escape(la)}</td><td>{escape(lb)}</td></tr>"
-              for ca, cb, la, lb in changes]
-    parts.append("</table>")
+    parts.append(f"<h2>Labels changed ({len(changes)} of {len(c.pairs)})</h2>")
+    if changes:
+        parts.append("<table><tr><th>A</th><th>B</th><th>label in A</th><th>label in B</th></tr>")
+        parts += [f"<tr><td>{_cell(ca)}</td><td>{_cell(cb)}</td><td>{escape(la)}</td><td>{escape(lb)}</td></tr>"
+                  for ca, cb, la, lb in changes]
+        parts.append("</table>")
+    else:
+        parts.append("<p>None: every matched head keeps its label.</p>")
     parts.append("<h2>Heads that died or appeared</h2>")
     if not c.died() and not c.appeared():
         parts.append("<p>None" + ("" if "zero_ablation" in (c.a.heads[0].metrics if c.a.heads else {}) else
