@@ -147,11 +147,11 @@ def raised_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     each product formed on operands raised to float32 (or kept, from float32 up) and rounded once.
 
     For half precision on a CPU without units for it (:func:`slow_half_product`), where PyTorch's
-    half GEMM is a scalar loop: on an AVX2 AMD EPYC SmolLM2's bfloat16 forward over 1,024 tokens
-    took 19.2 s against float32's 2.9 s, and its backward to the input 198 s (the product
-    ``grad @ W`` of the LM head 230x float32's). A product of two half numbers is exact in float32,
-    so this is what a float32-accumulating half GEMM gives, within its summation order (and bias,
-    as addmm adds it, before the one rounding); forward 3.2 s, forward and backward 15 s there.
+    half GEMM is a scalar loop in some layouts: on an AVX2 AMD EPYC the product ``grad @ W`` of
+    SmolLM2's LM head over 432 rows took 50 s in bfloat16 against float32's 0.22 s, and one step of
+    ``multihead prune --dtype bfloat16`` 342 s (51 s raised; float32 20 s). A product of two half
+    numbers is exact in float32, so this is what a float32-accumulating half GEMM gives, within its
+    summation order (and bias, as addmm adds it, before the one rounding).
     The weight is raised :data:`RAISED_WEIGHT_BYTES` of rows at a time and x :data:`RAISED_BYTES`
     of rows at a time, so no float32 copy of a whole weight or activation is held; the backward
     keeps the half tensors (not raised copies) and raises them again, block by block."""
@@ -160,11 +160,6 @@ def raised_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
-
-
-def _blocks(rows: int, row_bytes: int, budget: int) -> range:
-    step = max(budget // max(row_bytes, 1), 1)
-    return range(0, rows, step)
 
 
 class _RaisedLinear(torch.autograd.Function):
