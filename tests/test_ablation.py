@@ -3,6 +3,7 @@ per-example gates, against physical pruning, one head per pass, and heads that w
 
 import copy
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -70,7 +71,7 @@ def test_a_causal_models_objective_is_its_own_next_token_loss(smollm2):
 def test_estimated_effects_with_no_head_to_ablate_exactly_still_read_the_intact_objective(smollm2):
     """analyze ablates exactly only the heads with tested labels; where none has one (a random-weight
     model: every head 'broad'), the section once printed 'intact nan' and counted 0 tokens."""
-    from multihead.analysis.pipelines.analyze import _ablation
+    from multihead.analysis.pipelines.analyze import _ablation, _add_effects
     from multihead.analysis.report import HeadRecord
 
     text = "The capital of France is Paris, and the capital of Italy is Rome."
@@ -85,6 +86,10 @@ def test_estimated_effects_with_no_head_to_ablate_exactly_still_read_the_intact_
     assert effects.section().intact == pytest.approx(want, abs=1e-5)
     for change in effects.metrics().values():  # every head estimated
         assert change.shape == (30, 9) and torch.isfinite(change).all()
+    for low, high in effects.intervals().values():  # no head ablated one by one: no interval, not an error
+        assert torch.isnan(low).all() and torch.isnan(high).all()
+    _add_effects(heads, effects)
+    assert all(not r.intervals and math.isfinite(r.metrics["zero_ablation"]) for r in heads)
 
 
 def test_single_token_texts_give_a_causal_lm_nothing_to_ablate_and_analyze_says_so(smollm2):

@@ -47,6 +47,9 @@ def intervals(sums: Tensor, counts: Tensor, *, level: float = LEVEL, resamples: 
     """Percentile bootstrap interval (low, high), each shaped ``sums.shape[1:]``, of the ratio of
     group sums over the groups that hold any count (NaN where nothing was counted)."""
     used = used_groups(counts)
+    if not bool(used.any()):  # nothing counted anywhere (no head measured): no resample to draw
+        nothing = torch.full(sums.shape[1:], float("nan"), dtype=torch.float64)
+        return nothing, nothing.clone()
     weights = resample_weights(int(used.sum()), resamples=resamples, seed=seed)
     values = resampled(sums[used], counts[used], weights)  # (R, ...)
     alpha = (1 - level) / 2
