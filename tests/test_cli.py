@@ -271,3 +271,11 @@ def test_truncate_on_one_huge_line_parses_only_what_is_analysed(tmp_path, capsys
     relations = report["sections"]["syntax"]["relations"]
     dependents = sum(d["count"] for rel, d in relations.items() if not rel.endswith(">"))
     assert 0.5 * words_kept < dependents <= words_kept  # the analysed part was parsed, and only it
+
+
+def test_view_says_what_it_wrote_in_one_line(tmp_path, capsys):
+    for texts, said in ((["The cat sat."], "1 text, minilm, 6 x 12 heads"),
+                        (["The cat sat.", "A dog ran."], "2 texts, minilm, 6 x 12 heads")):
+        page = tmp_path / f"{len(texts)}.html"
+        code, out, err = run_cli(["view", *texts, "--out", str(page)], capsys)
+        assert code == 0 and out.startswith(f"wrote {page} (") and out.rstrip().endswith(said), (out, err)
