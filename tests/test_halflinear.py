@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers", reason="the hf extra is not i
 def small_blocks(monkeypatch):
     """Blocks of a few rows, so every loop of the raised product and its backward runs many times
     and ends on a partial block."""
-    monkeypatch.setattr(precision, "RAISED_BYTES", 5 * 4 * 24)  # x: 64 rows at least (RAISED_ROWS), then 7
+    monkeypatch.setattr(precision, "RAISED_BYTES", 5 * 4 * 24)  # 5 rows of K = 24, but at least RAISED_ROWS
     monkeypatch.setattr(precision, "RAISED_ROWS", 7)
     monkeypatch.setattr(precision, "RAISED_WEIGHT_BYTES", 3 * 4 * 24)  # 3 weight rows of K = 24
 
@@ -149,3 +149,32 @@ def test_an_offloaded_half_model_runs_its_raised_linears_through_accelerates_hoo
         assert len(calls) == 30 * 7 + 1
         want = in_memory.model(input_ids=ids).logits
     assert len(calls) == 2 * (30 * 7 + 1) and torch.equal(got, want)
+
+
+def test_raised_layers_with_nothing_to_multiply_and_in_place_use_behave_as_nn_linear(monkeypatch):
+    """A layer with every head pruned has no inputs (W^O) or no outputs (W^Q); an empty batch has no
+    rows; the output may be changed in place under autograd (not a view of the Function's); a
+    forward-mode tangent takes nn.Linear's own product."""
+    monkeypatch.setattr(precision, "half_units", lambda dtype: False)
+    for in_features, out_features, rows in ((0, 6, 5), (6, 0, 5), (6, 4, 0)):
+        layer = nn.Linear(in_features, out_features).to(torch.bfloat16)
+        layer.__class__ = RaisedHalfLinear
+        x = torch.randn(2, rows, in_features).to(torch.bfloat16).requires_grad_()
+        out = layer(x)
+        assert out.shape == (2, rows, out_features) and out.dtype == torch.bfloat16
+        out.float().sum().backward()
+        assert x.grad.shape == x.shape
+    layer = nn.Linear(24, 8).to(torch.bfloat16)
+    layer.__class__ = RaisedHalfLinear
+    x = torch.randn(3, 24, 5).to(torch.bfloat16).transpose(1, 2).requires_grad_()  # (3, 5, 24), not contiguous
+    out = layer(x)
+    out.mul_(2)  # as a model may do to an nn.Linear's output
+    out.float().sum().backward()
+    torch.testing.assert_close(x.grad.float(), (2 * layer.weight.float().sum(0)).expand(3, 5, 24),
+                               atol=0.05, rtol=0.01)
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x.detach(), torch.ones_like(x))
+        tangent = fwAD.unpack_dual(layer(dual)).tangent  # refused by a Function without a jvp
+    torch.testing.assert_close(tangent.float(), layer.weight.float().sum(1).expand(3, 5, 8), atol=0.05, rtol=0.01)

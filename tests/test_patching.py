@@ -146,16 +146,18 @@ def test_frozen_final_norm_reads_a_half_precision_norm(kind, dtype):
         if kind == "layernorm":
             norm.bias.uniform_(-1, 1)
     norm = norm.to(dtype)
-    x = torch.randn(D) * 4 + 0.02  # mean/scale 0.005: centring changes the output less than bf16 rounds
-    gain, centred, scale = frozen_norm(norm, x)
-    assert centred == (kind == "layernorm")
-    rounded = x.to(dtype).float()
-    v = rounded - rounded.mean() if centred else rounded
-    bias = norm.bias.detach().float() if kind == "layernorm" else 0
-    want = norm(rounded[None].to(dtype))[0].float().detach()
-    torch.testing.assert_close(gain * v / scale + bias, want, atol=0.05, rtol=0.02)
-    if kind == "gemma":
-        torch.testing.assert_close(gain, 1 + norm.weight.detach().float())
+    for seed in range(5):
+        noise = torch.randn(D, generator=torch.Generator().manual_seed(seed)) * 4
+        x = noise - noise.mean() + 0.02  # mean/scale 0.005: centring moves the output less than bf16 rounds
+        gain, centred, scale = frozen_norm(norm, x)
+        assert centred == (kind == "layernorm"), seed
+        rounded = x.to(dtype).float()
+        v = rounded - rounded.mean() if centred else rounded
+        bias = norm.bias.detach().float() if kind == "layernorm" else 0
+        want = norm(rounded[None].to(dtype))[0].float().detach()
+        torch.testing.assert_close(gain * v / scale + bias, want, atol=0.05, rtol=0.02)
+        if kind == "gemma":
+            torch.testing.assert_close(gain, 1 + norm.weight.detach().float())
 
 
 def test_final_norm_of_smollm2_is_its_rmsnorm(smollm2):

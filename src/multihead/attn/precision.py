@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from . import gemm
@@ -152,14 +153,24 @@ def raised_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     ``multihead prune --dtype bfloat16`` 342 s (51 s raised; float32 20 s). A product of two half
     numbers is exact in float32, so this is what a float32-accumulating half GEMM gives, within its
     summation order (and bias, as addmm adds it, before the one rounding).
-    The weight is raised :data:`RAISED_WEIGHT_BYTES` of rows at a time and x :data:`RAISED_BYTES`
-    of rows at a time, so no float32 copy of a whole weight or activation is held; the backward
-    keeps the half tensors (not raised copies) and raises them again, block by block."""
+    The weight is raised :data:`RAISED_WEIGHT_BYTES` of rows at a time, each block once, and x and
+    each block's product :data:`RAISED_BYTES` at a time, so no float32 copy of a whole weight is
+    held; the backward keeps the half tensors (not raised copies) and raises them again block by
+    block, summing the input's gradient in one float32 (rows, K) buffer. A layer with no inputs or
+    no outputs (every head of it pruned) is ``F.linear``'s."""
+    if x.numel() == 0 or 0 in weight.shape:
+        return F.linear(x, weight, bias)
     return _RaisedLinear.apply(x, weight, bias)
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
+
+
+def _rows(*widths: int) -> int:
+    """How many rows of the given widths go into one raised block: each block of float32 rows at most
+    :data:`RAISED_BYTES`, and never fewer than :data:`RAISED_ROWS` rows."""
+    return max(min(RAISED_BYTES // (4 * w) for w in widths), RAISED_ROWS)
 
 
 class _RaisedLinear(torch.autograd.Function):
@@ -170,17 +181,19 @@ class _RaisedLinear(torch.autograd.Function):
         wide = _wide(x.dtype)
         flat = x.reshape(-1, K)  # (M, K)
         M = flat.shape[0]
-        out = torch.empty(M, N, dtype=x.dtype, device=x.device)  # (M, N)
-        x_step = max(RAISED_BYTES // (K * 4), RAISED_ROWS)
+        out = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)  # (..., N): not a view of ours
+        rows = out.view(M, N)
         w_step = max(RAISED_WEIGHT_BYTES // (K * 4), 1)
         for j in range(0, N, w_step):
-            w_rows = weight[j:j + w_step].to(wide)  # (n, K)
+            w_rows = weight[j:j + w_step].to(wide)  # (n, K), raised once
+            n = w_rows.shape[0]
             b_rows = None if bias is None else bias[j:j + w_step].to(wide)  # (n,)
-            for i in range(0, M, x_step):
-                x_rows = flat[i:i + x_step].to(wide)  # (m, K)
+            step = _rows(K, n)
+            for i in range(0, M, step):
+                x_rows = flat[i:i + step].to(wide)  # (m, K)
                 product = x_rows @ w_rows.T if b_rows is None else torch.addmm(b_rows, x_rows, w_rows.T)  # (m, n)
-                out[i:i + x_step, j:j + w_step] = product  # rounded to x's dtype as stored
-        return out.view(*x.shape[:-1], N)
+                rows[i:i + step, j:j + n] = product  # rounded to x's dtype as stored
+        return out
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
@@ -191,23 +204,26 @@ class _RaisedLinear(torch.autograd.Function):
         flat = x.reshape(-1, K)  # (M, K)
         M = g.shape[0]
         w_step = max(RAISED_WEIGHT_BYTES // (K * 4), 1)
-        g_step = max(RAISED_BYTES // (N * 4), RAISED_ROWS)
         grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:  # dL/dx = g @ W, summed over the weight's row blocks in float32
-            grad_x = torch.empty(M, K, dtype=x.dtype, device=x.device)  # (M, K)
-            for i in range(0, M, g_step):
-                g_rows = g[i:i + g_step].to(wide)  # (m, N)
-                total = None
-                for j in range(0, N, w_step):
-                    part = g_rows[:, j:j + w_step] @ weight[j:j + w_step].to(wide)  # (m, K)
-                    total = part if total is None else total.add_(part)
-                grad_x[i:i + g_step] = total
-            grad_x = grad_x.view(x.shape)
-        if ctx.needs_input_grad[1]:  # dL/dW = gᵀ @ x, a block of the weight's rows at a time
-            grad_w = torch.empty_like(weight)  # (N, K)
-            x_wide = flat.to(wide)  # (M, K): the gradient of a weight sums over every row
+        if ctx.needs_input_grad[0]:  # dL/dx = g @ W: each weight block raised once, summed in float32
+            total = torch.zeros(M, K, dtype=wide, device=x.device)  # (M, K)
             for j in range(0, N, w_step):
-                grad_w[j:j + w_step] = g[:, j:j + w_step].to(wide).T @ x_wide  # (n, K)
+                w_rows = weight[j:j + w_step].to(wide)  # (n, K)
+                n = w_rows.shape[0]
+                step = _rows(n)
+                for i in range(0, M, step):
+                    total[i:i + step].addmm_(g[i:i + step, j:j + n].to(wide), w_rows)  # (m, K)
+            grad_x = total.to(x.dtype).view(x.shape)
+        if ctx.needs_input_grad[1]:  # dL/dW = gᵀ @ x: a block of the weight's rows, summed over row blocks
+            grad_w = torch.empty(N, K, dtype=weight.dtype, device=weight.device)  # (N, K)
+            for j in range(0, N, w_step):
+                n = min(w_step, N - j)
+                block = torch.zeros(n, K, dtype=wide, device=weight.device)  # (n, K)
+                step = _rows(n, K)
+                for i in range(0, M, step):
+                    block.addmm_(g[i:i + step, j:j + n].T.to(wide), flat[i:i + step].to(wide))
+                grad_w[j:j + n] = block
         if bias is not None and ctx.needs_input_grad[2]:
-            grad_b = g.to(wide).sum(0).to(bias.dtype)  # (N,)
+            step = _rows(N)
+            grad_b = sum(g[i:i + step].to(wide).sum(0) for i in range(0, M, step)).to(bias.dtype)  # (N,)
         return grad_x, grad_w, grad_b

@@ -38,25 +38,29 @@ def frozen_norm(norm: nn.Module, x: Tensor) -> tuple[Tensor, bool, float]:
         weight, bias = getattr(norm, "weight", None), getattr(norm, "bias", None)
         weight = weight.detach().float().cpu() if isinstance(weight, Tensor) else None
         bias = bias.detach().float().cpu() if isinstance(bias, Tensor) else None
-    x = x.to(dtype).float().cpu()  # (D,) what the norm itself is given: in bfloat16 already rounded
+    x = x.float().cpu()
+    if dtype.is_floating_point:
+        x = x.to(dtype).float()  # (D,) what the norm itself is given: in bfloat16 already rounded
+    # a centring norm ignores a constant added to every element, a scaling one does not: asked of the
+    # module, since in bfloat16 a small stream mean can hide the centring within the rounding
+    offset = float(x.abs().mean()) or 1.0
     with torch.no_grad():  # run after the read: an offloading hook puts the weights away after each forward
         want = norm(x[None].to(device, dtype)).float()[0].cpu()  # (D,)
+        moved = norm((x + offset)[None].to(device, dtype)).float()[0].cpu()  # (D,)
     D = x.shape[0]
     eps = next((float(getattr(norm, n)) for n in ("eps", "variance_epsilon", "epsilon") if hasattr(norm, n)), 1e-6)
     ones = torch.ones(D)
     gains = [ones] if weight is None else [weight, 1 + weight]  # Gemma: 1 + w
     shift = bias if bias is not None else torch.zeros(D)
     # A norm in bfloat16 rounds its output (and HF's RMSNorm its normalised input as well) to 8
-    # significant bits, so the check allows a few of the dtype's steps; float32 keeps 1e-4. The
-    # forms differ by O(1) (gain w or 1 + w) or by the stream's mean (centring), so the closest one
-    # is taken rather than the first within the tolerance, which in bfloat16 could be either.
+    # significant bits, so the checks allow a few of the dtype's steps; float32 keeps 1e-4. The
+    # gains differ by O(1) (w or 1 + w), so the closest form is taken.
     step = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
     tolerance = max(1e-4, 4 * step) * (1 + float(want.abs().max()))
-    candidates = []
-    for centred in (False, True):
-        v = x - x.mean() if centred else x
-        scale = float(torch.sqrt((v * v).mean() + eps))
-        candidates += [(gain, centred, scale, gain * v / scale + shift) for gain in gains]
+    centred = float((moved - want).abs().max()) <= tolerance
+    v = x - x.mean() if centred else x
+    scale = float(torch.sqrt((v * v).mean() + eps))
+    candidates = [(gain, centred, scale, gain * v / scale + shift) for gain in gains]
     candidates.append((ones, False, 1.0, x))  # no norm at all (last: a tie goes to the norm's own form)
     gain, centred, scale, error = min(((g, c, s, float((y - want).abs().max())) for g, c, s, y in candidates),
                                       key=lambda candidate: candidate[3])
