@@ -150,7 +150,7 @@ def raised_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     For half precision on a CPU without units for it (:func:`slow_half_product`), where PyTorch's
     half GEMM is a scalar loop in some layouts: on an AVX2 AMD EPYC the product ``grad @ W`` of
     SmolLM2's LM head over 432 rows took 50 s in bfloat16 against float32's 0.22 s, and one step of
-    ``multihead prune --dtype bfloat16`` 342 s (51 s raised; float32 20 s). A product of two half
+    ``multihead prune --dtype bfloat16`` 342 s (22.6 s raised; float32 20 s). A product of two half
     numbers is exact in float32, so this is what a float32-accumulating half GEMM gives, within its
     summation order (and bias, as addmm adds it, before the one rounding).
     The weight is raised :data:`RAISED_WEIGHT_BYTES` of rows at a time, each block once, and x and

@@ -1,7 +1,7 @@
 """A model's linear layers in half precision on a CPU without units for it: their products formed
 in float32 and rounded once (:func:`~multihead.attn.precision.raised_linear`), as a
 float32-accumulating half GEMM gives them, at float32's speed instead of PyTorch's scalar half loop
-(SmolLM2 in bfloat16 on an AVX2 CPU: a pruning step's gradients 342 → 51 s, float32's 20 s)."""
+(SmolLM2 in bfloat16 on an AVX2 CPU: a pruning step 342 → 22.6 s, float32's 20 s)."""
 
 from __future__ import annotations
 
