@@ -120,7 +120,7 @@ def half_matmul(a: Tensor, b: Tensor) -> Tensor:
     (:data:`RAISED_BYTES`), never a float32 copy of a whole map. Anywhere else (CUDA, a CPU with
     the units, full precision) it is ``a @ b``. A float32 product of batches (n, ., .) goes through
     :func:`~.gemm.bmm`, which keeps every thread busy where the batch would not."""
-    if a.dtype not in HALF or b.dtype != a.dtype or a.device.type != "cpu" or half_units(a.dtype):
+    if not slow_half_product(a) or b.dtype != a.dtype:
         return _product(a, b)
     wide = b.float()  # (..., k, m), small beside a map
     if a.requires_grad or b.requires_grad:
@@ -167,6 +167,11 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _weight_rows(K: int) -> int:
+    """How many rows of a weight of K columns are raised at once (:data:`RAISED_WEIGHT_BYTES`)."""
+    return max(RAISED_WEIGHT_BYTES // (K * 4), 1)
+
+
 def _rows(*widths: int) -> int:
     """How many rows of the given widths go into one raised block: each block of float32 rows at most
     :data:`RAISED_BYTES`, and never fewer than :data:`RAISED_ROWS` rows."""
@@ -183,7 +188,7 @@ class _RaisedLinear(torch.autograd.Function):
         M = flat.shape[0]
         out = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)  # (..., N): not a view of ours
         rows = out.view(M, N)
-        w_step = max(RAISED_WEIGHT_BYTES // (K * 4), 1)
+        w_step = _weight_rows(K)
         for j in range(0, N, w_step):
             w_rows = weight[j:j + w_step].to(wide)  # (n, K), raised once
             n = w_rows.shape[0]
@@ -203,7 +208,7 @@ class _RaisedLinear(torch.autograd.Function):
         g = grad.reshape(-1, N)  # (M, N)
         flat = x.reshape(-1, K)  # (M, K)
         M = g.shape[0]
-        w_step = max(RAISED_WEIGHT_BYTES // (K * 4), 1)
+        w_step = _weight_rows(K)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:  # dL/dx = g @ W: each weight block raised once, summed in float32
             total = torch.zeros(M, K, dtype=wide, device=x.device)  # (M, K)
