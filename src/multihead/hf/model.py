@@ -14,7 +14,14 @@ from torch import nn
 
 from .placement import input_device, mapped_places
 
-__all__ = ["HFModel", "ModelLike", "as_module", "require_loaded", "right_padding", "takes"]
+__all__ = ["HFModel", "ModelLike", "as_module", "is_conv1d", "require_loaded", "right_padding", "takes"]
+
+
+def is_conv1d(module: object) -> bool:
+    """Whether ``module`` is transformers' ``Conv1D`` (GPT-2's projections: a linear layer whose weight
+    is stored (in, out)) or a class made from it, without importing transformers."""
+    return any(c.__name__ == "Conv1D" and c.__module__.startswith("transformers.")
+               for c in type(module).__mro__)
 
 
 def takes(module: nn.Module, argument: str) -> bool:

@@ -43,7 +43,7 @@ from torch import nn
 
 from ..attn.layer import MultiHeadAttention
 from ..models.blocks import DecoderBlock
-from .model import ModelLike, as_module
+from .model import ModelLike, as_module, is_conv1d
 from .placement import weights_of
 
 __all__ = ["STACKS", "AttentionSite", "UnsupportedModelError", "find_sites", "main_stack", "select", "site_names"]
@@ -100,7 +100,7 @@ class AttentionSite:
         """W^O as (D, H·Dv) — an nn.Linear's weight, or the transpose of transformers' Conv1D (GPT-2) —
         or None when the site has no output projection multihead can find."""
         o = self.o
-        if not isinstance(o, nn.Linear) and (o is None or type(o).__name__ != "Conv1D"):
+        if not isinstance(o, nn.Linear) and not is_conv1d(o):
             return None
         if o.weight.device.type == "meta":  # offloaded by accelerate: a copy, read in for the moment
             with weights_of(o):
@@ -245,7 +245,7 @@ def _blind_attention(model: nn.Module, sites: set[int]) -> list[tuple[str, nn.Mo
         cls = type(m).__name__
         if "Attention" not in cls or id(m) in sites or cls.endswith(("Output", "Layer")):
             continue
-        if not any(isinstance(c, nn.Linear) or type(c).__name__ == "Conv1D" for c in m.children()):
+        if not any(isinstance(c, nn.Linear) or is_conv1d(c) for c in m.children()):
             continue
         if any(id(sub) in sites for sub in m.modules()):  # a wrapper around a site (BertAttention)
             continue
@@ -269,7 +269,7 @@ def _in_part(name: str, part: str) -> bool:
 def _first(m: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
     for n in names:
         child = getattr(m, n, None)
-        if isinstance(child, nn.Module) and (isinstance(child, nn.Linear) or type(child).__name__ == "Conv1D"):
+        if isinstance(child, nn.Module) and (isinstance(child, nn.Linear) or is_conv1d(child)):
             return child
     return None
 
