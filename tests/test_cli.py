@@ -4,12 +4,14 @@ results untouched, progress only where a person watches, rank 0 alone writing un
 import json
 import os
 import pty
+import re
 import signal
 import subprocess
 import sys
 
 import pytest
 
+import multihead as mh
 from conftest import run_cli
 from multihead.analysis.labels import label_codes
 
@@ -279,3 +281,28 @@ def test_view_says_what_it_wrote_in_one_line(tmp_path, capsys):
         page = tmp_path / f"{len(texts)}.html"
         code, out, err = run_cli(["view", *texts, "--out", str(page)], capsys)
         assert code == 0 and out.startswith(f"wrote {page} (") and out.rstrip().endswith(said), (out, err)
+
+
+def test_counts_in_what_is_printed_agree_with_their_number(minilm):
+    """One document is "1 sentence", not "1 sentences" (the report's first line, its page, the
+    ablation line); the parsing step says "1 text"."""
+    from multihead.progress import counted
+    from multihead.render.html import report_body
+    from multihead.render.text import analyze_text
+
+    assert [counted(n, "text") for n in (0, 1, 2)] == ["0 texts", "1 text", "2 texts"]
+    assert counted(1, "batch") == "1 batch" and counted(3, "batch") == "3 batches"
+    report = mh.analyze(minilm, ["The cat sat on the mat because it was warm."], coreference=False, induction=False,
+                        ablation=1)
+    text = analyze_text(report)
+    assert f"6 layers x 12 heads; 1 sentence, {report.tokens} tokens\n" in text, text
+    assert re.search(r"Ablation \(.*, 1 text[);]", text), text
+    assert f"<p>1 sentence, {report.tokens} tokens.</p>" in report_body(report)
+    # one text has no bootstrap: every resample of it is itself, so no interval and no stability (once [x, x]
+    # and "median 100%", a certainty nothing measured)
+    assert all(not r.intervals and r.stability is None for r in report.heads)
+    assert "Label stability and intervals: not measured, the corpus is 1 text" in text and "[+" not in text, text
+    two = mh.analyze(minilm, ["The cat sat on the mat because it was warm.", "A dog ran after the ball."],
+                     coreference=False, induction=False)
+    assert all(r.intervals and r.stability is not None for r in two.heads)
+    assert "Label stability (share of" in analyze_text(two)

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from tqdm.auto import tqdm
 
-__all__ = ["EVERY", "HOLD", "bar", "enabled", "note", "set_enabled", "step"]
+__all__ = ["EVERY", "HOLD", "bar", "counted", "enabled", "note", "set_enabled", "step"]
 
 T = TypeVar("T")
 
@@ -139,3 +139,9 @@ def _stop_if_interrupted() -> None:
 
 def _plural(unit: str) -> str:
     return {"batch": "batches", "it": "items"}.get(unit, unit + "s")
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and the noun in its number: ``counted(1, "text")`` is "1 text", ``counted(3, "batch")``
+    "3 batches"."""
+    return f"{n} {noun if n == 1 else _plural(noun)}"

@@ -20,7 +20,7 @@ import torch
 
 from ..files import write_atomically
 from ..hf.interventions import HeadGates
-from ..progress import enabled
+from ..progress import counted, enabled
 from .importance import head_importance
 from .tasks import Task
 
@@ -122,7 +122,7 @@ def pruning_curve(task: Task, *, steps: int = 10, per_step: float = 0.1, reestim
         pruned = [(layer, h) for layer in range(L) for h in range(H) if mask[layer, h] == 0]
         curve.steps.append(PruningStep(step, len(pruned) / (L * H), len(pruned), metric, pruned))
         if enabled(progress):
-            print(f"multihead: pruning step {step}/{steps}: {len(pruned)} heads pruned, {task.metric_name} "
+            print(f"multihead: pruning step {step}/{steps}: {counted(len(pruned), 'head')} pruned, {task.metric_name} "
                   f"{metric:.4f}", file=sys.stderr, flush=True)
         if stop_below is not None and metric < stop_below * curve.baseline:
             break

@@ -13,6 +13,7 @@ import math
 
 from ..analysis.labels import MARKS, colour_of
 from ..analysis.report import Report
+from ..progress import counted
 
 __all__ = ["escape", "report_body", "report_page", "static_document"]
 
@@ -41,7 +42,7 @@ def report_body(report: Report) -> str:
     parts = [f'<div class="mh-report"><style>{_STYLE}</style>',
              f"<h2>{escape(report.model)}{stack}: {report.num_layers} layers × {report.num_heads} heads"
              f"{' (causal)' if report.causal else ''}</h2>",
-             f"<p>{report.sentences} sentences, {report.tokens} tokens.</p>",
+             f"<p>{counted(report.sentences, 'sentence')}, {counted(report.tokens, 'token')}.</p>",
              "<h3>Head map</h3><table><tr><th>layer</th>"]
     parts += [f"<th>h{h}</th>" for h in range(report.num_heads)]
     parts.append("</tr>")
@@ -96,7 +97,7 @@ def report_body(report: Report) -> str:
     ablation = report.sections.ablation
     if ablation is not None and not ablation.skipped:
         how = " (attribution estimates; exact for the tested heads)" if ablation.method == "attribution" else ""
-        parts.append(f"<p>Ablation: {escape(ablation.objective)} over {ablation.texts} texts, effects in "
+        parts.append(f"<p>Ablation: {escape(ablation.objective)} over {counted(ablation.texts, 'text')}, effects in "
                      f"{escape(ablation.unit or 'the objective')}{escape(how)}.</p>")
     evidence = report.sections.evidence
     if evidence and evidence.heads:

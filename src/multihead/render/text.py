@@ -16,7 +16,8 @@ from ..analysis.interventions.patching import Patching
 from ..analysis.labels import FLAG_RULES, LABEL_RULES, MARKS, SINK_HEAD, WINDOW_KEPT
 from ..analysis.report import Report
 from ..analysis.sections import WhatIf
-from ..analysis.stats.bootstrap import RESAMPLES
+from ..analysis.stats.bootstrap import MIN_GROUPS, RESAMPLES
+from ..progress import counted
 
 __all__ = ["analyze_text", "comparison_text", "patching_table", "patching_text", "prune_text", "what_if_text"]
 
@@ -32,7 +33,8 @@ def analyze_text(report: Report, *, model_name: str | None = None, files: list |
         parts = [f"{name}: {report.num_layers} layers x {report.num_heads} heads; {report.sections.images.count} "
                  f"images, {report.tokens} patch rows\n", report.label_map()]
     else:
-        parts = [f"{name}: {shape}; {report.sentences} sentences, {report.tokens} tokens\n", report.label_map()]
+        size = f"{counted(report.sentences, 'sentence')}, {counted(report.tokens, 'token')}"
+        parts = [f"{name}: {shape}; {size}\n", report.label_map()]
         if report.sections.what_if is not None:
             parts.append("\n" + what_if_text(report.sections.what_if))
         parts += [text for text in (_labels(report), _flags_and_redundancy(report), _probes(report), _ablation(report),
@@ -71,6 +73,9 @@ def _labels(report: Report) -> str:
         lines.append(f"Label stability (share of {RESAMPLES} corpora resampled from the texts that give the same "
                      f"label): median {median(stable):.0%}; {len(shaky)} heads below 80%" + (f": {named}" if named
                                                                                            else ""))
+    elif report.sentences < MIN_GROUPS:
+        lines.append(f"Label stability and intervals: not measured, the corpus is {counted(report.sentences, 'text')} "
+                     "(the bootstrap resamples whole texts: give two or more)")
     return "\n".join(lines)
 
 
@@ -116,9 +121,9 @@ def _flags_and_redundancy(report: Report) -> str:
                                           "nothing)."]
     for r in flagged:
         effect = r.metrics.get("zero_ablation", float("nan"))
-        low, high = r.intervals.get("zero_ablation", (float("nan"), float("nan")))
-        lines.append(f"  L{r.layer}.H{r.head}: {_flag_values(r)}; zero-ablation {effect:+.4f} {unit} "
-                     f"[{low:+.4f}, {high:+.4f}]")
+        band = r.intervals.get("zero_ablation")
+        band = f" [{band[0]:+.4f}, {band[1]:+.4f}]" if band else ""
+        lines.append(f"  L{r.layer}.H{r.head}: {_flag_values(r)}; zero-ablation {effect:+.4f} {unit}{band}")
     mattering = [r for r in report.heads if r.flags and r.degenerate is False]
     if mattering:
         shown = ", ".join(f"L{r.layer}.H{r.head} {r.metrics.get('zero_ablation', 0):+.4f}" for r in mattering[:6])
@@ -161,7 +166,8 @@ def _probes(report: Report) -> str:
         skipped = coref.skipped_unknown_tokens
         note = f", {skipped} skipped: pronoun or antecedent unknown to the tokenizer" if skipped else ""
         top = ", ".join(f"L{r.layer}.H{r.head} {r.metrics['coreference']:.2f}" for r in by_metric["coreference"])
-        lines.append(f"Coreference (pronoun -> antecedent among candidates, {coref.examples} examples{note}): {top}; "
+        examples = counted(coref.examples, "example")
+        lines.append(f"Coreference (pronoun -> antecedent among candidates, {examples}{note}): {top}; "
                      f"nearest-mention baseline {coref.baseline_nearest:.2f}")
     syntax = report.sections.syntax
     if syntax:
@@ -201,7 +207,7 @@ def _ablation(report: Report) -> str:
         how = (f"; exact for {len(section.exact or [])} heads (tested labels, input-independent attention), "
                f"estimated by attribution patching (a first-order gradient estimate) for the others: * marks exact")
     exact = {tuple(c) for c in section.exact or []}
-    lines = [f"\nAblation ({section.objective}, {section.texts} texts{intact}{how}), "
+    lines = [f"\nAblation ({section.objective}, {counted(section.texts, 'text')}{intact}{how}), "
              f"the heads whose removal changes it most (in {section.unit or 'the objective'}):"]
     for key in section.modes:
         heads = sorted(report.heads, key=lambda r, k=key: -abs(r.metrics.get(k) or 0))[:6]

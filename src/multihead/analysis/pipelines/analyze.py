@@ -28,7 +28,7 @@ from ...hf.model import HFModel, require_loaded
 from ...hf.route import chunk_bytes
 from ...hf.sites import find_sites, main_stack
 from ...inputs import UnknownTokens, check_texts, count_unknown_tokens, warn_unknown_tokens
-from ...progress import note, step
+from ...progress import counted, note, step
 from .. import sections as S
 from ..interventions.ablation import (
     AblationEffects,
@@ -50,7 +50,7 @@ from ..probes.retrieval import PROBE as RETRIEVAL_PROBE
 from ..probes.retrieval import probe_inputs, retrieval_scores
 from ..probes.syntax import Parse, in_latin_script, parse_with_spacy, parses_for
 from ..report import HeadRecord, Report
-from ..stats.bootstrap import intervals, resample_weights, used_groups
+from ..stats.bootstrap import MIN_GROUPS, intervals, resample_weights, used_groups
 from ..stats.heads import HeadStatistics
 from ..stats.longcontext import LongContextStatistics
 from ..stats.maps import EVIDENCE_TOP_K, LONG_TEXT, TextView, TextViews
@@ -385,13 +385,16 @@ def _add_intervals(heads: list[HeadRecord], stats: HeadStatistics, causal: bool,
                    coref_baseline: float | None, syntax_stats: SyntaxStatistics | None = None) -> None:
     """Each metric's bootstrap interval over texts and each label's stability: the share of
     resampled corpora (the metrics and the syntax scores resampled together, the probes' scores
-    held) on which the head gets the same label."""
+    held) on which the head gets the same label. One text (one group) has neither: its resamples
+    are all that text, so every label would be "100 % stable" by construction."""
     for name, (low, high) in stats.intervals().items():
         for r in heads:
             lo, hi = float(low[r.layer, r.head]), float(high[r.layer, r.head])
             if math.isfinite(lo) and math.isfinite(hi):
                 r.intervals[name] = (lo, hi)
     used = used_groups(stats.group_counts)
+    if int(used.sum()) < MIN_GROUPS:
+        return
     weights = resample_weights(int(used.sum()))
     values = stats.resampled(weights)  # {metric: (R, L, H)}
     R = weights.shape[0]
@@ -509,7 +512,7 @@ def _collect(model: HFModel, texts: list[str], encoded, unknown: UnknownTokens, 
         if not_parsed == len(texts):
             parses = None  # no scores: the report's syntax section says why (its not_parsed)
         else:
-            with step(f"parsing {len(mine)} texts with spaCy", progress=progress):
+            with step(f"parsing {counted(len(mine), 'text')} with spaCy", progress=progress):
                 parsed = parse_with_spacy([analysed[i] for i in mine])
             parses = [None] * len(texts)
             for i, p in zip(mine, parsed, strict=True):

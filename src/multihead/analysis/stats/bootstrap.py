@@ -5,7 +5,9 @@ reducers keep those sums per *group* of texts — text ``i`` goes to group ``i %
 does not grow with the corpus; a corpus of at most :data:`GROUPS` texts has one text per group.
 A resample draws the groups with replacement (seeded: the same draws in every run); the interval is
 the percentile interval of the resampled ratios at :data:`LEVEL`. Resampling whole groups (the
-cluster bootstrap) keeps each text's tokens together: a text's rows are not independent.
+cluster bootstrap) keeps each text's tokens together: a text's rows are not independent. So a
+corpus of one text (a ``--document``) has no interval: every resample of one group is that group,
+and its interval would be the point itself, a certainty nothing measured.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["GROUPS", "LEVEL", "RESAMPLES", "SEED", "intervals", "resample_weights", "resampled", "used_groups"]
+__all__ = ["GROUPS", "LEVEL", "MIN_GROUPS", "RESAMPLES", "SEED", "intervals", "resample_weights", "resampled",
+           "used_groups"]
 
 #: Text groups the per-group sums are kept for.
 GROUPS = 256
@@ -21,6 +24,8 @@ GROUPS = 256
 RESAMPLES, SEED = 200, 0
 #: Coverage of the percentile intervals.
 LEVEL = 0.95
+#: Groups that must hold counts for an interval (or a label's stability): one group resamples to itself.
+MIN_GROUPS = 2
 
 
 def resample_weights(used: int, *, resamples: int = RESAMPLES, seed: int = SEED) -> Tensor:
@@ -45,9 +50,10 @@ def resampled(sums: Tensor, counts: Tensor, weights: Tensor) -> Tensor:
 def intervals(sums: Tensor, counts: Tensor, *, level: float = LEVEL, resamples: int = RESAMPLES,
               seed: int = SEED) -> tuple[Tensor, Tensor]:
     """Percentile bootstrap interval (low, high), each shaped ``sums.shape[1:]``, of the ratio of
-    group sums over the groups that hold any count (NaN where nothing was counted)."""
+    group sums over the groups that hold any count (NaN where nothing was counted, and everywhere
+    when fewer than :data:`MIN_GROUPS` groups counted anything)."""
     used = used_groups(counts)
-    if not bool(used.any()):  # nothing counted anywhere (no head measured): no resample to draw
+    if int(used.sum()) < MIN_GROUPS:  # nothing counted (no head measured), or one text: no spread to draw
         nothing = torch.full(sums.shape[1:], float("nan"), dtype=torch.float64)
         return nothing, nothing.clone()
     weights = resample_weights(int(used.sum()), resamples=resamples, seed=seed)
