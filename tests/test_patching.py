@@ -221,3 +221,31 @@ def test_final_norm_is_found_wherever_the_architecture_keeps_it(smollm2, kind, w
     assert final_norm(tiny) is model.get_submodule(where)
     result = patch(tiny, CLEAN, CORRUPT, ANSWER, WRONG, method="attribution")
     assert result.direct is not None and torch.isfinite(result.direct).all()
+
+
+def test_a_gap_within_the_dtypes_rounding_is_not_shared_out(smollm2):
+    """A random model in bfloat16 prefers neither answer: its clean and corrupt logit differences sit
+    within a few bfloat16 steps of each other, and a share of that gap was rounding noise (a random
+    GPT-2 shape's IOI printed shares of +2.26 in bfloat16 where float32's were +5.58). In float32 the
+    same model's gap is its preference, and is shared out."""
+    tiny = _tiny_llama(smollm2.tokenizer, 2, linear=False)
+    clean, corrupt, answer, wrong = EXAMPLES["ioi"]
+    wide = patch(tiny, clean, corrupt, answer, wrong, method="attribution")
+    assert wide.dtype == "float32" and wide.resolution == pytest.approx(1e-4) and wide.no_share() is None
+    assert wide.restored.shape == (2, 4)
+    tiny.model.to(torch.bfloat16)
+    half = patch(tiny, clean, corrupt, answer, wrong, method="attribution")
+    assert half.dtype == "bfloat16" and abs(half.gap) < half.resolution  # the model's logits are small and alike
+    assert half.resolution > 0.01  # 4 bfloat16 steps at its largest logit
+    why = half.no_share()
+    assert why is not None and "within bfloat16's rounding" in why
+    with pytest.raises(ValueError, match="rounding noise"):
+        half.restored  # noqa: B018
+    saved = half.to_dict()
+    assert "restored" not in saved and saved["no_share"] == why and saved["dtype"] == "bfloat16"
+    assert saved["resolution"] == pytest.approx(half.resolution, abs=1e-6)
+    from multihead.render.patching import patching_page
+    from multihead.render.text import patching_table
+
+    assert "no shares: the clean and corrupt logit differences" in patching_table(half)
+    assert "<p>No shares: the clean and corrupt logit differences" in patching_page(half, "tiny")

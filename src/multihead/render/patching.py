@@ -60,14 +60,14 @@ def patching_page(result: Patching, model: str) -> str:
              f"<p>Answer {escape(repr(result.answer))} vs wrong {escape(repr(result.wrong))}, read at token "
              f"{result.position}. Logit difference: clean {result.clean_diff:+.4f}, corrupt "
              f"{result.corrupt_diff:+.4f} (gap {gap:+.4f}); method: {escape(result.method)}.</p>"]
-    try:
-        restored = result.restored
-        parts.append(_map(restored, "Share of the gap restored by patching each head's clean output (before W^O, "
-                                    "every position) into the corrupt run"))
+    why = result.no_share()
+    if why is None:
+        parts.append(_map(result.restored, "Share of the gap restored by patching each head's clean output (before "
+                                           "W^O, every position) into the corrupt run"))
         top = ", ".join(f"L{layer}.H{h} {v:+.3f}" for (layer, h), v in result.top(5))
         parts.append(f"<p>Top 5: {escape(top)}</p>")
-    except ValueError as err:
-        parts.append(f"<p>{escape(err)}</p>")
+    else:
+        parts.append(f"<p>No shares: {escape(why)}</p>")
         parts.append(_map(result.change, "Change of the logit difference by patching each head"))
     if result.direct is not None:
         parts.append(_map(result.direct, "Direct logit attribution in the clean run (logits; the final norm's scale "

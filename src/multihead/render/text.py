@@ -300,10 +300,11 @@ def patching_text(result: Patching, model: str, answer: str, wrong: str) -> str:
 def patching_table(result: Patching) -> str:
     """The layer x head map of restored shares (or of the change in logits when the runs leave no
     gap), with the five heads that restore most."""
-    try:
+    why = result.no_share()
+    if why is None:
         values, what = result.restored, "share of the clean-vs-corrupt logit difference restored"
-    except ValueError:
-        values, what = result.change, "change of the logit difference (the runs leave no gap to share)"
+    else:
+        values, what = result.change, f"change of the logit difference, no shares: {why}"
     L, H = values.shape
     lines = [f"patching each head's clean output into the corrupt run: {what}",
              "layer | " + " ".join(f"h{h:<5d}" for h in range(H))]

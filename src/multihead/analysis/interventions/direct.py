@@ -38,8 +38,8 @@ def direct_logit_attribution(model: HFModel, text: str, answer: str, wrong: str)
     ids = text_ids(model, text)
     a, b = single_token(model.tokenizer, answer, "answer"), single_token(model.tokenizer, wrong, "wrong")
     position = ids.shape[1] - 1
-    _, outputs, residual = clean_run(model, ids, position, a, b, residual=True)
-    return head_attribution(model, outputs[:, 0, :, position], residual, a, b)
+    run = clean_run(model, ids, position, a, b, residual=True)
+    return head_attribution(model, run.outputs[:, 0, :, position], run.residual, a, b)
 
 
 def head_attribution(model: HFModel, heads: Tensor, residual: Tensor, a: int, b: int) -> Tensor:

@@ -71,17 +71,36 @@ class Patching:
     method: str
     #: direct logit attribution of each head in the clean run (decoders; None otherwise), (L, H)
     direct: Tensor | None = field(default=None)
+    #: the smallest gap that is the model's preference, not rounding: SMALLEST_GAP, or ROUNDING_STEPS
+    #: steps of the logits' dtype at their size (bfloat16 logits of 20: 0.6)
+    resolution: float = SMALLEST_GAP
+    #: the dtype the model computed its logits in
+    dtype: str = "float32"
 
     @property
     def gap(self) -> float:
         return self.clean_diff - self.corrupt_diff
 
+    def no_share(self) -> str | None:
+        """Why the gap cannot be shared out (None when it can): the runs give the same logit
+        difference, or differences within the rounding of the model's dtype."""
+        if abs(self.gap) < SMALLEST_GAP:
+            return (f"the clean and corrupt runs give the same logit difference ({self.clean_diff:.4g}): there is "
+                    "nothing to restore; choose texts on which the model's preference differs")
+        if abs(self.gap) < self.resolution:
+            return (f"the clean and corrupt logit differences ({self.clean_diff:+.4f}, {self.corrupt_diff:+.4f}) are "
+                    f"{abs(self.gap):.4f} apart, within {self.dtype}'s rounding of logits this size "
+                    f"(±{self.resolution:.4f}): a share of that gap would be rounding noise; choose texts on which "
+                    "the model's preference differs more, or run in float32")
+        return None
+
     @property
     def restored(self) -> Tensor:
-        """(L, H) share of the clean-vs-corrupt gap each head restores."""
-        if abs(self.gap) < SMALLEST_GAP:
-            raise ValueError(f"the clean and corrupt runs give the same logit difference ({self.clean_diff:.4g}): "
-                             "there is nothing to restore; choose texts on which the model's preference differs")
+        """(L, H) share of the clean-vs-corrupt gap each head restores; ValueError with
+        :meth:`no_share`'s reason when there is no gap to share."""
+        why = self.no_share()
+        if why is not None:
+            raise ValueError(why)
         return self.change / self.gap
 
     def top(self, n: int = 5) -> list[tuple[tuple[int, int], float]]:
@@ -94,10 +113,13 @@ class Patching:
     def to_dict(self) -> dict:
         out = {"schema": SCHEMA, "tokens": self.tokens, "corrupt_tokens": self.corrupt_tokens, "answer": self.answer,
                "wrong": self.wrong, "position": self.position, "clean_diff": round(self.clean_diff, 6),
-               "corrupt_diff": round(self.corrupt_diff, 6), "method": self.method,
-               "change": _rounded(self.change)}
-        if abs(self.gap) >= SMALLEST_GAP:
+               "corrupt_diff": round(self.corrupt_diff, 6), "method": self.method, "dtype": self.dtype,
+               "resolution": round(self.resolution, 6), "change": _rounded(self.change)}
+        why = self.no_share()
+        if why is None:
             out["restored"] = _rounded(self.restored)
+        else:
+            out["no_share"] = why
         if self.direct is not None:
             out["direct"] = _rounded(self.direct)
         return out
@@ -117,8 +139,9 @@ def patch(model: HFModel, clean: str, corrupt: str, answer: str, wrong: str, *, 
     ids_clean, ids_corrupt, a, b, position = _prepared(model, clean, corrupt, answer, wrong)
     L, H = model.num_layers, model.num_heads
     attributable = model.is_causal and _has_final_norm(model)  # direct logit attribution reads it
-    clean_diff, clean_out, residual = clean_run(model, ids_clean, position, a, b, residual=attributable)
-    corrupt_diff, _, _ = clean_run(model, ids_corrupt, position, a, b)  # the same kernel as the patched runs
+    clean_pass = clean_run(model, ids_clean, position, a, b, residual=attributable)
+    corrupt_pass = clean_run(model, ids_corrupt, position, a, b)  # the same kernel as the patched runs
+    clean_out, clean_diff, corrupt_diff = clean_pass.outputs, clean_pass.diff, corrupt_pass.diff
     if method == "exact":
         R = heads_per_pass or max(1, PATCH_TOKENS // ids_clean.shape[1])
         cells = [[(layer, h)] for layer in range(L) for h in range(H)]
@@ -131,10 +154,12 @@ def patch(model: HFModel, clean: str, corrupt: str, answer: str, wrong: str, *, 
             logit_diff(model, ids_corrupt, position, a, b).sum().backward()
         change = -gates.grad.double()
     # direct logit attribution from the clean run itself: its heads' outputs at the answer position
-    direct = head_attribution(model, clean_out[:, 0, :, position], residual, a, b) if attributable else None
+    direct = head_attribution(model, clean_out[:, 0, :, position], clean_pass.residual, a, b) if attributable else None
     tok = model.tokenizer
+    dtype = str(clean_pass.dtype).removeprefix("torch.")
     return Patching(_tokens(tok, ids_clean, clean), _tokens(tok, ids_corrupt, corrupt), answer, wrong, position,
-                    clean_diff, corrupt_diff, change, method, direct)
+                    clean_diff, corrupt_diff, change, method, direct,
+                    resolution=max(SMALLEST_GAP, clean_pass.rounding, corrupt_pass.rounding), dtype=dtype)
 
 
 def patch_heads(model: HFModel, clean: str, corrupt: str, answer: str, wrong: str,
@@ -146,7 +171,7 @@ def patch_heads(model: HFModel, clean: str, corrupt: str, answer: str, wrong: st
     for layer, h in heads:
         if not (0 <= layer < model.num_layers and 0 <= h < model.num_heads):
             raise ValueError(f"head ({layer}, {h}) is outside the model's {model.num_layers} x {model.num_heads} heads")
-    _, clean_out, _ = clean_run(model, ids_clean, position, a, b)
+    clean_out = clean_run(model, ids_clean, position, a, b).outputs
     return float(_patched(model, ids_corrupt, position, a, b, clean_out, [list(heads)])[0])
 
 

@@ -3,6 +3,8 @@ logit difference of two answers there, and a run that keeps every head's output.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -11,14 +13,37 @@ from ...hf.model import HFModel
 from ...hf.route import AttentionChunk
 from .final import final_norm
 
-__all__ = ["answer_position", "clean_run", "logit_diff", "single_token", "text_ids"]
+__all__ = ["ROUNDING_STEPS", "Run", "answer_position", "clean_run", "logit_diff", "logits_at",
+           "single_token", "text_ids"]
+
+#: Steps of the logits' dtype, at the size of the largest logit, within which two runs' logit
+#: differences are rounding, not the model's preference: every layer rounds the residual stream the
+#: logits are read from, so their error follows its scale (the largest logit), not the two answers'
+#: own logits, which may be near 0. SmolLM2 (largest logit 19 to 32) and a random GPT-2-small shape
+#: (2.2) in bfloat16 against float32, the three shipped examples: a run's difference moved 0.3 to 1.5
+#: steps of the answers' logits, at most 0.6 of one step at the largest.
+ROUNDING_STEPS = 4
 
 
-def clean_run(model: HFModel, ids: Tensor, position: int, a: int, b: int, *,
-               residual: bool = False) -> tuple[float, Tensor, Tensor | None]:
+class Run(NamedTuple):
+    """What :func:`clean_run` keeps of one run."""
+
+    #: logit(a) − logit(b) at the position
+    diff: float
+    #: every head's output, (L, 1, H, T, Dv)
+    outputs: Tensor
+    #: the final norm's input at the position, (D,), when asked for
+    residual: Tensor | None
+    #: how far rounding in the logits' dtype can move ``diff``: ROUNDING_STEPS · eps · max |logit| at the position
+    rounding: float
+    #: the dtype of the model's logits
+    dtype: torch.dtype
+
+
+def clean_run(model: HFModel, ids: Tensor, position: int, a: int, b: int, *, residual: bool = False) -> Run:
     """A run's logit difference, every head's output (L, 1, H, T, Dv) and — with ``residual`` — the
     final norm's input at ``position`` (D,), through the capture's kernel, as every patched run
-    goes, so identical texts give identical numbers."""
+    goes, so identical texts give identical numbers; and how far rounding may move the difference."""
     outputs: dict[int, Tensor] = {}
     seen: list[Tensor] = []
 
@@ -31,12 +56,14 @@ def clean_run(model: HFModel, ids: Tensor, position: int, a: int, b: int, *,
         if residual else None
     try:
         with torch.inference_mode(), AttentionCapture(model.model, keep):
-            diff = float(logit_diff(model, ids, position, a, b)[0])
+            row = logits_at(model, ids, position)[0]  # (V,) in the logits' dtype
     finally:
         if hook is not None:
             hook.remove()
     stacked = torch.stack([outputs[layer] for layer in range(model.num_layers)])  # (L, 1, H, T, Dv)
-    return diff, stacked, seen[-1] if seen else None
+    wide = row.float()  # as logit_diff forms the patched runs' differences
+    rounding = ROUNDING_STEPS * torch.finfo(row.dtype).eps * float(wide.abs().max())
+    return Run(float(wide[a] - wide[b]), stacked, seen[-1] if seen else None, rounding, row.dtype)
 
 
 def single_token(tokenizer, text: str, name: str) -> int:
@@ -75,11 +102,16 @@ def text_ids(model: HFModel, text: str) -> Tensor:
     return ids.to(model.device)
 
 
-def logit_diff(model: HFModel, ids: Tensor, position: int, a: int, b: int) -> Tensor:
-    """(B,) logit(a) − logit(b) at ``position``."""
+def logits_at(model: HFModel, ids: Tensor, position: int) -> Tensor:
+    """(B, V) the logits at ``position``, in the model's logits' dtype."""
     extra = {"use_cache": False} if model.is_causal else {}
     logits = model.model(input_ids=ids, attention_mask=torch.ones_like(ids), **extra).logits  # (B, T, V)
-    row = logits[:, position].float()  # (B, V)
+    return logits[:, position]
+
+
+def logit_diff(model: HFModel, ids: Tensor, position: int, a: int, b: int) -> Tensor:
+    """(B,) logit(a) − logit(b) at ``position``, in float32."""
+    row = logits_at(model, ids, position).float()  # (B, V)
     return row[:, a] - row[:, b]
 
 
