@@ -249,3 +249,14 @@ def test_a_gap_within_the_dtypes_rounding_is_not_shared_out(smollm2):
 
     assert "no shares: the clean and corrupt logit differences" in patching_table(half)
     assert "<p>No shares: the clean and corrupt logit differences" in patching_page(half, "tiny")
+
+
+def test_the_maps_cells_keep_their_numbers_readable():
+    """Full blue under black text was 2.4 : 1 (the strongest heads were the hardest to read); the
+    text is white where that reads better."""
+    from multihead.render.patching import _cell_style
+
+    assert _cell_style(-1.0, 1.0) == "background:rgb(0,0,255);color:#fff"
+    assert _cell_style(1.0, 1.0) == "background:rgb(255,0,0);color:#000"  # black on red: 5.3 : 1
+    assert _cell_style(0.0, 1.0).endswith("color:#000") and _cell_style(-0.2, 1.0).endswith("color:#000")
+    assert _cell_style(float("nan"), 1.0) == "background:rgb(255,255,255);color:#000"

@@ -23,13 +23,24 @@ table.map th { background: #f3f3f3; }
 """
 
 
-def _cell_colour(value: float, limit: float) -> str:
+def _cell_colour(value: float, limit: float) -> tuple[int, int, int]:
     """Diverging: red where patching restores the clean answer, blue where it pushes the wrong way."""
     if math.isnan(value) or limit <= 0:
-        return "#ffffff"
+        return 255, 255, 255
     t = max(-1.0, min(1.0, value / limit))
     fade = int(255 * (1 - abs(t)))
-    return f"rgb(255,{fade},{fade})" if t >= 0 else f"rgb({fade},{fade},255)"
+    return (255, fade, fade) if t >= 0 else (fade, fade, 255)
+
+
+def _cell_style(value: float, limit: float) -> str:
+    """The cell's background and whichever of black or white text reads better on it (WCAG
+    contrast: black on full blue is 2.4 : 1, white 8.6 : 1)."""
+    rgb = _cell_colour(value, limit)
+    linear = [c / 255 / 12.92 if c <= 10 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in rgb]
+    luminance = 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+    on_black, on_white = (luminance + 0.05) / 0.05, 1.05 / (luminance + 0.05)
+    text = "#000" if on_black >= on_white else "#fff"
+    return f"background:rgb{rgb};color:{text}".replace(" ", "")
 
 
 def _map(values: Tensor, caption: str) -> str:
@@ -38,7 +49,7 @@ def _map(values: Tensor, caption: str) -> str:
     head = "".join(f"<th>H{h}</th>" for h in range(H))
     rows = []
     for layer in range(L):
-        cells = "".join(f'<td style="background:{_cell_colour(float(v), limit)}" title="L{layer}.H{h}: '
+        cells = "".join(f'<td style="{_cell_style(float(v), limit)}" title="L{layer}.H{h}: '
                         f'{float(v):+.4f}">{float(v):+.3f}</td>' for h, v in enumerate(values[layer]))
         rows.append(f"<tr><th>L{layer}</th>{cells}</tr>")
     return (f"<figure><figcaption>{escape(caption)}</figcaption><table class=\"map\"><tr><th></th>{head}</tr>"
