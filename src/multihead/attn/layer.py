@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from ..masks import Mask
 from .kernels import BACKENDS, attention
+from .precision import linear
 
 __all__ = ["MultiHeadAttention"]
 
@@ -172,7 +172,7 @@ class MultiHeadAttention(nn.Module):
             w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
             b = None if self.q_proj.bias is None else torch.cat(
                 [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
-            qkv = F.linear(x, w, b)  # (B, T, (H + 2·Hkv)·Dk)
+            qkv = linear(x, w, b)  # (B, T, (H + 2·Hkv)·Dk)
             if H == Hkv:
                 # One copy into (3, B, H, T, Dk) gives the kernels contiguous heads; matmul would
                 # otherwise copy q, k and v one by one to batch over (B, H).
@@ -205,7 +205,7 @@ class MultiHeadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(B, T, H * Dk)  # (B, T, H·Dv)
         # ξ_h scales head h's columns of W^O: the same as scaling the head's output, cheaper.
         w_o = self.out_proj.weight * self.head_gates.repeat_interleave(Dk)  # (D, H·Dv)
-        y = F.linear(out, w_o, self.out_proj.bias)  # (B, T, D)
+        y = linear(out, w_o, self.out_proj.bias)  # (B, T, D)
         if not need_weights:
             return y
         assert weights is not None

@@ -13,9 +13,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import gemm
+from .autodiff import transformed
 
-__all__ = ["HALF", "KEY_GRID", "RAISED_BYTES", "RAISED_WEIGHT_BYTES", "as_half_product", "compute_dtype",
-           "half_matmul", "half_units", "key_grid", "raised_linear", "score_operands", "slow_half_product"]
+__all__ = ["HALF", "KEY_GRID", "RAISED_BYTES", "RAISED_WEIGHT_BYTES", "as_half_product", "autocast_half",
+           "compute_dtype", "half_matmul", "half_units", "key_grid", "linear", "raised_linear", "score_operands",
+           "slow_half_product"]
 
 HALF = (torch.float16, torch.bfloat16)
 #: Key counts a half-precision product on a CPU is padded up to a multiple of (see :func:`key_grid`).
@@ -74,6 +76,38 @@ def slow_half_product(t: Tensor) -> bool:
     """Whether ``t`` is a half tensor on a CPU without units for its dtype (:func:`half_units`), where
     PyTorch's own half GEMM is a scalar loop and a product is better formed in float32."""
     return t.dtype in HALF and t.device.type == "cpu" and not half_units(t.dtype)
+
+
+def autocast_half(t: Tensor) -> torch.dtype | None:
+    """The half dtype autocast would multiply ``t`` in, where that is slow: autocast on for a half
+    dtype on a CPU without units for it (mixed-precision training on an AVX2 CPU), and ``t`` of a
+    floating dtype it casts (any but float64); else None."""
+    if t.device.type != "cpu" or t.dtype not in (torch.float32, *HALF) or not torch.is_autocast_enabled("cpu"):
+        return None
+    dtype = torch.get_autocast_dtype("cpu")
+    return dtype if dtype in HALF and not half_units(dtype) else None
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``: x (..., K), weight (N, K), bias (N,) → (..., N) — the one
+    linear product of our layers and of a half model's raised ones (``hf.halflinear``).
+
+    Where PyTorch's half product is its scalar loop — half operands on a CPU without units for them
+    (:func:`slow_half_product`), or float32 operands under autocast to such a half dtype
+    (:func:`autocast_half`: ``multihead train --dtype bfloat16`` on an AVX2 CPU, whose step was 23x
+    float32's) — it is :func:`raised_linear`'s on the operands in that dtype: what autocast's half
+    GEMM computes, a float32-accumulated product rounded once, at float32's speed; the gradient
+    reaches float32 weights through the casts, as autocast's does. A forward-mode tangent or a
+    torch.func transform takes F.linear (the raised product is a Function with a backward only)."""
+    if transformed(x):
+        return F.linear(x, weight, bias)
+    dtype = autocast_half(x)
+    if dtype is not None:
+        with torch.autocast("cpu", enabled=False):  # the casts and the product, as autocast's own
+            return raised_linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
+    if slow_half_product(x) and weight.dtype == x.dtype:
+        return raised_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def _half_product_on_cpu(t: Tensor) -> bool:
@@ -179,56 +213,68 @@ def _rows(*widths: int) -> int:
 
 
 class _RaisedLinear(torch.autograd.Function):
+    # Forward and backward run with autocast off: their float32 products are the point (autocast
+    # would send them back to the half GEMM this avoids), whatever context the model runs in.
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        ctx.save_for_backward(x, weight, bias)
-        N, K = weight.shape
-        wide = _wide(x.dtype)
-        flat = x.reshape(-1, K)  # (M, K)
-        M = flat.shape[0]
-        out = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)  # (..., N): not a view of ours
-        rows = out.view(M, N)
-        w_step = _weight_rows(K)
-        for j in range(0, N, w_step):
-            w_rows = weight[j:j + w_step].to(wide)  # (n, K), raised once
-            n = w_rows.shape[0]
-            b_rows = None if bias is None else bias[j:j + w_step].to(wide)  # (n,)
-            step = _rows(K, n)
-            for i in range(0, M, step):
-                x_rows = flat[i:i + step].to(wide)  # (m, K)
-                product = x_rows @ w_rows.T if b_rows is None else torch.addmm(b_rows, x_rows, w_rows.T)  # (m, n)
-                rows[i:i + step, j:j + n] = product  # rounded to x's dtype as stored
-        return out
+        with torch.autocast(x.device.type, enabled=False):
+            return _raised_forward(ctx, x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        x, weight, bias = ctx.saved_tensors
-        N, K = weight.shape
-        wide = _wide(x.dtype)
-        g = grad.reshape(-1, N)  # (M, N)
-        flat = x.reshape(-1, K)  # (M, K)
-        M = g.shape[0]
-        w_step = _weight_rows(K)
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:  # dL/dx = g @ W: each weight block raised once, summed in float32
-            total = torch.zeros(M, K, dtype=wide, device=x.device)  # (M, K)
-            for j in range(0, N, w_step):
-                w_rows = weight[j:j + w_step].to(wide)  # (n, K)
-                n = w_rows.shape[0]
-                step = _rows(n)
-                for i in range(0, M, step):
-                    total[i:i + step].addmm_(g[i:i + step, j:j + n].to(wide), w_rows)  # (m, K)
-            grad_x = total.to(x.dtype).view(x.shape)
-        if ctx.needs_input_grad[1]:  # dL/dW = gᵀ @ x: a block of the weight's rows, summed over row blocks
-            grad_w = torch.empty(N, K, dtype=weight.dtype, device=weight.device)  # (N, K)
-            for j in range(0, N, w_step):
-                n = min(w_step, N - j)
-                block = torch.zeros(n, K, dtype=wide, device=weight.device)  # (n, K)
-                step = _rows(n, K)
-                for i in range(0, M, step):
-                    block.addmm_(g[i:i + step, j:j + n].T.to(wide), flat[i:i + step].to(wide))
-                grad_w[j:j + n] = block
-        if bias is not None and ctx.needs_input_grad[2]:
-            step = _rows(N)
-            grad_b = sum(g[i:i + step].to(wide).sum(0) for i in range(0, M, step)).to(bias.dtype)  # (N,)
-        return grad_x, grad_w, grad_b
+        with torch.autocast(grad.device.type, enabled=False):
+            return _raised_backward(ctx, grad)
+
+
+def _raised_forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    ctx.save_for_backward(x, weight, bias)
+    N, K = weight.shape
+    wide = _wide(x.dtype)
+    flat = x.reshape(-1, K)  # (M, K)
+    M = flat.shape[0]
+    out = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)  # (..., N): not a view of ours
+    rows = out.view(M, N)
+    w_step = _weight_rows(K)
+    for j in range(0, N, w_step):
+        w_rows = weight[j:j + w_step].to(wide)  # (n, K), raised once
+        n = w_rows.shape[0]
+        b_rows = None if bias is None else bias[j:j + w_step].to(wide)  # (n,)
+        step = _rows(K, n)
+        for i in range(0, M, step):
+            x_rows = flat[i:i + step].to(wide)  # (m, K)
+            product = x_rows @ w_rows.T if b_rows is None else torch.addmm(b_rows, x_rows, w_rows.T)  # (m, n)
+            rows[i:i + step, j:j + n] = product  # rounded to x's dtype as stored
+    return out
+
+
+def _raised_backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    x, weight, bias = ctx.saved_tensors
+    N, K = weight.shape
+    wide = _wide(x.dtype)
+    g = grad.reshape(-1, N)  # (M, N)
+    flat = x.reshape(-1, K)  # (M, K)
+    M = g.shape[0]
+    w_step = _weight_rows(K)
+    grad_x = grad_w = grad_b = None
+    if ctx.needs_input_grad[0]:  # dL/dx = g @ W: each weight block raised once, summed in float32
+        total = torch.zeros(M, K, dtype=wide, device=x.device)  # (M, K)
+        for j in range(0, N, w_step):
+            w_rows = weight[j:j + w_step].to(wide)  # (n, K)
+            n = w_rows.shape[0]
+            step = _rows(n)
+            for i in range(0, M, step):
+                total[i:i + step].addmm_(g[i:i + step, j:j + n].to(wide), w_rows)  # (m, K)
+        grad_x = total.to(x.dtype).view(x.shape)
+    if ctx.needs_input_grad[1]:  # dL/dW = gᵀ @ x: a block of the weight's rows, summed over row blocks
+        grad_w = torch.empty(N, K, dtype=weight.dtype, device=weight.device)  # (N, K)
+        for j in range(0, N, w_step):
+            n = min(w_step, N - j)
+            block = torch.zeros(n, K, dtype=wide, device=weight.device)  # (n, K)
+            step = _rows(n, K)
+            for i in range(0, M, step):
+                block.addmm_(g[i:i + step, j:j + n].T.to(wide), flat[i:i + step].to(wide))
+            grad_w[j:j + n] = block
+    if bias is not None and ctx.needs_input_grad[2]:
+        step = _rows(N)
+        grad_b = sum(g[i:i + step].to(wide).sum(0) for i in range(0, M, step)).to(bias.dtype)  # (N,)
+    return grad_x, grad_w, grad_b

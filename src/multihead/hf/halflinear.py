@@ -13,8 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attn.autodiff import transformed
-from ..attn.precision import HALF, half_units, raised_linear, slow_half_product
+from ..attn.precision import HALF, autocast_half, half_units, linear, slow_half_product
 from .model import is_conv1d
 from .placement import model_devices
 
@@ -22,16 +21,13 @@ __all__ = ["RaisedHalfLinear", "raise_half_linears", "raised_conv1d"]
 
 
 class RaisedHalfLinear(nn.Linear):
-    """An ``nn.Linear`` (the same parameters, state dict and hooks) whose product, when its input and
-    weight are of one half dtype on a CPU without units for it, is :func:`raised_linear`'s;
-    anywhere else (float32, a GPU, a CPU with AVX-512 BF16 or AMX) it is ``nn.Linear``'s own."""
+    """An ``nn.Linear`` (the same parameters, state dict and hooks) whose product is
+    :func:`~multihead.attn.precision.linear`'s: raised where its input and weight are of one half
+    dtype on a CPU without units for it, or where autocast would run it in such a dtype; anywhere
+    else (float32, a GPU, a CPU with AVX-512 BF16 or AMX) ``nn.Linear``'s own."""
 
     def forward(self, input: Tensor) -> Tensor:
-        # a forward-mode tangent or a torch.func transform takes nn.Linear's own product: the raised one is a
-        # custom autograd Function with a backward only
-        if slow_half_product(input) and self.weight.dtype == input.dtype and not transformed(input):
-            return raised_linear(input, self.weight, self.bias)  # (..., out_features)
-        return super().forward(input)
+        return linear(input, self.weight, self.bias)  # (..., out_features)
 
 
 @functools.cache
@@ -41,8 +37,8 @@ def raised_conv1d(conv1d: type[nn.Module]) -> type[nn.Module]:
     is slow: x (..., nx) @ W (nx, nf) + b is ``F.linear`` with Wᵀ."""
 
     def forward(self: nn.Module, input: Tensor) -> Tensor:
-        if slow_half_product(input) and self.weight.dtype == input.dtype and not transformed(input):
-            return raised_linear(input, self.weight.T, self.bias)  # (..., nf): Wᵀ is (nf, nx), a view
+        if slow_half_product(input) or autocast_half(input) is not None:
+            return linear(input, self.weight.T, self.bias)  # (..., nf): Wᵀ is (nf, nx), a view
         return conv1d.forward(self, input)
 
     return type("RaisedHalfConv1D", (conv1d,), {"forward": forward, "__module__": __name__,

@@ -16,6 +16,7 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from ..attn.layer import KVCache, MultiHeadAttention
+from ..attn.precision import linear
 from ..masks import Mask, causal
 
 __all__ = ["DecoderBlock", "EncoderBlock", "FeedForward", "sinusoidal_positions"]
@@ -45,8 +46,10 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.gelu(self.up(x)) if self.activation == "gelu" else F.relu(self.up(x))  # (B, T, F)
-        return self.down(self.dropout(h))  # (B, T, D)
+        # precision.linear: nn.Linear's product, raised where a half one would be slow (attn.precision)
+        up = linear(x, self.up.weight, self.up.bias)  # (B, T, F)
+        h = F.gelu(up) if self.activation == "gelu" else F.relu(up)
+        return linear(self.dropout(h), self.down.weight, self.down.bias)  # (B, T, D)
 
 
 class _Block(nn.Module):

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attn.layer import KVCache
+from ..attn.precision import linear
 from ..masks import causal, key_padding
 from .blocks import DecoderBlock, EncoderBlock, sinusoidal_positions
 
@@ -139,7 +140,7 @@ class DecoderLM(nn.Module):
         mask = causal() if pad is None else causal() & pad
         for i, layer in enumerate(self.layers):
             x = layer(x, None, mask, None, cache[i] if cache else None)
-        return self.final_norm(x) @ self.embeddings.tokens.weight.T  # (B, T, V)
+        return linear(self.final_norm(x), self.embeddings.tokens.weight)  # (B, T, V)
 
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int, *, use_cache: bool = True) -> Tensor:
@@ -185,4 +186,4 @@ class EncoderDecoder(nn.Module):
         self_mask = causal() if pad is None else causal() & pad
         for layer in self.decoder:
             x = layer(x, memory, self_mask, _padding(src_mask))
-        return x @ self.embeddings.tokens.weight.T  # (B, T, V)
+        return linear(x, self.embeddings.tokens.weight)  # (B, T, V)
