@@ -99,7 +99,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     GEMM computes, a float32-accumulated product rounded once, at float32's speed; the gradient
     reaches float32 weights through the casts, as autocast's does. A forward-mode tangent or a
     torch.func transform takes F.linear (the raised product is a Function with a backward only)."""
-    if transformed(x):
+    if (x.dtype not in HALF and not torch.is_autocast_enabled("cpu")) or transformed(x):  # the common case first
         return F.linear(x, weight, bias)
     dtype = autocast_half(x)
     if dtype is not None:
