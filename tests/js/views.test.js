@@ -4,7 +4,7 @@ import { test } from "node:test";
 
 import { codeOf, colourOf, evidenceOf, labelOf, markOf } from "../../src/multihead/render/js/labels.js";
 import { groupSummary, similarityLayout } from "../../src/multihead/render/js/layout.js";
-import { blue, COLORS, fmt, grey, ticks } from "../../src/multihead/render/js/scales.js";
+import { blue, COLORS, counted, fmt, grey, ticks } from "../../src/multihead/render/js/scales.js";
 import { blockSpan, cellAt, labelledPositions, wholeRegion, ZOOM_FULL, zoomed } from "../../src/multihead/render/js/zoom.js";
 
 test("weights run white to blue, distances black to white, clamped", () => {
@@ -19,6 +19,9 @@ test("weights run white to blue, distances black to white, clamped", () => {
   assert.deepEqual(ticks(0.2).map(([, t]) => t), ["0.20", "0.10", "0.00"]);
   assert.equal(fmt(0.12345), "0.123");
   assert.equal(fmt(null), "–");
+  assert.equal(counted(1, "sentence"), "1 sentence");  // a --document's page once said "1 sentences"
+  assert.equal(counted(668, "token"), "668 tokens");
+  assert.equal(counted(0, "text"), "0 texts");
   assert.equal(fmt(NaN), "–");
   assert.equal(fmt(2, 1), "2.0");
 });

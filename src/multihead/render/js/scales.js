@@ -26,3 +26,8 @@ export function ticks(max) {
 export function fmt(v, d) {
   return v === null || v === undefined || Number.isNaN(v) ? "–" : Number(v).toFixed(d === undefined ? 3 : d);
 }
+
+// a count and its noun in its number: counted(1, "sentence") is "1 sentence", counted(3, "text") "3 texts"
+export function counted(n, noun) {
+  return n + " " + (n === 1 ? noun : noun + "s");
+}

@@ -1,6 +1,6 @@
 // The head detail under the matrix: the head's metrics against its layer and the model, its most
 // typical corpus texts, and the page's texts ranked by how typical the head is of its label on each.
-import { blue, fmt } from "./scales.js";
+import { blue, counted, fmt } from "./scales.js";
 import { el, tableOf } from "./dom.js";
 import { eachEntry, sparseEntry } from "./decode.js";
 import { setGeometry, tokenLabels } from "./canvas.js";
@@ -78,7 +78,7 @@ export function detailView(page) {
       const words = { repeat_successor: "attention to the token after an earlier occurrence", "cls+sep": "attention to [CLS]/[SEP]",
                       entropy_norm: "normalised entropy", max_weight: "largest weight per row" };
       const name = syntax ? "share of its " + mine.measure.slice(7) + " dependents on their governor" : "mean " + (words[mine.measure] || mine.measure.replace("_token", "-token attention"));
-      box.appendChild(el("h4", {}, "The corpus texts where it is most typical of its label (" + name + ", of " + data.overview.sentences + " texts)"));
+      box.appendChild(el("h4", {}, "The corpus texts where it is most typical of its label (" + name + ", of " + counted(data.overview.sentences, "text") + ")"));
       const kept = (data.head_texts || {})[String(l * H + h)] || [];
       const shown = el("div", { "class": "mh-typical-view" });
       box.appendChild(tableOf(["text", name, syntax ? "dependents" : "tokens"], mine.texts.map(([i, v, n]) => {

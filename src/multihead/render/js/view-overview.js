@@ -1,5 +1,5 @@
 // The overview: what was analysed, the label map with its legend, flags, redundancy and the probes.
-import { blue, fmt } from "./scales.js";
+import { blue, counted, fmt } from "./scales.js";
 import { el, escSVG, tableOf } from "./dom.js";
 
 export function overviewView(page) {
@@ -29,7 +29,7 @@ export function overviewView(page) {
     const o = data.overview, box = q(".mh-overview");
     const corpus = o.corpus ? ", corpus " + o.corpus.sha256.slice(0, 12) : "";
     box.appendChild(el("p", { "class": "mh-meta" }, o.model + ": " + L + " layers × " + H + " heads" + (o.causal ? " (causal)" : "") +
-      "; " + o.sentences + " sentences, " + o.tokens + " tokens" + corpus + "; page written " + o.written + " by multihead " + o.version));
+      "; " + counted(o.sentences, "sentence") + ", " + counted(o.tokens, "token") + corpus + "; page written " + o.written + " by multihead " + o.version));
     box.appendChild(el("h3", {}, "Heads by label (click a head to open it)"));
     const shade = el("select", { "class": "mh-map-shade", "aria-label": "shade the map by" });
     shade.appendChild(el("option", { value: "" }, "shaded by label"));
