@@ -292,3 +292,37 @@ def test_under_autocast_to_a_slow_half_dtype_our_layers_products_are_raised(monk
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert precision.autocast_half(torch.ones(2)) == torch.bfloat16
         assert precision.autocast_half(torch.ones(2, dtype=torch.float64)) is None
+
+
+def test_a_tangent_on_the_weight_alone_takes_f_linear_and_our_feed_forward_calls_its_modules(monkeypatch):
+    """A forward-mode tangent or torch.func on the weight (not on x) — as a jvp over head gates gives
+    W^O·ξ — reaches F.linear, not the raised Function (which has no jvp); the feed-forward's
+    layers are precision.Linear modules, called as modules, so hooks on them fire; a model with
+    raised Conv1D layers pickles."""
+    import pickle
+
+    import torch.autograd.forward_ad as fwAD
+
+    from multihead.models.blocks import FeedForward
+
+    monkeypatch.setattr(precision, "half_units", lambda dtype: False)
+    x = torch.randn(4, 8).to(torch.bfloat16)
+    w = torch.randn(3, 8).to(torch.bfloat16)
+    with fwAD.dual_level():
+        tangent = fwAD.unpack_dual(precision.linear(x, fwAD.make_dual(w, torch.ones_like(w)))).tangent
+    torch.testing.assert_close(tangent.float(), x.float().sum(1, keepdim=True).expand(4, 3), atol=0.1, rtol=0.02)
+    grad = torch.func.grad(lambda w: precision.linear(x.float(), w).sum())(w.float())  # float32: F.linear anyway
+    torch.testing.assert_close(grad, x.float().sum(0).expand(3, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        grad = torch.func.grad(lambda w: precision.linear(x.float(), w).float().sum())(w.float())
+    torch.testing.assert_close(grad, x.float().sum(0).expand(3, 8), atol=0.1, rtol=0.02)
+    ffn = FeedForward(8, 16)
+    seen = []
+    ffn.up.register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    ffn(torch.randn(2, 5, 8))
+    assert seen == [(2, 5, 16)] and isinstance(ffn.up, nn.Linear)
+    model = _tiny_gpt2(torch.bfloat16)
+    monkeypatch.setattr(halflinear, "half_units", lambda dtype: False)
+    assert raise_half_linears(model) == 9
+    copy = pickle.loads(pickle.dumps(model))
+    assert type(copy.transformer.h[0].attn.c_attn) is type(model.transformer.h[0].attn.c_attn)

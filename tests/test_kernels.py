@@ -690,3 +690,29 @@ def test_sdpa_with_a_gradient_in_half_precision_on_a_cpu_without_units_runs_in_f
         with torch.no_grad():  # no gradient: the half kernel itself
             assert torch.equal(mh.attention(q, k, v, m, backend="sdpa")[0],
                                F.scaled_dot_product_attention(q, k, v, is_causal=mask == "causal"))
+
+
+def test_sdpa_raised_under_autocast_and_with_a_bias_rounds_as_the_half_kernel(monkeypatch):
+    """Under autocast to bfloat16 (training) SDPA would cast raised operands straight back: the raised
+    call runs with autocast off. A mask's float bias is rounded to the half dtype as the half kernel
+    rounds it, so a gradient does not change the map (near -100 bfloat16's step is 0.5)."""
+    from multihead.attn import precision
+
+    monkeypatch.setattr(precision, "half_units", lambda dtype: False)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 24, 8, generator=g) for _ in range(3))  # float32, as a layer under autocast gives
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = mh.attention(*leaves, masks.causal(), backend="sdpa")[0]
+    assert out.dtype == torch.bfloat16
+    halves = [t.to(torch.bfloat16).float() for t in (q, k, v)]  # autocast's casts, then float32's kernel
+    want = F.scaled_dot_product_attention(*halves, is_causal=True).to(torch.bfloat16)
+    assert torch.equal(out, want)  # autocast's own bfloat16 kernel differs from this in 35 % of the elements
+    bias = torch.randn(24, 24, generator=g) * 40 - 100  # (T, S) additive, where bfloat16 rounds by 0.25..0.5
+    mask = masks.from_tensor(bias)
+    qh, kh, vh = (t.to(torch.bfloat16) for t in (q, k, v))
+    with torch.no_grad():
+        plain = mh.attention(qh, kh, vh, mask, backend="sdpa")[0]  # the half kernel, bias in bfloat16
+    graded = mh.attention(*(t.clone().requires_grad_() for t in (qh, kh, vh)), mask, backend="sdpa")[0]
+    ulp = torch.finfo(torch.bfloat16).eps * float(plain.float().abs().max())
+    assert float((graded.detach().float() - plain.float()).abs().max()) <= 2 * ulp

@@ -34,7 +34,16 @@ from .chunked import chunked_attention, fusable
 from .dispatch import BACKENDS, BackendChoice, choose
 from .memory import check_memory, estimate_memory
 from .plans import plan_chunks
-from .precision import HALF, as_half_product, compute_dtype, half_matmul, key_grid, score_operands, slow_half_product
+from .precision import (
+    HALF,
+    as_half_product,
+    autocast_half,
+    compute_dtype,
+    half_matmul,
+    key_grid,
+    score_operands,
+    slow_half_product,
+)
 from .workspace import Workspace
 
 __all__ = ["BACKENDS", "BackendChoice", "attention", "explain_backend"]
@@ -321,14 +330,22 @@ def _seen_by_every_row(keep: Tensor) -> int:
 
 
 def _sdpa_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: float, dropout_p: float
+    q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: float, dropout_p: float,
+    half: torch.dtype | None = None,
 ) -> Tensor:
-    if slow_half_product(q) and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        # PyTorch's CPU flash backward in half precision without the units is its slow path: on an AVX2
-        # AMD EPYC (B 1, 9 heads of 3 key/value heads, causal) 0.30 s at 1,024 tokens and 3.5 s at 4,096
-        # against 0.055 s and 0.61 s in float32. The operands are exact in float32; the output is rounded
-        # once to their dtype, within a unit of the half kernel's own (whose softmax is float32 too).
-        return _sdpa_attention(q.float(), k.float(), v.float(), mask, scale, dropout_p).to(q.dtype)
+    """``half``: the half dtype float32 operands stand for (their mask's bias is rounded to it)."""
+    slow = q.dtype if slow_half_product(q) else autocast_half(q)
+    if slow is not None and half is None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        # PyTorch's CPU flash backward in half precision without the units (the model's own dtype, or
+        # autocast's) is its slow path: on an AVX2 AMD EPYC (B 1, 9 heads of 3 key/value heads, causal)
+        # 0.30 s at 1,024 tokens and 3.5 s at 4,096 against 0.055 s and 0.61 s in float32. The operands
+        # are exact in float32, a mask's bias is rounded as the half kernel rounds it, and the output is
+        # rounded once to the half dtype, within a unit of the half kernel's own (whose softmax is
+        # float32 too); autocast is off inside, or it would cast them back.
+        with torch.autocast(q.device.type, enabled=False):
+            wide = (t.to(slow).float() for t in (q, k, v))  # under autocast: its casts, then raised
+            out = _sdpa_attention(*wide, mask, scale, dropout_p, half=slow)
+        return out.to(slow)
     T, S = q.shape[2], k.shape[2]
     gqa = k.shape[1] != q.shape[1]
     if gqa and not _SDPA_HAS_GQA:  # torch < 2.5
@@ -344,8 +361,9 @@ def _sdpa_attention(
     keep, visible, bias = _dense_mask(mask, q.shape[0], q.shape[1], T, S, q.device, bias_dtype)
     attn_mask: Tensor = keep
     if bias is not None:
-        if q.dtype in HALF:  # a float32 bias such as -1e9 would overflow to -inf in half precision
-            bias = bias.clamp(min=torch.finfo(q.dtype).min).to(q.dtype)
+        rounding = q.dtype if q.dtype in HALF else half
+        if rounding is not None:  # a float32 bias such as -1e9 would overflow to -inf in half precision
+            bias = bias.clamp(min=torch.finfo(rounding).min).to(rounding).to(q.dtype)
         attn_mask = bias.masked_fill(~keep, float("-inf"))
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, **kwargs

@@ -10,12 +10,12 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from . import gemm
 from .autodiff import transformed
 
-__all__ = ["HALF", "KEY_GRID", "RAISED_BYTES", "RAISED_WEIGHT_BYTES", "as_half_product", "autocast_half",
+__all__ = ["HALF", "KEY_GRID", "RAISED_BYTES", "RAISED_WEIGHT_BYTES", "Linear", "as_half_product", "autocast_half",
            "compute_dtype", "half_matmul", "half_units", "key_grid", "linear", "raised_linear", "score_operands",
            "slow_half_product"]
 
@@ -98,8 +98,12 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     float32's) — it is :func:`raised_linear`'s on the operands in that dtype: what autocast's half
     GEMM computes, a float32-accumulated product rounded once, at float32's speed; the gradient
     reaches float32 weights through the casts, as autocast's does. A forward-mode tangent or a
-    torch.func transform takes F.linear (the raised product is a Function with a backward only)."""
-    if (x.dtype not in HALF and not torch.is_autocast_enabled("cpu")) or transformed(x):  # the common case first
+    torch.func transform on any operand takes F.linear (the raised product is a Function with a
+    backward only)."""
+    # the common cases first: a GPU, or full precision without autocast
+    if x.device.type != "cpu" or (x.dtype not in HALF and not torch.is_autocast_enabled("cpu")):
+        return F.linear(x, weight, bias)
+    if any(t is not None and transformed(t) for t in (x, weight, bias)):
         return F.linear(x, weight, bias)
     dtype = autocast_half(x)
     if dtype is not None:
@@ -108,6 +112,14 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if slow_half_product(x) and weight.dtype == x.dtype:
         return raised_linear(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """An ``nn.Linear`` (the same parameters, state dict and hooks) whose product is :func:`linear`'s:
+    raised where a half product would be PyTorch's scalar loop, ``nn.Linear``'s own anywhere else."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return linear(input, self.weight, self.bias)  # (..., out_features)
 
 
 def _half_product_on_cpu(t: Tensor) -> bool:

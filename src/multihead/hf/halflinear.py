@@ -13,21 +13,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attn.precision import HALF, autocast_half, half_units, linear, slow_half_product
+from ..attn.precision import HALF, Linear, autocast_half, half_units, linear, slow_half_product
 from .model import is_conv1d
 from .placement import model_devices
 
 __all__ = ["RaisedHalfLinear", "raise_half_linears", "raised_conv1d"]
 
 
-class RaisedHalfLinear(nn.Linear):
-    """An ``nn.Linear`` (the same parameters, state dict and hooks) whose product is
-    :func:`~multihead.attn.precision.linear`'s: raised where its input and weight are of one half
-    dtype on a CPU without units for it, or where autocast would run it in such a dtype; anywhere
-    else (float32, a GPU, a CPU with AVX-512 BF16 or AMX) ``nn.Linear``'s own."""
-
-    def forward(self, input: Tensor) -> Tensor:
-        return linear(input, self.weight, self.bias)  # (..., out_features)
+class RaisedHalfLinear(Linear):
+    """A model's ``nn.Linear`` made :class:`~multihead.attn.precision.Linear` (the same parameters,
+    state dict and hooks): its product raised where its input and weight are of one half dtype on a
+    CPU without units for it, or where autocast would run it in such a dtype; anywhere else
+    (float32, a GPU, a CPU with AVX-512 BF16 or AMX) ``nn.Linear``'s own."""
 
 
 @functools.cache
@@ -41,8 +38,10 @@ def raised_conv1d(conv1d: type[nn.Module]) -> type[nn.Module]:
             return linear(input, self.weight.T, self.bias)  # (..., nf): Wᵀ is (nf, nx), a view
         return conv1d.forward(self, input)
 
-    return type("RaisedHalfConv1D", (conv1d,), {"forward": forward, "__module__": __name__,
-                                                 "__doc__": raised_conv1d.__doc__})
+    raised = type("RaisedHalfConv1D", (conv1d,), {"forward": forward, "__module__": __name__,
+                                                   "__doc__": raised_conv1d.__doc__})
+    globals()["RaisedHalfConv1D"] = raised  # where pickle looks a class up (transformers has one Conv1D)
+    return raised
 
 
 def _raisable(module: nn.Module) -> type[nn.Module] | None:

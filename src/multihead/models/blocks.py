@@ -16,7 +16,7 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from ..attn.layer import KVCache, MultiHeadAttention
-from ..attn.precision import linear
+from ..attn.precision import Linear
 from ..masks import Mask, causal
 
 __all__ = ["DecoderBlock", "EncoderBlock", "FeedForward", "sinusoidal_positions"]
@@ -40,16 +40,15 @@ class FeedForward(nn.Module):
         super().__init__()
         if activation not in ("gelu", "relu"):
             raise ValueError(f"activation must be 'gelu' or 'relu'; got {activation!r}")
-        self.up = nn.Linear(dim, hidden, device=device, dtype=dtype)
-        self.down = nn.Linear(hidden, dim, device=device, dtype=dtype)
+        # precision.Linear: nn.Linear's product, raised where a half one would be slow (attn.precision)
+        self.up = Linear(dim, hidden, device=device, dtype=dtype)
+        self.down = Linear(hidden, dim, device=device, dtype=dtype)
         self.activation = activation
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        # precision.linear: nn.Linear's product, raised where a half one would be slow (attn.precision)
-        up = linear(x, self.up.weight, self.up.bias)  # (B, T, F)
-        h = F.gelu(up) if self.activation == "gelu" else F.relu(up)
-        return linear(self.dropout(h), self.down.weight, self.down.bias)  # (B, T, D)
+        h = F.gelu(self.up(x)) if self.activation == "gelu" else F.relu(self.up(x))  # (B, T, F)
+        return self.down(self.dropout(h))  # (B, T, D)
 
 
 class _Block(nn.Module):

@@ -74,8 +74,8 @@ def _labels(report: Report) -> str:
                      f"label): median {median(stable):.0%}; {len(shaky)} heads below 80%" + (f": {named}" if named
                                                                                            else ""))
     elif report.sentences < MIN_GROUPS:
-        lines.append(f"Label stability and intervals: not measured, the corpus is {counted(report.sentences, 'text')} "
-                     "(the bootstrap resamples whole texts: give two or more)")
+        lines.append(f"Label stability and intervals over texts: not measured, the corpus is "
+                     f"{counted(report.sentences, 'text')} (the bootstrap resamples whole texts: give two or more)")
     return "\n".join(lines)
 
 

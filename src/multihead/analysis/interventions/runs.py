@@ -36,7 +36,7 @@ class Run(NamedTuple):
     residual: Tensor | None
     #: how far rounding in the logits' dtype can move ``diff``: ROUNDING_STEPS · eps · max |logit| at the position
     rounding: float
-    #: the dtype of the model's logits
+    #: the least precise of the logits' dtype and the model's
     dtype: torch.dtype
 
 
@@ -62,8 +62,13 @@ def clean_run(model: HFModel, ids: Tensor, position: int, a: int, b: int, *, res
             hook.remove()
     stacked = torch.stack([outputs[layer] for layer in range(model.num_layers)])  # (L, 1, H, T, Dv)
     wide = row.float()  # as logit_diff forms the patched runs' differences
-    rounding = ROUNDING_STEPS * torch.finfo(row.dtype).eps * float(wide.abs().max())
-    return Run(float(wide[a] - wide[b]), stacked, seen[-1] if seen else None, rounding, row.dtype)
+    # the least precise of the logits' dtype and the model's: a half model may give float32 logits (an
+    # upcast head) read from a residual stream rounded in its own dtype
+    dtype = row.dtype
+    if model.dtype is not None and torch.finfo(model.dtype).eps > torch.finfo(dtype).eps:
+        dtype = model.dtype
+    rounding = ROUNDING_STEPS * torch.finfo(dtype).eps * float(wide.abs().max())
+    return Run(float(wide[a] - wide[b]), stacked, seen[-1] if seen else None, rounding, dtype)
 
 
 def single_token(tokenizer, text: str, name: str) -> int:

@@ -235,7 +235,9 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     for name, items in probe_items.items():  # a probe's score: bootstrap over its inputs (sequences, examples)
         low, high = intervals(items, torch.ones_like(items))
         for r in heads:
-            r.intervals[name] = (float(low[r.layer, r.head]), float(high[r.layer, r.head]))
+            lo, hi = float(low[r.layer, r.head]), float(high[r.layer, r.head])
+            if math.isfinite(lo) and math.isfinite(hi):  # none over fewer than MIN_GROUPS inputs
+                r.intervals[name] = (lo, hi)
     sections.typical = corpus.typical.result().section(labels, texts)
     if ablated:  # labels with evidence: each label's behaviour, with its head removed
         n = max(ablation, SYNTAX_TEXTS)  # relations need more tokens than the ablation's texts hold
