@@ -716,3 +716,18 @@ def test_sdpa_raised_under_autocast_and_with_a_bias_rounds_as_the_half_kernel(mo
     graded = mh.attention(*(t.clone().requires_grad_() for t in (qh, kh, vh)), mask, backend="sdpa")[0]
     ulp = torch.finfo(torch.bfloat16).eps * float(plain.float().abs().max())
     assert float((graded.detach().float() - plain.float()).abs().max()) <= 2 * ulp
+
+
+def test_the_memory_estimate_counts_the_raised_sdpa_operands(monkeypatch):
+    """With a gradient in half precision on a CPU without units, the sdpa backend keeps float32
+    copies of q, k, v and its float32 output: the estimate adds them; with the units it does not."""
+    from multihead.attn import precision
+
+    q, k, v = (torch.zeros(2, 4, 64, 16, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    monkeypatch.setattr(precision, "half_units", lambda dtype: True)
+    own = mh.estimate_memory(q, k, v, masks.causal(), backend="sdpa")
+    monkeypatch.setattr(precision, "half_units", lambda dtype: False)
+    raised = mh.estimate_memory(q, k, v, masks.causal(), backend="sdpa")
+    assert raised.bytes - own.bytes == 4 * 2 * 4 * 64 * 16 * 4 and "float32 operands" in raised.detail
+    with torch.no_grad():  # no gradient: the half kernel, nothing raised
+        assert mh.estimate_memory(q, k, v, masks.causal(), backend="sdpa").bytes < own.bytes
