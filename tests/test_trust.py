@@ -334,3 +334,18 @@ def test_the_probes_scores_have_intervals_over_their_inputs(smollm2):
     found = coreference_scores(smollm2)
     assert torch.allclose(found.per_example["accuracy"].mean(0), found.accuracy)
     assert torch.allclose(found.per_example["mass"].mean(0), found.mass)
+
+
+def test_a_head_at_the_dead_floor_does_not_die_or_appear_on_rounding():
+    """Dead is at most 1 % of the largest effect, alive more than 2 %: a head that moves from 1.1 %
+    to 0.9 % (SmolLM2's float32 against float16 report moved 15 such heads across the 1 % line)
+    neither died nor appeared; one that falls from 3.4 % to 0.2 % died, one that rises from 0.5 %
+    to 2.3 % appeared."""
+    unit = ("next-token cross-entropy (nats per token)", "nats/token")
+    a = _report("smollm2", True, *unit, [1.0, 0.011, 0.009, 0.034, 0.005, 0.5])
+    b = _report("smollm2", True, *unit, [1.0, 0.009, 0.011, 0.002, 0.023, 0.5])
+    c = compare(a, b)
+    assert c.died() == [((0, 3), (0, 3))] and c.appeared() == [((0, 4), (0, 4))]
+    text = comparison_text(c)
+    assert "heads died (removing them changed the objective by more than 2% of A's largest effect, and by at " \
+           "most 1% of B's): L0.H3" in text and "heads appeared (the reverse): L0.H4" in text

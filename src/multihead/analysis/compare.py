@@ -14,8 +14,11 @@
   metric's spread over A's heads (so an entropy change and a share change rank together);
 * **heads that died or appeared** — with ablation effects in both reports: a head is *dead* when
   its ``zero_ablation`` effect is at most :data:`DEAD_SHARE` of the largest effect of its report
-  (removing it changes nearly nothing); died = alive in A, dead in B; appeared = the reverse.
-  Each is named as its pair, ``A ~ B``.
+  (removing it changes nearly nothing), and *alive* when it is more than :data:`ALIVE_SHARE`;
+  died = alive in A, dead in B; appeared = the reverse. Between the two it is neither: a head
+  whose effect sits at the floor crosses it on rounding alone (SmolLM2 in float32 against
+  float16: 17 heads "died" or "appeared" on one floor, 2 with the band). Each is named as its
+  pair, ``A ~ B``.
 
 Only what compares is compared (:meth:`Comparison.excluded` says what was left out and why):
 
@@ -42,12 +45,14 @@ import numpy as np
 from .report import Report
 from .sections import unit_of
 
-__all__ = ["CAUSAL_MEANING", "DEAD_SHARE", "SCHEMA", "Comparison", "assignment", "cell_name", "compare", "dead_heads",
-           "excluded_metrics", "pair_name"]
+__all__ = ["ALIVE_SHARE", "CAUSAL_MEANING", "DEAD_SHARE", "SCHEMA", "Comparison", "assignment", "cell_name", "compare",
+           "dead_heads", "excluded_metrics", "pair_name"]
 
 SCHEMA = "multihead.compare/1"
 #: A head whose zero-ablation effect is at most this share of its report's largest is dead.
 DEAD_SHARE = 0.01
+#: ... and alive above this share: a head died or appeared only when it crossed the whole band.
+ALIVE_SHARE = 0.02
 #: Metrics that are not attention statistics (they measure the model's objective) stay out of profiles.
 _NOT_ATTENTION = ("zero_ablation", "mean_ablation", "zero_ablation_share", "mean_ablation_share")
 #: Metrics whose meaning differs between an encoder and a causal decoder, and why.
@@ -139,17 +144,17 @@ class Comparison:
 
     def died(self) -> list[tuple[Cell, Cell]]:
         """Pairs alive in A and dead in B (by zero-ablation effect; empty without it in both)."""
-        dead_a, dead_b = dead_heads(self.a), dead_heads(self.b)
-        if dead_a is None or dead_b is None:
+        dead_b, alive_a = dead_heads(self.b), dead_heads(self.a, ALIVE_SHARE)
+        if alive_a is None or dead_b is None:
             return []
-        return [(ca, cb) for ca, cb, _ in self.pairs if cb in dead_b and ca not in dead_a]
+        return [(ca, cb) for ca, cb, _ in self.pairs if cb in dead_b and ca not in alive_a]
 
     def appeared(self) -> list[tuple[Cell, Cell]]:
         """Pairs dead in A and alive in B."""
-        dead_a, dead_b = dead_heads(self.a), dead_heads(self.b)
-        if dead_a is None or dead_b is None:
+        dead_a, alive_b = dead_heads(self.a), dead_heads(self.b, ALIVE_SHARE)
+        if dead_a is None or alive_b is None:
             return []
-        return [(ca, cb) for ca, cb, _ in self.pairs if ca in dead_a and cb not in dead_b]
+        return [(ca, cb) for ca, cb, _ in self.pairs if ca in dead_a and cb not in alive_b]
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "a": {"name": self.a_name, "model": self.a.model, "shape": self._shape(self.a)},
@@ -331,12 +336,14 @@ def _spread(values: list[float]) -> float:
     return float(np.std(finite)) if len(finite) > 1 else 0.0
 
 
-def dead_heads(report: Report) -> set[Cell] | None:
+def dead_heads(report: Report, share: float = DEAD_SHARE) -> set[Cell] | None:
+    """The heads whose zero-ablation effect is at most ``share`` of the report's largest (None without
+    ablation effects); with :data:`ALIVE_SHARE`, the heads that are not alive."""
     effects = {(r.layer, r.head): r.metrics.get("zero_ablation", math.nan) for r in report.heads}
     finite = [abs(v) for v in effects.values() if not math.isnan(v)]
     if not finite:
         return None
-    floor = DEAD_SHARE * max(finite)
+    floor = share * max(finite)
     return {cell for cell, v in effects.items() if not math.isnan(v) and abs(v) <= floor}
 
 

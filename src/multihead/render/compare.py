@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..analysis.compare import Comparison, pair_name
+from ..analysis.compare import ALIVE_SHARE, DEAD_SHARE, Comparison, pair_name
 from .html import escape, static_document
 
 __all__ = ["compare_page"]
@@ -72,7 +72,8 @@ def compare_page(comparison: Comparison) -> str:
     else:
         parts.append("<p>died: " + escape(", ".join(pair_name(ca, cb) for ca, cb in c.died()) or "none")
                      + "; appeared: " + escape(", ".join(pair_name(ca, cb) for ca, cb in c.appeared()) or "none")
-                     + " (each head's effect against its own report's largest)</p>")
+                     + f" (died: removing it changed the objective by more than {ALIVE_SHARE:.0%} of A's largest "
+                     f"effect, and by at most {DEAD_SHARE:.0%} of B's; appeared: the reverse)</p>")
     excluded = c.excluded()
     if excluded:
         parts.append("<h2>Not compared</h2><ul>" + "".join(f"<li>{escape(name)}: {escape(why)}</li>"

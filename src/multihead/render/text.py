@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from statistics import median
 
-from ..analysis.compare import Comparison, dead_heads, pair_name
+from ..analysis.compare import ALIVE_SHARE, DEAD_SHARE, Comparison, dead_heads, pair_name
 from ..analysis.interventions.patching import Patching
 from ..analysis.labels import FLAG_RULES, LABEL_RULES, MARKS, SINK_HEAD, WINDOW_KEPT
 from ..analysis.report import Report
@@ -334,10 +334,11 @@ def comparison_text(c: Comparison, deltas: int = 10) -> str:
     if dead_heads(c.a) is None or dead_heads(c.b) is None:
         lines.append("\nheads died / appeared: needs ablation effects in both reports (analyze --ablation N)")
     else:
-        lines.append(f"\nheads died (alive in A, removing them changes nothing in B; each effect against its own "
-                     f"report's largest): {', '.join(pair_name(ca, cb) for ca, cb in c.died()) or 'none'}")
+        lines.append(f"\nheads died (removing them changed the objective by more than {ALIVE_SHARE:.0%} of A's largest "
+                     f"effect, and by at most {DEAD_SHARE:.0%} of B's): "
+                     f"{', '.join(pair_name(ca, cb) for ca, cb in c.died()) or 'none'}")
         shown = ", ".join(pair_name(ca, cb) for ca, cb in c.appeared()) or "none"
-        lines.append(f"heads appeared (dead in A, alive in B): {shown}")
+        lines.append(f"heads appeared (the reverse): {shown}")
     excluded = c.excluded()
     if excluded:
         lines.append("\nnot compared: " + "; ".join(f"{name} ({why})" for name, why in excluded.items()))
