@@ -310,9 +310,10 @@ def _run_analyze(args: argparse.Namespace) -> int:
 
 def _run_view(args: argparse.Namespace) -> int:
     from .jobs import view_job
+    from .progress import counted
 
     page, model, n = view_job(**_options(args, "model", "texts", "file", "report", "out", "force"))
-    print(f"wrote {page} ({page.stat().st_size / 1024:.0f} KiB): {n} text{'' if n == 1 else 's'}, {model.name}, "
+    print(f"wrote {page} ({page.stat().st_size / 1024:.0f} KiB): {counted(n, 'text')}, {model.name}, "
           f"{model.num_layers} x {model.num_heads} heads")
     return 0
 

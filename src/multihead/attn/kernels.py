@@ -34,16 +34,7 @@ from .chunked import chunked_attention, fusable
 from .dispatch import BACKENDS, BackendChoice, choose
 from .memory import check_memory, estimate_memory
 from .plans import plan_chunks
-from .precision import (
-    HALF,
-    as_half_product,
-    autocast_half,
-    compute_dtype,
-    half_matmul,
-    key_grid,
-    score_operands,
-    slow_half_product,
-)
+from .precision import HALF, as_half_product, compute_dtype, half_matmul, key_grid, raised_dtype, score_operands
 from .workspace import Workspace
 
 __all__ = ["BACKENDS", "BackendChoice", "attention", "explain_backend"]
@@ -334,7 +325,7 @@ def _sdpa_attention(
     half: torch.dtype | None = None,
 ) -> Tensor:
     """``half``: the half dtype float32 operands stand for (their mask's bias is rounded to it)."""
-    slow = q.dtype if slow_half_product(q) else autocast_half(q)
+    slow = raised_dtype(q)
     if slow is not None and half is None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         # PyTorch's CPU flash backward in half precision without the units (the model's own dtype, or
         # autocast's) is its slow path: on an AVX2 AMD EPYC (B 1, 9 heads of 3 key/value heads, causal)

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten
 from ..masks import FULL, Mask, as_mask, split_topk
 from .dispatch import choose
 from .plans import plan_cost
-from .precision import HALF, autocast_half, key_grid, slow_half_product
+from .precision import HALF, key_grid, raised_dtype
 
 __all__ = ["AttentionMemoryError", "LiveBytes", "MemoryEstimate", "available_memory", "check_memory",
            "estimate_memory", "pages_in_memory", "process_resident"]
@@ -85,7 +85,7 @@ def estimate_memory(
     elif backend == "sdpa":
         total = 2 * mask_bytes + out * (3 if training else 1)
         detail = f"dense mask {_human(mask_bytes)}" if mask_bytes else "fused kernel, no score matrix"
-        if training and (slow_half_product(q) or autocast_half(q) is not None):
+        if training and raised_dtype(q) is not None:
             # the kernel runs on float32 copies of q, k, v (kept for the backward) and gives a float32 output
             raised = (q.numel() + k.numel() + v.numel() + B * H * T * Dv) * 4
             total += raised

@@ -16,8 +16,8 @@ from . import gemm
 from .autodiff import transformed
 
 __all__ = ["HALF", "KEY_GRID", "RAISED_BYTES", "RAISED_WEIGHT_BYTES", "Linear", "as_half_product", "autocast_half",
-           "compute_dtype", "half_matmul", "half_units", "key_grid", "linear", "raised_linear", "score_operands",
-           "slow_half_product"]
+           "compute_dtype", "half_matmul", "half_units", "key_grid", "linear", "raised_dtype", "raised_linear",
+           "score_operands", "slow_half_product"]
 
 HALF = (torch.float16, torch.bfloat16)
 #: Key counts a half-precision product on a CPU is padded up to a multiple of (see :func:`key_grid`).
@@ -86,6 +86,12 @@ def autocast_half(t: Tensor) -> torch.dtype | None:
         return None
     dtype = torch.get_autocast_dtype("cpu")
     return dtype if dtype in HALF and not half_units(dtype) else None
+
+
+def raised_dtype(t: Tensor) -> torch.dtype | None:
+    """The half dtype a product of ``t`` is formed for in float32 here: ``t``'s own on a CPU without
+    units for it (:func:`slow_half_product`), or autocast's such dtype (:func:`autocast_half`); else None."""
+    return t.dtype if slow_half_product(t) else autocast_half(t)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attn.precision import HALF, Linear, autocast_half, half_units, linear, slow_half_product
+from ..attn.precision import HALF, Linear, half_units, linear
 from .model import is_conv1d
 from .placement import model_devices
 
@@ -34,9 +34,8 @@ def raised_conv1d(conv1d: type[nn.Module]) -> type[nn.Module]:
     is slow: x (..., nx) @ W (nx, nf) + b is ``F.linear`` with Wᵀ."""
 
     def forward(self: nn.Module, input: Tensor) -> Tensor:
-        if slow_half_product(input) or autocast_half(input) is not None:
-            return linear(input, self.weight.T, self.bias)  # (..., nf): Wᵀ is (nf, nx), a view
-        return conv1d.forward(self, input)
+        # Conv1D's own addmm(b, x, W) is F.linear(x, Wᵀ, b): linear takes it wherever nothing is raised
+        return linear(input, self.weight.T, self.bias)  # (..., nf): Wᵀ is (nf, nx), a view
 
     raised = type("RaisedHalfConv1D", (conv1d,), {"forward": forward, "__module__": __name__,
                                                    "__doc__": raised_conv1d.__doc__})

@@ -173,8 +173,8 @@ def _probes(report: Report) -> str:
     if syntax:
         rows = [(rel, d) for rel, d in syntax.relations.items() if d.count >= syntax.min_count and d.beats()]
         rows = sorted(rows, key=lambda kv: kv[1].baseline - kv[1].best["accuracy"])[:8]
-        texts = "text" if syntax.not_parsed == 1 else "texts"
-        unread = f"{syntax.not_parsed} {texts} not parsed: not in Latin script (spaCy's en_core_web_sm reads English)"
+        unread = (f"{counted(syntax.not_parsed, 'text')} not parsed: not in Latin script (spaCy's en_core_web_sm "
+                  "reads English)")
         if syntax.not_parsed and not syntax.relations:
             lines.append(f"Syntax: not scored; {unread}")
         else:
