@@ -17,7 +17,7 @@ from multihead.analysis.probes.syntax import Parse
 from multihead.analysis.stats.syntax import SyntaxStatistics, relation_keys
 from multihead.analysis.stats.typical import TypicalTexts
 from multihead.attn.heap import HeapRules
-from multihead.attn.memory import LiveBytes, last_level_cache, pages_in_memory
+from multihead.attn.memory import LiveBytes, pages_in_memory
 
 LLAMA_3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                   num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072)
@@ -95,21 +95,6 @@ def test_with_the_probes_the_plan_keeps_their_inputs_views_for_the_page(smollm2)
     kept = sum(t.numel() * t.element_size() for t in (view.pooled.index, view.pooled.values, view.pooled.mass,
                                                        view.pooled.largest))
     assert kept <= TextViews.planned_bytes(L, H, len(view.tokens), top_k=EVIDENCE_TOP_K) <= 1.1 * kept
-
-
-def test_the_last_level_cache_is_the_largest_level_sysfs_lists(tmp_path):
-    # an AMD EPYC core's caches as Linux lists them: L1d, L1i, L2, and the L3 its complex shares
-    for index, (level, size) in enumerate([(1, "32K"), (1, "32K"), (2, "1024K"), (3, "32768K")]):
-        entry = tmp_path / f"index{index}"
-        entry.mkdir()
-        (entry / "level").write_text(f"{level}\n")
-        (entry / "size").write_text(f"{size}\n")
-    assert last_level_cache.__wrapped__(str(tmp_path)) == 32 << 20
-    (tmp_path / "index3" / "size").write_text("480M\n")  # another unit
-    assert last_level_cache.__wrapped__(str(tmp_path)) == 480 << 20
-    (tmp_path / "index3" / "size").write_text("big\n")  # unreadable: unknown, not a guess
-    assert last_level_cache.__wrapped__(str(tmp_path)) is None
-    assert last_level_cache.__wrapped__(str(tmp_path / "absent")) is None
 
 
 @pytest.mark.skipif(pages_in_memory([torch.ones(1)]) is None, reason="/proc/self/pagemap is Linux's")

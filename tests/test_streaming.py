@@ -137,15 +137,9 @@ def test_a_causal_layers_chunks_take_as_many_rows_as_their_own_keys_fit(padded, 
         want = model(**batch).last_hidden_state
     B, H, T, S = dense[0].shape
     row_bytes = B * H * S * 4  # a row of every key, float32
-    # a CPU's bytes for three such rows: fewer than a chunk holds at least, so twice that (and no more) where
-    # its last-level cache is small (an AMD EPYC's 32 MiB L3); where it holds a chunk's buffers, the bytes as given
-    small, roomy = 32 << 20, mh.hf.route.ROOMY_CACHE
-    assert mh.hf.route.at_least_rows(3 * row_bytes, row_bytes, cache=small) == 6 * row_bytes
-    assert mh.hf.route.at_least_rows(200 * row_bytes, row_bytes, cache=small) == 200 * row_bytes
-    assert mh.hf.route.at_least_rows(3 * row_bytes, row_bytes, cache=roomy) == 3 * row_bytes
-    monkeypatch.setattr(mh.hf.route, "last_level_cache", lambda: small)  # the chunks below grow on any host
-    assert mh.hf.route.chunk_bytes("cpu", row_bytes=row_bytes) == max(mh.hf.route.CHUNK_BYTES,
-                                                                      min(2 * mh.hf.route.CHUNK_BYTES, 160 * row_bytes))
+    # a CPU's bytes for three such rows: fewer than a chunk holds at least, so twice that (and no more)
+    assert mh.hf.route.at_least_rows(3 * row_bytes, row_bytes) == 6 * row_bytes
+    assert mh.hf.route.at_least_rows(200 * row_bytes, row_bytes) == 200 * row_bytes
     monkeypatch.setattr(mh.hf.route, "CHUNK_BYTES", 3 * row_bytes)
     entries = 6 * S  # a chunk's map: at most B·H·entries float32
     rows: dict[int, list] = {}
@@ -187,8 +181,7 @@ def test_grown_chunks_equal_the_whole_maps_on_windows_sinks_latent_keys_and_an_e
             torch.no_grad():
         want = model(**batch).last_hidden_state
     B, H, T, S = dense[0].shape
-    monkeypatch.setattr(mh.hf.route, "CHUNK_BYTES", 2 * B * H * S * 4)  # two rows of every key (four, the floor ...
-    monkeypatch.setattr(mh.hf.route, "last_level_cache", lambda: 32 << 20)  # ... of a CPU whose cache they spill)
+    monkeypatch.setattr(mh.hf.route, "CHUNK_BYTES", 2 * B * H * S * 4)  # two rows of every key (four, the floor)
     rows: dict[int, list] = {}
     with mh.hf.AttentionCapture(model, lambda c: rows.setdefault(c.layer, []).append((c.start, c.weights.clone())),
                                 stack=stack, budget=1, transient=True), torch.no_grad():

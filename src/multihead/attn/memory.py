@@ -9,7 +9,6 @@ estimate and a remedy before allocating anything.
 
 from __future__ import annotations
 
-import functools
 import os
 import weakref
 from collections.abc import Iterable
@@ -26,7 +25,7 @@ from .plans import plan_cost
 from .precision import HALF, key_grid, raised_dtype
 
 __all__ = ["AttentionMemoryError", "LiveBytes", "MemoryEstimate", "available_memory", "check_memory",
-           "estimate_memory", "last_level_cache", "pages_in_memory", "process_resident"]
+           "estimate_memory", "pages_in_memory", "process_resident"]
 
 #: Below this an estimate is not checked against the free memory (reading it costs a syscall).
 CHECK_ABOVE = 256 * 2**20
@@ -129,26 +128,6 @@ def check_memory(estimate: MemoryEstimate) -> None:
     raise AttentionMemoryError(
         f"attention would need {estimate} but only {_human(free)} is free on {estimate.device}; {remedy}"
     )
-
-
-@functools.cache
-def last_level_cache(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
-    """The bytes of the largest-level cache the first CPU shares (Linux's sysfs: an L3 of 32 MiB
-    on an AMD EPYC core complex, the 480 MiB of a whole Intel Xeon socket — a virtual machine sees
-    the socket's, not its share), or None where it cannot be read."""
-    try:
-        entries = [os.path.join(root, name) for name in os.listdir(root) if name.startswith("index")]
-        levels = []
-        for entry in entries:
-            with open(os.path.join(entry, "level"), encoding="ascii") as f:
-                level = int(f.read())
-            with open(os.path.join(entry, "size"), encoding="ascii") as f:
-                size = f.read().strip()
-            units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-            levels.append((level, int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)))
-    except (OSError, ValueError, IndexError):
-        return None
-    return max(levels)[1] if levels else None
 
 
 def process_resident() -> int | None:

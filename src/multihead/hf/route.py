@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from ..attn import attention, rowstats
 from ..attn.layer import MultiHeadAttention, scale_heads
-from ..attn.memory import available_memory, last_level_cache
+from ..attn.memory import available_memory
 from ..attn.precision import KEY_GRID, half_matmul, key_grid
 from ..attn.workspace import Workspace
 from ..masks import Causal, FromTensor, Mask, Rows, as_mask, causal, from_tensor, split_topk, window
@@ -68,12 +68,8 @@ CHUNK_BYTES = 24 << 20
 #: of SmolLM2 (604 MB) streams.
 MAP_BUDGET = 256 << 20
 #: On a CPU, a streamed chunk holds at least this many rows of every key where twice its bytes hold them
-#: (:func:`at_least_rows`) ...
+#: (:func:`at_least_rows`).
 MIN_CHUNK_ROWS = 160
-#: ... unless the CPU's last-level cache has at least this many bytes (:func:`~multihead.attn.memory.last_level_cache`):
-#: there a chunk of :data:`CHUNK_BYTES` keeps its buffers (the float32 map beside a half model's products
-#: and weights, ~2x its bytes) in cache, and a larger one spills them.
-ROOMY_CACHE = 128 << 20
 #: On a CUDA device the caching allocator has no page-fault cliff: a chunk may take this share of
 #: the memory free when the layer runs (larger chunks, fewer kernel launches), within the bounds
 #: below — a small share, as the readers' work on a chunk takes a few times its size again.
@@ -828,24 +824,15 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
     return outs  # (B, H, T, Dv)
 
 
-def at_least_rows(limit: int, row_bytes: int, cache: int | None = None) -> int:
+def at_least_rows(limit: int, row_bytes: int) -> int:
     """A chunk's bytes on a CPU by default (:func:`chunk_bytes`): ``limit``, or up to
     twice that where ``limit`` would hold fewer than :data:`MIN_CHUNK_ROWS` rows of ``row_bytes``
-    (a row over every key, B·H·S·4) and the last-level cache (``cache`` bytes, default
-    :func:`~multihead.attn.memory.last_level_cache`; None: unknown) is under :data:`ROOMY_CACHE`.
-
-    Where a chunk's buffers spill the cache whatever its size (an AMD EPYC's 32 MiB L3), the rows of
-    a long text's last chunks, which see every key, pay the chunk's fixed cost — the products' key
-    packing, its Python and small operations — over few rows (85 a chunk for SmolLM2's nine heads at
-    8,192 tokens in 24 MiB): with at least 160 its bfloat16 analysis there took 29.2 → 26.6 s (128:
-    26.9), while 48 MiB chunks at 1k and 4k tokens, which hold more than 160 rows anyway, were 2-3 %
-    slower (one process alternating them, two threads). Where the cache holds a chunk's buffers (an
-    Intel Xeon's 480 MiB, AMX), the larger chunk spills them: at 8,192 tokens its softmax and readers
-    ran 10-40 % slower, SmolLM2 bfloat16's analysis 21.6 s against 24.2 (float32 32.7 against 33.6), a
-    Qwen2-1.5B shape's 51.7 against 56.3 (2026-12-05, one process each)."""
-    cache = last_level_cache() if cache is None else cache
-    if cache is not None and cache >= ROOMY_CACHE:
-        return limit
+    (a row over every key: B·H·S·4) — the rows of a long text's last chunks, which see every key:
+    the products' key packing and a chunk's fixed Python and small operations are paid once a
+    chunk, and 85 rows a chunk (SmolLM2's nine heads at 8,192 tokens in 24 MiB) pay them over few
+    rows; with at least 160 (45 MiB) SmolLM2 bfloat16's analysis there took 29.2 → 26.6 s (128:
+    26.9), while 48 MiB chunks at 1k and 4k tokens, which hold more than 160 rows anyway, were
+    2-3 % slower (one process alternating them, AMD EPYC, two threads)."""
     return max(limit, min(2 * limit, MIN_CHUNK_ROWS * row_bytes))
 
 
