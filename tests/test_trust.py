@@ -289,8 +289,11 @@ def test_the_probes_page_views_are_read_in_their_own_passes(smollm2, monkeypatch
     retrieval_scores(model, trials=2, haystack=520, chunk=64, reader=reader)  # a long input, streamed: pooled
     (got,), (want,) = reader.result(), token_views(model, [trial], top_k=5)
     assert got.pooled is not None and got.tokens == want.tokens
-    for field in ("index", "values", "largest"):  # row by row: the same whatever the chunks
+    for field in ("index", "values"):  # row by row: the same keys and bytes whatever the chunks
         assert torch.equal(getattr(got.pooled, field), getattr(want.pooled, field)), field
+    # the largest weight of each cell within float32's rounding: a CPU's GEMM may sum a score's products in
+    # another order for another number of rows (MKL on an Intel Xeon with AMX: 783 of 98,568 cells 4.7e-10 apart)
+    torch.testing.assert_close(got.pooled.largest, want.pooled.largest, rtol=1e-6, atol=1e-9)
     torch.testing.assert_close(got.pooled.mass, want.pooled.mass)  # summed over chunks of 64 rows or one
 
     failing = InputViews(model, keep=(5,))  # the first batch holds 4 sequences: there is no sixth
