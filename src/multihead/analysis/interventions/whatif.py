@@ -104,13 +104,14 @@ def summed_loss(logits: Tensor, target: Tensor, block_bytes: int = LOSS_BLOCK_BY
     """Σ cross-entropy of ``logits`` (N, V) against ``target`` (N,) in nats: rows of at most
     ``block_bytes`` of float32 logits at a time (a half model's raised to float32 there, float32 and
     float64 ones as they are; each row soft-maxed over its own consecutive vocabulary — over a
-    strided vocabulary axis it is ~1e-4 off on the CPU), the blocks' sums added in float64."""
+    strided vocabulary axis it is ~1e-4 off on the CPU), the blocks' sums read back once and added
+    in float64."""
     N, V = logits.shape
     rows = max(1, block_bytes // (V * 4))
-    total = 0.0
+    sums = []  # each block's, where the logits are (no read back a block)
     for start in range(0, N, rows):
         block = logits[start:start + rows]  # (r, V)
         if block.dtype in (torch.float16, torch.bfloat16):
             block = block.float()
-        total += float(F.cross_entropy(block, target[start:start + rows], reduction="sum"))
-    return total
+        sums.append(F.cross_entropy(block, target[start:start + rows], reduction="sum"))
+    return float(torch.stack(sums).cpu().double().sum())
