@@ -144,17 +144,17 @@ class Comparison:
 
     def died(self) -> list[tuple[Cell, Cell]]:
         """Pairs alive in A and dead in B (by zero-ablation effect; empty without it in both)."""
-        dead_b, alive_a = dead_heads(self.b), dead_heads(self.a, ALIVE_SHARE)
-        if alive_a is None or dead_b is None:
+        dead_b, not_alive_a = dead_heads(self.b), dead_heads(self.a, ALIVE_SHARE)
+        if not_alive_a is None or dead_b is None:
             return []
-        return [(ca, cb) for ca, cb, _ in self.pairs if cb in dead_b and ca not in alive_a]
+        return [(ca, cb) for ca, cb, _ in self.pairs if cb in dead_b and ca not in not_alive_a]
 
     def appeared(self) -> list[tuple[Cell, Cell]]:
         """Pairs dead in A and alive in B."""
-        dead_a, alive_b = dead_heads(self.a), dead_heads(self.b, ALIVE_SHARE)
-        if dead_a is None or alive_b is None:
+        dead_a, not_alive_b = dead_heads(self.a), dead_heads(self.b, ALIVE_SHARE)
+        if dead_a is None or not_alive_b is None:
             return []
-        return [(ca, cb) for ca, cb, _ in self.pairs if ca in dead_a and cb not in alive_b]
+        return [(ca, cb) for ca, cb, _ in self.pairs if ca in dead_a and cb not in not_alive_b]
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "a": {"name": self.a_name, "model": self.a.model, "shape": self._shape(self.a)},

@@ -47,7 +47,8 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.gelu(self.up(x)) if self.activation == "gelu" else F.relu(self.up(x))  # (B, T, F)
+        up = self.up(x)  # (B, T, F)
+        h = F.gelu(up) if self.activation == "gelu" else F.relu(up)
         return self.down(self.dropout(h))  # (B, T, D)
 
 

@@ -23,7 +23,7 @@ from .whatif_spec import read_what_if
 
 __all__ = ["LOSS_BLOCK_BYTES", "WhatIf", "check_what_if", "parse_what_if", "summed_loss", "what_if"]
 
-#: The float32 logits one block of the loss takes at a time (rows of the vocabulary): a long text's
+#: The float32 logits one block of the loss takes at a time (whole rows of the vocabulary): a long text's
 #: whole (T, V) block in float32, with log-softmax's as large beside it, was 2.2 GB a forward for
 #: SmolLM2 at 5,654 tokens — paged in afresh by each of the what-if's 32 forwards, 2.5-2.9 s of loss
 #: against 0.6 s in blocks (Intel Xeon, two threads).
