@@ -329,6 +329,48 @@ def test_attribution_on_an_offloaded_model_keeps_which_weights_take_a_gradient(o
         torch.testing.assert_close(got[mode], want[mode], atol=1e-5, rtol=1e-4)
 
 
+def test_a_backward_through_an_offloaded_model_holds_its_swapped_in_weights_one_module_at_a_time(offloaded,
+                                                                                                   monkeypatch):
+    """A gradient pass (the ablation estimate, attribution patching, gradient importance) saves the
+    weights an offload hook swapped in by name, not the tensors: after the forward, before the
+    backward, the process holds a fraction of the offloaded weights — where autograd had kept
+    every one of them (the test's own run without the names shows it) — and the gates' gradients
+    are the same to the bit."""
+    import contextlib
+
+    from multihead.attn.heap import give_back_freed
+    from multihead.attn.memory import process_resident
+    from multihead.hf import interventions
+    from multihead.hf.placement import _offloading
+
+    if process_resident() is None:
+        pytest.skip("needs /proc/self/status (Linux)")
+    swapped = sum(p.numel() * p.element_size() for m in offloaded.model.modules() if _offloading(m)
+                  for p in m.parameters())
+    ids = offloaded.tokenizer(TEXTS[2], return_tensors="pt")
+    L, H = offloaded.num_layers, offloaded.num_heads
+    with torch.inference_mode():  # the weights kept in memory paged in from their file first (not what is measured)
+        offloaded.model(**ids)
+
+    def held_after_forward() -> tuple[int, Tensor]:
+        gates = torch.ones(L, H, requires_grad=True)
+        with interventions.gate_gradients_only(offloaded.model), interventions.HeadGates(offloaded.model, gates):
+            give_back_freed()
+            before = process_resident()
+            loss = offloaded.model(**ids).logits[0, -1].float().logsumexp(-1)
+            give_back_freed()
+            held = process_resident() - before
+            loss.backward()
+        return held, gates.grad
+
+    held, grad = held_after_forward()
+    monkeypatch.setattr(interventions, "swapped_weights_saved_by_name", lambda model: contextlib.nullcontext())
+    held_whole, grad_whole = held_after_forward()
+    assert held_whole > 0.8 * swapped, (held_whole, swapped)  # what the names spare
+    assert held < 0.25 * swapped, (held, swapped)
+    torch.testing.assert_close(grad, grad_whole, rtol=0, atol=0)
+
+
 @pytest.mark.slow
 def test_pruning_an_offloaded_model_is_refused_in_one_line(offloaded):
     with pytest.raises(ValueError, match="accelerate keeps part of this model offloaded"):

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..hf.interventions import HeadGates
 from ..hf.model import ModelLike, as_module
-from ..hf.placement import input_device
+from ..hf.placement import input_device, swapped_weights_saved_by_name
 from ..progress import bar
 
 __all__ = ["HeadImportance", "ablation_importance", "head_importance", "spearman"]
@@ -77,7 +77,7 @@ def head_importance(model: ModelLike, batches: Iterable[dict[str, Tensor]], loss
     total: Tensor | None = None
     examples = 0
     try:
-        with HeadGates(model) as installed:
+        with HeadGates(model) as installed, swapped_weights_saved_by_name(model):
             start = gates if gates is not None else torch.ones(installed.num_layers, installed.num_heads)
             if start.shape != (installed.num_layers, installed.num_heads):
                 raise ValueError(f"gates must be (L, H) = ({installed.num_layers}, {installed.num_heads}); "

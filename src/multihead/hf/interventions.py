@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..masks import Mask
 from .model import ModelLike, as_module
+from .placement import swapped_weights_saved_by_name
 from .route import Attachment
 from .sites import AttentionSite, find_sites, main_stack, select
 
@@ -52,7 +53,9 @@ def replica_gates(num_layers: int, num_heads: int, groups: list[list[tuple[int, 
 @contextlib.contextmanager
 def gate_gradients_only(model: ModelLike) -> Iterator[None]:
     """While inside, the model's weights take no gradient: a backward pass then computes only what
-    the gates (or other inputs) need, not the weights' gradients too (half the backward).
+    the gates (or other inputs) need, not the weights' gradients too (half the backward). The
+    weights an offload hook swaps in are saved for the backward by name, not held
+    (:func:`~multihead.hf.placement.swapped_weights_saved_by_name`).
 
     On leaving, the weights that took one take one again, found by name among the module's
     parameters *then*: accelerate's offload hooks replace an offloaded module's parameters on every
@@ -64,7 +67,8 @@ def gate_gradients_only(model: ModelLike) -> Iterator[None]:
     try:
         for p in module.parameters():
             p.requires_grad_(False)
-        yield
+        with swapped_weights_saved_by_name(module):
+            yield
     finally:
         for name, p in module.named_parameters(remove_duplicate=False):
             if name in wanted and not p.requires_grad:

@@ -24,7 +24,7 @@ from ..files import check_writable
 __all__ = ["DEVICE_MAPS", "DTYPES", "Placement", "PlacementError", "accelerate_device", "auto_dtype",
            "execution_devices", "give_back_swapped_weights", "input_device", "is_offloaded", "mapped_places",
            "mapped_weights", "memory_entries", "model_devices", "parse_max_memory", "resident_bytes", "resolve",
-           "resolve_device", "resolve_dtype", "weights_of"]
+           "resolve_device", "resolve_dtype", "swapped_weights_saved_by_name", "weights_of"]
 
 #: The dtypes a model may be loaded in ("auto": see the module).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -447,6 +447,81 @@ def weights_of(module: Any) -> Iterator[None]:
         for m in offloaded:
             stack.enter_context(align_module_device(m))
         yield
+
+
+@dataclass(frozen=True)
+class _SavedByName:
+    """A swapped-in weight (or a view of it) as autograd keeps it: where to read it again."""
+
+    hook: Any  # the module's accelerate hook: its weights_map reads the weight from the disk or the host
+    name: str  # the weight's name within the hooked module
+    dtype: Any  # the weight's dtype as the forward had it (accelerate casts to the module's own)
+    device: Any
+    size: tuple[int, ...]  # the saved view of it: W itself, or W.t() as a product saves it
+    stride: tuple[int, ...]
+    offset: int
+
+
+@contextmanager
+def swapped_weights_saved_by_name(model: Any) -> Iterator[None]:
+    """Inside, a backward pass through a model whose weights accelerate offloads holds one module's
+    swapped-in weights at a time, as its forward does — not every one the forward swapped in.
+
+    An offload hook brings a module's weights in (read from the disk or copied from the host) for
+    its forward and drops them after; but autograd saves the weights a product needs for the
+    gradient of its input, and those fresh tensors then live until the backward pass reaches them:
+    every offloaded weight of the pass at once (a random Gemma3-shaped model of 755M parameters in
+    bfloat16, 42 % of its weights on disk: the ablation estimate of eight sentences peaked at 2,249
+    MiB, 1,437 MiB with this; the model in memory 2,296). Here a weight that takes no gradient is
+    saved by its name and read again from the hook's ``weights_map`` when its product's backward
+    runs. Gradients are the same to the bit (the weights are the same numbers); a model without
+    offloading hooks is untouched."""
+    import torch
+
+    hooked = [m for m in model.modules() if _offloading(m)]
+    if not hooked:
+        yield
+        return
+    from accelerate.utils import named_module_tensors
+
+    by_bytes: dict[int, list[tuple[Any, Any, str]]] = {}  # a weight's bytes -> (module, hook, name), for the lookup
+    for module in hooked:
+        hook = module._hf_hook
+        for name, tensor in named_module_tensors(module, include_buffers=hook.offload_buffers,
+                                                 recurse=hook.place_submodules, remove_non_persistent=True):
+            by_bytes.setdefault(tensor.numel() * tensor.element_size(), []).append((module, hook, name))
+
+    def pack(saved: Any) -> Any:
+        if not isinstance(saved, torch.Tensor) or saved.requires_grad or saved.layout != torch.strided \
+                or saved.device.type == "meta":
+            return saved
+        storage = saved.untyped_storage()
+        for module, hook, name in by_bytes.get(storage.nbytes(), ()):
+            weight = _tensor_named(module, name)  # the one swapped in now, while its module runs; else on meta
+            if (weight is not None and weight.device.type != "meta" and weight.dtype == saved.dtype
+                    and storage.nbytes() > 0 and weight.untyped_storage().data_ptr() == storage.data_ptr()):
+                return _SavedByName(hook, name, weight.dtype, saved.device, tuple(saved.size()),
+                                    tuple(saved.stride()), saved.storage_offset())
+        return saved
+
+    def unpack(saved: Any) -> Any:
+        if not isinstance(saved, _SavedByName):
+            return saved
+        weight = saved.hook.weights_map[saved.name].to(device=saved.device, dtype=saved.dtype)  # as its forward read it
+        return weight.as_strided(saved.size, saved.stride, saved.offset)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield
+
+
+def _tensor_named(module: Any, name: str) -> Any:
+    """The parameter or buffer ``name`` (dotted) of ``module`` as it is now, or None."""
+    owner, _, leaf = name.rpartition(".")
+    try:
+        holder = module.get_submodule(owner) if owner else module
+    except AttributeError:
+        return None
+    return getattr(holder, leaf, None)
 
 
 def _offloading(module: Any) -> bool:
