@@ -239,3 +239,37 @@ def test_a_masked_lm_masks_each_text_the_same_in_any_batch(tmp_path):
             out = model.model(input_ids=one["input_ids"], labels=one["labels"])
         want, count = want + float(out.loss) * n, count + n
     assert effects.tokens == count and effects.intact == pytest.approx(want / count, rel=1e-5)
+
+
+def test_the_ablation_estimate_goes_through_a_batch_in_parts_that_fit_its_budget(smollm2, monkeypatch):
+    """A backward pass holds its whole batch's activations (SmolLM2: ~0.86 GB a text of 500 tokens),
+    so the estimate splits a batch to fit its budget: the first text of a padded length alone,
+    its peak measured, then as many texts a pass as the budget holds — with the same gradients as
+    the batch whole. Without a budget (free memory unknown) a batch is one pass, as before."""
+    from multihead.analysis.interventions import ablation
+
+    texts = ["The cat sat on the mat because it was tired of the dog.",
+             "The dog sat on the rug because it was tired of the cat.",
+             "A bird sat on the roof because it was tired of the wind.",
+             "The man sat on the bench because he was tired of the walk.",
+             "The girl sat on the step because she was tired of the rain."]
+    passes: list[int] = []
+    run = ablation._run
+    monkeypatch.setattr(ablation, "_run", lambda model, batch: (passes.append(len(batch["input_ids"])),
+                                                                run(model, batch))[1])
+    monkeypatch.setattr(ablation, "available_memory", lambda device: None)
+    whole = ablation.attribution_effects(smollm2, texts)
+    assert passes == [5, 5, 5]  # the heads' means (no gradient), then one batch, one pass for each mode
+    passes.clear()
+    measured = []
+    measure = ablation._measured_pass
+    monkeypatch.setattr(ablation, "_measured_pass", lambda device, go, part: measured.append(measure(device, go, part))
+                        or measured[-1])
+    alone = ablation.attribution_effects(smollm2, texts, budget=1)  # less than any text: one text a pass
+    assert passes == [5] + [1] * 10 and len(measured) == 1 and measured[0] > 10 * 2**20  # measured once, for both
+    passes.clear()
+    pairs = ablation.attribution_effects(smollm2, texts, budget=2 * measured[0] + measured[0] // 2)
+    assert passes == [5, 1, 2, 2, 2, 2, 1]  # the means; zero: 1 measured, then 2 + 2; mean: 2 + 2 + 1
+    for got in (alone, pairs):  # within float32's slack: the products' sums run in other orders on other batches
+        for mode, want in whole.items():
+            torch.testing.assert_close(got[mode], want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
