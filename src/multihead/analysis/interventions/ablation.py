@@ -246,14 +246,9 @@ def _texts(batch: dict[str, Tensor], first: int, stop: int) -> dict[str, Tensor]
 
 
 def _measured_pass(device: torch.device, run, part: dict[str, Tensor]) -> int:
-    """Run ``run(part)`` (a forward and backward pass) and return the most bytes of tensors it held
-    at once: the allocator's peak on a GPU, the tensors' own storage on a CPU
-    (:class:`~multihead.attn.memory.LiveBytes`)."""
-    if device.type == "cuda":
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        run(part)
-        return max(0, torch.cuda.max_memory_allocated(device) - before)
+    """Run ``run(part)`` (a forward and backward pass) and return the most bytes of tensors on
+    ``device``'s kind it held at once (:class:`~multihead.attn.memory.LiveBytes`: the tensors' own
+    storage, on any device — not CUDA's peak statistic, which a caller may be reading)."""
     with LiveBytes(device.type) as live:
         run(part)
     return live.peak
