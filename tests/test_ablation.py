@@ -270,6 +270,32 @@ def test_the_ablation_estimate_goes_through_a_batch_in_parts_that_fit_its_budget
     passes.clear()
     pairs = ablation.attribution_effects(smollm2, texts, budget=2 * measured[0] + measured[0] // 2)
     assert passes == [5, 1, 2, 2, 2, 2, 1]  # the means; zero: 1 measured, then 2 + 2; mean: 2 + 2 + 1
-    for got in (alone, pairs):  # within float32's slack: the products' sums run in other orders on other batches
+    passes.clear()
+    # by default: half the free memory (on a CPU at most ablation.GRADIENT_BYTES)
+    monkeypatch.setattr(ablation, "available_memory", lambda device: 5 * measured[0])
+    default = ablation.attribution_effects(smollm2, texts)
+    assert passes == [5, 1, 2, 2, 2, 2, 1]
+    for got in (alone, pairs, default):  # within float32's slack: sums in other orders on other batches
         for mode, want in whole.items():
             torch.testing.assert_close(got[mode], want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+
+
+def test_the_ablation_estimate_measures_its_longest_text(smollm2, monkeypatch):
+    """The budget's measure is the pass of the longest text (every one of its batch's padded positions
+    real: a shorter text's output layer reads only its real rows, and would be measured short), once
+    for all batches; shorter batches are scaled from it."""
+    from multihead.analysis.interventions import ablation
+
+    texts = ["Yes.", "The cat sat.",
+             "The dog sat on the rug because it was tired of the cat and the rain and the wind.", "A bird flew.",
+             "Long ago, in a land far away, there lived a king who had three daughters and a dragon."]
+    parts = []
+    measure = ablation._measured_pass
+    monkeypatch.setattr(ablation, "_measured_pass", lambda device, go, part: parts.append(part)
+                        or measure(device, go, part))
+    ablation.attribution_effects(smollm2, texts, batch_size=2, budget=1 << 40)
+    (part,) = parts  # once
+    mask = part["attention_mask"]
+    # the longest batch of two or more texts (a lone text runs whole, there is nothing to split)
+    T = max(b["input_ids"].shape[1] for b in ablation._batches(smollm2, texts, 2) if len(b["input_ids"]) > 1)
+    assert mask.shape == (1, T) and bool(mask.all())

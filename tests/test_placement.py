@@ -311,6 +311,48 @@ def test_an_offloaded_model_gives_what_the_plain_one_gives(offloaded, smollm2):
                                mh.head_importance(smollm2, batches(smollm2), loss).scores, **exact)
 
 
+def test_gradient_importance_on_an_offloaded_model_holds_one_modules_weights_at_a_time(offloaded, monkeypatch):
+    """``head_importance`` clears every weight's flag (inference tensors accelerate made in an
+    inference-mode pass too: with theirs left set, the weights swapped in wanted a gradient and were
+    held) and saves what the hooks swap in by name: its peak stays a fraction of the offloaded
+    weights above where it started — the run without the names (the test's own) holds them all —
+    with the same scores."""
+    import contextlib
+
+    from multihead.attn.heap import give_back_freed
+    from multihead.attn.memory import process_resident
+    from multihead.hf import interventions
+    from multihead.hf.placement import _offloading
+
+    clear = Path("/proc/self/clear_refs")
+    if process_resident() is None or not clear.exists():
+        pytest.skip("needs Linux's /proc/self/status and clear_refs")
+    swapped = sum(p.numel() * p.element_size() for m in offloaded.model.modules() if _offloading(m)
+                  for p in m.parameters())
+    batch = dict(offloaded.tokenizer([TEXTS[2]], return_tensors="pt"))
+    with torch.inference_mode():  # the kept weights paged in first; the hooks' weights made inference tensors
+        offloaded.model(**batch)
+    assert any(p.is_inference() for p in offloaded.model.parameters())
+
+    def loss(outputs, batch):
+        return outputs.logits[:, -1].float().logsumexp(-1)  # (B,)
+
+    def peak() -> tuple[int, Tensor]:
+        give_back_freed()
+        before = process_resident()
+        clear.write_text("5")  # the peak (VmHWM) from here
+        scores = mh.head_importance(offloaded, [batch], loss).scores
+        status = Path("/proc/self/status").read_text()
+        return int(status.split("VmHWM:")[1].split()[0]) * 1024 - before, scores
+
+    held, scores = peak()
+    monkeypatch.setattr(interventions, "swapped_weights_saved_by_name", lambda model: contextlib.nullcontext())
+    held_whole, scores_whole = peak()
+    assert held_whole > 0.8 * swapped, (held_whole, swapped)  # what the names spare
+    assert held < 0.3 * swapped, (held, swapped)
+    torch.testing.assert_close(scores, scores_whole, rtol=0, atol=0)
+
+
 @pytest.mark.slow
 def test_attribution_on_an_offloaded_model_keeps_which_weights_take_a_gradient(offloaded, smollm2):
     """The ablation estimate `analyze` runs first (gradients to the gates, none to the weights), after

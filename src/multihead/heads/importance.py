@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..hf.interventions import HeadGates
+from ..hf.interventions import HeadGates, gate_gradients_only
 from ..hf.model import ModelLike, as_module
-from ..hf.placement import input_device, swapped_weights_saved_by_name
+from ..hf.placement import input_device
 from ..progress import bar
 
 __all__ = ["HeadImportance", "ablation_importance", "head_importance", "spearman"]
@@ -69,15 +69,12 @@ def head_importance(model: ModelLike, batches: Iterable[dict[str, Tensor]], loss
     device = input_device(model)  # where the inputs (and the loss's targets) go
     was_training = model.training
     model.eval()
-    # an offloaded model's weights may be tensors accelerate made under inference mode: they take no
-    # gradient anyway, and their flag cannot be set
-    saved = [(p, p.requires_grad) for p in model.parameters() if not p.is_inference()]
-    for p, _ in saved:
-        p.requires_grad_(False)
     total: Tensor | None = None
     examples = 0
     try:
-        with HeadGates(model) as installed, swapped_weights_saved_by_name(model):
+        # the weights take no gradient (an offloaded model's too: their flags are set by name on leaving,
+        # and what an offload hook swaps in is saved for the backward by name, not held)
+        with gate_gradients_only(model), HeadGates(model) as installed:
             start = gates if gates is not None else torch.ones(installed.num_layers, installed.num_heads)
             if start.shape != (installed.num_layers, installed.num_heads):
                 raise ValueError(f"gates must be (L, H) = ({installed.num_layers}, {installed.num_heads}); "
@@ -97,8 +94,6 @@ def head_importance(model: ModelLike, batches: Iterable[dict[str, Tensor]], loss
                 total = part if total is None else total + part
                 examples += B
     finally:
-        for p, flag in saved:
-            p.requires_grad_(flag)
         model.train(was_training)
     if total is None or examples == 0:
         raise ValueError("no batch to estimate head importance on")

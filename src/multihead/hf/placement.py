@@ -492,9 +492,11 @@ def swapped_weights_saved_by_name(model: Any) -> Iterator[None]:
             by_bytes.setdefault(tensor.numel() * tensor.element_size(), []).append((module, hook, name))
 
     def pack(saved: Any) -> Any:
+        # what is kept must not refer to ``saved`` itself: a saved output's grad_fn would refer back to it,
+        # a cycle never freed where the backward does not reach its node (torch's saved_tensors_hooks)
         if not isinstance(saved, torch.Tensor) or saved.requires_grad or saved.layout != torch.strided \
                 or saved.device.type == "meta":
-            return saved
+            return saved.detach() if isinstance(saved, torch.Tensor) else saved
         storage = saved.untyped_storage()
         for module, hook, name in by_bytes.get(storage.nbytes(), ()):
             weight = _tensor_named(module, name)  # the one swapped in now, while its module runs; else on meta
@@ -502,7 +504,7 @@ def swapped_weights_saved_by_name(model: Any) -> Iterator[None]:
                     and storage.nbytes() > 0 and weight.untyped_storage().data_ptr() == storage.data_ptr()):
                 return _SavedByName(hook, name, weight.dtype, saved.device, tuple(saved.size()),
                                     tuple(saved.stride()), saved.storage_offset())
-        return saved
+        return saved.detach()
 
     def unpack(saved: Any) -> Any:
         if not isinstance(saved, _SavedByName):

@@ -184,11 +184,11 @@ def attribution_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence
 
     A backward pass holds the activations of its whole batch: SmolLM2 ~0.86 GB a text of 500
     tokens, an 8B model several GB. So a batch's texts go through in parts that fit ``budget``
-    bytes (default: :data:`GRADIENT_BYTES`, or :data:`GRADIENT_SHARE` of the free memory where the
-    inputs go if that is less; where the free memory is unknown, whole batches): the first text of
-    each padded length alone, its pass's peak of tensor bytes measured (:func:`_measured_pass`),
-    then as many texts a pass as fit. The gradients add up over the parts to the batch's (the
-    objective is a sum over texts).
+    bytes (default: :data:`GRADIENT_SHARE` of the free memory where the inputs go, on a CPU at most
+    :data:`GRADIENT_BYTES`; where the free memory is unknown, whole batches): the longest text
+    alone, its pass's peak of tensor bytes measured (:func:`_measured_pass`) and scaled to each
+    batch's length, then as many texts a pass as fit. The gradients add up over the parts to the
+    batch's (the objective is a sum over texts).
     """
     model = require_loaded(model, "attribution_effects")
     if _objective(model) == "cosine":
@@ -208,8 +208,12 @@ def attribution_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence
     device = torch.device(model.device)
     if budget is None:
         free = available_memory(device)
-        budget = None if free is None else min(GRADIENT_BYTES, int(GRADIENT_SHARE * free))
-    per_text: dict[int, int] = {}  # a padded length -> the peak tensor bytes one text's pass took
+        cap = GRADIENT_BYTES if device.type == "cpu" else None  # measured on a CPU; a GPU's batches gain more
+        budget = None if free is None else min(int(GRADIENT_SHARE * free), cap or free)
+    # longest first: the longest text measured once, an upper bound for every shorter one (its pass's
+    # bytes grow with its length T and its maps with T²: a text of T <= T0 takes at most T / T0 of it)
+    batches = sorted(batches, key=lambda batch: -batch["input_ids"].shape[1])
+    longest: tuple[int, int] | None = None  # (T0, the peak tensor bytes of one text of T0 real tokens)
 
     def backward(part: dict[str, Tensor]) -> None:
         (_run(model, part).sum() / tokens).backward()
@@ -220,24 +224,27 @@ def attribution_effects(model: HFModel, texts: Sequence[str], *, modes: Sequence
             with HeadGates(model.model, gates, replacement=means.float() if mode == "mean" else None):
                 for batch in batches:
                     B, T = batch["input_ids"].shape
-                    start = 0
-                    if budget is not None and B > 1 and T not in per_text:
-                        per_text[T] = _measured_pass(device, backward, _texts(batch, 0, 1))
-                        start = 1
-                    step = B if budget is None or B == 1 else max(1, budget // max(per_text[T], 1))
-                    for first in range(start, B, step):
-                        backward(_texts(batch, first, first + step))
+                    last = B  # the texts run in parts below: all of them, or all but the longest, measured here
+                    if budget is not None and longest is None and B > 1:
+                        # the batch's longest text (its last: _buckets orders them by length) has all T tokens
+                        longest = (T, _measured_pass(device, backward, _texts(batch, B - 1, B)))
+                        last = B - 1
+                    step = B
+                    if budget is not None and longest is not None:
+                        step = max(1, budget // max(1, longest[1] * T // longest[0]))
+                    for first in range(0, last, step):
+                        backward(_texts(batch, first, min(first + step, last)))
             found[f"{mode}_ablation"] = -gates.grad.double()
     return found
 
 
-#: The most bytes of tensors one backward pass of :func:`attribution_effects` takes by default, and
-#: the share of the free memory where a model's inputs go, if that is less (the rest: what else the
-#: process and the device hold). Larger passes gain nothing: SmolLM2 in float32 on 16 texts of 500
-#: tokens took 105.6 s in one pass (13.9 GB above the model), 74.5 s in parts of 2 GiB (3.4 GB;
-#: Intel Xeon with AMX, 2 threads).
-GRADIENT_BYTES = 2 << 30
+#: The share of the free memory where a model's inputs go that one backward pass of
+#: :func:`attribution_effects` takes by default (the rest: what else the process and the device
+#: hold), and on a CPU at most GRADIENT_BYTES: larger passes gain nothing there (SmolLM2 in float32
+#: on 16 texts of 500 tokens: 105.6 s in one pass, 13.9 GB above the model; 73-82 s in parts of
+#: 2 GiB, 3.4 GB; Intel Xeon with AMX, 2 threads).
 GRADIENT_SHARE = 0.5
+GRADIENT_BYTES = 2 << 30
 
 
 def _texts(batch: dict[str, Tensor], first: int, stop: int) -> dict[str, Tensor]:
