@@ -484,12 +484,15 @@ def swapped_weights_saved_by_name(model: Any) -> Iterator[None]:
         return
     from accelerate.utils import named_module_tensors
 
-    by_bytes: dict[int, list[tuple[Any, Any, str]]] = {}  # a weight's bytes -> (module, hook, name), for the lookup
+    # a weight's bytes -> (the module holding it, its attribute there, the hook, its name in the hooked module)
+    by_bytes: dict[int, list[tuple[Any, str, Any, str]]] = {}
     for module in hooked:
         hook = module._hf_hook
         for name, tensor in named_module_tensors(module, include_buffers=hook.offload_buffers,
                                                  recurse=hook.place_submodules, remove_non_persistent=True):
-            by_bytes.setdefault(tensor.numel() * tensor.element_size(), []).append((module, hook, name))
+            owner, _, leaf = name.rpartition(".")
+            holder = module.get_submodule(owner) if owner else module
+            by_bytes.setdefault(tensor.numel() * tensor.element_size(), []).append((holder, leaf, hook, name))
 
     def pack(saved: Any) -> Any:
         # what is kept must not refer to ``saved`` itself: a saved output's grad_fn would refer back to it,
@@ -498,8 +501,8 @@ def swapped_weights_saved_by_name(model: Any) -> Iterator[None]:
                 or saved.device.type == "meta":
             return saved.detach() if isinstance(saved, torch.Tensor) else saved
         storage = saved.untyped_storage()
-        for module, hook, name in by_bytes.get(storage.nbytes(), ()):
-            weight = _tensor_named(module, name)  # the one swapped in now, while its module runs; else on meta
+        for holder, leaf, hook, name in by_bytes.get(storage.nbytes(), ()):
+            weight = getattr(holder, leaf, None)  # the one swapped in now, while its module runs; else on meta
             if (weight is not None and weight.device.type != "meta" and weight.dtype == saved.dtype
                     and storage.nbytes() > 0 and weight.untyped_storage().data_ptr() == storage.data_ptr()):
                 return _SavedByName(hook, name, weight.dtype, saved.device, tuple(saved.size()),
@@ -514,16 +517,6 @@ def swapped_weights_saved_by_name(model: Any) -> Iterator[None]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield
-
-
-def _tensor_named(module: Any, name: str) -> Any:
-    """The parameter or buffer ``name`` (dotted) of ``module`` as it is now, or None."""
-    owner, _, leaf = name.rpartition(".")
-    try:
-        holder = module.get_submodule(owner) if owner else module
-    except AttributeError:
-        return None
-    return getattr(holder, leaf, None)
 
 
 def _offloading(module: Any) -> bool:
