@@ -137,6 +137,26 @@ def test_replaying_the_blocks_below_a_head_changes_no_number(smollm2, monkeypatc
         torch.testing.assert_close(a[index], b[index], atol=2e-5, rtol=1e-4)
 
 
+def test_a_pass_replaying_every_block_below_the_last_holds_one_replicated_output_not_one_a_block(smollm2):
+    """A pass ablating the last layer's nine heads replays 29 blocks' outputs nine times over; made
+    as each block is called, one replica-sized copy lives at a time — made all when the replay
+    began, 29 of them (~72 MB here) did."""
+    from multihead.attn.memory import LiveBytes
+
+    texts = ["Stocks fell sharply on Monday as traders sold shares of the largest banks in the city.",
+             "The committee met on Tuesday and agreed to postpone the vote until the spring.",
+             "Rain fell all night and the river rose over its banks by the morning.",
+             "She wrote three letters to the editor before anyone in the office replied."]
+    peaks = {}
+    for layer in (0, 29):
+        with LiveBytes("cpu") as counted:
+            ablation_effects(smollm2, texts, heads=[(layer, h) for h in range(9)], heads_per_pass=9, modes=("zero",))
+        peaks[layer] = counted.peak
+    B, T = 4, max(len(smollm2.tokenizer(t)["input_ids"]) for t in texts)
+    every_block = 29 * 9 * B * T * smollm2.model.config.hidden_size * 4  # each block's output, nine copies
+    assert peaks[29] < peaks[0] + every_block / 4, (peaks, every_block)
+
+
 def test_attribution_equals_exact_ablation_for_a_model_linear_in_the_head(smollm2, minilm):
     # The last layer's heads write into the residual stream that only the final norm and the
     # unembedding read: the objective is smooth in ξ, and near ξ = 1 the first-order estimate

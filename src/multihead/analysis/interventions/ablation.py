@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from ...attn.memory import LiveBytes, available_memory
 from ...hf.capture import AttentionCapture
 from ...hf.interventions import HeadGates, gate_gradients_only, replica_gates, self_attention_sites
+from ...hf.logits import on_rows, token_losses
 from ...hf.model import HFModel, require_loaded, right_padding
 from ...hf.route import AttentionChunk
 from ...progress import bar
@@ -382,37 +383,14 @@ def _run(model: HFModel, batch: dict[str, Tensor]) -> Tensor:
         targets = batch["labels"]  # (B, T)
     scored = targets != -100  # (B, T) the positions the objective reads
     extra = {"use_cache": False} if kind == "next-token" else {}  # no cache: blocks may be replayed (_replayed)
-    with _scored_rows_only(model, scored):  # the output layer only where a token is predicted
-        logits = model.model(input_ids=ids, attention_mask=attention, **extra).logits.float()
-    if logits.shape[:2] == scored.shape:  # the hook did not apply (or kept every row anyway)
-        logits = logits[scored]
-    logits = logits.reshape(-1, logits.shape[-1])  # (N, V)
-    loss = F.cross_entropy(logits, targets[scored], reduction="none")  # (N,)
+    wanted = targets[scored]  # (N,) in the scored rows' order
+    # the output layer only where a token is predicted, a part of the rows at a time (8,192 rows of a
+    # 128k vocabulary's float32 logits would be 4 GB)
+    loss = on_rows(model, dict(input_ids=ids, attention_mask=attention, **extra), scored,
+                   lambda logits, part: token_losses(logits, wanted[part]))  # (N,)
     row = torch.arange(ids.shape[0], device=ids.device)[:, None].expand_as(scored)[scored]  # (N,) each row's example
-    return torch.zeros(ids.shape[0], dtype=torch.float64, device=loss.device).index_add_(0, row, loss.double())  # (B,)
-
-
-@contextlib.contextmanager
-def _scored_rows_only(model: HFModel, scored: Tensor):
-    """While open, the output layer (the unembedding) receives only the (B, T) ``scored`` rows of
-    its (B, T, D) input, as (1, N, D): its cost (eight SmolLM2 layers' worth per position) is not
-    spent on padding or on positions nothing is predicted from. Any other input passes unchanged."""
-    head = getattr(model.model, "get_output_embeddings", lambda: None)()
-    if head is None:
-        yield
-        return
-
-    def rows(_module, args):
-        hidden = args[0]
-        if isinstance(hidden, Tensor) and hidden.dim() == 3 and hidden.shape[:2] == scored.shape:
-            return (hidden[scored.to(hidden.device)][None], *args[1:])  # (1, N, D)
-        return None
-
-    handle = head.register_forward_pre_hook(rows)
-    try:
-        yield
-    finally:
-        handle.remove()
+    return torch.zeros(ids.shape[0], dtype=torch.float64, device=loss.device).index_add_(
+        0, row.to(loss.device), loss.double())  # (B,)
 
 
 def _count(model: HFModel, batch: dict[str, Tensor]) -> int:
@@ -512,13 +490,16 @@ def replayed(blocks: list[nn.Module], outputs: list, repeats: int):
         return value
 
     def returning(value):
-        return lambda *_args, **_kwargs: value
+        # repeated when called, not when the context opens: the model lets one block's output go at the
+        # next's, so one replica-sized copy lives at a time, not one for every block replayed (on an 8B
+        # model's last layer at 8,192 tokens a pass: 31 x 67 MB)
+        return lambda *_args, **_kwargs: repeat(value)
 
     # a block's own instance forward, where it has one (accelerate's hooks of a device map wrap it so)
     saved = {id(block): block.__dict__.get("forward") for block in blocks}
     try:
         for block, out in zip(blocks, outputs, strict=False):
-            block.forward = returning(repeat(out))  # an instance attribute: nn.Module.__call__ takes it
+            block.forward = returning(out)  # an instance attribute: nn.Module.__call__ takes it
         yield
     finally:
         for block in blocks:

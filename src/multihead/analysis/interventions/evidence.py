@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from ...hf.capture import AttentionCapture
 from ...hf.interventions import HeadGates, replica_gates
+from ...hf.logits import on_rows, token_losses
 from ...hf.model import HFModel, right_padding
 from ...hf.route import AttentionChunk
 from ...hf.sites import find_sites, main_stack
@@ -314,52 +315,25 @@ def _terms(model: HFModel, ids: Tensor, attention: Tensor, wanted: Wanted | None
     """Per token: a causal model's loss on predicting it (B, T), NaN where nothing predicts it
     (and, with ``wanted``, everywhere but there); an encoder's last hidden state (B, T, D).
 
-    With ``wanted``, only those tokens' logits are made: the output embedding is handed the hidden
-    states that predict them (a pre-hook), and whatever the model does to logits after it (Gemma's
-    soft-cap) still happens: the logits of SmolLM2's 49k words and their log-sum-exp were a third of a
-    pass's time. Tokens of other shapes or calls of the output embedding: every token's logits."""
+    Only the predicted tokens' logits are made (:func:`~multihead.hf.logits.on_rows`), a part at a
+    time, and whatever the model does to logits after its output embedding (Gemma's soft-cap) still
+    happens: the logits of SmolLM2's 49k words and their log-sum-exp were a third of a pass's time."""
     ids, attention = ids.to(model.device), attention.to(model.device)
     if not model.is_causal:
         return model.body(input_ids=ids, attention_mask=attention).last_hidden_state.float()  # (B, T, D)
     B, T = ids.shape
+    predicting = torch.zeros(B, T, dtype=torch.bool, device=ids.device)  # (B, T): the positions before them
+    if wanted is None:
+        predicting[:, :-1] = attention[:, 1:].bool()
+    else:
+        rows, at = wanted  # the tokens predicted
+        predicting[rows.to(ids.device), (at - 1).to(ids.device)] = True
+    targets = ids[:, 1:][predicting[:, :-1]]  # (N,) the tokens predicted, in the positions' order
+    loss = on_rows(model, dict(input_ids=ids, attention_mask=attention, use_cache=False), predicting,
+                   lambda logits, part: token_losses(logits, targets[part]))  # (N,)
     out = torch.full((B, T), float("nan"))
-    head = model.model.get_output_embeddings() if wanted is not None else None
-    if head is not None:
-        rows, at = wanted  # the tokens predicted, from the positions before
-        sliced = []
-
-        def predicting(_module: nn.Module, args: tuple) -> tuple | None:
-            hidden = args[0] if args else None
-            if sliced or hidden is None or hidden.dim() != 3 or hidden.shape[:2] != (B, T):
-                sliced.append(False)  # not the one call on (B, T, D) hidden states: every logit instead
-                return None
-            sliced.append(True)
-            picked = hidden[rows.to(hidden.device), (at - 1).to(hidden.device)]  # (n, D) where the last block put them
-            return (picked[None], *args[1:])  # (1, n, D)
-
-        hook = head.register_forward_pre_hook(predicting)
-        try:
-            logits = model.model(input_ids=ids, attention_mask=attention, use_cache=False).logits  # (1, n, V)
-        finally:
-            hook.remove()
-        if sliced == [True]:
-            out[wanted] = _next_token_loss(logits[0], ids[rows.to(ids.device), at.to(ids.device)]).cpu()
-            return out
-    # every token's logits (also where the model did not make them through its output embedding once)
-    logits = model.model(input_ids=ids, attention_mask=attention, use_cache=False).logits  # (B, T, V)
-    loss = _next_token_loss(logits[:, :-1], ids[:, 1:])  # (B, T-1)
-    out[:, 1:] = loss.masked_fill(~attention[:, 1:].bool(), float("nan"))
-    if wanted is not None:
-        out = torch.full_like(out, float("nan")).index_put_(wanted, out[wanted])
+    out[:, 1:][predicting[:, :-1].cpu()] = loss.cpu()
     return out  # (B, T)
-
-
-def _next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """-log softmax(logits)[target] (…) in float32 (float64 stays), as logsumexp - logit: no
-    log-softmax of every word written, no flattened copy of the logits."""
-    if logits.dtype != torch.float64:
-        logits = logits.float()
-    return logits.logsumexp(-1) - logits.gather(-1, targets[..., None].to(logits.device))[..., 0]
 
 
 def _token_changes(model: HFModel, batches: list[tuple[Tensor, Tensor]], cells: list[tuple[int, int]],

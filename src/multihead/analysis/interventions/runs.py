@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ...hf.capture import AttentionCapture
+from ...hf.logits import on_rows
 from ...hf.model import HFModel
 from ...hf.route import AttentionChunk
 from .final import final_norm
@@ -110,8 +111,11 @@ def text_ids(model: HFModel, text: str) -> Tensor:
 def logits_at(model: HFModel, ids: Tensor, position: int) -> Tensor:
     """(B, V) the logits at ``position``, in the model's logits' dtype."""
     extra = {"use_cache": False} if model.is_causal else {}
-    logits = model.model(input_ids=ids, attention_mask=torch.ones_like(ids), **extra).logits  # (B, T, V)
-    return logits[:, position]
+    at = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)  # (B, T): the one position of each text
+    at[:, position] = True
+    # that position's logits alone (hf.logits.on_rows): a patched run makes no (B, T, V) block
+    return on_rows(model, dict(input_ids=ids, attention_mask=torch.ones_like(ids), **extra), at,
+                   lambda logits, _part: logits)  # (B, V)
 
 
 def logit_diff(model: HFModel, ids: Tensor, position: int, a: int, b: int) -> Tensor:

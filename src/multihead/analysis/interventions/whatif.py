@@ -12,22 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
 
 from ...hf.interventions import replace_attention
+from ...hf.logits import on_rows, token_losses
 from ...hf.model import HFModel, right_padding
 from ...masks import Mask, global_tokens, window
 from ..sections import WhatIf as WhatIfSection
 from .whatif_spec import read_what_if
 
-__all__ = ["LOSS_BLOCK_BYTES", "WhatIf", "check_what_if", "parse_what_if", "summed_loss", "what_if"]
-
-#: The float32 logits one block of the loss takes at a time (whole rows of the vocabulary): a long text's
-#: whole (T, V) block in float32, with log-softmax's as large beside it, was 2.2 GB a forward for
-#: SmolLM2 at 5,654 tokens — paged in afresh by each of the what-if's 32 forwards, 2.5-2.9 s of loss
-#: against 0.6 s in blocks (Intel Xeon, two threads).
-LOSS_BLOCK_BYTES = 64 << 20
+__all__ = ["WhatIf", "check_what_if", "parse_what_if", "what_if"]
 
 
 def parse_what_if(spec: str) -> tuple[Mask, str]:
@@ -80,12 +73,20 @@ def what_if(model: HFModel, texts: Sequence[str], spec: str, *, per_layer: bool 
     batches = [batch for batch in batches if batch["input_ids"].shape[1] > 1]  # a single token predicts nothing
 
     def loss() -> tuple[float, int]:
+        # the logits a part of the rows at a time (hf.logits.on_rows): a long text's whole (T, V) block in
+        # float32, with log-softmax's as large beside it, was 2.2 GB a forward for SmolLM2 at 5,654 tokens —
+        # paged in afresh by each of the what-if's 32 forwards, 2.5-2.9 s of loss against 0.6 s in blocks
+        # (Intel Xeon, two threads)
         total, count = 0.0, 0
         with torch.inference_mode():
             for batch in batches:
-                logits = lm(**batch).logits[:, :-1]  # (1, T-1, V)
-                target = batch["input_ids"][:, 1:]
-                total += summed_loss(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+                ids = batch["input_ids"]  # (1, T)
+                predicting = torch.ones_like(ids, dtype=torch.bool)  # (1, T): every position but the last
+                predicting[:, -1] = False
+                target = ids[:, 1:].reshape(-1)  # (T-1,)
+                losses = on_rows(model, {**batch, "use_cache": False}, predicting,
+                                 lambda logits, part, target=target: token_losses(logits, target[part]))  # (T-1,)
+                total += float(losses.double().sum())  # one read back a text
                 count += int(target.numel())
         return total / max(count, 1), count
 
@@ -98,20 +99,3 @@ def what_if(model: HFModel, texts: Sequence[str], spec: str, *, per_layer: bool 
             with replace_attention(lm, mask, layers=[layer]):
                 layers.append(loss()[0])
     return WhatIf(name, count, intact, replaced, layers)
-
-
-def summed_loss(logits: Tensor, target: Tensor, block_bytes: int = LOSS_BLOCK_BYTES) -> float:
-    """Σ cross-entropy of ``logits`` (N, V) against ``target`` (N,) in nats: rows of at most
-    ``block_bytes`` of float32 logits at a time (a half model's raised to float32 there, float32 and
-    float64 ones as they are; each row soft-maxed over its own consecutive vocabulary — over a
-    strided vocabulary axis it is ~1e-4 off on the CPU), the blocks' sums read back once and added
-    in float64."""
-    N, V = logits.shape
-    rows = max(1, block_bytes // (V * 4))
-    sums = []  # each block's, where the logits are (no read back a block)
-    for start in range(0, N, rows):
-        block = logits[start:start + rows]  # (r, V)
-        if block.dtype in (torch.float16, torch.bfloat16):
-            block = block.float()
-        sums.append(F.cross_entropy(block, target[start:start + rows], reduction="sum"))
-    return float(torch.stack(sums).cpu().double().sum())
