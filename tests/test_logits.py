@@ -147,3 +147,63 @@ def test_a_model_that_does_not_call_its_base_model_gets_its_own_logits_at_the_ro
         got = on_rows(model, {"input_ids": ids}, rows, lambda logits, _part: logits.clone(), part_bytes=2 * 50 * 4)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
     assert on_rows(model, {"input_ids": ids}, torch.zeros(3, 7, dtype=torch.bool), lambda x, _p: x).numel() == 0
+
+
+def test_nothing_marked_still_runs_the_model_and_a_loss_keeps_its_graph(smollm2):
+    batch = _padded(smollm2, TEXTS)
+    L, H = smollm2.num_layers, smollm2.num_heads
+    gates = torch.ones(L, H, requires_grad=True)
+    seen = []
+    with mh.hf.HeadGates(smollm2.model, gates), mh.hf.AttentionCapture(smollm2.model, lambda c: seen.append(c.layer)):
+        loss = on_rows(smollm2, batch, torch.zeros(batch["input_ids"].shape, dtype=torch.bool),
+                       lambda logits, part: token_losses(logits, torch.zeros(0, dtype=torch.long)))
+    assert loss.shape == (0,) and sorted(set(seen)) == list(range(L))  # every layer ran, once
+    loss.sum().backward()  # no gradient to take, and no error for it
+    assert gates.grad is None or gates.grad.abs().max() == 0
+
+
+def test_a_causal_lm_that_calls_its_decoder_itself_is_cut_there():
+    from transformers import AutoModelForCausalLM
+
+    body = build("opt", dtype=torch.float32)
+    lm = AutoModelForCausalLM.from_config(body.config).eval()
+    lm.base_model.load_state_dict(body.state_dict())
+    config = lm.config
+    model = mh.hf.HFModel(lm, None, "tiny-opt", None, True, config.num_hidden_layers, config.num_attention_heads,
+                          config.num_attention_heads, 64)
+    ids = torch.randint(3, config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
+    rows = torch.rand(2, 9, generator=torch.Generator().manual_seed(3)) < 0.5
+    shapes = []
+    handle = lm.get_output_embeddings().register_forward_hook(lambda _m, _a, out: shapes.append(tuple(out.shape)))
+    with torch.no_grad():
+        want = lm(**batch).logits[rows]
+        shapes.clear()
+        got = on_rows(model, batch, rows, lambda logits, _part: logits.clone(), part_bytes=4 * config.vocab_size * 4)
+    handle.remove()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    N = int(rows.sum())
+    assert shapes == [(1, min(4, N - s), config.vocab_size) for s in range(0, N, 4)]  # the parts' rows only
+
+
+class _Reshaping(_LM):
+    """A head that reshapes the logits by the batch's own (B, T): it cannot take cut states."""
+
+    def forward(self, input_ids, **_):
+        hidden = self.stack(input_ids)[0]
+        return type("Out", (), {"logits": self.head(hidden).view(*input_ids.shape, -1)})()
+
+
+def test_a_head_that_cannot_take_the_cut_states_gets_them_whole_without_the_layers_again():
+    lm = _Reshaping().eval()
+    model = mh.hf.HFModel(lm, None, "toy", None, True, 1, 1, 1, 64)
+    ids = torch.randint(0, 50, (3, 7), generator=torch.Generator().manual_seed(0))
+    rows = torch.rand(3, 7, generator=torch.Generator().manual_seed(2)) < 0.5
+    stack_calls = []
+    lm.stack.mix.register_forward_hook(lambda *_: stack_calls.append(1))
+    with torch.no_grad():
+        want = lm(ids).logits[rows]
+        stack_calls.clear()
+        got = on_rows(model, {"input_ids": ids}, rows, lambda logits, _part: logits.clone(), part_bytes=2 * 50 * 4)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert len(stack_calls) == 1  # the layers ran once; the retry answered from their states

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .model import HFModel
+from .placement import is_offloaded
 
 __all__ = ["PART_BYTES", "on_rows", "token_losses"]
 
@@ -52,64 +53,98 @@ def on_rows(model: HFModel, inputs: dict[str, Any], rows: Tensor, read: Callable
             part_bytes: int = PART_BYTES) -> Tensor:
     """``read(logits, part)`` for the logits (n, V) of the positions ``rows`` (B, T) bool marks, in
     row-major order, a part of at most ``part_bytes`` of float32 logits at a time (``part``: the
-    slice of the N marked positions this part holds); the reads concatenated along dim 0 ((0,)
-    where nothing is marked).
+    slice of the N marked positions this part holds); the reads concatenated along dim 0. With
+    nothing marked the model still runs (its hooks see the batch; a loss keeps its graph) and
+    ``read`` gets a (0, V) part.
 
     ``inputs`` are the model's keyword arguments for one forward of ``model.model`` (input ids,
-    attention mask, ``use_cache``); ``rows`` is read where the hidden states are. A model whose
-    base model is not called once on (B, T) inputs with (B, T, D) states, or whose logits are not
-    made row by row from them, gets one whole forward instead, read in the same parts.
+    attention mask, ``use_cache``). The states are taken from the base model, or from the decoder
+    where the model calls that directly (OPT's); a model that calls neither on (B, T) inputs gets
+    its own logits of every row, read in the same parts. A head that cannot take the cut states (an
+    error, or logits not of their rows' shape) gets them whole, the layers not run again. Logits are
+    taken to be made row by row from the states, as every language model's head makes them.
+    An offloaded head (its weights brought in for each call) takes parts of at least its weights' bytes.
     """
-    lm, body = model.model, model.body
+    lm = model.model
+    rows = rows.bool()
     B, T = rows.shape
     marked = int(rows.sum())  # the one read back: how many rows, for the parts
-    if marked == 0:
-        return torch.empty(0)
-    per_part = max(1, part_bytes // (4 * _vocabulary(model)))
+    per_part = max(1, _part_bytes(lm, part_bytes) // (4 * _vocabulary(model)))
     first = min(per_part, marked)
-    taken: list[Any] = []  # the marked rows' hidden states (N, D) and the class of what the base model returned
+    taken: dict[str, Any] = {}  # the marked rows' states (N, D), the module that gave them, its whole output
 
-    def take(_module: nn.Module, _args: Any, output: Any) -> Any:
+    def take(module: nn.Module, _args: Any, output: Any) -> Any:
         hidden = _hidden(output)
         if taken or hidden is None or hidden.dim() != 3 or tuple(hidden.shape[:2]) != (B, T):
-            return None  # not the one call on the batch: the model's own outputs (every row's logits)
-        taken.extend([hidden[rows.to(hidden.device)], type(output)])  # (N, D)
-        return _with_hidden(taken[1], taken[0][:first][None])  # (1, n, D): the first part on to the head
+            return None  # not the one call on the batch: its own outputs
+        taken.update(rows=hidden[rows.to(hidden.device)], module=module, output=output)  # (N, D)
+        return _with_hidden(type(output), taken["rows"][:first][None])  # (1, n, D): the first part on to the head
 
-    handle = body.register_forward_hook(take)
+    handles = [m.register_forward_hook(take) for m in _states_modules(lm, model.body)]
+    logits = None
     try:
         logits = lm(**inputs).logits
+    except (RuntimeError, ValueError, IndexError):
+        if not taken:
+            raise  # the model's own error, not the cut's
     finally:
-        handle.remove()
-    if not taken or tuple(logits.shape[:2]) != (1, first):
-        if taken:  # the states were cut but the logits are not their rows': the whole forward, uncut
-            taken.clear()
-            logits = lm(**inputs).logits  # (B, T, V)
+        for handle in handles:
+            handle.remove()
+    if not taken:  # no module gave the batch's states: every row's logits, as the model made them
         return _whole(logits, rows, per_part, read)
+    if logits is None or tuple(logits.shape[:2]) != (1, first):
+        logits = None
+        with _answering(taken["module"], taken["output"]):  # the states whole, the layers not run again
+            return _whole(lm(**inputs).logits, rows, per_part, read)  # (B, T, V)
+    hidden, module, kind = taken["rows"], taken["module"], type(taken["output"])
+    taken.clear()  # the whole output let go
     reads = [read(logits[0], slice(0, first))]
     del logits
-    hidden, kind = taken  # (N, D)
-    del taken[:]
     for start in range(first, marked, per_part):
         part = slice(start, min(marked, start + per_part))
-        with _answering(body, _with_hidden(kind, hidden[part][None])):
+        with _answering(module, _with_hidden(kind, hidden[part][None])):
             reads.append(read(lm(**inputs).logits[0], part))  # (n, V) read, then let go
     return torch.cat(reads)
 
 
 def _whole(logits: Tensor, rows: Tensor, per_part: int, read: Callable[[Tensor, slice], Tensor]) -> Tensor:
-    """The reads of ``logits`` (B, T, V) at the marked rows, in the same parts."""
+    """The reads of ``logits`` (B, T, V) at the marked rows, in the same parts (one empty part for none)."""
     picked = logits[rows.to(logits.device)]  # (N, V)
-    return torch.cat([read(picked[s:s + per_part], slice(s, min(len(picked), s + per_part)))
-                      for s in range(0, len(picked), per_part)])
+    N = len(picked)
+    return torch.cat([read(picked[s:s + per_part], slice(s, min(N, s + per_part)))
+                      for s in range(0, max(N, 1), per_part)])
+
+
+def _states_modules(lm: nn.Module, body: nn.Module) -> list[nn.Module]:
+    """The modules whose output may be the states the head reads: the base model, and the decoder
+    where it is another module (OPT's causal LM calls ``model.decoder`` itself)."""
+    found = [body]
+    try:
+        decoder = lm.get_decoder() if hasattr(lm, "get_decoder") else None
+    except (AttributeError, NotImplementedError, ValueError):  # a model without a rule for it
+        decoder = None
+    if isinstance(decoder, nn.Module) and decoder is not body and decoder is not lm:
+        found.append(decoder)
+    return found
+
+
+def _part_bytes(lm: nn.Module, part_bytes: int) -> int:
+    """``part_bytes``, or — where accelerate brings the head's weights in for each call — at least
+    their bytes: a part's logits then cost no more than the copy that comes with it."""
+    head = getattr(lm, "get_output_embeddings", lambda: None)()
+    if isinstance(head, nn.Module) and is_offloaded(head):
+        return max(part_bytes, sum(p.numel() * p.element_size() for p in head.parameters()))
+    return part_bytes
 
 
 def _vocabulary(model: HFModel) -> int:
     head = getattr(model.model, "get_output_embeddings", lambda: None)()
+    config = getattr(model.model, "config", None)
+    for found in (getattr(head, "out_features", None), getattr(config, "vocab_size", None)):
+        if isinstance(found, int) and found > 0:
+            return found
     weight = getattr(head, "weight", None)
-    if isinstance(weight, Tensor) and weight.dim() == 2:
-        return int(weight.shape[0])
-    return int(getattr(getattr(model.model, "config", None), "vocab_size", 0) or 1)
+    return int(weight.shape[0]) if isinstance(weight, Tensor) and weight.dim() == 2 else 1
 
 
 def _hidden(output: Any) -> Tensor | None:

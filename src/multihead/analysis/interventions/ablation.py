@@ -423,7 +423,9 @@ def _head_means(model: HFModel, batches: list[dict[str, Tensor]]) -> Tensor:
     with AttentionCapture(model.model, add):
         for batch in batches:
             valid_box[:] = [batch["attention_mask"].bool()]
-            _run(model, batch)
+            # the base model alone: the heads' outputs need no logits
+            model.body(input_ids=batch["input_ids"].to(model.device),
+                       attention_mask=batch["attention_mask"].to(model.device), **model.no_cache)
     counted = sum(float(batch["attention_mask"].sum()) for batch in batches)
     return torch.stack([sums[layer] for layer in range(model.num_layers)]) / counted  # (L, H, Dv)
 

@@ -327,6 +327,8 @@ def _terms(model: HFModel, ids: Tensor, attention: Tensor, wanted: Wanted | None
         predicting[:, :-1] = attention[:, 1:].bool()
     else:
         rows, at = wanted  # the tokens predicted
+        if len(at) and int(at.min()) < 1:
+            raise ValueError("a text's first token is predicted by no position")
         predicting[rows.to(ids.device), (at - 1).to(ids.device)] = True
     targets = ids[:, 1:][predicting[:, :-1]]  # (N,) the tokens predicted, in the positions' order
     loss = on_rows(model, dict(input_ids=ids, attention_mask=attention, use_cache=False), predicting,
