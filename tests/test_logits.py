@@ -207,3 +207,25 @@ def test_a_head_that_cannot_take_the_cut_states_gets_them_whole_without_the_laye
         got = on_rows(model, {"input_ids": ids}, rows, lambda logits, _part: logits.clone(), part_bytes=2 * 50 * 4)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
     assert len(stack_calls) == 1  # the layers ran once; the retry answered from their states
+
+
+def test_an_offloaded_head_takes_parts_of_its_weights_bytes_not_one_copy_a_few_rows(smollm2, monkeypatch):
+    """accelerate brings an offloaded module's weights in for each call: 108 MiB for SmolLM2's head,
+    a copy for every part of four rows would cost more than the logits it saves."""
+    from types import SimpleNamespace
+
+    batch = _padded(smollm2, TEXTS)
+    rows = batch["attention_mask"].bool()
+    head = smollm2.model.get_output_embeddings()
+    calls = []
+    handle = head.register_forward_hook(lambda _m, _a, out: calls.append(out.shape[1]))
+    try:
+        with torch.inference_mode():
+            on_rows(smollm2, batch, rows, lambda logits, _part: logits[:, 0], part_bytes=4 * 49152 * 4)
+            assert calls == [4] * (int(rows.sum()) // 4) + ([int(rows.sum()) % 4] if int(rows.sum()) % 4 else [])
+            calls.clear()
+            monkeypatch.setattr(head, "_hf_hook", SimpleNamespace(offload=True), raising=False)  # as accelerate's
+            on_rows(smollm2, batch, rows, lambda logits, _part: logits[:, 0], part_bytes=4 * 49152 * 4)
+    finally:
+        handle.remove()
+    assert calls == [int(rows.sum())]  # one part: the head's weights' bytes hold every row's logits
