@@ -292,3 +292,23 @@ def test_models_without_attention_and_bad_head_lists_fail_clearly():
         prune_heads(_Stack(), {0: [6]})
     with pytest.raises(ValueError, match="layer 2 out of range"):
         prune_heads(_Stack(), {2: [0]})
+
+
+def test_the_language_model_task_scores_each_text_as_the_model_alone_does(smollm2):
+    """Next-token accuracy and perplexity over padded batches (the logits of the predicting
+    positions only, in parts) equal those of each text run alone with every logit made."""
+    import math
+
+    task = mh.heads.LanguageModelTask(smollm2, train_size=2, test_size=6, batch_size=4)
+    right = total = 0
+    nll = 0.0
+    with torch.no_grad():
+        for text in task.splits["test"]:
+            ids = smollm2.tokenizer(text, return_tensors="pt")["input_ids"]  # (1, T)
+            logits = smollm2.model(input_ids=ids).logits[0, :-1]  # (T-1, V)
+            right += int((logits.argmax(-1) == ids[0, 1:]).sum())
+            total += ids.shape[1] - 1
+            nll += float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+    assert task.evaluate() == pytest.approx(right / total, abs=1e-12)
+    assert task.last_perplexity == pytest.approx(math.exp(nll / total), rel=1e-4)
+    assert 0 < right < total

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..hf.logits import on_rows, token_losses
 from ..hf.model import HFModel, right_padding
 
 __all__ = ["LanguageModelTask", "SentimentTask", "Task"]
@@ -188,11 +189,21 @@ class LanguageModelTask(Task):
         nll = 0.0
         with torch.inference_mode():
             for batch in self.batches(split):
-                out = self.model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-                ce, keep = self._token_losses(out, batch)
-                pred = out.logits[:, :-1].argmax(-1)
-                right += int(((pred == batch["input_ids"][:, 1:]) & keep).sum())
-                total += int(keep.sum())
-                nll += float(ce.sum())
+                ids, attention = batch["input_ids"], batch["attention_mask"]
+                predicting = torch.zeros_like(ids, dtype=torch.bool)  # (B, T): the positions that have a next token
+                predicting[:, :-1] = attention[:, 1:].bool()
+                targets = ids[:, 1:][predicting[:, :-1]]  # (N,) the tokens they predict
+
+                def read(logits: Tensor, part: slice, targets: Tensor = targets) -> Tensor:
+                    wanted = targets[part].to(logits.device)
+                    right = (logits.argmax(-1) == wanted).float()
+                    return torch.stack([token_losses(logits, wanted), right], 1)  # (n, 2)
+
+                # the logits of the predicting positions only, a part at a time (hf.logits.on_rows)
+                found = on_rows(self.model, dict(input_ids=ids, attention_mask=attention, **self.model.no_cache),
+                                predicting, read).double().sum(0)  # (2,)
+                nll += float(found[0])
+                right += int(found[1])
+                total += int(targets.numel())
         self.last_perplexity = math.exp(nll / max(total, 1))
         return right / max(total, 1)
