@@ -19,14 +19,14 @@ model; every part's logits are then held until the backward, as a whole forward 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .model import HFModel
+from .model import HFModel, forward_replaced
 from .placement import is_offloaded
 
 __all__ = ["PART_BYTES", "on_rows", "token_losses"]
@@ -107,6 +107,11 @@ def on_rows(model: HFModel, inputs: dict[str, Any], rows: Tensor, read: Callable
     return torch.cat(reads)
 
 
+def _answering(module: nn.Module, answer: Any) -> contextlib.AbstractContextManager:
+    """While open, calling ``module`` returns ``answer`` without running it."""
+    return forward_replaced(module, lambda *_args, **_kwargs: answer)
+
+
 def _whole(logits: Tensor, rows: Tensor, per_part: int, read: Callable[[Tensor, slice], Tensor]) -> Tensor:
     """The reads of ``logits`` (B, T, V) at the marked rows, in the same parts (one empty part for none)."""
     picked = logits[rows.to(logits.device)]  # (N, V)
@@ -161,18 +166,3 @@ def _with_hidden(kind: type, hidden: Tensor) -> Any:
     if issubclass(kind, tuple) and not hasattr(kind, "last_hidden_state"):
         return (hidden,)
     return kind(last_hidden_state=hidden)
-
-
-@contextlib.contextmanager
-def _answering(module: nn.Module, answer: Any) -> Iterator[None]:
-    """While open, calling ``module`` returns ``answer`` without running it (an instance forward,
-    which ``nn.Module.__call__`` takes — also over the one accelerate's hooks put there)."""
-    saved = module.__dict__.get("forward")
-    module.forward = lambda *_args, **_kwargs: answer
-    try:
-        yield
-    finally:
-        if saved is None:
-            module.__dict__.pop("forward", None)
-        else:
-            module.forward = saved

@@ -4,7 +4,7 @@ returns: a model with its tokenizer and the shape of its attention) or a bare ``
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,3 +111,19 @@ def right_padding(tokenizer: Any) -> Iterator[Any]:
         yield tokenizer
     finally:
         tokenizer.padding_side = saved
+
+
+@contextmanager
+def forward_replaced(module: nn.Module, forward: Callable[..., Any]) -> Iterator[None]:
+    """While open, calling ``module`` runs ``forward`` instead of it: an instance ``forward``, which
+    ``nn.Module.__call__`` takes (its hooks still run), restored after — also the one accelerate's
+    hooks of a device map put there."""
+    saved = module.__dict__.get("forward")
+    module.forward = forward
+    try:
+        yield
+    finally:
+        if saved is None:
+            module.__dict__.pop("forward", None)
+        else:
+            module.forward = saved

@@ -37,7 +37,7 @@ from ...attn.memory import LiveBytes, available_memory
 from ...hf.capture import AttentionCapture
 from ...hf.interventions import HeadGates, gate_gradients_only, replica_gates, self_attention_sites
 from ...hf.logits import on_rows, token_losses
-from ...hf.model import HFModel, require_loaded, right_padding
+from ...hf.model import HFModel, forward_replaced, require_loaded, right_padding
 from ...hf.route import AttentionChunk
 from ...progress import bar
 from ..sections import Ablation, unit_of
@@ -497,16 +497,8 @@ def replayed(blocks: list[nn.Module], outputs: list, repeats: int):
         # model's last layer at 8,192 tokens a pass: 31 x 67 MB)
         return lambda *_args, **_kwargs: repeat(value)
 
-    # a block's own instance forward, where it has one (accelerate's hooks of a device map wrap it so)
-    saved = {id(block): block.__dict__.get("forward") for block in blocks}
-    try:
+    # each block's own instance forward kept aside, where it has one (accelerate's hooks of a device map wrap it so)
+    with contextlib.ExitStack() as stack:
         for block, out in zip(blocks, outputs, strict=False):
-            block.forward = returning(out)  # an instance attribute: nn.Module.__call__ takes it
+            stack.enter_context(forward_replaced(block, returning(out)))
         yield
-    finally:
-        for block in blocks:
-            previous = saved[id(block)]
-            if previous is None:
-                block.__dict__.pop("forward", None)
-            else:
-                block.forward = previous
