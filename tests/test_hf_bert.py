@@ -1,5 +1,7 @@
 """Our layer swapped into Hugging Face BERT models, real (all-MiniLM-L6-v2) and tiny random ones."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -126,3 +128,39 @@ def test_model_path_errors_are_clear(tmp_path):
         mh.hf.model_path(tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="no config\\.json"):
         mh.hf.model_path(tmp_path)
+
+
+def test_a_conversion_another_process_finished_first_is_taken_not_refused(tmp_path, monkeypatch):
+    """Two processes converting SmolLM2's GGUF at once (pytest-xdist's workers on a fresh machine):
+    the one whose conversion another finished first drops its own copy and reads that one — not
+    "exists but holds no model"; a folder that really holds something else is still refused."""
+    import transformers
+
+    from multihead.hf import paths
+
+    target = tmp_path / "smollm2"
+
+    class Saved:
+        def __init__(self, other: bool) -> None:
+            self.config, self.hf_quantizer, self.other = type("C", (), {"quantization_config": 1})(), None, other
+
+        def save_pretrained(self, folder, **_) -> None:
+            (Path(folder) / "model.safetensors").write_bytes(b"ours")
+            if self.other:  # the other process renames its conversion into place meanwhile
+                target.mkdir()
+                (target / "config.json").write_text("{}")
+                (target / "model.safetensors").write_bytes(b"theirs")
+
+    known = paths.KNOWN_MODELS["smollm2"]
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: Saved(False))
+    for other in (True, False):
+        monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, _o=other, **k: Saved(_o))
+        if other:
+            paths._convert_gguf(tmp_path, known, target)
+            assert (target / "model.safetensors").read_bytes() == b"theirs"
+        else:  # a folder of something else, no config.json: refused, nothing of it touched
+            (target / "config.json").unlink()
+            with pytest.raises(FileExistsError, match="holds no model"):
+                paths._convert_gguf(tmp_path, known, target)
+            assert (target / "model.safetensors").read_bytes() == b"theirs"
+        assert [p.name for p in tmp_path.iterdir()] == ["smollm2"]  # no staging folder left behind

@@ -114,12 +114,18 @@ def _convert_gguf(source: Path, known: KnownModel, target: Path) -> None:
     try:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
-        if target.exists() and any(target.iterdir()):
-            raise FileExistsError(f"{target} exists but holds no model (no config.json); move it away or set "
-                                  "MULTIHEAD_CACHE to another folder")
-        if target.exists():
-            target.rmdir()
-        staging.rename(target)
+        if not (target / "config.json").is_file():  # else another process converted it meanwhile: ours goes
+            if target.exists() and any(target.iterdir()):
+                raise FileExistsError(f"{target} exists but holds no model (no config.json); move it away or set "
+                                      "MULTIHEAD_CACHE to another folder")
+            try:
+                if target.exists():
+                    target.rmdir()
+                staging.rename(target)
+            except OSError:  # another process's rename came between the check and ours
+                if not (target / "config.json").is_file():
+                    raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    shutil.rmtree(staging, ignore_errors=True)  # gone where renamed; ours where another's came first
