@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -209,6 +210,20 @@ def needs_spacy() -> None:
         return
     missing("spaCy is not installed (pip install multihead[syntax])",
             "spaCy or en_core_web_sm is not installed (make test installs them: the syntax extra)")
+
+
+def amx_tiles():
+    """multihead.attn.fused with its AMX tiles' path (``attend``), or a skip on a CPU without AMX (an
+    Intel Xeon of the Sapphire Rapids generation or later has them; nothing installs them) — a
+    failure under CI when the CPU has them and the path did not build."""
+    fused = compiled_softmax()
+    if fused.tiles_available():
+        return fused
+    flags = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").is_file() else ""
+    if " amx_bf16" in flags and " amx_tile" in flags and os.environ.get(fused.TILES_ENV, "1") != "0":
+        missing("this CPU has AMX but the tiles' path did not build or Linux refused the tiles' state",
+                "attn/softmax.c's AMX build (gcc >= 11 with -march=native) is not available on this AMX CPU")
+    pytest.skip("no AMX on this CPU: bfloat16 attention takes oneDNN's products (the tiles' path is AMX's)")
 
 
 def compiled_softmax():

@@ -17,8 +17,12 @@ everywhere else: on a CPU with neither instruction set or without a C compiler w
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import functools
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -27,12 +31,14 @@ from torch import Tensor
 from .. import compiled
 from .precision import HALF
 
-__all__ = ["available", "softmax"]
+__all__ = ["TILES_ENV", "attend", "available", "softmax", "tiles_available", "tiles_fit", "tiles_on", "traced_as_tiles"]
 
 SOURCE = Path(__file__).with_name("softmax.c")
 #: No -ffast-math: masked scores are -inf, and the compiler may not assume them away.
 FLAGS = ("-O3", "-march=native", "-fPIC", "-fopenmp", "-c")
 LINK = ("-shared", "-fopenmp")
+#: ``MULTIHEAD_TILES=0`` keeps the AMX tiles' path (:func:`attend`) off: the products through oneDNN.
+TILES_ENV = "MULTIHEAD_TILES"
 #: Map entries below which a chunk is soft-maxed by the calling thread alone (threads cost ~50 µs a call).
 THREADED = 1 << 16
 
@@ -52,7 +58,130 @@ def _library() -> ctypes.CDLL | None:
     lib.softmax_rows.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, i64, i64, ptr, i64, i64, i64, i64, i64, i64,
                                  ptr]
     lib.softmax_rows.restype = None
+    lib.tiles_available.argtypes = []
+    lib.tiles_available.restype = i64
+    if lib.tiles_available():  # only the build with the tiles has it
+        lib.tile_scratch.argtypes = [i64, i64]
+        lib.tile_scratch.restype = i64
+    lib.attend_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, ptr, i64, i64, i64,
+                                i64, i64, ptr, ptr, ptr, ptr, i64]
+    lib.attend_rows.restype = None
     return lib if lib.fused_available() else None
+
+
+def tiles_available() -> bool:
+    """Whether :func:`attend` runs here: the compiled softmax built with AMX (an Intel Xeon of the
+    Sapphire Rapids generation or later, and a compiler that knows the tiles), Linux granting the
+    process the tiles' state, and ``MULTIHEAD_TILES`` not ``0``."""
+    return os.environ.get(TILES_ENV, "1") != "0" and available() and _tiles_granted()
+
+
+@functools.cache
+def _tiles_granted() -> bool:
+    lib = _library()
+    return lib is not None and bool(lib.tiles_available())
+
+
+def tiles_fit(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether :func:`attend` takes operands of these dtypes and head dimensions — bfloat16, dimensions
+    that fill the tiles (Dk a multiple of 32, Dv of 64) — on this machine, the tiles available (the
+    caller checks their device: the CPU, or ``meta`` under :func:`traced_as_tiles`)."""
+    return (q.dtype == k.dtype == v.dtype == torch.bfloat16 and q.shape[-1] % 32 == 0 and v.shape[-1] % 64 == 0
+            and q.shape[-1] == k.shape[-1] and tiles_available())
+
+
+#: Whether a trace on ``meta`` stands for a CPU run here (a memory plan's): it then takes the tiles' path too.
+_TRACED_AS_CPU: contextvars.ContextVar[bool] = contextvars.ContextVar("traced_as_cpu", default=False)
+
+
+@contextlib.contextmanager
+def traced_as_tiles(on: bool = True) -> Iterator[None]:
+    """Within it, attention on ``meta`` takes the path a CPU run of this machine takes — the tiles'
+    where they apply — so that a memory plan traces the buffers the run will hold."""
+    token = _TRACED_AS_CPU.set(on)
+    try:
+        yield
+    finally:
+        _TRACED_AS_CPU.reset(token)
+
+
+def tiles_on(device: torch.device) -> bool:
+    """Whether the tiles' path is open to tensors on ``device``: the CPU, or ``meta`` under :func:`traced_as_tiles`."""
+    return device.type == "cpu" or (device.type == "meta" and _TRACED_AS_CPU.get())
+
+
+def tile_buffers(keys: int, dim: int) -> int:
+    """bfloat16 entries :func:`attend` needs in ``scratch`` per thread for S = ``keys`` and Dk = ``dim``:
+    a tile's scores and half weights (16 rows of S rounded up to 32) and q for a short tile."""
+    return int(_library().tile_scratch(keys, dim))
+
+
+def attend_parts(rows: int, keys: int, groups: int) -> int:
+    """On how many threads :func:`attend` runs ``groups`` groups of ``rows`` query rows over ``keys`` keys."""
+    return 1 if groups * rows * keys < THREADED else max(1, min(torch.get_num_threads(), groups * -(-rows // 16)))
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, keys: int, weights: Tensor, out: Tensor, packed_keys: Tensor,
+           packed_values: Tensor, scratch: Tensor, keep: Tensor | None = None, entropy: Tensor | None = None) -> None:
+    """The whole attention of bfloat16 operands on the AMX tiles, 16 query rows at a time: QKᵀ, the
+    softmax of :func:`softmax` (the same mask semantics, the same float32 weights from the same
+    scores) and P·V, the scores and the half weights kept in cache (``softmax.c``, ``attend_rows``).
+
+    Args:
+        q: (N, R, Dk) bfloat16, contiguous — N groups of R rows (a key/value head's G query heads
+            stacked, R = G·T); already scaled where the scale is a power of two.
+        k: (N, S, Dk) and v: (N, S, Dv) bfloat16, contiguous, S = ``keys``.
+        scale: multiplies the scores rounded to bfloat16 (then rounded again, as eager's
+            ``(q @ kᵀ) * scale`` does); 1.0 where q carries it.
+        weights: (B, H, T, S) float32, contiguous, B·H·T = N·R: the weights (zeros past a row's last
+            block of 16 keys it may see).
+        out: (N, R, Dv) bfloat16, contiguous: P·V with the weights rounded to bfloat16.
+        packed_keys: at least N·up(S, 16)·Dk bfloat16; packed_values: N·up(S, 32)·Dv bfloat16 —
+            scratch for the operands in the tiles' layout; scratch: at least
+            ``attend_parts(R, S, N) · tile_buffers(S, Dk)`` bfloat16, the threads' tile buffers.
+        keep, entropy: as :func:`softmax` takes them.
+    """
+    lib = _library()
+    if lib is None or not tiles_available():
+        raise RuntimeError("the AMX tiles are not available here (see multihead.attn.fused.tiles_available)")
+    N, R, Dk = q.shape
+    S, Dv = keys, v.shape[-1]
+    B, H, T, _ = weights.shape
+    up16, up32 = -(-S // 16) * 16, -(-S // 32) * 32
+    ok = (all(t.is_contiguous() and t.device.type == "cpu" for t in (q, k, v, weights, out, packed_keys, packed_values))
+          and q.dtype == k.dtype == v.dtype == out.dtype == packed_keys.dtype == packed_values.dtype == torch.bfloat16
+          and k.shape == (N, S, Dk) and v.shape[:2] == (N, S) and out.shape == (N, R, Dv)
+          and weights.dtype == torch.float32 and weights.shape[-1] == S and B * H * T == N * R
+          and Dk % 32 == 0 and Dv % 64 == 0 and packed_keys.numel() >= N * up16 * Dk
+          and packed_values.numel() >= N * up32 * Dv and S > 0 and R > 0
+          and scratch.dtype == torch.bfloat16 and scratch.is_contiguous()
+          and scratch.numel() >= attend_parts(R, S, N) * tile_buffers(S, Dk)
+          and (entropy is None or (entropy.dtype == torch.float32 and entropy.is_contiguous()
+                                   and entropy.shape == weights.shape[:3])))
+    if not ok:
+        raise ValueError(f"attend: q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)}, v {tuple(v.shape)}, weights "
+                         f"{tuple(weights.shape)} {weights.dtype}, out {tuple(out.shape)} do not fit "
+                         "(see its docstring)")
+    strides = (0, 0, 0)
+    if keep is not None:
+        keep, strides = _mask_rows(keep, (B, H, T, S))
+    parts = attend_parts(R, S, N)
+    lib.attend_rows(q.data_ptr(), k.data_ptr(), v.data_ptr(), N, R, S, Dk, Dv, float(scale), weights.data_ptr(),
+                    out.data_ptr(), None if keep is None else keep.data_ptr(), H, T, *strides,
+                    None if entropy is None else entropy.data_ptr(), packed_keys.data_ptr(), packed_values.data_ptr(),
+                    scratch.data_ptr(), parts)
+
+
+def _mask_rows(keep: Tensor, shape: tuple[int, int, int, int]) -> tuple[Tensor, tuple[int, int, int]]:
+    """``keep`` as the C side reads it — a bool CPU tensor viewed as (B, H, T, K) with each row's keys
+    consecutive (stride 0 where it broadcasts) — and its strides over (B, H, T)."""
+    if keep.dtype != torch.bool or keep.device.type != "cpu":
+        raise ValueError(f"softmax: keep must be a bool CPU tensor; got {keep.dtype} on {keep.device}")
+    keys = shape[-1]
+    if keep.stride(-1) != 1 or keep.shape[-1] != keys:  # keys consecutive (a mask broadcast over them: made whole)
+        keep = keep.expand(*keep.shape[:-1], keys).contiguous()
+    keep = keep.expand(*shape)  # (B, H, T, K), a view: stride 0 where it broadcasts
+    return keep, keep.stride()[:3]
 
 
 def available() -> bool:
@@ -111,12 +240,7 @@ def softmax(scores: Tensor, keys: int, weights: Tensor, half: Tensor | None = No
     B, H, T, _ = weights.shape
     strides = (0, 0, 0)
     if keep is not None:
-        if keep.dtype != torch.bool or keep.device.type != "cpu":
-            raise ValueError(f"softmax: keep must be a bool CPU tensor; got {keep.dtype} on {keep.device}")
-        if keep.stride(-1) != 1 or keep.shape[-1] != keys:  # keys consecutive (a mask broadcast over them: made whole)
-            keep = keep.expand(*keep.shape[:-1], keys).contiguous()
-        keep = keep.expand(B, H, T, keys)  # (B, H, T, K), a view: stride 0 where it broadcasts
-        strides = keep.stride()[:3]
+        keep, strides = _mask_rows(keep, (B, H, T, keys))
     parts = 1 if rows * keys < THREADED else max(1, min(torch.get_num_threads(), rows))
     lib.softmax_rows(scores.data_ptr(), P, KINDS[scores.dtype], weights.data_ptr(),
                      None if half is None else half.data_ptr(), 0 if half is None else half.shape[2],

@@ -16,7 +16,8 @@ Shapes: q (B, H, T, Dk); k (B, Hkv, S, Dk); v (B, Hkv, S, Dv), with Hkv dividing
 A query row whose every key is masked yields zeros in ``out`` and in ``weights`` (never
 NaN), in every dtype. Half-precision inputs are soft-maxed in float32. On a CPU with AVX-512 or AVX2,
 without a gradient, the math path's softmax (with its mask, and for half inputs the casts around it)
-is one compiled pass a row (:mod:`.fused`; the eager steps stay the reference it is tested against).
+is one compiled pass a row (:mod:`.fused`; the eager steps stay the reference it is tested against),
+and on a CPU with AMX a bfloat16 attention's products run on the tiles around it, 16 rows at a time.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..masks import FULL, Causal, Mask, TopK, as_mask, split_topk
-from . import fused, gemm
+from . import fused, gemm, precision
 from .autodiff import differentiated
 from .chunked import chunked_attention, fusable
 from .dispatch import BACKENDS, BackendChoice, choose
@@ -158,6 +159,8 @@ def _math_attention(
     if workspace is not None and torch.is_grad_enabled():
         workspace = None  # autograd keeps what it saves (of q, k, v, or a mask's bias): no buffer reused under it
     take = _Take(workspace, q.device)
+    if _tiles_apply(q, k, v, mask, softcap, sinks, dropout_p):
+        return _tiles_attention(q, k, v, mask, scale, take, (B, H, T, S))
     # The G query heads of a group are stacked as G·T rows against their one key head, so keys
     # and values are never copied G times.
     q3, k3 = q.reshape(B * Hkv, G * T, -1), k.reshape(B * Hkv, S, -1)  # views when contiguous
@@ -237,6 +240,55 @@ def _compiled_softmax_applies(product: Tensor, keys: int, mask: Mask | None, sof
             and softcap is None and sinks is None and dropout_p == 0 and not torch.compiler.is_compiling()
             and not torch.jit.is_tracing()  # a ctypes call is invisible to a trace (it would record empty weights)
             and (mask is None or (not mask.has_bias and split_topk(mask)[0] is None)) and fused.available())
+
+
+def _tiles_apply(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, softcap: float | None, sinks: Tensor | None,
+                 dropout_p: float) -> bool:
+    """Whether the whole attention may take the AMX tiles (:func:`~.fused.attend`): bfloat16 operands
+    on a CPU with the tiles whose head dimensions fill them, no derivative, and nothing between the
+    scores and the softmax but a mask that only hides keys."""
+    return (fused.tiles_on(q.device) and q.shape[2] > 0 and k.shape[2] > 0
+            and not any(differentiated(t) for t in (q, k, v))
+            and softcap is None and sinks is None and dropout_p == 0 and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing()  # a ctypes call is invisible to a trace
+            and (mask is None or (not mask.has_bias and split_topk(mask)[0] is None)) and fused.tiles_fit(q, k, v)
+            and precision.half_units(q.dtype))  # as the products' path takes them: in bfloat16's own units
+
+
+def _tiles_attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: float, take: _Take,
+                     shape: tuple[int, int, int, int]) -> tuple[Tensor, Tensor]:
+    """:func:`_math_attention` on the AMX tiles, 16 query rows at a time (:func:`~.fused.attend`):
+    the same scores, float32 weights and output as the oneDNN products and the compiled softmax give
+    (up to the order of the products' float32 sums), without the chunk's scores and half weights in
+    memory. (out (B, H, T, Dv), float32 weights (B, H, T, S))."""
+    B, H, T, S = shape
+    Hkv, Dk, Dv = k.shape[1], q.shape[-1], v.shape[-1]
+    G = H // Hkv
+    exact = math.frexp(scale)[0] == 0.5  # a power of two scales q exactly, as the products' path does
+    q3 = q.reshape(B * Hkv, G * T, Dk)  # (B·Hkv, G·T, Dk): the G query heads of a key head stacked
+    q3 = q3 * scale if exact else q3.contiguous()
+    k3 = k.reshape(B * Hkv, S, Dk).contiguous()  # (B·Hkv, S, Dk)
+    v3 = v.reshape(B * Hkv, S, Dv).contiguous()  # (B·Hkv, S, Dv)
+    keep = None
+    if mask is not None:
+        keep = mask.materialize(T, S, device=q.device)  # (..., T, S) bool
+        _check_broadcast("mask", keep.shape, (B, H, T, S))
+    weights = take("weights", (B, H, T, S), torch.float32)  # (B, H, T, S)
+    out = torch.empty(B * Hkv, G * T, Dv, dtype=v.dtype, device=q.device)  # (B·Hkv, G·T, Dv): the caller's
+    packed_keys = take("packed keys", (B * Hkv * -(-S // 16) * 16 * Dk,), k.dtype, map_shaped=False)
+    packed_values = take("packed values", (B * Hkv * -(-S // 32) * 32 * Dv,), v.dtype, map_shaped=False)
+    parts = fused.attend_parts(G * T, S, B * Hkv)
+    scratch = take("tiles", (parts * fused.tile_buffers(S, Dk),), torch.bfloat16, map_shaped=False)  # the threads'
+    workspace = take.workspace
+    entropy = None
+    if workspace is not None and workspace.wants_entropy:
+        entropy = take("entropy", (B, H, T), torch.float32, map_shaped=False)  # (B, H, T)
+    if q.device.type != "meta":  # a memory plan's trace: the buffers only
+        fused.attend(q3, k3, v3, 1.0 if exact else scale, S, weights, out, packed_keys, packed_values, scratch, keep,
+                     entropy)
+    if entropy is not None:
+        workspace.entropy = entropy
+    return out.view(B, H, T, Dv), weights
 
 
 def _compiled_softmax_attention(product: Tensor, v: Tensor, mask: Mask | None, take: _Take,

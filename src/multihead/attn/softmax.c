@@ -295,6 +295,98 @@ static inline void store_half(uint16_t *d, vf v, int64_t n, int64_t kind) {
 #endif
 
 #ifdef W
+/* The keys a row may see, from its mask's bytes once: every key before *open (a causal row's past: no
+   mask read there), none from *last on (a causal chunk's rows see fewer keys than it has). */
+static void row_extent(const uint8_t *seen, int64_t K, int64_t *open, int64_t *last) {
+    *open = K, *last = K;
+    if (!seen)
+        return;
+    const uint8_t *hidden = memchr(seen, 0, (size_t)K);
+    *open = hidden ? hidden - seen : K;
+    uint64_t word;
+    while (*last - 8 >= *open && (memcpy(&word, seen + *last - 8, 8), word == 0)) *last -= 8;
+    while (*last > *open && !seen[*last - 1]) (*last)--;
+}
+
+/* One row: its scores s (K of `kind`) -> float32 weights w (K), half weights h (half_keys, zeros at
+   keys K..half_keys-1) where h is not NULL, and its entropy where `entropy` is not NULL. */
+static void softmax_row(const char *s, int64_t kind, float *w, uint16_t *h, int64_t half_keys, int64_t half_kind,
+                        int64_t K, const uint8_t *seen, int64_t open, int64_t last, float *entropy) {
+    /* the row's largest score. `visible`: whether the row may see a key; `broken`: a key it may see
+       scores NaN or +inf; `end`: the keys after the last block that holds one it may see weigh 0 — they
+       are not soft-maxed, only zeroed */
+    int visible = last > 0;
+    int64_t end = (last + W - 1) / W * W;
+    end = end < K ? end : K;
+    vf largest_so_far = splat(-INFINITY);
+    vmask bad = no_lanes();
+    int64_t j = 0;
+    for (; j + W <= open; j += W) { /* every lane seen */
+        vf x = load_scores(s, j, W, kind);
+        bad = mask_or(bad, bad_scores(x)); /* NaN or +inf */
+        largest_so_far = max_all(largest_so_far, x);
+    }
+    for (; j < end; j += W) {
+        int64_t n = end - j < W ? end - j : W;
+        vf x = load_scores(s, j, n, kind);
+        vmask k = seen ? seen_lanes(seen + j, n) : lanes(n);
+        bad = mask_or(bad, mask_and(k, bad_scores(x)));
+        largest_so_far = max_where(largest_so_far, k, x);
+    }
+    int broken = mask_any(bad);
+    float largest = reduce_max(largest_so_far);
+    if (!visible || broken || largest == -INFINITY) {
+        /* no key to see: zeros (the kernel's definition); NaN or infinite scores, or -inf at every key
+           it may see: NaN, as the eager softmax gives them — nothing turns finite here */
+        float fill = visible ? NAN : 0.0f;
+        uint16_t half_fill = visible ? (half_kind == 1 ? 0x7fc0 : 0x7e00) : 0;
+        for (int64_t j = 0; j < K; j++) w[j] = fill;
+        if (h) {
+            for (int64_t j = 0; j < K; j++) h[j] = half_fill;
+            for (int64_t j = K; j < half_keys; j++) h[j] = 0;
+        }
+        if (entropy) *entropy = fill;
+        return;
+    }
+    /* e_j = exp(s_j − m) where the row may see key j, else 0: the scores and the mask read again (three
+       bytes a key for half scores) rather than the masked scores stored and loaded in float32 (eight) */
+    vf m = splat(largest), total = splat(0.0f), spread = splat(0.0f); /* m, Σ e, Σ e (s − m) */
+    for (j = 0; j + W <= open; j += W) { /* every lane seen: the same steps, no mask */
+        vf d = load_scores(s, j, W, kind) - m; /* (GCC's vector arithmetic, either width) */
+        vf e = exp_nonpositive(d);
+        store_floats(w + j, e, W);
+        total = total + e;
+        spread = fmadd_where_positive(e, d, spread);
+    }
+    for (; j < end; j += W) {
+        int64_t n = end - j < W ? end - j : W;
+        vf d = load_scores(s, j, n, kind) - m;
+        vmask k = seen ? seen_lanes(seen + j, n) : lanes(n);
+        vf e = zero_outside(k, exp_nonpositive(d)); /* -inf, or a hidden key: 0 */
+        store_floats(w + j, e, n);
+        total = total + e;
+        /* only where e > 0: d is -inf at a key scored -inf (0 · -inf would be NaN), anything at a hidden one */
+        spread = fmadd_where_positive(e, d, spread);
+    }
+    float sum = reduce_add(total);
+    if (entropy) *entropy = (float)(log((double)sum) - (double)reduce_add(spread) / sum);
+    vf inverse = splat(1.0f / sum);
+    for (int64_t j = 0; j < end; j += W) {
+        int64_t n = end - j < W ? end - j : W;
+        vf p = load_floats(w + j, n) * inverse;
+        store_floats(w + j, p, n);
+        if (h) store_half(h + j, p, n, half_kind);
+    }
+    memset(w + end, 0, (size_t)(K - end) * sizeof *w);
+    if (h) memset(h + end, 0, (size_t)(half_keys - end) * sizeof *h);
+}
+
+/* row r of (B, H, T)'s mask row, or NULL */
+static inline const uint8_t *mask_row(const uint8_t *keep, int64_t r, int64_t H, int64_t T, int64_t keep_b,
+                                      int64_t keep_h, int64_t keep_t) {
+    return keep ? keep + (r / (H * T)) * keep_b + ((r / T) % H) * keep_h + (r % T) * keep_t : NULL;
+}
+
 void softmax_rows(const void *scores, int64_t score_stride, int64_t kind, float *weights, uint16_t *half,
                   int64_t half_stride, int64_t half_keys, int64_t half_kind, int64_t rows, int64_t K,
                   const uint8_t *keep, int64_t H, int64_t T, int64_t keep_b, int64_t keep_h, int64_t keep_t,
@@ -302,93 +394,274 @@ void softmax_rows(const void *scores, int64_t score_stride, int64_t kind, float 
     const int64_t size = kind ? 2 : 4;
     IN_PARTS
     for (int64_t r = 0; r < rows; r++) {
-        const char *s = (const char *)scores + r * score_stride * size;
-        float *w = weights + r * K; /* the row's scores themselves, in place of float32 ones */
-        uint16_t *h = half ? half + r * half_stride : NULL;
-        const uint8_t *seen = keep ? keep + (r / (H * T)) * keep_b + ((r / T) % H) * keep_h + (r % T) * keep_t : NULL;
-        /* the keys it may see, from the mask's bytes once: every key before `open` (a causal row's past:
-           no mask read there), none from `last` on (a causal chunk's rows see fewer keys than it has) */
-        int64_t open = K, last = K;
-        if (seen) {
-            const uint8_t *hidden = memchr(seen, 0, (size_t)K);
-            open = hidden ? hidden - seen : K;
-            uint64_t word;
-            while (last - 8 >= open && (memcpy(&word, seen + last - 8, 8), word == 0)) last -= 8;
-            while (last > open && !seen[last - 1]) last--;
-        }
-        /* the row's largest score. `visible`: whether the row may see a key; `broken`: a key it may see
-           scores NaN or +inf; `end`: the keys after the last block that holds one it may see weigh 0 — they
-           are not soft-maxed, only zeroed */
-        int visible = last > 0;
-        int64_t end = (last + W - 1) / W * W;
-        end = end < K ? end : K;
-        vf largest_so_far = splat(-INFINITY);
-        vmask bad = no_lanes();
-        int64_t j = 0;
-        for (; j + W <= open; j += W) { /* every lane seen */
-            vf x = load_scores(s, j, W, kind);
-            bad = mask_or(bad, bad_scores(x)); /* NaN or +inf */
-            largest_so_far = max_all(largest_so_far, x);
-        }
-        for (; j < end; j += W) {
-            int64_t n = end - j < W ? end - j : W;
-            vf x = load_scores(s, j, n, kind);
-            vmask k = seen ? seen_lanes(seen + j, n) : lanes(n);
-            bad = mask_or(bad, mask_and(k, bad_scores(x)));
-            largest_so_far = max_where(largest_so_far, k, x);
-        }
-        int broken = mask_any(bad);
-        float largest = reduce_max(largest_so_far);
-        if (!visible || broken || largest == -INFINITY) {
-            /* no key to see: zeros (the kernel's definition); NaN or infinite scores, or -inf at every key
-               it may see: NaN, as the eager softmax gives them — nothing turns finite here */
-            float fill = visible ? NAN : 0.0f;
-            uint16_t half_fill = visible ? (half_kind == 1 ? 0x7fc0 : 0x7e00) : 0;
-            for (int64_t j = 0; j < K; j++) w[j] = fill;
-            if (h) {
-                for (int64_t j = 0; j < K; j++) h[j] = half_fill;
-                for (int64_t j = K; j < half_keys; j++) h[j] = 0;
-            }
-            if (entropy) entropy[r] = fill;
-            continue;
-        }
-        /* e_j = exp(s_j − m) where the row may see key j, else 0: the scores and the mask read again (three
-           bytes a key for half scores) rather than the masked scores stored and loaded in float32 (eight) */
-        vf m = splat(largest), total = splat(0.0f), spread = splat(0.0f); /* m, Σ e, Σ e (s − m) */
-        for (j = 0; j + W <= open; j += W) { /* every lane seen: the same steps, no mask */
-            vf d = load_scores(s, j, W, kind) - m; /* (GCC's vector arithmetic, either width) */
-            vf e = exp_nonpositive(d);
-            store_floats(w + j, e, W);
-            total = total + e;
-            spread = fmadd_where_positive(e, d, spread);
-        }
-        for (; j < end; j += W) {
-            int64_t n = end - j < W ? end - j : W;
-            vf d = load_scores(s, j, n, kind) - m;
-            vmask k = seen ? seen_lanes(seen + j, n) : lanes(n);
-            vf e = zero_outside(k, exp_nonpositive(d)); /* -inf, or a hidden key: 0 */
-            store_floats(w + j, e, n);
-            total = total + e;
-            /* only where e > 0: d is -inf at a key scored -inf (0 · -inf would be NaN), anything at a hidden one */
-            spread = fmadd_where_positive(e, d, spread);
-        }
-        float sum = reduce_add(total);
-        if (entropy) entropy[r] = (float)(log((double)sum) - (double)reduce_add(spread) / sum);
-        vf inverse = splat(1.0f / sum);
-        for (int64_t j = 0; j < end; j += W) {
-            int64_t n = end - j < W ? end - j : W;
-            vf p = load_floats(w + j, n) * inverse;
-            store_floats(w + j, p, n);
-            if (h) store_half(h + j, p, n, half_kind);
-        }
-        memset(w + end, 0, (size_t)(K - end) * sizeof *w);
-        if (h) memset(h + end, 0, (size_t)(half_keys - end) * sizeof *h);
+        const uint8_t *seen = mask_row(keep, r, H, T, keep_b, keep_h, keep_t);
+        int64_t open, last;
+        row_extent(seen, K, &open, &last);
+        /* the row's scores; its float32 weights in their place where the scores are float32 */
+        softmax_row((const char *)scores + r * score_stride * size, kind, weights + r * K,
+                    half ? half + r * half_stride : NULL, half_keys, half_kind, K, seen, open, last,
+                    entropy ? entropy + r : NULL);
     }
 }
+
+/* ------------------------------------------------------------------------------------------------
+   The whole attention of a half (bfloat16) model on the AMX tiles, a tile of 16 query rows at a time:
+   QKᵀ on the tiles, the rows soft-maxed by softmax_row while their scores are in cache, P·V on the
+   tiles — the scores and the half weights never leave the thread's buffers (~1 MiB at 8k keys), where
+   the products through oneDNN wrote and read each of them through memory (8 of the ~24 bytes a weight
+   moved) and kept a primitive for every chunk's shape (~230 MiB at 8k tokens of a 28-layer model).
+   The float32 weights are written to the map as softmax_rows writes them.
+
+   The products round as oneDNN's bfloat16 GEMM does: float32 sums, the scores rounded to bfloat16
+   (and, for a scale that is not a power of two, multiplied by it in float32 and rounded again, as the
+   eager `product * scale` does; a power of two scales q before, exactly), the output rounded once.
+   Their float32 sums run in another order than oneDNN's, so a score on a rounding boundary may round
+   the other way (one unit of bfloat16).
+
+   tdpbf16ps C += A·B: A (16 × 32) bfloat16 rows, B its VNNI form — row i holds the pairs (2i, 2i+1)
+   of the 16 columns — C (16 × 16) float32. For QKᵀ, B is 32 dimensions × 16 keys: a key's dimensions
+   2i and 2i+1 are next to each other in k, so a row of B is a gather of 32-bit words (pack_keys); for
+   P·V, B is 32 keys × 16 dimensions: the pairs of two keys' values interleaved (pack_values). */
+#if W == 16 && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define TILE_ROWS 16 /* query rows of a tile; keys of a score block */
+#define VALUE_KEYS 32 /* keys of a P·V block */
+
+/* Whether the tiles may be used: the kernel grants this process the tiles' state (Linux asks). */
+int64_t tiles_available(void) { return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0; }
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t bytes[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* eight tiles of 16 rows × 64 bytes: 0 the scores' sums, 1 q, 2 keys or values, 3-6 the output's sums
+   (64 of its dimensions), 7 the half weights */
+static void configure_tiles(void) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) c.bytes[t] = 64, c.rows[t] = TILE_ROWS;
+    _tile_loadconfig(&c);
+}
+
+static inline int64_t up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+/* keys (S, Dk) -> for each block of 16 keys and of 32 dimensions, B of QKᵀ: row i = the 16 keys'
+   dimensions (2i, 2i+1), a 32-bit word each; zeros for the keys S..keys16-1 */
+static void pack_keys(const uint32_t *k, int64_t S, int64_t Dk, uint32_t *out) {
+    int64_t pairs = Dk / 2, blocks = Dk / 32;
+    for (int64_t kb = 0; kb < up(S, 16) / 16; kb++)
+        for (int64_t db = 0; db < blocks; db++) {
+            uint32_t *o = out + (kb * blocks + db) * 256;
+            for (int64_t n = 0; n < 16; n++) {
+                int64_t key = kb * 16 + n;
+                for (int64_t i = 0; i < 16; i++) o[i * 16 + n] = key < S ? k[key * pairs + db * 16 + i] : 0;
+            }
+        }
+}
+
+/* values (S, Dv) -> for each block of 32 keys and of 16 dimensions, B of P·V: row i = the pairs of
+   keys 2i and 2i+1 at the 16 dimensions; zeros for the keys S..keys32-1 */
+static void pack_values(const uint16_t *v, int64_t S, int64_t Dv, uint16_t *out) {
+    int64_t blocks = Dv / 16;
+    for (int64_t kb = 0; kb < up(S, VALUE_KEYS) / VALUE_KEYS; kb++)
+        for (int64_t db = 0; db < blocks; db++) {
+            uint16_t *o = out + (kb * blocks + db) * 512;
+            for (int64_t i = 0; i < 16; i++)
+                for (int64_t pair = 0; pair < 2; pair++) {
+                    int64_t key = kb * VALUE_KEYS + 2 * i + pair;
+                    for (int64_t n = 0; n < 16; n++) o[(i * 16 + n) * 2 + pair] = key < S ? v[key * Dv + db * 16 + n] : 0;
+                }
+        }
+}
+
+/* half words of a thread's buffers: a tile's scores and half weights (16 rows of up(S,32) each) and
+   q for a tile of fewer than 16 rows */
+int64_t tile_scratch(int64_t S, int64_t Dk) { return 2 * TILE_ROWS * up(S, VALUE_KEYS) + TILE_ROWS * Dk; }
+
+static inline vf round_bfloat16(vf x) {
+    __m512i u = _mm512_castps_si512(x);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+    return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* 16 float32 sums -> 16 bfloat16 scores, rounded as oneDNN rounds its product (then scaled and rounded
+   again, as eager's `product * scale`, where scale is not 1) */
+static inline void store_score(uint16_t *score, const float *sum, float scale) {
+    vf x = round_bfloat16(_mm512_load_ps(sum));
+    if (scale != 1.0f) x = x * splat(scale);
+    store_half(score, x, 16, 1);
+}
+
+/* q (groups, rows, Dk), k (groups, S, Dk), v (groups, S, Dv): bfloat16, contiguous; group g's rows are
+   rows g·rows .. of the (B, H, T) map (the G query heads of a key/value head stacked: rows = G·T).
+   -> weights (groups·rows, S) float32 (zeros past a row's last visible block), out (groups, rows, Dv)
+   bfloat16, entropy (groups·rows) where not NULL; keep as softmax_rows reads it. kpack
+   (groups, up(S,16)·Dk/2) and vpack (groups, up(S,32)·Dv): the packed keys and values; scratch:
+   parts · tile_scratch(S, Dk) half words, a thread's tile buffers each. Dk a multiple of 32, Dv of
+   64, S >= 1. */
+void attend_rows(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_t groups, int64_t rows, int64_t S,
+                 int64_t Dk, int64_t Dv, float scale, float *weights, uint16_t *out, const uint8_t *keep, int64_t H,
+                 int64_t T, int64_t keep_b, int64_t keep_h, int64_t keep_t, float *entropy, uint32_t *kpack,
+                 uint16_t *vpack, uint16_t *scratch, int64_t parts) {
+    const int64_t keys16 = up(S, 16), keys32 = up(S, VALUE_KEYS), dim_blocks = Dk / 32, value_blocks = Dv / 16;
+    const int64_t tiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
+    IN_PARTS
+    for (int64_t g = 0; g < groups; g++) {
+        pack_keys((const uint32_t *)(k + g * S * Dk), S, Dk, kpack + g * keys16 * Dk / 2);
+        pack_values(v + g * S * Dv, S, Dv, vpack + g * keys32 * Dv);
+    }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(parts) if (parts > 1)
+#endif
+    {
+        configure_tiles();
+#ifdef _OPENMP
+        uint16_t *scores = scratch + omp_get_thread_num() * tile_scratch(S, Dk);
+#else
+        uint16_t *scores = scratch;
+#endif
+        uint16_t *probs = scores + TILE_ROWS * keys32, *short_q = probs + TILE_ROWS * keys32;
+        float sums[TILE_ROWS * 64] __attribute__((aligned(64)));
+        {
+            memset(probs, 0, (size_t)(TILE_ROWS * keys32) * sizeof *probs);
+            memset(short_q, 0, (size_t)(TILE_ROWS * Dk) * sizeof *short_q);
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+            for (int64_t n = 0; n < groups * tiles; n++) {
+                const int64_t g = n / tiles, first = g * rows + (n % tiles) * TILE_ROWS; /* (B, H, T) row */
+                const int64_t m = rows - (n % tiles) * TILE_ROWS < TILE_ROWS ? rows - (n % tiles) * TILE_ROWS : TILE_ROWS;
+                const uint8_t *seen[TILE_ROWS];
+                int64_t open[TILE_ROWS], last[TILE_ROWS], reach = 0;
+                for (int64_t r = 0; r < m; r++) {
+                    seen[r] = mask_row(keep, first + r, H, T, keep_b, keep_h, keep_t);
+                    row_extent(seen[r], S, &open[r], &last[r]);
+                    reach = last[r] > reach ? last[r] : reach;
+                }
+                const uint16_t *qt = q + first * Dk;
+                if (m < TILE_ROWS) {
+                    memcpy(short_q, qt, (size_t)(m * Dk) * sizeof *short_q);
+                    qt = short_q;
+                }
+                /* QKᵀ over the blocks of 16 keys up to the last one a row of the tile may see: four blocks
+                   at a time into four tiles of sums (one tile's sums wait on each product before: four
+                   chains of products keep the unit busy, 1.5x faster than one), then one at a time */
+                const uint32_t *kp = kpack + g * keys16 * Dk / 2;
+                const int64_t blocks = up(reach, 16) / 16, step = dim_blocks * 256; /* a block of keys' words */
+                int64_t kb = 0;
+                for (; kb + 4 <= blocks; kb += 4) {
+                    _tile_zero(3);
+                    _tile_zero(4);
+                    _tile_zero(5);
+                    _tile_zero(6);
+                    for (int64_t db = 0; db < dim_blocks; db++) {
+                        const uint32_t *b = kp + kb * step + db * 256;
+                        _tile_loadd(1, qt + db * 32, Dk * 2);
+                        _tile_loadd(0, b, 64);
+                        _tile_dpbf16ps(3, 1, 0);
+                        _tile_loadd(2, b + step, 64);
+                        _tile_dpbf16ps(4, 1, 2);
+                        _tile_loadd(0, b + 2 * step, 64);
+                        _tile_dpbf16ps(5, 1, 0);
+                        _tile_loadd(2, b + 3 * step, 64);
+                        _tile_dpbf16ps(6, 1, 2);
+                    }
+                    _tile_stored(3, sums, 256);
+                    _tile_stored(4, sums + 16, 256);
+                    _tile_stored(5, sums + 32, 256);
+                    _tile_stored(6, sums + 48, 256);
+                    for (int64_t r = 0; r < TILE_ROWS; r++)
+                        for (int64_t c = 0; c < 4; c++)
+                            store_score(scores + r * keys32 + kb * 16 + c * 16, sums + r * 64 + c * 16, scale);
+                }
+                for (; kb < blocks; kb++) {
+                    _tile_zero(0);
+                    for (int64_t db = 0; db < dim_blocks; db++) {
+                        _tile_loadd(1, qt + db * 32, Dk * 2);
+                        _tile_loadd(2, kp + kb * step + db * 256, 64);
+                        _tile_dpbf16ps(0, 1, 2);
+                    }
+                    _tile_stored(0, sums, 64);
+                    for (int64_t r = 0; r < TILE_ROWS; r++) store_score(scores + r * keys32 + kb * 16, sums + r * 16, scale);
+                }
+                const int64_t reach32 = up(reach, VALUE_KEYS);
+                for (int64_t r = 0; r < m; r++)
+                    softmax_row((const char *)(scores + r * keys32), 1, weights + (first + r) * S, probs + r * keys32,
+                                reach32, 1, S, seen[r], open[r], last[r], entropy ? entropy + first + r : NULL);
+                /* P·V, 64 dimensions at a time */
+                for (int64_t d0 = 0; d0 < value_blocks; d0 += 4) {
+                    const uint16_t *vp = vpack + g * keys32 * Dv + d0 * 512;
+                    _tile_zero(3);
+                    _tile_zero(4);
+                    _tile_zero(5);
+                    _tile_zero(6);
+                    for (int64_t kb = 0; kb < reach32 / VALUE_KEYS; kb++) {
+                        const uint16_t *b = vp + kb * value_blocks * 512;
+                        _tile_loadd(7, probs + kb * VALUE_KEYS, keys32 * 2);
+                        _tile_loadd(0, b, 64);
+                        _tile_dpbf16ps(3, 7, 0);
+                        _tile_loadd(1, b + 512, 64);
+                        _tile_dpbf16ps(4, 7, 1);
+                        _tile_loadd(2, b + 1024, 64);
+                        _tile_dpbf16ps(5, 7, 2);
+                        _tile_loadd(0, b + 1536, 64);
+                        _tile_dpbf16ps(6, 7, 0);
+                    }
+                    _tile_stored(3, sums, 256);
+                    _tile_stored(4, sums + 16, 256);
+                    _tile_stored(5, sums + 32, 256);
+                    _tile_stored(6, sums + 48, 256);
+                    for (int64_t r = 0; r < m; r++)
+                        for (int64_t c = 0; c < 4; c++)
+                            store_half(out + (first + r) * Dv + d0 * 16 + c * 16, _mm512_load_ps(sums + r * 64 + c * 16),
+                                       16, 1);
+                }
+            }
+        }
+        _tile_release();
+    }
+}
+
+#else /* no AMX tiles in this build */
+
+int64_t tiles_available(void) { return 0; }
+
+void attend_rows(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_t groups, int64_t rows, int64_t S,
+                 int64_t Dk, int64_t Dv, float scale, float *weights, uint16_t *out, const uint8_t *keep, int64_t H,
+                 int64_t T, int64_t keep_b, int64_t keep_h, int64_t keep_t, float *entropy, uint32_t *kpack,
+                 uint16_t *vpack, uint16_t *scratch, int64_t parts) {
+    (void)q; (void)k; (void)v; (void)groups; (void)rows; (void)S; (void)Dk; (void)Dv; (void)scale; (void)weights;
+    (void)out; (void)keep; (void)H; (void)T; (void)keep_b; (void)keep_h; (void)keep_t; (void)entropy; (void)kpack;
+    (void)vpack; (void)scratch; (void)parts;
+}
+
+#endif
+
 
 #else /* neither AVX-512 nor AVX2 with FMA and F16C: the eager steps stay */
 
 int64_t fused_available(void) { return 0; }
+int64_t tiles_available(void) { return 0; }
+
+void attend_rows(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_t groups, int64_t rows, int64_t S,
+                 int64_t Dk, int64_t Dv, float scale, float *weights, uint16_t *out, const uint8_t *keep, int64_t H,
+                 int64_t T, int64_t keep_b, int64_t keep_h, int64_t keep_t, float *entropy, uint32_t *kpack,
+                 uint16_t *vpack, uint16_t *scratch, int64_t parts) {
+    (void)q; (void)k; (void)v; (void)groups; (void)rows; (void)S; (void)Dk; (void)Dv; (void)scale; (void)weights;
+    (void)out; (void)keep; (void)H; (void)T; (void)keep_b; (void)keep_h; (void)keep_t; (void)entropy; (void)kpack;
+    (void)vpack; (void)scratch; (void)parts;
+}
 
 void softmax_rows(const void *scores, int64_t score_stride, int64_t kind, float *weights, uint16_t *half,
                   int64_t half_stride, int64_t half_keys, int64_t half_kind, int64_t rows, int64_t K,

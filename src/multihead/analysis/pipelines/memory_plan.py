@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from ...attn.fused import traced_as_tiles
 from ...attn.heap import HeapRules, heap_rules, replay
 from ...attn.memory import LiveBytes, available_memory, pages_in_memory, process_resident
 from ...hf.capture import AttentionCapture
@@ -259,8 +260,9 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
         return chunk_limit if chunk_limit is not None else chunk_bytes(device, free=room,
                                                                        row_bytes=texts * H * length * 4)
 
+    on_cpu = device.type == "cpu"  # the trace takes this CPU's kernels where they hold other buffers (AMX's tiles)
     forward, largest, events = _traced(body, batch, tokens, chunk=chunk, budget=budget, limit=bytes_for(batch, tokens),
-                                       work=work)
+                                       work=work, on_cpu=on_cpu)
     rules = heap_rules() if device.type == "cpu" else None
     holes = max(_replayed(events, rules) - forward, 0) if rules else 0
     probe = 0
@@ -270,8 +272,9 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
             TextViews.planned_bytes(L, H, haystack, top_k=EVIDENCE_TOP_K)
     if probes:
         probe = max(_traced(body, *INDUCTION_SHAPE, chunk=None, budget=budget, limit=bytes_for(*INDUCTION_SHAPE),
-                            work=work)[0],
-                    _traced(body, 1, haystack, chunk=256, budget=budget, limit=bytes_for(1, haystack), work=work)[0])
+                            work=work, on_cpu=on_cpu)[0],
+                    _traced(body, 1, haystack, chunk=256, budget=budget, limit=bytes_for(1, haystack), work=work,
+                            on_cpu=on_cpu)[0])
     return MemoryPlan(name, str(device), str(dtype).removeprefix("torch."), tokens, batch, weights, forward,
                       statistics, end, probe, largest, host, available, holes, places,
                       "" if readers_on is None else str(torch.device(readers_on)), process)
@@ -378,10 +381,12 @@ def check_plan(found: MemoryPlan) -> None:
 
 
 def _traced(body: Any, batch: int, tokens: int, *, chunk: int | None, budget: int, limit: int,
-            work: float) -> tuple[int, int, list[tuple[int, int]]]:
+            work: float, on_cpu: bool = False) -> tuple[int, int, list[tuple[int, int]]]:
     """(peak bytes above the weights, largest chunk's map bytes, the allocations and frees in order)
     of one pass of ``body`` on meta, its attention streamed to a reader that takes ``work``
-    (:data:`READER_WORK`, :data:`NATIVE_READER_WORK`) × each chunk's float32 map."""
+    (:data:`READER_WORK`, :data:`NATIVE_READER_WORK`) × each chunk's float32 map; ``on_cpu``: the
+    pass as this machine's CPU runs it (the AMX tiles' attention where it applies,
+    :func:`~multihead.attn.fused.traced_as_tiles`)."""
     largest = 0
 
     def reader(part: AttentionChunk) -> None:
@@ -402,7 +407,7 @@ def _traced(body: Any, batch: int, tokens: int, *, chunk: int | None, budget: in
     # the heap's holes replayed beside them passed the RSS peak by 27-43 % at 1k (SmolLM2, AMD EPYC).
     capture = AttentionCapture(body, reader, chunk=chunk, budget=budget, chunk_bytes=limit)
     capture.grow = False
-    with torch.inference_mode(), capture, _FullBatch("meta", record=True) as live:
+    with torch.inference_mode(), capture, traced_as_tiles(on_cpu), _FullBatch("meta", record=True) as live:
         body(input_ids=ids, attention_mask=torch.ones_like(ids), **extra)
     return live.peak, largest, list(live.events or ())
 
