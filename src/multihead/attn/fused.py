@@ -13,6 +13,14 @@ exp is not PyTorch's (a few units in float32's last place apart; a half weight t
 rounding boundary can round the other way); the tests hold it to the eager steps, which remain
 everywhere else: on a CPU with neither instruction set or without a C compiler with OpenMP, with
 ``MULTIHEAD_NATIVE=0``, under autograd.
+
+On a CPU with AMX (an Intel Xeon of the Sapphire Rapids generation or later) a bfloat16 attention
+runs whole in ``softmax.c`` (:func:`attend`): 16 query rows at a time, QKᵀ on the tiles, the same
+row pass on the scores while they are in the thread's cache, P·V on the tiles — the products'
+path (oneDNN's GEMMs around :func:`softmax`) to the bit on the tests' shapes, without the chunk's
+scores and half weights in memory and without a oneDNN primitive per chunk shape (their cache held
+~230 MiB at 8k tokens of a 28-layer model, which no memory plan could see). ``MULTIHEAD_TILES=0``
+keeps the products' path.
 """
 
 from __future__ import annotations
