@@ -3,6 +3,8 @@ kernel): held to the path it replaces — oneDNN's bfloat16 products around the 
 ``MULTIHEAD_TILES=0`` — and through that to the eager steps (test_kernels.py holds the two together).
 Runs only on a CPU with AMX; elsewhere the products' path is the only one and these skip."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -72,23 +74,26 @@ def test_the_tiles_give_the_products_paths_weights_and_output(shape, masking, mo
 def test_the_tiles_keep_nan_rows_nan_and_huge_scores_finite(monkeypatch):
     """A row with a NaN score gives NaN (as eager's softmax), a row of scores in the thousands its
     largest key's weight, equal scores uniform weights — in the weights and through P·V."""
-    q, k, v = _operands(1, 2, 1, 40, 40, 64, 64, seed=3)
+    q, k, v = _operands(1, 2, 2, 40, 40, 64, 64, seed=3)
     q[0, 0, :10] = 0  # equal scores: uniform rows
     q[0, 1, 10:20] *= 3000.0
-    k[0, 0, 5, 0] = float("nan")  # every row that sees key 5 scores NaN there
+    k[0, 0, 5, 0] = float("nan")  # every row of head 0 that sees key 5 scores NaN there (head 1 has its own keys)
 
     def run():
         with torch.inference_mode():
             return mh.attention(q, k, v, masks.causal(), backend="math", need_weights=True,
                                 weights_dtype=torch.float32)
 
-    (_, w), (tiles_out, tiles_w) = _both(monkeypatch, run)
+    (out, w), (tiles_out, tiles_w) = _both(monkeypatch, run)
     nan_rows = torch.zeros(1, 2, 40, dtype=torch.bool)
-    nan_rows[..., 5:] = True
+    nan_rows[0, 0, 5:] = True
     assert torch.equal(tiles_w.isnan().any(-1), nan_rows) and torch.equal(w.isnan().any(-1), nan_rows)
     assert torch.equal(tiles_out.isnan().any(-1), nan_rows)
     assert torch.equal(tiles_w[~nan_rows], w[~nan_rows]) and torch.isfinite(tiles_out[~nan_rows]).all()
     torch.testing.assert_close(tiles_w[0, 0, 3, :4], torch.full((4,), 0.25))  # equal scores: 1/4 each
+    huge = tiles_w[0, 1, 10:20]  # scores in the thousands: one key takes (nearly) all of each row
+    assert torch.isfinite(huge).all() and float(huge.max(-1).values.min()) > 0.99
+    assert torch.equal(tiles_out[0, 1, 10:20], out[0, 1, 10:20]) and torch.isfinite(tiles_out[0, 1]).all()
 
 
 def test_the_tiles_form_each_rows_entropy(monkeypatch):
@@ -146,11 +151,15 @@ def test_attend_refuses_operands_it_cannot_read():
                 packed_values=torch.empty(2 * 32 * D, dtype=torch.bfloat16),
                 scratch=torch.empty(2 * fused.tile_buffers(S, D), dtype=torch.bfloat16))
     fused.attend(**good)
+    before = good["out"].clone()
+    strided = torch.empty(2, 64, 16, dtype=torch.bfloat16).transpose(1, 2)  # (2, 16, 64), not contiguous
     for name, bad in (("q", q.float()), ("k", k[:, :8]), ("weights", torch.empty(1, 2, 16, S + 1)),
                       ("out", torch.empty(2, 16, D)), ("packed_keys", torch.empty(8, dtype=torch.bfloat16)),
-                      ("scratch", torch.empty(8, dtype=torch.bfloat16)), ("v", v.transpose(0, 1))):
+                      ("scratch", torch.empty(8, dtype=torch.bfloat16)), ("v", v.transpose(0, 1)),
+                      ("q", strided.copy_(q)), ("entropy", torch.empty(1, 2, 17))):
         with pytest.raises(ValueError, match="do not fit"):
             fused.attend(**{**good, name: bad})
+    assert torch.equal(good["out"], before)  # nothing written by a refused call
 
 
 def test_a_memory_plan_traces_the_tiles_buffers_on_meta():
@@ -172,3 +181,32 @@ def test_a_memory_plan_traces_the_tiles_buffers_on_meta():
     weights = 9 * 512 * 2048 * 4
     assert weights < peaks[True] < weights * 1.2  # the map, and a few MB beside it
     assert peaks[False] >= weights * 1.5  # the scores and the half weights too
+
+
+def test_an_analysis_on_the_tiles_is_the_products_analysis(smollm2, monkeypatch):
+    """A bfloat16 Llama with heads of 64 (random weights, SmolLM2's tokenizer) analysed whole and as
+    one document streamed in chunks of 8 rows: every head's metrics and label the same with the
+    attention on the tiles as through oneDNN's products."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from multihead.hf.model import HFModel
+
+    amx_tiles()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(smollm2.tokenizer), hidden_size=256, intermediate_size=384,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512)
+    model = HFModel(LlamaForCausalLM(config).eval().to(torch.bfloat16), smollm2.tokenizer, "llama-64",
+                    Path("."), True, 2, 4, 2, 512)
+    texts = ["The cat sat on the mat because it was warm.", "Paris is the capital of France, and Rome of Italy."]
+
+    def run():
+        return [mh.analyze(model, texts, coreference=False, progress=False),
+                mh.analyze(model, [" ".join(texts * 4)], coreference=False, progress=False, chunk=8)]
+
+    products, tiles = _both(monkeypatch, run)
+    for want, got in zip(products, tiles, strict=True):
+        assert [h.label for h in got.heads] == [h.label for h in want.heads]
+        for metric in want.heads[0].metrics:
+            assert [h.metrics[metric] for h in got.heads] == pytest.approx(
+                [h.metrics[metric] for h in want.heads], abs=1e-6, nan_ok=True), metric

@@ -68,9 +68,6 @@ def _library() -> ctypes.CDLL | None:
     lib.softmax_rows.restype = None
     lib.tiles_available.argtypes = []
     lib.tiles_available.restype = i64
-    if lib.tiles_available():  # only the build with the tiles has it
-        lib.tile_scratch.argtypes = [i64, i64]
-        lib.tile_scratch.restype = i64
     lib.attend_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, ptr, i64, i64, i64,
                                 i64, i64, ptr, ptr, ptr, ptr, i64]
     lib.attend_rows.restype = None
@@ -86,8 +83,15 @@ def tiles_available() -> bool:
 
 @functools.cache
 def _tiles_granted() -> bool:
+    """The tiles' build, and Linux's grant of their state to this process — asked only here, the first
+    time a caller may use them: the grant is for the process's life (and asks a larger signal stack
+    of it), so a run with ``MULTIHEAD_TILES=0`` or without a bfloat16 attention never asks."""
     lib = _library()
-    return lib is not None and bool(lib.tiles_available())
+    if lib is None or not lib.tiles_available():
+        return False
+    lib.tile_scratch.argtypes = [ctypes.c_int64, ctypes.c_int64]  # only the build with the tiles has it
+    lib.tile_scratch.restype = ctypes.c_int64
+    return True
 
 
 def tiles_fit(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -121,6 +125,8 @@ def tiles_on(device: torch.device) -> bool:
 def tile_buffers(keys: int, dim: int) -> int:
     """bfloat16 entries :func:`attend` needs in ``scratch`` per thread for S = ``keys`` and Dk = ``dim``:
     a tile's scores and half weights (16 rows of S rounded up to 32) and q for a short tile."""
+    if not _tiles_granted():
+        raise RuntimeError("the AMX tiles are not available here (see multihead.attn.fused.tiles_available)")
     return int(_library().tile_scratch(keys, dim))
 
 
@@ -143,10 +149,13 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, keys: int, weights: Te
             ``(q @ kᵀ) * scale`` does); 1.0 where q carries it.
         weights: (B, H, T, S) float32, contiguous, B·H·T = N·R: the weights (zeros past a row's last
             block of 16 keys it may see).
-        out: (N, R, Dv) bfloat16, contiguous: P·V with the weights rounded to bfloat16.
+        out: (N, R, Dv) bfloat16, contiguous: P·V with the weights rounded to bfloat16 — over the
+            keys up to the last one a row of its block of 16 may see (a NaN value at a key hidden
+            from the whole block does not reach it, where a product over every key makes 0·NaN).
         packed_keys: at least N·up(S, 16)·Dk bfloat16; packed_values: N·up(S, 32)·Dv bfloat16 —
-            scratch for the operands in the tiles' layout; scratch: at least
-            ``attend_parts(R, S, N) · tile_buffers(S, Dk)`` bfloat16, the threads' tile buffers.
+            scratch for the operands in the tiles' layout; scratch: the threads' tile buffers,
+            ``tile_buffers(S, Dk)`` bfloat16 each — it runs on at most as many threads as it holds
+            buffers for (``attend_parts(R, S, N)`` for all of them).
         keep, entropy: as :func:`softmax` takes them.
     """
     lib = _library()
@@ -156,16 +165,17 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, keys: int, weights: Te
     S, Dv = keys, v.shape[-1]
     B, H, T, _ = weights.shape
     up16, up32 = -(-S // 16) * 16, -(-S // 32) * 32
-    ok = (all(t.is_contiguous() and t.device.type == "cpu" for t in (q, k, v, weights, out, packed_keys, packed_values))
+    ok = (all(t.is_contiguous() and t.device.type == "cpu"
+              for t in (q, k, v, weights, out, packed_keys, packed_values, scratch))
           and q.dtype == k.dtype == v.dtype == out.dtype == packed_keys.dtype == packed_values.dtype == torch.bfloat16
           and k.shape == (N, S, Dk) and v.shape[:2] == (N, S) and out.shape == (N, R, Dv)
           and weights.dtype == torch.float32 and weights.shape[-1] == S and B * H * T == N * R
           and Dk % 32 == 0 and Dv % 64 == 0 and packed_keys.numel() >= N * up16 * Dk
           and packed_values.numel() >= N * up32 * Dv and S > 0 and R > 0
           and scratch.dtype == torch.bfloat16 and scratch.is_contiguous()
-          and scratch.numel() >= attend_parts(R, S, N) * tile_buffers(S, Dk)
+          and scratch.numel() >= tile_buffers(S, Dk)
           and (entropy is None or (entropy.dtype == torch.float32 and entropy.is_contiguous()
-                                   and entropy.shape == weights.shape[:3])))
+                                   and entropy.device.type == "cpu" and entropy.shape == weights.shape[:3])))
     if not ok:
         raise ValueError(f"attend: q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)}, v {tuple(v.shape)}, weights "
                          f"{tuple(weights.shape)} {weights.dtype}, out {tuple(out.shape)} do not fit "
@@ -173,7 +183,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, keys: int, weights: Te
     strides = (0, 0, 0)
     if keep is not None:
         keep, strides = _mask_rows(keep, (B, H, T, S))
-    parts = attend_parts(R, S, N)
+    parts = min(attend_parts(R, S, N), scratch.numel() // tile_buffers(S, Dk))  # threads it holds buffers for
     lib.attend_rows(q.data_ptr(), k.data_ptr(), v.data_ptr(), N, R, S, Dk, Dv, float(scale), weights.data_ptr(),
                     out.data_ptr(), None if keep is None else keep.data_ptr(), H, T, *strides,
                     None if entropy is None else entropy.data_ptr(), packed_keys.data_ptr(), packed_values.data_ptr(),

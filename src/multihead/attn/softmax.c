@@ -488,11 +488,14 @@ static void pack_values(const uint16_t *v, int64_t S, int64_t Dv, uint16_t *out)
    q for a tile of fewer than 16 rows */
 int64_t tile_scratch(int64_t S, int64_t Dk) { return 2 * TILE_ROWS * up(S, VALUE_KEYS) + TILE_ROWS * Dk; }
 
+/* x rounded to bfloat16's precision (nearest, ties to even), NaN kept NaN (the rounding's carry could
+   take a NaN with low bits set to infinity or zero) */
 static inline vf round_bfloat16(vf x) {
     __m512i u = _mm512_castps_si512(x);
     __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     u = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
-    return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
+    vf rounded = _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
+    return _mm512_mask_mov_ps(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
 
 /* 16 float32 sums -> 16 bfloat16 scores, rounded as oneDNN rounds its product (then scaled and rounded
