@@ -212,6 +212,19 @@ def needs_spacy() -> None:
             "spaCy or en_core_web_sm is not installed (make test installs them: the syntax extra)")
 
 
+def masking_case(masking: str, B: int, S: int):
+    """The kernels' tests' masks by name: "none" (None), "causal", or "padded" — causal, and the last of
+    B texts' keys after its first 3/4 of S are padding (its rows past them see fewer keys)."""
+    from multihead import masks
+
+    mask = None if masking == "none" else masks.causal()
+    if masking == "padded":
+        keep = torch.ones(B, 1, 1, S, dtype=torch.bool)
+        keep[-1, ..., 3 * S // 4:] = False
+        mask = mask & masks.from_tensor(keep)
+    return mask
+
+
 def amx_tiles():
     """multihead.attn.fused with its AMX tiles' path (``attend``), or a skip on a CPU without AMX (an
     Intel Xeon of the Sapphire Rapids generation or later has them; nothing installs them) — a

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import multihead as mh
-from conftest import compiled_softmax, mask_cases
+from conftest import compiled_softmax, mask_cases, masking_case
 from multihead import masks
 
 HALF = (torch.float16, torch.bfloat16)
@@ -259,11 +259,7 @@ def test_the_compiled_softmax_is_the_eager_steps_within_float32s_rounding(dtype,
     g = torch.Generator().manual_seed(S)
     q = (torch.randn(B, H, T, D, generator=g) * 2).to(dtype)
     k, v = (torch.randn(B, Hkv, S, D, generator=g).to(dtype) for _ in range(2))
-    mask = None if masking == "none" else masks.causal()
-    if masking == "padded":  # the last text's keys after its first 3/4 are padding
-        keep = torch.ones(B, 1, 1, S, dtype=torch.bool)
-        keep[-1, ..., 3 * S // 4:] = False
-        mask = mask & masks.from_tensor(keep)
+    mask = masking_case(masking, B, S)
 
     def run():
         with torch.inference_mode():

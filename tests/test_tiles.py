@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import multihead as mh
-from conftest import amx_tiles
+from conftest import amx_tiles, masking_case
 from multihead import masks
 from multihead.attn import kernels
 from multihead.attn.workspace import Workspace
@@ -48,11 +48,7 @@ def test_the_tiles_give_the_products_paths_weights_and_output(shape, masking, mo
     grouped query heads, T ≠ S, and rows that see no key (a causal mask with T > S, padded keys)."""
     B, H, Hkv, T, S, Dk, Dv = shape
     q, k, v = _operands(B, H, Hkv, T, S, Dk, Dv, seed=S + T)
-    mask = None if masking == "none" else masks.causal()
-    if masking == "padded":  # the last text's keys after its first 3/4 are padding
-        keep = torch.ones(B, 1, 1, S, dtype=torch.bool)
-        keep[-1, ..., 3 * S // 4:] = False
-        mask = mask & masks.from_tensor(keep)
+    mask = masking_case(masking, B, S)
 
     def run():
         with torch.inference_mode():

@@ -498,6 +498,20 @@ static inline vf round_bfloat16(vf x) {
     return _mm512_mask_mov_ps(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
 
+/* tiles 3-6, four 16 × 16 blocks of float32 sums side by side: zeroed; stored as 16 rows of 64 */
+static inline void sums_zeroed(void) {
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+}
+static inline void sums_stored(float *sums) {
+    _tile_stored(3, sums, 256);
+    _tile_stored(4, sums + 16, 256);
+    _tile_stored(5, sums + 32, 256);
+    _tile_stored(6, sums + 48, 256);
+}
+
 /* 16 float32 sums -> 16 bfloat16 scores, rounded as oneDNN rounds its product (then scaled and rounded
    again, as eager's `product * scale`, where scale is not 1) */
 static inline void store_score(uint16_t *score, const float *sum, float scale) {
@@ -564,10 +578,7 @@ void attend_rows(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_
                 const int64_t blocks = up(reach, 16) / 16, step = dim_blocks * 256; /* a block of keys' words */
                 int64_t kb = 0;
                 for (; kb + 4 <= blocks; kb += 4) {
-                    _tile_zero(3);
-                    _tile_zero(4);
-                    _tile_zero(5);
-                    _tile_zero(6);
+                    sums_zeroed();
                     for (int64_t db = 0; db < dim_blocks; db++) {
                         const uint32_t *b = kp + kb * step + db * 256;
                         _tile_loadd(1, qt + db * 32, Dk * 2);
@@ -580,10 +591,7 @@ void attend_rows(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_
                         _tile_loadd(2, b + 3 * step, 64);
                         _tile_dpbf16ps(6, 1, 2);
                     }
-                    _tile_stored(3, sums, 256);
-                    _tile_stored(4, sums + 16, 256);
-                    _tile_stored(5, sums + 32, 256);
-                    _tile_stored(6, sums + 48, 256);
+                    sums_stored(sums);
                     for (int64_t r = 0; r < TILE_ROWS; r++)
                         for (int64_t c = 0; c < 4; c++)
                             store_score(scores + r * keys32 + kb * 16 + c * 16, sums + r * 64 + c * 16, scale);
@@ -605,10 +613,7 @@ void attend_rows(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_
                 /* P·V, 64 dimensions at a time */
                 for (int64_t d0 = 0; d0 < value_blocks; d0 += 4) {
                     const uint16_t *vp = vpack + g * keys32 * Dv + d0 * 512;
-                    _tile_zero(3);
-                    _tile_zero(4);
-                    _tile_zero(5);
-                    _tile_zero(6);
+                    sums_zeroed();
                     for (int64_t kb = 0; kb < reach32 / VALUE_KEYS; kb++) {
                         const uint16_t *b = vp + kb * value_blocks * 512;
                         _tile_loadd(7, probs + kb * VALUE_KEYS, keys32 * 2);
@@ -621,10 +626,7 @@ void attend_rows(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_
                         _tile_loadd(0, b + 1536, 64);
                         _tile_dpbf16ps(6, 7, 0);
                     }
-                    _tile_stored(3, sums, 256);
-                    _tile_stored(4, sums + 16, 256);
-                    _tile_stored(5, sums + 32, 256);
-                    _tile_stored(6, sums + 48, 256);
+                    sums_stored(sums);
                     for (int64_t r = 0; r < m; r++)
                         for (int64_t c = 0; c < 4; c++)
                             store_half(out + (first + r) * Dv + d0 * 16 + c * 16, _mm512_load_ps(sums + r * 64 + c * 16),
@@ -636,35 +638,13 @@ void attend_rows(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_
     }
 }
 
-#else /* no AMX tiles in this build */
-
-int64_t tiles_available(void) { return 0; }
-
-void attend_rows(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_t groups, int64_t rows, int64_t S,
-                 int64_t Dk, int64_t Dv, float scale, float *weights, uint16_t *out, const uint8_t *keep, int64_t H,
-                 int64_t T, int64_t keep_b, int64_t keep_h, int64_t keep_t, float *entropy, uint32_t *kpack,
-                 uint16_t *vpack, uint16_t *scratch, int64_t parts) {
-    (void)q; (void)k; (void)v; (void)groups; (void)rows; (void)S; (void)Dk; (void)Dv; (void)scale; (void)weights;
-    (void)out; (void)keep; (void)H; (void)T; (void)keep_b; (void)keep_h; (void)keep_t; (void)entropy; (void)kpack;
-    (void)vpack; (void)scratch; (void)parts;
-}
-
+#define TILES_BUILT 1
 #endif
 
 
 #else /* neither AVX-512 nor AVX2 with FMA and F16C: the eager steps stay */
 
 int64_t fused_available(void) { return 0; }
-int64_t tiles_available(void) { return 0; }
-
-void attend_rows(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_t groups, int64_t rows, int64_t S,
-                 int64_t Dk, int64_t Dv, float scale, float *weights, uint16_t *out, const uint8_t *keep, int64_t H,
-                 int64_t T, int64_t keep_b, int64_t keep_h, int64_t keep_t, float *entropy, uint32_t *kpack,
-                 uint16_t *vpack, uint16_t *scratch, int64_t parts) {
-    (void)q; (void)k; (void)v; (void)groups; (void)rows; (void)S; (void)Dk; (void)Dv; (void)scale; (void)weights;
-    (void)out; (void)keep; (void)H; (void)T; (void)keep_b; (void)keep_h; (void)keep_t; (void)entropy; (void)kpack;
-    (void)vpack; (void)scratch; (void)parts;
-}
 
 void softmax_rows(const void *scores, int64_t score_stride, int64_t kind, float *weights, uint16_t *half,
                   int64_t half_stride, int64_t half_keys, int64_t half_kind, int64_t rows, int64_t K,
@@ -675,4 +655,17 @@ void softmax_rows(const void *scores, int64_t score_stride, int64_t kind, float 
     (void)parts; (void)entropy;
 }
 
+#endif
+
+#ifndef TILES_BUILT /* no AMX tiles in this build: the products' path (fused.tiles_available is False) */
+int64_t tiles_available(void) { return 0; }
+
+void attend_rows(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_t groups, int64_t rows, int64_t S,
+                 int64_t Dk, int64_t Dv, float scale, float *weights, uint16_t *out, const uint8_t *keep, int64_t H,
+                 int64_t T, int64_t keep_b, int64_t keep_h, int64_t keep_t, float *entropy, uint32_t *kpack,
+                 uint16_t *vpack, uint16_t *scratch, int64_t parts) {
+    (void)q; (void)k; (void)v; (void)groups; (void)rows; (void)S; (void)Dk; (void)Dv; (void)scale; (void)weights;
+    (void)out; (void)keep; (void)H; (void)T; (void)keep_b; (void)keep_h; (void)keep_t; (void)entropy; (void)kpack;
+    (void)vpack; (void)scratch; (void)parts;
+}
 #endif
