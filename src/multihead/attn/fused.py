@@ -172,8 +172,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, keys: int, weights: Te
           and weights.dtype == torch.float32 and weights.shape[-1] == S and B * H * T == N * R
           and Dk % 32 == 0 and Dv % 64 == 0 and packed_keys.numel() >= N * up16 * Dk
           and packed_values.numel() >= N * up32 * Dv and S > 0 and R > 0
-          and scratch.dtype == torch.bfloat16 and scratch.is_contiguous()
-          and scratch.numel() >= tile_buffers(S, Dk)
+          and scratch.dtype == torch.bfloat16 and scratch.numel() >= tile_buffers(S, Dk)
           and (entropy is None or (entropy.dtype == torch.float32 and entropy.is_contiguous()
                                    and entropy.device.type == "cpu" and entropy.shape == weights.shape[:3])))
     if not ok:

@@ -171,7 +171,7 @@ def _math_attention(
     # A power-of-two scale (head dims 16, 64, 256…) scales q exactly: one pass over (G·T, Dk), not
     # (G·T, S). Any other scales the product, as the reference implementations round it. (baddbmm's
     # alpha would cost no pass at all, but MKL's baddbmm runs at half bmm's speed once S nears 4k.)
-    if math.frexp(scale)[0] == 0.5:  # scores (B·Hkv, G·T, S) in each branch
+    if _power_of_two(scale):  # scores (B·Hkv, G·T, S) in each branch
         product = take.bmm("product", q3 * scale, k3.transpose(1, 2))  # (B·Hkv, G·T, grid)
         scores = as_half_product(product[..., :S], q.dtype)
     elif q3.dtype != q.dtype:  # float32 operands of half inputs: the product rounded, then its scaling, as eager's
@@ -237,9 +237,39 @@ def _compiled_softmax_applies(product: Tensor, keys: int, mask: Mask | None, sof
     nothing between the scores and the softmax but a mask that only hides keys."""
     return ((product.dtype in HALF or (product.dtype == torch.float32 and product.shape[-1] == keys))
             and product.device.type == "cpu" and not differentiated(product)
-            and softcap is None and sinks is None and dropout_p == 0 and not torch.compiler.is_compiling()
-            and not torch.jit.is_tracing()  # a ctypes call is invisible to a trace (it would record empty weights)
-            and (mask is None or (not mask.has_bias and split_topk(mask)[0] is None)) and fused.available())
+            and _only_hides_keys(mask, softcap, sinks, dropout_p) and fused.available())
+
+
+def _only_hides_keys(mask: Mask | None, softcap: float | None, sinks: Tensor | None, dropout_p: float) -> bool:
+    """Whether nothing stands between the scores and the softmax but a mask that only hides keys (no
+    bias, no top-k, no softcap, sinks or dropout), and a compiled C pass may run: not under
+    ``torch.compile`` or a trace (a ctypes call is invisible to one: it would record empty weights)."""
+    return (softcap is None and sinks is None and dropout_p == 0 and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing() and (mask is None or (not mask.has_bias and split_topk(mask)[0] is None)))
+
+
+def _power_of_two(scale: float) -> bool:
+    """Whether ``scale`` is a power of two: it then scales q exactly, one pass over (G·T, Dk), not (G·T, S)."""
+    return math.frexp(scale)[0] == 0.5
+
+
+def _kept(mask: Mask | None, shape: tuple[int, int, int, int], device: torch.device) -> Tensor | None:
+    """The keys each row may see, as the compiled passes read them: ``mask`` made a (..., T, S) bool
+    tensor broadcastable to ``shape`` (B, H, T, S), or None for no mask."""
+    if mask is None:
+        return None
+    keep = mask.materialize(shape[2], shape[3], device=device)  # (..., T, S) bool
+    _check_broadcast("mask", keep.shape, shape)
+    return keep
+
+
+def _entropy_buffer(take: _Take, shape: tuple[int, int, int]) -> Tensor | None:
+    """Where a compiled pass writes each row's entropy (B, H, T) float32 — a workspace's buffer, when its
+    caller asked for them — or None."""
+    workspace = take.workspace
+    if workspace is None or not workspace.wants_entropy:
+        return None
+    return take("entropy", shape, torch.float32, map_shaped=False)  # (B, H, T)
 
 
 def _tiles_apply(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, softcap: float | None, sinks: Tensor | None,
@@ -248,10 +278,8 @@ def _tiles_apply(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, softcap: fl
     on a CPU with the tiles whose head dimensions fill them, no derivative, and nothing between the
     scores and the softmax but a mask that only hides keys."""
     return (fused.tiles_on(q.device) and q.shape[2] > 0 and k.shape[2] > 0
-            and not any(differentiated(t) for t in (q, k, v))
-            and softcap is None and sinks is None and dropout_p == 0 and not torch.compiler.is_compiling()
-            and not torch.jit.is_tracing()  # a ctypes call is invisible to a trace
-            and (mask is None or (not mask.has_bias and split_topk(mask)[0] is None)) and fused.tiles_fit(q, k, v)
+            and not any(differentiated(t) for t in (q, k, v)) and _only_hides_keys(mask, softcap, sinks, dropout_p)
+            and fused.tiles_fit(q, k, v)
             and precision.half_units(q.dtype))  # as the products' path takes them: in bfloat16's own units
 
 
@@ -264,30 +292,24 @@ def _tiles_attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: 
     B, H, T, S = shape
     Hkv, Dk, Dv = k.shape[1], q.shape[-1], v.shape[-1]
     G = H // Hkv
-    exact = math.frexp(scale)[0] == 0.5  # a power of two scales q exactly, as the products' path does
+    exact = _power_of_two(scale)  # q scaled exactly, as the products' path does
     q3 = q.reshape(B * Hkv, G * T, Dk)  # (B·Hkv, G·T, Dk): the G query heads of a key head stacked
     q3 = q3 * scale if exact else q3.contiguous()
     k3 = k.reshape(B * Hkv, S, Dk).contiguous()  # (B·Hkv, S, Dk)
     v3 = v.reshape(B * Hkv, S, Dv).contiguous()  # (B·Hkv, S, Dv)
-    keep = None
-    if mask is not None:
-        keep = mask.materialize(T, S, device=q.device)  # (..., T, S) bool
-        _check_broadcast("mask", keep.shape, (B, H, T, S))
+    keep = _kept(mask, shape, q.device)  # (..., T, S) bool or None
     weights = take("weights", (B, H, T, S), torch.float32)  # (B, H, T, S)
     out = torch.empty(B * Hkv, G * T, Dv, dtype=v.dtype, device=q.device)  # (B·Hkv, G·T, Dv): the caller's
     packed_keys = take("packed keys", (B * Hkv * -(-S // 16) * 16 * Dk,), k.dtype, map_shaped=False)
     packed_values = take("packed values", (B * Hkv * -(-S // 32) * 32 * Dv,), v.dtype, map_shaped=False)
     parts = fused.attend_parts(G * T, S, B * Hkv)
     scratch = take("tiles", (parts * fused.tile_buffers(S, Dk),), torch.bfloat16, map_shaped=False)  # the threads'
-    workspace = take.workspace
-    entropy = None
-    if workspace is not None and workspace.wants_entropy:
-        entropy = take("entropy", (B, H, T), torch.float32, map_shaped=False)  # (B, H, T)
+    entropy = _entropy_buffer(take, (B, H, T))  # (B, H, T) or None
     if q.device.type != "meta":  # a memory plan's trace: the buffers only
         fused.attend(q3, k3, v3, 1.0 if exact else scale, S, weights, out, packed_keys, packed_values, scratch, keep,
                      entropy)
     if entropy is not None:
-        workspace.entropy = entropy
+        take.workspace.entropy = entropy
     return out.view(B, H, T, Dv), weights
 
 
@@ -299,10 +321,7 @@ def _compiled_softmax_attention(product: Tensor, v: Tensor, mask: Mask | None, t
     weights rounded to a half model's dtype, or the float32 ones themselves."""
     B, H, T, S = shape
     Hkv = v.shape[1]
-    keep = None
-    if mask is not None:
-        keep = mask.materialize(T, S, device=product.device)  # (..., T, S) bool
-        _check_broadcast("mask", keep.shape, (B, H, T, S))
+    keep = _kept(mask, shape, product.device)  # (..., T, S) bool or None
     if product.dtype == torch.float32:
         weights = product.view(B, H, T, S)  # (B, H, T, S): in place
     else:
@@ -311,13 +330,10 @@ def _compiled_softmax_attention(product: Tensor, v: Tensor, mask: Mask | None, t
     half = None  # a float32 model's P·V takes the float32 weights (q, k, v share a dtype; no grid for float32)
     if v.dtype in HALF:
         half = take("half weights", (B * Hkv, (H // Hkv) * T, grid), v.dtype)  # (B·Hkv, G·T, grid)
-    workspace = take.workspace
-    entropy = None
-    if workspace is not None and workspace.wants_entropy:
-        entropy = take("entropy", (B, H, T), torch.float32, map_shaped=False)  # (B, H, T)
+    entropy = _entropy_buffer(take, (B, H, T))  # (B, H, T) or None
     fused.softmax(product, S, weights, half, keep, entropy)
     if entropy is not None:
-        workspace.entropy = entropy
+        take.workspace.entropy = entropy
     taken = weights.view(B * Hkv, (H // Hkv) * T, S) if half is None else half  # (B·Hkv, G·T, grid)
     return half_matmul(taken, values).view(B, H, T, -1), weights  # (B, H, T, Dv), (B, H, T, S)
 

@@ -134,13 +134,21 @@ static inline vf fmadd_where_positive(vf e, vf d, vf acc) {
 static inline vf load_floats(const float *w, int64_t n) { return _mm512_maskz_loadu_ps(lanes(n), w); }
 static inline void store_floats(float *w, vf v, int64_t n) { _mm512_mask_storeu_ps(w, lanes(n), v); }
 
+/* x rounded to bfloat16's precision — to nearest, ties to even: 0x7fff plus the kept part's lowest bit
+   added, the low half dropped — NaN kept NaN (the carry could take a NaN with low bits set to infinity
+   or zero) */
+static inline vf round_bfloat16(vf x) {
+    __m512i u = _mm512_castps_si512(x);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+    vf rounded = _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
+    return _mm512_mask_mov_ps(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+
 static inline void store_half(uint16_t *d, vf v, int64_t n, int64_t kind) {
     __m256i h;
-    if (kind == 1) { /* round to nearest even: add 0x7fff plus the kept part's lowest bit, keep the high half */
-        __m512i u = _mm512_castps_si512(v);
-        __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-        u = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
-        h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16));
+    if (kind == 1) { /* its high half */
+        h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(round_bfloat16(v)), 16));
     } else {
         h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     }
@@ -488,16 +496,6 @@ static void pack_values(const uint16_t *v, int64_t S, int64_t Dv, uint16_t *out)
    q for a tile of fewer than 16 rows */
 int64_t tile_scratch(int64_t S, int64_t Dk) { return 2 * TILE_ROWS * up(S, VALUE_KEYS) + TILE_ROWS * Dk; }
 
-/* x rounded to bfloat16's precision (nearest, ties to even), NaN kept NaN (the rounding's carry could
-   take a NaN with low bits set to infinity or zero) */
-static inline vf round_bfloat16(vf x) {
-    __m512i u = _mm512_castps_si512(x);
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    u = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
-    vf rounded = _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
-    return _mm512_mask_mov_ps(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
-}
-
 /* tiles 3-6, four 16 × 16 blocks of float32 sums side by side: zeroed; stored as 16 rows of 64 */
 static inline void sums_zeroed(void) {
     _tile_zero(3);
@@ -515,8 +513,8 @@ static inline void sums_stored(float *sums) {
 /* 16 float32 sums -> 16 bfloat16 scores, rounded as oneDNN rounds its product (then scaled and rounded
    again, as eager's `product * scale`, where scale is not 1) */
 static inline void store_score(uint16_t *score, const float *sum, float scale) {
-    vf x = round_bfloat16(_mm512_load_ps(sum));
-    if (scale != 1.0f) x = x * splat(scale);
+    vf x = _mm512_load_ps(sum);
+    if (scale != 1.0f) x = round_bfloat16(x) * splat(scale);
     store_half(score, x, 16, 1);
 }
 
