@@ -206,3 +206,38 @@ def test_an_analysis_on_the_tiles_is_the_products_analysis(smollm2, monkeypatch)
         for metric in want.heads[0].metrics:
             assert [h.metrics[metric] for h in got.heads] == pytest.approx(
                 [h.metrics[metric] for h in want.heads], abs=1e-6, nan_ok=True), metric
+
+
+def test_a_streamed_layer_is_packed_once_and_its_chunks_are_as_packed_each(monkeypatch):
+    """A layer streamed in chunks of 8 rows, each over its first keys (causal), by readers that keep
+    nothing (their workspace names the layer's whole key and value): its operands are packed once a
+    layer, not once a chunk — and every chunk's weights and output, and the model's logits, are the
+    same to the bit as with each chunk packing its own keys."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fused = amx_tiles()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=100, hidden_size=256, intermediate_size=192, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    model = LlamaForCausalLM(config).eval().to(torch.bfloat16)
+    ids = torch.randint(0, 100, (1, 75))
+
+    def run():
+        seen, packs = [], []
+        real = fused.pack
+        monkeypatch.setattr(fused, "pack", lambda *a: (packs.append(a[0].shape), real(*a))[1])
+        with torch.inference_mode(), mh.hf.AttentionCapture(
+                model, lambda c: seen.append((c.layer, c.start, c.weights.clone(), c.outputs.clone())), chunk=8,
+                transient=True):
+            logits = model(ids).logits
+        return seen, packs, logits
+
+    seen, packs, logits = run()
+    assert packs == [(2, 75, 64)] * 2  # once a layer: its two key heads' 75 keys of 64
+    monkeypatch.setattr(kernels, "_whole_layer", lambda *a: None)  # each chunk packs its own keys
+    own, none, own_logits = run()
+    assert not none and len(seen) == len(own) == 2 * 10
+    assert torch.equal(logits, own_logits)
+    for (layer, start, w, out), (layer2, start2, w2, out2) in zip(seen, own, strict=True):
+        assert (layer, start) == (layer2, start2)
+        assert torch.equal(w, w2) and torch.equal(out, out2)

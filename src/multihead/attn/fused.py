@@ -39,7 +39,8 @@ from torch import Tensor
 from .. import compiled
 from .precision import HALF
 
-__all__ = ["TILES_ENV", "attend", "available", "softmax", "tiles_available", "tiles_fit", "tiles_on", "traced_as_tiles"]
+__all__ = ["TILES_ENV", "attend", "available", "pack", "packed_sizes", "softmax", "tiles_available", "tiles_fit",
+           "tiles_on", "traced_as_tiles"]
 
 SOURCE = Path(__file__).with_name("softmax.c")
 #: No -ffast-math: masked scores are -inf, and the compiler may not assume them away.
@@ -69,8 +70,10 @@ def _library() -> ctypes.CDLL | None:
     lib.tiles_available.argtypes = []
     lib.tiles_available.restype = i64
     lib.attend_rows.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, ptr, i64, i64, i64,
-                                i64, i64, ptr, ptr, ptr, ptr, i64]
+                                i64, i64, ptr, ptr, ptr, ptr, i64, i64]
     lib.attend_rows.restype = None
+    lib.pack_operands.argtypes = [ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64]
+    lib.pack_operands.restype = None
     return lib if lib.fused_available() else None
 
 
@@ -135,8 +138,31 @@ def attend_parts(rows: int, keys: int, groups: int) -> int:
     return 1 if groups * rows * keys < THREADED else max(1, min(torch.get_num_threads(), groups * -(-rows // 16)))
 
 
+def packed_sizes(groups: int, keys: int, dim_k: int, dim_v: int) -> tuple[int, int]:
+    """bfloat16 entries of the packed keys and values (:func:`pack`) of ``groups`` groups of ``keys`` keys."""
+    return groups * -(-keys // 16) * 16 * dim_k, groups * -(-keys // 32) * 32 * dim_v
+
+
+def pack(k: Tensor, v: Tensor, packed_keys: Tensor, packed_values: Tensor) -> None:
+    """k (N, S, Dk) and v (N, S, Dv) bfloat16, contiguous, in the tiles' layout into ``packed_keys``
+    and ``packed_values`` (at least :func:`packed_sizes` entries each), for :func:`attend` calls
+    over the first S' <= S keys of the same operands (``packed=S``): a streamed layer's chunks."""
+    N, S, Dk = k.shape
+    Dv = v.shape[-1]
+    sizes = packed_sizes(N, S, Dk, Dv)
+    if not (all(t.is_contiguous() and t.device.type == "cpu" and t.dtype == torch.bfloat16
+                for t in (k, v, packed_keys, packed_values))
+            and v.shape[:2] == (N, S) and Dk % 32 == 0 and Dv % 64 == 0 and S > 0
+            and packed_keys.numel() >= sizes[0] and packed_values.numel() >= sizes[1]):
+        raise ValueError(f"pack: k {tuple(k.shape)} {k.dtype}, v {tuple(v.shape)} {v.dtype} into "
+                         f"{packed_keys.numel()} and {packed_values.numel()} entries do not fit (see its docstring)")
+    _library().pack_operands(k.data_ptr(), v.data_ptr(), N, S, Dk, Dv, packed_keys.data_ptr(),
+                             packed_values.data_ptr(), max(1, min(torch.get_num_threads(), N)))
+
+
 def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, keys: int, weights: Tensor, out: Tensor, packed_keys: Tensor,
-           packed_values: Tensor, scratch: Tensor, keep: Tensor | None = None, entropy: Tensor | None = None) -> None:
+           packed_values: Tensor, scratch: Tensor, keep: Tensor | None = None, entropy: Tensor | None = None,
+           packed: int = 0) -> None:
     """The whole attention of bfloat16 operands on the AMX tiles, 16 query rows at a time: QKᵀ, the
     softmax of :func:`softmax` (the same mask semantics, the same float32 weights from the same
     scores) and P·V, the scores and the half weights kept in cache (``softmax.c``, ``attend_rows``).
@@ -157,6 +183,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, keys: int, weights: Te
             ``tile_buffers(S, Dk)`` bfloat16 each — it runs on at most as many threads as it holds
             buffers for (``attend_parts(R, S, N)`` for all of them).
         keep, entropy: as :func:`softmax` takes them.
+        packed: 0 — k and v are packed first, into ``packed_keys`` and ``packed_values``; else those
+            already hold the first ``packed`` >= S keys of every group (:func:`pack`), and k and v
+            are not read (only v's last dimension, Dv).
     """
     lib = _library()
     if lib is None or not tiles_available():
@@ -164,14 +193,15 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, keys: int, weights: Te
     N, R, Dk = q.shape
     S, Dv = keys, v.shape[-1]
     B, H, T, _ = weights.shape
-    up16, up32 = -(-S // 16) * 16, -(-S // 32) * 32
+    sizes = packed_sizes(N, max(S, packed), Dk, Dv)
     ok = (all(t.is_contiguous() and t.device.type == "cpu"
-              for t in (q, k, v, weights, out, packed_keys, packed_values, scratch))
+              for t in (q, weights, out, packed_keys, packed_values, scratch) + (() if packed else (k, v)))
+          and (packed == 0 or packed >= S)
           and q.dtype == k.dtype == v.dtype == out.dtype == packed_keys.dtype == packed_values.dtype == torch.bfloat16
-          and k.shape == (N, S, Dk) and v.shape[:2] == (N, S) and out.shape == (N, R, Dv)
+          and (packed > 0 or (k.shape == (N, S, Dk) and v.shape[:2] == (N, S))) and out.shape == (N, R, Dv)
           and weights.dtype == torch.float32 and weights.shape[-1] == S and B * H * T == N * R
-          and Dk % 32 == 0 and Dv % 64 == 0 and packed_keys.numel() >= N * up16 * Dk
-          and packed_values.numel() >= N * up32 * Dv and S > 0 and R > 0
+          and Dk % 32 == 0 and Dv % 64 == 0 and packed_keys.numel() >= sizes[0]
+          and packed_values.numel() >= sizes[1] and S > 0 and R > 0
           and scratch.dtype == torch.bfloat16 and scratch.numel() >= tile_buffers(S, Dk)
           and (entropy is None or (entropy.dtype == torch.float32 and entropy.is_contiguous()
                                    and entropy.device.type == "cpu" and entropy.shape == weights.shape[:3])))
@@ -186,7 +216,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, keys: int, weights: Te
     lib.attend_rows(q.data_ptr(), k.data_ptr(), v.data_ptr(), N, R, S, Dk, Dv, float(scale), weights.data_ptr(),
                     out.data_ptr(), None if keep is None else keep.data_ptr(), H, T, *strides,
                     None if entropy is None else entropy.data_ptr(), packed_keys.data_ptr(), packed_values.data_ptr(),
-                    scratch.data_ptr(), parts)
+                    scratch.data_ptr(), parts, packed)
 
 
 def _mask_rows(keep: Tensor, shape: tuple[int, int, int, int]) -> tuple[Tensor, tuple[int, int, int]]:

@@ -295,22 +295,52 @@ def _tiles_attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: 
     exact = _power_of_two(scale)  # q scaled exactly, as the products' path does
     q3 = q.reshape(B * Hkv, G * T, Dk)  # (B·Hkv, G·T, Dk): the G query heads of a key head stacked
     q3 = q3 * scale if exact else q3.contiguous()
-    k3 = k.reshape(B * Hkv, S, Dk).contiguous()  # (B·Hkv, S, Dk)
-    v3 = v.reshape(B * Hkv, S, Dv).contiguous()  # (B·Hkv, S, Dv)
     keep = _kept(mask, shape, q.device)  # (..., T, S) bool or None
     weights = take("weights", (B, H, T, S), torch.float32)  # (B, H, T, S)
     out = torch.empty(B * Hkv, G * T, Dv, dtype=v.dtype, device=q.device)  # (B·Hkv, G·T, Dv): the caller's
-    packed_keys = take("packed keys", (B * Hkv * -(-S // 16) * 16 * Dk,), k.dtype, map_shaped=False)
-    packed_values = take("packed values", (B * Hkv * -(-S // 32) * 32 * Dv,), v.dtype, map_shaped=False)
+    layer = _whole_layer(take.workspace, k, v)  # a streamed layer's whole (key, value): packed once for its chunks
+    packed = 0 if layer is None else layer[0].shape[2]
+    sizes = fused.packed_sizes(B * Hkv, max(S, packed), Dk, Dv)
+    packed_keys = take("packed keys", sizes[:1], k.dtype, map_shaped=False)
+    packed_values = take("packed values", sizes[1:], v.dtype, map_shaped=False)
+    if layer is None:
+        k3 = k.reshape(B * Hkv, S, Dk).contiguous()  # (B·Hkv, S, Dk)
+        v3 = v.reshape(B * Hkv, S, Dv).contiguous()  # (B·Hkv, S, Dv)
+    else:
+        k3, v3 = k, v  # not read: the packs hold them
+        if take.workspace.packed is not layer:  # the layer's first chunk
+            whole_k = layer[0].reshape(B * Hkv, packed, Dk).contiguous()  # (B·Hkv, S_layer, Dk)
+            whole_v = layer[1].reshape(B * Hkv, packed, Dv).contiguous()  # (B·Hkv, S_layer, Dv)
+            if q.device.type != "meta":
+                fused.pack(whole_k, whole_v, packed_keys, packed_values)
+            del whole_k, whole_v
+            take.workspace.packed = layer
     parts = fused.attend_parts(G * T, S, B * Hkv)
     scratch = take("tiles", (parts * fused.tile_buffers(S, Dk),), torch.bfloat16, map_shaped=False)  # the threads'
     entropy = _entropy_buffer(take, (B, H, T))  # (B, H, T) or None
     if q.device.type != "meta":  # a memory plan's trace: the buffers only
         fused.attend(q3, k3, v3, 1.0 if exact else scale, S, weights, out, packed_keys, packed_values, scratch, keep,
-                     entropy)
+                     entropy, packed)
     if entropy is not None:
         take.workspace.entropy = entropy
     return out.view(B, H, T, Dv), weights
+
+
+def _whole_layer(workspace: Workspace | None, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The streamed layer's whole (key, value) a workspace names (:attr:`~.workspace.Workspace.layer`)
+    where k and v (B, Hkv, S, D) are their first S keys — views of the same memory — else None."""
+    layer = None if workspace is None else workspace.layer
+    if layer is None:
+        return None
+
+    def first_keys(part: Tensor, whole: Tensor) -> bool:  # one storage (on meta too, where every address is 0)
+        return (part.untyped_storage()._cdata == whole.untyped_storage()._cdata
+                and part.storage_offset() == whole.storage_offset()
+                and part.dtype == whole.dtype and part.device == whole.device
+                and part.stride() == whole.stride() and part.shape[:2] == whole.shape[:2]
+                and part.shape[3] == whole.shape[3] and part.shape[2] <= whole.shape[2])
+
+    return layer if first_keys(k, layer[0]) and first_keys(v, layer[1]) else None
 
 
 def _compiled_softmax_attention(product: Tensor, v: Tensor, mask: Mask | None, take: _Take,

@@ -15,6 +15,8 @@ that uses it: for callers that read each chunk and keep nothing of it (the analy
 So does what a workspace asks the kernel to form on the way: with ``entropy=True``, each row's
 entropy where the kernel's softmax forms it from the scores (the compiled softmax, which then
 spares the readers a log a weight), in :attr:`Workspace.entropy` after the call, else None there.
+And where a streaming caller names the layer's whole operands (:attr:`Workspace.layer`), the AMX
+tiles' path packs its keys and values once for all its chunks, not again for each.
 """
 
 from __future__ import annotations
@@ -37,7 +39,11 @@ class Workspace:
     them, and a buffer grown chunk by chunk would take fresh pages at every step again.
 
     ``entropy``: ask the math kernel for each row's entropy (nats) where its softmax forms it on the
-    way; after each call :attr:`entropy` is that (B, H, T) float32, or None where it did not."""
+    way; after each call :attr:`entropy` is that (B, H, T) float32, or None where it did not.
+
+    ``layer``: the streamed layer's whole key and value (B, Hkv, S, D) while its chunks run — set and
+    cleared by the caller, whose chunks' operands are their first keys (``key[:, :, :K]``): the tiles'
+    path packs them once, into this workspace, and ``packed`` is then that same pair."""
 
     def __init__(self, map_entries: int = 0, *, entropy: bool = False) -> None:
         self.map_entries = map_entries
@@ -45,6 +51,9 @@ class Workspace:
         #: the last call's rows' entropies (B, H, T) float32, or None (not asked, or not formed by its path)
         self.entropy: Tensor | None = None
         self._buffers: dict[str, Tensor] = {}
+        self.layer: tuple[Tensor, Tensor] | None = None
+        #: the ``layer`` whose operands the "packed keys" and "packed values" buffers hold (None: none)
+        self.packed: tuple[Tensor, Tensor] | None = None
 
     def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *,
              map_shaped: bool = False) -> Tensor:

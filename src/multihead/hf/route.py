@@ -783,6 +783,25 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
     if grow:
         largest = max(largest, limit // 4)
     workspace = _lent_workspace(readers[0], largest) if reuse else None
+    if workspace is not None:  # every chunk's operands are the layer's first keys: packed once where the kernel packs
+        workspace.layer, workspace.packed = (key, value), None
+    try:
+        _chunks(site, layer, readers, query, key, value, mask, rows_per_chunk, limit, scaling, softcap, sinks,
+                gates, fill, call_memo, grow, workspace, outs)
+    finally:
+        if workspace is not None:
+            workspace.layer = workspace.packed = None
+    return outs  # (B, H, T, Dv)
+
+
+def _chunks(site: AttentionSite, layer: int, readers: list[Attachment], query: Tensor, key: Tensor, value: Tensor,
+            mask: Mask | None, rows_per_chunk: int, limit: int, scaling: float | None, softcap: float | None,
+            sinks: Tensor | None, gates: Tensor | None, fill: Tensor | None, call_memo: dict, grow: bool,
+            workspace: Workspace | None, outs: Tensor) -> None:
+    """:func:`_chunked`'s chunks, in ``workspace``'s buffers where it lends them, their head outputs
+    written into ``outs`` (B, H, T, Dv)."""
+    T, S = query.shape[2], key.shape[2]
+    B, H = query.shape[:2]
     # a mask whose structure does not bound its rows' keys (a tensor: padding, a model's own sliding window):
     # each row's last visible key, read once a layer, for the chunks to grow by
     lasts = None
@@ -821,7 +840,6 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
         del chunk, weights
         outs[:, :, start:stop] = out
         start = stop
-    return outs  # (B, H, T, Dv)
 
 
 def at_least_rows(limit: int, row_bytes: int) -> int:
