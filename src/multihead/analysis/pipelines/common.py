@@ -10,6 +10,7 @@ the routing allows goes to them as one pass of the row-statistics kernels (:mod:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -27,7 +28,7 @@ from ...hf.model import HFModel, right_padding
 from ...hf.route import SummaryRequest, chunk_bytes
 from ...inputs import Batch, token_info
 from ...progress import bar
-from ..stats import native
+from ..stats import native, onepass
 from ..stats.base import Reducer, dispatch
 from ..stats.heads import kernel_key_sets
 from ..stats.longcontext import BINS
@@ -101,6 +102,7 @@ def run_pass(model: HFModel, batches: Iterable[Batch], reducers: Sequence[Reduce
                 reducer.begin_batch(batch)
             capture.summary_request, direct = summary_request(reducers, batch)
             feed.direct = frozenset(map(id, direct))
+            feed.before = functools.partial(onepass.read_once, batch=batch)  # a chunk read once by its readers
             # The base model: attention is all we read, so a language-model head is skipped.
             model.body(**batch.inputs, **model.no_cache)
             capture.release()  # the streamed layers' buffers: not beside the reducers' end-of-batch work

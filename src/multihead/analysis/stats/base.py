@@ -81,9 +81,14 @@ class Dispatch:
     def __init__(self, reducers: Iterable[Reducer]) -> None:
         self.reducers = list(reducers)
         self.direct: frozenset[int] = frozenset()  # id() of each reducer that takes the row sums
+        #: called with each chunk of maps before the reducers (set per batch by run_pass: the chunk read
+        #: once for all its compiled readers, :func:`~multihead.analysis.stats.onepass.read_once`)
+        self.before: Callable[[AttentionChunk], None] | None = None
 
     def __call__(self, chunk: AttentionChunk) -> None:
         if chunk.weights is not None:
+            if self.before is not None:
+                self.before(chunk)
             for reducer in self.reducers:
                 reducer.update(chunk)
             return

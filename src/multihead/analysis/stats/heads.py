@@ -35,7 +35,7 @@ from torch import Tensor
 from ...attn.rowstats import RowStatistics, weights_at
 from ...hf.route import AttentionChunk
 from ...inputs import Batch, TokenInfo
-from . import native
+from . import native, onepass
 from .base import ReducerBase, shared
 from .bootstrap import GROUPS, LEVEL, intervals, resampled, used_groups
 
@@ -246,6 +246,7 @@ class HeadStatistics(ReducerBase):
         self.sentences += int(valid.shape[0])
         self.tokens += int(valid.sum())
         batch.memo[native.COLUMNS] = True  # the compiled readers sum the columns (vertical) in their pass too
+        batch.memo[onepass.ROWS] = True  # it reads the compiled row sums
 
     def update(self, chunk: AttentionChunk) -> None:
         """Add one chunk of one layer's attention for the batch: query rows ``chunk.start`` ..

@@ -30,7 +30,7 @@ from torch import Tensor
 from ...attn.rowstats import RowStatistics, weights_at
 from ...hf.route import AttentionChunk
 from ...inputs import Batch
-from . import native
+from . import native, onepass
 from .base import ReducerBase
 
 __all__ = ["BINS", "LONG_METRICS", "LongContextStatistics", "summary_long_values"]
@@ -64,6 +64,7 @@ class LongContextStatistics(ReducerBase):
         super().begin_batch(batch)
         self.longest = max(self.longest, int(batch.host_tokens.valid.sum(-1).max()))  # on the host, once a batch
         batch.memo[native.LONG] = True  # the compiled readers sum this reducer's rows in their pass too
+        batch.memo[onepass.ROWS] = True
 
     def update(self, chunk: AttentionChunk) -> None:
         """A chunk of query rows ``start`` .. ``start + C`` of a self-attention over T tokens, over

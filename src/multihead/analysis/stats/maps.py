@@ -29,7 +29,7 @@ from torch import Tensor
 from ...hf.route import AttentionChunk
 from ...inputs import Batch, readable_tokens
 from ..rollout import attention_flow, attention_rollout
-from . import native
+from . import native, onepass
 from .base import ReducerBase
 
 __all__ = ["EVIDENCE_TOP_K", "FLOW_BUDGET", "HEAD_VIEW_TOKENS", "LONG_TEXT", "POOLED_CELLS", "ROLLOUT_TOKENS",
@@ -255,6 +255,26 @@ class _Kept:
         """The text's last layer is in: its device buffers go."""
         self._layer = {}
 
+    def rows_of(self, chunk: AttentionChunk) -> Tensor | None:
+        """The text's rows of ``chunk`` over its own keys, (H, c, K) — None where the chunk holds none."""
+        if chunk.start >= self.n:
+            return None
+        stop, K = min(chunk.stop, self.n), min(chunk.weights.shape[-1], self.n)
+        return chunk.weights[self.row, :, :stop - chunk.start, :K].detach()  # (H, c, K)
+
+    def pooled_job(self, chunk: AttentionChunk, parts: int) -> native.PooledJob | None:
+        """The compiled reader's pass over the pooled text's rows of ``chunk`` in ``parts`` parts (one
+        pass a row: its cells and top-k), or None where it holds none or the eager steps read them."""
+        w = self.rows_of(chunk)
+        pooled = self.pooled
+        if w is None or pooled is None or not native.usable(w) or pooled.k > native.TOP_K:
+            return None
+        c, K = w.shape[1:]
+        fine = _fine_block(pooled.block)  # the top-k's candidates come from blocks of `fine` keys
+        extents = native.row_extents(chunk)[self.row, :, :c].clamp(max=K)  # (H, c)
+        return native.pooled_job(w, chunk.start, fine, pooled.block // fine, pooled.cells, min(pooled.k, K), extents,
+                                 parts)
+
 
 class TextViews(ReducerBase):
     """Keeps the :class:`TextView` of the chosen corpus texts (a reducer).
@@ -293,7 +313,9 @@ class TextViews(ReducerBase):
         for row, index in enumerate(batch.texts):
             if index in self.chosen and index not in self.views:
                 n = int(batch.host_tokens.valid[row].sum())
-                self._kept[index] = _Kept(row, n, L, H, n > self.long, self.top_k)
+                kept = self._kept[index] = _Kept(row, n, L, H, n > self.long, self.top_k)
+                if kept.pooled is not None:  # its rows read with the chunk's other compiled readers, where they run
+                    batch.memo.setdefault(onepass.POOLED, {})[row] = kept.pooled_job
 
     def summary_needs(self, batch: Batch) -> frozenset[str] | None:
         """Nothing for a batch without a text this page shows (a layer of it may come as row sums,
@@ -305,21 +327,20 @@ class TextViews(ReducerBase):
         """Keep the chosen texts' rows of this chunk: on the chunk's device until the text's last
         row of the layer is in, then in host memory (one copy per layer, none per chunk)."""
         for kept in self._kept.values():
-            if chunk.start >= kept.n:
+            w = kept.rows_of(chunk)  # (H, c, K)
+            if w is None:
                 continue
-            stop = min(chunk.stop, kept.n)
-            K = min(chunk.weights.shape[-1], kept.n)
-            w = chunk.weights[kept.row, :, :stop - chunk.start, :K].detach()  # (H, c, K)
+            stop, K = chunk.start + w.shape[1], w.shape[2]
             layer = kept.layer_on(w, chunk.start == 0)
             if kept.pooled is None:
                 layer["maps"][:, chunk.start:stop, :K] = w
             else:
                 pooled = kept.pooled
                 fine = _fine_block(pooled.block)  # the top-k's candidates come from blocks of `fine` keys
-                if native.usable(w) and pooled.k <= native.TOP_K:  # one pass a row, cells and top-k
-                    extents = native.row_extents(chunk)[kept.row, :, :stop - chunk.start].clamp(max=K)  # (H, c)
-                    first, total, big, top, where = native.row_pooled(w, chunk.start, fine, pooled.block // fine,
-                                                                      pooled.cells, min(pooled.k, K), extents)
+                found = onepass.pooled_result(chunk, kept.row)  # read with the chunk's other readers, or here
+                job = None if found is not None else kept.pooled_job(chunk, native.pooled_parts(w))
+                if found is not None or job is not None:  # one pass a row, cells and top-k
+                    first, total, big, top, where = found if found is not None else native.pooled_pass(job)
                     counted = _rows_per_block(chunk.start, w.shape[1], pooled.block, pooled.cells, w.device)
                 else:
                     sums, maxima = key_blocks(w, fine)  # (H, c, ceil(K / fine)) each

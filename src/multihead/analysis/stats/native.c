@@ -967,40 +967,75 @@ static int64_t predicted(const float *a, int64_t K, const int32_t *key_word, con
    next chunk's K >= acc_keys; the keys after had weight 0 in its rows so far); `carried` is the
    word acc holds on entry (-1: none). blocks, longest: the longer words by 64-key block (word_argmax).
    block_max: (H, 2 ceil(K / 64)) scratch. */
-static void words_predicted(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride,
-                            const int32_t *row_word, const int32_t *key_word, const uint8_t *lone,
-                            const int32_t *multi, const int32_t *blocks, const int32_t *longest, float *acc, int64_t astride, int64_t carried, int64_t acc_keys, int64_t last,
-                            int64_t *best, int64_t H, int64_t h0, int64_t h1, float *block_max) {
-    int64_t nb = 2 * ((K + 63) / 64);
-    for (int64_t h = h0; h < h1; h++) {
-        float *restrict a = acc + h * astride;
-        float *scratch = block_max + h * nb;
-        int64_t open = carried;
-        /* the open word's one row so far, read where it is: most words are one token, whose row was
-           copied into a only to be read back (a pass of K a row of the three it took) */
-        const float *only = 0;
-        if (open >= 0)
-            for (int64_t j = acc_keys; j < K; j++) a[j] = 0.f;
-        for (int64_t c = 0; c < C; c++) {
-            int64_t word = row_word[c];
-            if (word < 0) continue;
-            const float *restrict p = w + h * hstride + c * kstride;
-            if (word != open) {
-                if (open >= 0)
-                    best[open * H + h] = predicted(only ? only : a, K, key_word, lone, multi, blocks, longest, scratch);
-                open = word;
-                only = p;
-            } else if (only) {
-                for (int64_t j = 0; j < K; j++) a[j] = only[j] + p[j];
-                only = 0;
-            } else {
-                for (int64_t j = 0; j < K; j++) a[j] += p[j];
-            }
+typedef struct {
+    const float *w;
+    int64_t C, K, hstride, kstride;
+    const int32_t *row_word, *key_word;
+    const uint8_t *lone;
+    const int32_t *multi, *blocks, *longest;
+    float *acc;
+    int64_t astride, carried, acc_keys, last;
+    int64_t *best;
+    int64_t H;
+    float *block_max;
+    int64_t text; /* the text's row of the chunk (read_chunk) */
+} word_pass;
+
+/* A head's word open so far, and its one row where it has one (read where it is: most words are one
+   token, whose row was copied into acc only to be read back — a pass of K a row of the three it took). */
+typedef struct {
+    int64_t open;
+    const float *only;
+} open_word;
+
+static void words_begin(const word_pass *x, int64_t h, open_word *s) {
+    float *a = x->acc + h * x->astride;
+    s->open = x->carried;
+    s->only = 0;
+    if (s->open >= 0)
+        for (int64_t j = x->acc_keys; j < x->K; j++) a[j] = 0.f;
+}
+
+static void words_rows(const word_pass *x, int64_t h, int64_t c0, int64_t c1, open_word *s) {
+    const int64_t K = x->K, H = x->H;
+    float *restrict a = x->acc + h * x->astride;
+    float *scratch = x->block_max + h * 2 * ((K + 63) / 64);
+    for (int64_t c = c0; c < c1; c++) {
+        int64_t word = x->row_word[c];
+        if (word < 0) continue;
+        const float *restrict p = x->w + h * x->hstride + c * x->kstride;
+        if (word != s->open) {
+            if (s->open >= 0)
+                x->best[s->open * H + h] = predicted(s->only ? s->only : a, K, x->key_word, x->lone, x->multi,
+                                                      x->blocks, x->longest, scratch);
+            s->open = word;
+            s->only = p;
+        } else if (s->only) {
+            const float *restrict only = s->only;
+            for (int64_t j = 0; j < K; j++) a[j] = only[j] + p[j];
+            s->only = 0;
+        } else {
+            for (int64_t j = 0; j < K; j++) a[j] += p[j];
         }
-        if (open >= 0 && last)
-            best[open * H + h] = predicted(only ? only : a, K, key_word, lone, multi, blocks, longest, scratch);
-        else if (only) /* carried into the next chunk in a */
-            for (int64_t j = 0; j < K; j++) a[j] = only[j];
+    }
+}
+
+static void words_end(const word_pass *x, int64_t h, open_word *s) {
+    const int64_t K = x->K;
+    float *restrict a = x->acc + h * x->astride;
+    if (s->open >= 0 && x->last)
+        x->best[s->open * x->H + h] = predicted(s->only ? s->only : a, K, x->key_word, x->lone, x->multi, x->blocks,
+                                                x->longest, x->block_max + h * 2 * ((K + 63) / 64));
+    else if (s->only) /* carried into the next chunk in a */
+        for (int64_t j = 0; j < K; j++) a[j] = s->only[j];
+}
+
+static void words_predicted(const word_pass *x, int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; h++) {
+        open_word s;
+        words_begin(x, h, &s);
+        words_rows(x, h, 0, x->C, &s);
+        words_end(x, h, &s);
     }
 }
 
@@ -1010,9 +1045,96 @@ void word_predictions(const float *w, int64_t C, int64_t K, int64_t hstride, int
                       const int32_t *multi, const int32_t *blocks, const int32_t *longest, float *acc,
                       int64_t astride, int64_t carried, int64_t acc_keys, int64_t last, int64_t *best, int64_t H,
                       int64_t h0, int64_t h1, int64_t parts, float *block_max) {
+    const word_pass x = {w, C, K, hstride, kstride, row_word, key_word, lone, multi, blocks, longest, acc, astride,
+                         carried, acc_keys, last, best, H, block_max, 0};
     IN_PARTS
-    for (int64_t n = 0; n < parts; n++)
-        words_predicted(w, C, K, hstride, kstride, row_word, key_word, lone, multi, blocks, longest, acc, astride,
-                        carried, acc_keys, last, best, H, part_bound(h0, h1, n, parts),
-                        part_bound(h0, h1, n + 1, parts), block_max);
+    for (int64_t n = 0; n < parts; n++) words_predicted(&x, part_bound(h0, h1, n, parts), part_bound(h0, h1, n + 1, parts));
+}
+
+
+/* ------------------------------------------------------------------------------------------------
+   A chunk read once for every reader of it: each (text, head)'s rows a few at a time — their row
+   statistics, their page cells and top-k where the text is a page's pooled one, their words where it
+   is parsed — while those rows are in cache. Read by each reader in a pass of its own, the chunk's map
+   (tens of MB, written just before by the attention) came from memory three times, each pass bound
+   by its bandwidth: SmolLM2 bfloat16's 8k-token analysis moved ~36 GB a pass (Xeon, ~22 GB/s). */
+
+typedef struct {
+    const float *w; /* (B, H, C, K) */
+    int64_t B, H, C, K, start;
+    const int32_t *set_keys;
+    const int64_t *set_bounds;
+    const uint8_t *valid;
+    const float *log_n, *row_entropy;
+    double *heads, *long_sums, *hist, *repeat; /* (parts, B, H, ·): each part's own sums, as row_statistics */
+    float *columns;                            /* (B·H, K): each (text, head)'s own row, or null */
+    const int32_t *prev, *token, *extent;
+} stats_pass;
+
+typedef struct {
+    const float *w; /* the text's (H, C', K') of the chunk, strides hstride and kstride */
+    int64_t text, C, K, hstride, kstride, block, k;
+    float *sums, *maxima; /* (parts, ceil(K / block)) scratch */
+    float *top;
+    int64_t *where;
+    int64_t start, pool, cells, rb0, nrb;
+    float *mass, *largest; /* (parts, H, nrb, cells): each part's own, as row_pooled */
+    const int32_t *extent;
+    int64_t H;
+} pooled_pass;
+
+#define PASS_ROWS 8 /* rows of a (text, head) read by every reader in turn: 256 KB at 8,192 keys */
+
+/* The B·H·C rows of a chunk (text, head, row) in `parts` ranges — as row_statistics and row_pooled split
+   them: the same sums — each range's rows PASS_ROWS at a time: rows_statistics where stats is not null,
+   rows_pooled for the text of each of the n_pooled pooled passes, and the words of each of the n_words
+   word passes (their `text`). A (text, head)'s words are read in order by the part that holds its first
+   row, all of them: the rows of its part first, while in cache, then any that the next part holds (a
+   head split between two parts: its rows from memory, once more). stats->columns: each part's own
+   (text, head) rows after one another, part n's from row column_at[n] (row_statistics' layout). */
+void read_chunk(int64_t B, int64_t H, int64_t C, int64_t parts, const stats_pass *stats, const int64_t *column_at,
+                const pooled_pass *pooled, int64_t n_pooled, const word_pass *words, int64_t n_words) {
+    IN_PARTS
+    for (int64_t n = 0; n < parts; n++) {
+        const int64_t r0 = part_bound(0, B * H * C, n, parts), r1 = part_bound(0, B * H * C, n + 1, parts);
+        for (int64_t pair = r0 / C; pair < B * H && pair * C < r1; pair++) {
+            const int64_t b = pair / H, h = pair % H;
+            const int64_t ca = r0 > pair * C ? r0 - pair * C : 0, cb = r1 < (pair + 1) * C ? r1 - pair * C : C;
+            const pooled_pass *pool = 0;
+            const word_pass *word = 0;
+            for (int64_t m = 0; m < n_pooled; m++)
+                if (pooled[m].text == b) pool = pooled + m;
+            for (int64_t m = 0; m < n_words && ca == 0; m++) /* the words: the part with the head's first row */
+                if (words[m].text == b) word = words + m;
+            open_word state;
+            if (word) words_begin(word, h, &state);
+            for (int64_t c0 = ca; c0 < cb; c0 += PASS_ROWS) {
+                const int64_t c1 = c0 + PASS_ROWS < cb ? c0 + PASS_ROWS : cb;
+                if (stats) {
+                    const int64_t bh = stats->B * stats->H;
+                    rows_statistics(stats->w, H, C, stats->K, stats->start, stats->set_keys, stats->set_bounds,
+                                    stats->valid, stats->log_n, stats->row_entropy, pair * C + c0, pair * C + c1,
+                                    stats->heads + n * bh * HEAD_VALUES,
+                                    stats->long_sums ? stats->long_sums + n * bh * LONG_VALUES : 0,
+                                    stats->long_sums ? stats->hist + n * bh * BINS : 0,
+                                    stats->repeat ? stats->repeat + n * bh : 0,
+                                    stats->columns ? stats->columns + column_at[n] * stats->K : 0, r0 / C, stats->prev,
+                                    stats->token, stats->extent);
+                }
+                if (pool && c0 < pool->C) {
+                    const int64_t nb = (pool->K + pool->block - 1) / pool->block, area = pool->H * pool->nrb * pool->cells;
+                    const int64_t e1 = c1 < pool->C ? c1 : pool->C;
+                    rows_pooled(pool->w, pool->C, pool->K, pool->hstride, pool->kstride, pool->block, pool->k,
+                                h * pool->C + c0, h * pool->C + e1, pool->sums + n * nb, pool->maxima + n * nb, pool->top,
+                                pool->where, pool->start, pool->pool, pool->cells, pool->rb0, pool->nrb,
+                                pool->mass + n * area, pool->largest + n * area, pool->extent);
+                }
+                if (word && c0 < word->C) words_rows(word, h, c0, c1 < word->C ? c1 : word->C, &state);
+            }
+            if (word) {
+                if (cb < word->C) words_rows(word, h, cb, word->C, &state); /* the head's rows the next part reads */
+                words_end(word, h, &state);
+            }
+        }
+    }
 }

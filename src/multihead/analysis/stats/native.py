@@ -46,9 +46,10 @@ from ...hf.route import AttentionChunk
 from ...inputs import Batch, TokenInfo
 from .base import shared
 
-__all__ = ["COLUMNS", "ENV", "LONG", "REPEAT", "RowSums", "WordRuns", "available", "compiled_rows", "key_sets",
-           "pairwise_js", "row_extents", "row_pooled", "row_sums", "unit_columns", "usable", "visible_counts",
-           "word_predictions", "word_runs"]
+__all__ = ["COLUMNS", "ENV", "LONG", "REPEAT", "PooledJob", "RowSums", "StatsInputs", "WordJob", "WordRuns",
+           "available", "chunk_parts", "compiled_rows", "key_sets", "openmp", "pairwise_js", "pooled_job",
+           "pooled_parts", "pooled_pass", "read_chunk", "row_extents", "row_pooled", "row_sums", "stats_inputs",
+           "unit_columns", "usable", "visible_counts", "word_job", "word_pass", "word_predictions", "word_runs"]
 
 SOURCE = Path(__file__).with_name("native.c")
 #: Compiled with -ffast-math (vectorised reductions and log) but linked without it: a
@@ -98,6 +99,8 @@ def _library() -> ctypes.CDLL | None:
     lib.word_predictions.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64,
                                      ptr, i64, i64, i64, i64, ptr]
     lib.word_predictions.restype = None
+    lib.read_chunk.argtypes = [i64, i64, i64, i64, ptr, ptr, ptr, i64, ptr, i64]
+    lib.read_chunk.restype = None
     lib.pairwise_js.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr]
     lib.pairwise_js.restype = None
     lib.unit_columns.argtypes = [ptr, i64, i64, i64, i64, i64]
@@ -108,6 +111,11 @@ def _library() -> ctypes.CDLL | None:
 def available() -> bool:
     """Whether the compiled readers are in use on this machine."""
     return _library() is not None
+
+
+def openmp() -> bool:
+    """Whether the compiled readers are in use and run their parts on OpenMP's threads (one call a chunk)."""
+    return available() and bool(_library().openmp_parts())
 
 
 def usable(weights: Tensor) -> bool:
@@ -246,8 +254,43 @@ def key_sets(tokens: TokenInfo) -> tuple[Tensor, Tensor]:
     return keys, torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int64).contiguous()
 
 
-def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: bool = False,
-              repeat: tuple[Tensor, Tensor] | None = None, sets: tuple[Tensor, Tensor] | None = None) -> RowSums:
+@dataclass
+class StatsInputs:
+    """What the row statistics of a chunk read besides its map (:func:`stats_inputs`)."""
+
+    p: Tensor  # (B, H, C, K) float32, contiguous
+    start: int
+    set_keys: Tensor
+    set_bounds: Tensor
+    counted: Tensor  # (B, C) uint8: the rows that count (real queries)
+    log_n: Tensor  # (B, H, C) float32
+    entropy: Tensor | None  # (B, H, C) float32: each row's entropy as the softmax formed it
+    extents: Tensor  # (B, H, C) int32
+    prev_keys: Tensor | None  # (B, K) int32: each key's previous token (the induction pattern's)
+    row_tokens: Tensor | None  # (B, C) int32: each row's own token
+    queries: Tensor  # (B, C) bool
+    informative: Tensor  # (B, H) float64
+    long: bool
+    columns: bool
+
+    def sums(self, parts: int) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+        """(parts, B, H, ·) float64 zeros for each part's own heads, long, hist and repeat sums."""
+        B, H = self.p.shape[:2]
+        return (torch.zeros(parts, B, H, HEAD_VALUES, dtype=torch.float64),
+                torch.zeros(parts, B, H, LONG_VALUES, dtype=torch.float64) if self.long else None,
+                torch.zeros(parts, B, H, BINS, dtype=torch.float64) if self.long else None,
+                torch.zeros(parts, B, H, dtype=torch.float64) if self.prev_keys is not None else None)
+
+    def result(self, sums: tuple[Tensor | None, ...], columns: Tensor | None) -> RowSums:
+        """The chunk's :class:`RowSums` from the parts' ``sums`` and the column sums (B, H, K) or None."""
+        heads_sums, long_sums, hist, repeat_sums = (None if t is None else t.sum(0) for t in sums)
+        return RowSums(heads_sums, self.queries.sum(-1, keepdim=True, dtype=torch.float64), self.informative,
+                       long_sums, hist, columns, repeat_sums)
+
+
+def stats_inputs(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: bool = False,
+                  repeat: tuple[Tensor, Tensor] | None = None,
+                  sets: tuple[Tensor, Tensor] | None = None) -> StatsInputs:
     p = chunk.weights.detach()  # (B, H, C, K) float32
     if p.dtype != torch.float32 or p.device.type != "cpu":
         raise TypeError(f"the compiled readers read float32 maps in CPU memory; got {p.dtype} on {p.device}")
@@ -270,42 +313,60 @@ def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: boo
     seen = visible_counts(chunk.visible, valid[:, :K]).expand(B, H, C)  # (B, H, C) keys each row may see
     log_n = seen.float().clamp_min(1).log().contiguous()  # (B, H, C)
     informative = (queries[:, None, :] & (seen > 1)).sum(-1, dtype=torch.float64)  # (B, H)
-    parts = _parts(B * H * C, p.numel())
-    sums = (torch.zeros(parts, B, H, HEAD_VALUES, dtype=torch.float64),  # (parts, B, H, ·): a range's own sums
-            torch.zeros(parts, B, H, LONG_VALUES, dtype=torch.float64) if long else None,
-            torch.zeros(parts, B, H, BINS, dtype=torch.float64) if long else None,
-            torch.zeros(parts, B, H, dtype=torch.float64) if repeat is not None else None)
+    prev_keys = row_tokens = None
     if repeat is not None:  # each key's token before it (B, K), each row's own token (B, C)
         prev_keys = repeat[0][:, :K].to(torch.int32).contiguous()
         row_tokens = repeat[1][:, start:start + C].to(torch.int32).contiguous()
-    # the columns: each range's own (text, head) pairs only, range after range (native.c, row_statistics)
-    pairs = [(a // C, (b - 1) // C - a // C + 1 if b > a else 0)
-             for a, b in itertools.pairwise(_bounds(B * H * C, parts))]
-    offsets = list(itertools.accumulate((n for _, n in pairs), initial=0))
-    column_parts = torch.zeros(offsets[-1], K, dtype=torch.float32) if columns else None  # (pairs, K)
+    return StatsInputs(p, start, set_keys, set_bounds, queries.to(torch.uint8).contiguous(), log_n, entropy,
+                        row_extents(chunk), prev_keys, row_tokens, queries, informative, long, columns)
+
+
+def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: bool = False,
+              repeat: tuple[Tensor, Tensor] | None = None, sets: tuple[Tensor, Tensor] | None = None) -> RowSums:
+    x = stats_inputs(chunk, tokens, long, columns, repeat, sets)
+    p = x.p
+    B, H, C, K = p.shape
+    parts = chunk_parts(p)
+    sums = x.sums(parts)  # (parts, B, H, ·): a range's own sums
+    column_parts, pairs, offsets = _column_parts(B, H, C, K, parts) if columns else (None, [], [0])
     lib = _library()
-    counted = queries.to(torch.uint8).contiguous()
-    extents = row_extents(chunk)  # (B, H, C): the keys each row reads
 
     def call(a: int, b: int, n_parts: int, n: int) -> None:
         pointers = [t[n].data_ptr() if t is not None else None for t in sums]
-        lib.row_statistics(p.data_ptr(), B, H, C, K, start, set_keys.data_ptr(), set_bounds.data_ptr(),
-                           counted.data_ptr(), log_n.data_ptr(), None if entropy is None else entropy.data_ptr(),
-                           a, b, n_parts, *pointers,
+        lib.row_statistics(p.data_ptr(), B, H, C, K, x.start, x.set_keys.data_ptr(), x.set_bounds.data_ptr(),
+                           x.counted.data_ptr(), x.log_n.data_ptr(), _address(x.entropy), a, b, n_parts, *pointers,
                            None if column_parts is None else column_parts[offsets[n]:].data_ptr(),
-                           prev_keys.data_ptr() if repeat is not None else None,
-                           row_tokens.data_ptr() if repeat is not None else None, extents.data_ptr())
+                           _address(x.prev_keys), _address(x.row_tokens), x.extents.data_ptr())
 
     _in_parts(B * H * C, parts, call)
-    heads_sums, long_sums, hist, repeat_sums = (None if t is None else t.sum(0) for t in sums)
-    column_sums = None
-    if column_parts is not None:
-        column_sums = torch.zeros(B * H, K, dtype=torch.float32)
-        for (first, n), offset in zip(pairs, offsets, strict=False):
-            column_sums[first:first + n] += column_parts[offset:offset + n]
-        column_sums = column_sums.view(B, H, K)
-    return RowSums(heads_sums, queries.sum(-1, keepdim=True, dtype=torch.float64), informative, long_sums, hist,
-                   column_sums, repeat_sums)
+    return x.result(sums, None if column_parts is None else _columns_summed(column_parts, pairs, offsets, B, H))
+
+
+def chunk_parts(weights: Tensor) -> int:
+    """In how many ranges of rows a chunk's map (B, H, C, K) is read (:func:`row_sums`, :func:`read_chunk`)."""
+    return _parts(weights[..., 0].numel(), weights.numel())
+
+
+def _column_parts(B: int, H: int, C: int, K: int, parts: int) -> tuple[Tensor, list[tuple[int, int]], list[int]]:
+    """The column sums as the parts add them: each range of rows its own (text, head) pairs only, range
+    after range (native.c, row_statistics) — (Σ pairs, K) zeros, each range's (first pair, pairs) and
+    its first row there."""
+    pairs = [(a // C, (b - 1) // C - a // C + 1 if b > a else 0)
+             for a, b in itertools.pairwise(_bounds(B * H * C, parts))]
+    offsets = list(itertools.accumulate((n for _, n in pairs), initial=0))
+    return torch.zeros(offsets[-1], K, dtype=torch.float32), pairs, offsets
+
+
+def _columns_summed(column_parts: Tensor, pairs: list[tuple[int, int]], offsets: list[int], B: int, H: int) -> Tensor:
+    """The parts' column sums (:func:`_column_parts`) added per (text, head): (B, H, K)."""
+    column_sums = torch.zeros(B * H, column_parts.shape[1], dtype=torch.float32)
+    for (first, n), offset in zip(pairs, offsets, strict=False):
+        column_sums[first:first + n] += column_parts[offset:offset + n]
+    return column_sums.view(B, H, -1)
+
+
+def _address(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def row_pooled(weights: Tensor, start: int, block: int, pool: int, cells: int, k: int,
@@ -318,33 +379,71 @@ def row_pooled(weights: Tensor, start: int, block: int, pool: int, cells: int, k
     cells) each — and each row's k largest weights and their keys (H, c, k), largest first, found
     from its blocks of ``block`` keys. ``extents`` (H, c) int32, or None: each row's keys from its
     extent on weigh exactly 0 (:func:`row_extents`) and are not read."""
+    return pooled_pass(pooled_job(weights, start, block, pool, cells, k, extents, pooled_parts(weights)))
+
+
+def pooled_parts(weights: Tensor) -> int:
+    """In how many parts :func:`row_pooled` reads a text's rows ``weights`` (H, c, K)."""
+    return _parts(weights.shape[0] * weights.shape[1], weights.numel())
+
+
+def pooled_pass(job: PooledJob) -> tuple[int, Tensor, Tensor, Tensor, Tensor]:
+    """:func:`row_pooled` of a job (:func:`pooled_job`): its rows in its ``parts`` ranges."""
+    w, lib = job.w, _library()
+    H, c, K = w.shape
+
+    def call(a: int, b: int, n_parts: int, n: int) -> None:
+        lib.row_pooled(w.data_ptr(), H, c, K, w.stride(0), w.stride(1), job.block, job.k, a, b, n_parts,
+                       job.scratch[0, n].data_ptr(), job.scratch[1, n].data_ptr(), job.top.data_ptr(),
+                       job.where.data_ptr(), job.start, job.pool, job.cells, job.first, job.n_blocks,
+                       job.mass[n].data_ptr(), job.largest[n].data_ptr(), _address(job.extents))
+
+    _in_parts(H * c, job.parts, call)
+    return job.result()
+
+
+@dataclass
+class PooledJob:
+    """A text's chunk rows as :func:`row_pooled` reads them, in ``parts`` parts: its scratch and outputs."""
+
+    w: Tensor  # (H, c, K) float32, consecutive keys
+    start: int
+    block: int
+    pool: int
+    cells: int
+    k: int
+    first: int  # the first row block the rows fall in
+    n_blocks: int
+    parts: int
+    scratch: Tensor  # (2, parts, nb): a part's block sums and maxima of the row at hand
+    mass: Tensor  # (parts, H, n_blocks, cells): a part's own cells
+    largest: Tensor
+    top: Tensor  # (H, c, k)
+    where: Tensor
+    extents: Tensor | None  # (H, c) int32
+
+    def result(self) -> tuple[int, Tensor, Tensor, Tensor, Tensor]:
+        return self.first, self.mass.sum(0), self.largest.amax(0), self.top, self.where
+
+
+def pooled_job(weights: Tensor, start: int, block: int, pool: int, cells: int, k: int, extents: Tensor | None,
+                parts: int) -> PooledJob:
     H, c, K = weights.shape
     nb = -(-K // block)
     first, last = start // (block * pool), (start + c - 1) // (block * pool)  # the chunk's row blocks
     if (weights.dtype != torch.float32 or not 1 <= k <= min(K, TOP_K) or block < 1 or pool < 1 or last >= cells
-            or -(-nb // pool) > cells):
+            or -(-nb // pool) > cells or weights.stride(-1) != 1):
         raise ValueError(f"row_pooled reads float32 rows for 1..{min(K, TOP_K)} largest weights into {cells} cells; "
                          f"got {weights.dtype}, k={k}, block={block}, pool={pool}, rows {start}..{start + c}")
     n_blocks = last - first + 1
-    parts = _parts(H * c, weights.numel())
-    scratch = torch.empty(2, parts, nb, dtype=torch.float32)  # a row's block sums and maxima, a range each
-    mass, largest = torch.zeros(2, parts, H, n_blocks, cells, dtype=torch.float32)  # a range's own cells
-    top, where = torch.empty(H, c, k, dtype=torch.float32), torch.empty(H, c, k, dtype=torch.long)
+    mass, largest = torch.zeros(2, parts, H, n_blocks, cells, dtype=torch.float32)  # a part's own cells
     if extents is not None:
         if extents.shape != (H, c):
             raise ValueError(f"row_pooled reads an extent a row, (H, c) = {(H, c)}; got {tuple(extents.shape)}")
         extents = extents.to(torch.int32).contiguous()
-    lib = _library()
-    w = weights.detach()
-
-    def call(a: int, b: int, n_parts: int, n: int) -> None:
-        lib.row_pooled(w.data_ptr(), H, c, K, w.stride(0), w.stride(1), block, k, a, b, n_parts,
-                       scratch[0, n].data_ptr(), scratch[1, n].data_ptr(), top.data_ptr(), where.data_ptr(), start,
-                       pool, cells, first, n_blocks, mass[n].data_ptr(), largest[n].data_ptr(),
-                       None if extents is None else extents.data_ptr())
-
-    _in_parts(H * c, parts, call)
-    return first, mass.sum(0), largest.amax(0), top, where
+    return PooledJob(weights.detach(), start, block, pool, cells, k, first, n_blocks, parts,
+                      torch.empty(2, parts, nb, dtype=torch.float32), mass, largest,
+                      torch.empty(H, c, k, dtype=torch.float32), torch.empty(H, c, k, dtype=torch.long), extents)
 
 
 @dataclass
@@ -395,31 +494,58 @@ def word_predictions(weights: Tensor, rows: Tensor, runs: WordRuns, carried: tup
     :func:`~.syntax._add_chunk` does (ties: the earliest word). ``carried``: the word still open
     from the layer's last chunk and its keys then, as this returns it for the next chunk (None
     when no word is open, and after the layer's last chunk)."""
+    return word_pass(word_job(weights, rows, runs, carried, last, best))
+
+
+def word_pass(job: WordJob) -> tuple[int, int] | None:
+    """:func:`word_predictions` of a job (:func:`word_job`): its heads in as many ranges as torch uses threads."""
+    w, lib, runs, best = job.w, _library(), job.runs, job.best
+    H, c, K = w.shape
+
+    def call(h0: int, h1: int, parts: int, _: int) -> None:
+        lib.word_predictions(w.data_ptr(), c, K, w.stride(0), w.stride(1), job.row_word.data_ptr(),
+                             runs.key_word.data_ptr(), runs.lone.data_ptr(), runs.multi.data_ptr(),
+                             runs.blocks.data_ptr(), runs.longest.data_ptr(), runs.acc.data_ptr(), runs.acc.stride(0),
+                             job.open_word, job.acc_keys, int(job.last), best.data_ptr(), best.shape[1], h0, h1,
+                             parts, job.scratch.data_ptr())
+
+    _in_parts(H, _parts(H, w.numel()), call)
+    return job.result()
+
+
+@dataclass
+class WordJob:
+    """A parsed text's chunk rows as :func:`word_predictions` reads them."""
+
+    w: Tensor  # (H, c, K) float32, consecutive keys
+    row_word: Tensor  # (c,) int32
+    runs: WordRuns
+    open_word: int  # carried in (-1: none)
+    acc_keys: int
+    last: bool
+    best: Tensor  # (W, H) int64
+    scratch: Tensor  # (H, 2 ceil(K / 64)): each head's block maxima
+
+    def result(self) -> tuple[int, int] | None:
+        """The word still open for the next chunk, and its keys (None: none, or the layer's last chunk)."""
+        if self.last:
+            return None
+        in_words = self.row_word[self.row_word >= 0]
+        open_word = int(in_words[-1]) if len(in_words) else self.open_word
+        return (open_word, self.w.shape[2]) if open_word >= 0 else None
+
+
+def word_job(weights: Tensor, rows: Tensor, runs: WordRuns, carried: tuple[int, int] | None, last: bool,
+              best: Tensor) -> WordJob:
     H, c, K = weights.shape
     T = runs.key_word.shape[0]
     if (weights.dtype != torch.float32 or runs.acc.shape != (H, T) or K > T or rows.shape != (c,)
-            or best.dtype != torch.long or best.shape[1] != H or not best.is_contiguous()):
+            or best.dtype != torch.long or best.shape[1] != H or not best.is_contiguous() or weights.stride(-1) != 1):
         raise ValueError("word_predictions: float32 rows (H, c, K <= T), their words (c,), a text's runs of H heads "
                          "and best (W, H) int64")
-    row_word = rows.to(torch.int32).contiguous()
     open_word, acc_keys = carried if carried is not None else (-1, 0)
-    scratch = torch.empty(H, 2 * -(-K // 64), dtype=torch.float32)  # each head's block maxima: lone keys, all keys
-    lib = _library()
-    w = weights.detach()
-
-    def call(h0: int, h1: int, parts: int, _: int) -> None:
-        lib.word_predictions(w.data_ptr(), c, K, w.stride(0), w.stride(1), row_word.data_ptr(),
-                             runs.key_word.data_ptr(), runs.lone.data_ptr(), runs.multi.data_ptr(),
-                             runs.blocks.data_ptr(), runs.longest.data_ptr(), runs.acc.data_ptr(), runs.acc.stride(0),
-                             open_word, acc_keys, int(last), best.data_ptr(), best.shape[1], h0, h1, parts,
-                             scratch.data_ptr())
-
-    _in_parts(H, _parts(H, w.numel()), call)
-    if last:
-        return None
-    in_words = row_word[row_word >= 0]
-    open_word = int(in_words[-1]) if len(in_words) else open_word
-    return (open_word, K) if open_word >= 0 else None
+    return WordJob(weights.detach(), rows.to(torch.int32).contiguous(), runs, open_word, acc_keys, last, best,
+                    torch.empty(H, 2 * -(-K // 64), dtype=torch.float32))
 
 
 def pairwise_js(maps: Tensor) -> Tensor:
@@ -463,3 +589,63 @@ def unit_columns(x: Tensor) -> None:
     lib = _library()
     parts = _parts(H * -(-n // UNIT_TILE), x.numel()) if lib.openmp_parts() else 1
     lib.unit_columns(x.data_ptr(), H, D, n, int(x.dtype == torch.bfloat16), parts)
+
+
+# ------------------------------------------------------------------------- one read of a chunk
+
+
+def _struct(name: str, fields: str) -> type[ctypes.Structure]:
+    """A ctypes mirror of a native.c struct: ``fields`` its members in order, ``*name`` a pointer."""
+    return type(name, (ctypes.Structure,), {"_fields_": [
+        (f.strip("* "), ctypes.c_void_p if f.strip().startswith("*") else ctypes.c_int64) for f in fields.split(",")]})
+
+
+_StatsPass = _struct("stats_pass", "*w, B, H, C, K, start, *set_keys, *set_bounds, *valid, *log_n, *row_entropy, "
+                                   "*heads, *long_sums, *hist, *repeat, *columns, *prev, *token, *extent")
+_PooledPass = _struct("pooled_pass", "*w, text, C, K, hstride, kstride, block, k, *sums, *maxima, *top, *where, "
+                                     "start, pool, cells, rb0, nrb, *mass, *largest, *extent, H")
+_WordPass = _struct("word_pass", "*w, C, K, hstride, kstride, *row_word, *key_word, *lone, *multi, *blocks, "
+                                 "*longest, *acc, astride, carried, acc_keys, last, *best, H, *block_max, text")
+
+
+def read_chunk(stats: StatsInputs | None, pooled: dict[int, PooledJob], words: dict[int, WordJob], B: int, H: int,
+               C: int, parts: int) -> tuple[tuple[Tensor | None, ...], Tensor | None]:
+    """A chunk of B texts × H heads × C rows read once for its row statistics (``stats``), the pooled
+    view of each text in ``pooled`` and the words of each in ``words`` (keyed by the text's row; each
+    job made for ``parts`` = :func:`chunk_parts` parts): its rows in those ranges, each range's a few
+    at a time by every reader in turn while they are in cache (native.c, ``read_chunk``) — the same
+    sums as :func:`row_sums`', :func:`row_pooled`'s and :func:`word_predictions`' own passes, each of
+    which reads the map from memory again. The jobs' outputs are filled in; returns the statistics'
+    parts' sums and column sums (B, H, K) or None, for :meth:`StatsInputs.result`. Needs the library
+    built with OpenMP."""
+    lib = _library()
+    sums, columns, stats_pass, column_at = (), None, None, None
+    if stats is not None:
+        p = stats.p
+        K = p.shape[-1]
+        sums = stats.sums(parts)
+        if stats.columns:
+            columns, pairs, offsets = _column_parts(B, H, C, K, parts)
+            column_at = torch.tensor(offsets[:-1], dtype=torch.int64)
+        stats_pass = _StatsPass(p.data_ptr(), B, H, C, K, stats.start, stats.set_keys.data_ptr(),
+                                stats.set_bounds.data_ptr(), stats.counted.data_ptr(), stats.log_n.data_ptr(),
+                                _address(stats.entropy), *(_address(t) for t in sums), _address(columns),
+                                _address(stats.prev_keys), _address(stats.row_tokens), stats.extents.data_ptr())
+    pools = (_PooledPass * max(1, len(pooled)))()
+    for n, (text, job) in enumerate(pooled.items()):
+        w = job.w
+        pools[n] = _PooledPass(w.data_ptr(), text, w.shape[1], w.shape[2], w.stride(0), w.stride(1), job.block, job.k,
+                               job.scratch[0].data_ptr(), job.scratch[1].data_ptr(), job.top.data_ptr(),
+                               job.where.data_ptr(), job.start, job.pool, job.cells, job.first, job.n_blocks,
+                               job.mass.data_ptr(), job.largest.data_ptr(), _address(job.extents), w.shape[0])
+    passes = (_WordPass * max(1, len(words)))()
+    for n, (text, job) in enumerate(words.items()):
+        w, runs = job.w, job.runs
+        passes[n] = _WordPass(w.data_ptr(), w.shape[1], w.shape[2], w.stride(0), w.stride(1), job.row_word.data_ptr(),
+                              runs.key_word.data_ptr(), runs.lone.data_ptr(), runs.multi.data_ptr(),
+                              runs.blocks.data_ptr(), runs.longest.data_ptr(), runs.acc.data_ptr(),
+                              runs.acc.stride(0), job.open_word, job.acc_keys, int(job.last), job.best.data_ptr(),
+                              job.best.shape[1], job.scratch.data_ptr(), text)
+    lib.read_chunk(B, H, C, parts, None if stats_pass is None else ctypes.addressof(stats_pass),
+                   _address(column_at), ctypes.addressof(pools), len(pooled), ctypes.addressof(passes), len(words))
+    return sums, None if columns is None else _columns_summed(columns, pairs, offsets, B, H)

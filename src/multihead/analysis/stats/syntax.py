@@ -13,6 +13,7 @@ source words × words), never a (T, T) map.
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable
@@ -24,7 +25,7 @@ from torch import Tensor
 from ...hf.route import AttentionChunk
 from ...inputs import Batch
 from ..probes.syntax import Parse, word_of_tokens
-from . import native
+from . import native, onepass
 from .base import ReducerBase, shared
 from .bootstrap import GROUPS
 
@@ -151,6 +152,34 @@ def word_predictions(chunk: AttentionChunk, batch: Batch) -> Tensor | None:
     return to_word if chunk.last else None
 
 
+def word_jobs(chunk: AttentionChunk, parts: int, batch: Batch) -> dict[int, native.WordJob]:
+    """The compiled reader's pass over each parsed text's rows of ``chunk``, by the text's row
+    (:data:`~.onepass.WORDS`; ``parts`` does not change it)."""
+    found = alignment(batch)
+    if found is None or not native.usable(chunk.weights):
+        return {}
+    state = chunk.call_memo.setdefault("syntax-to-word", {})
+    return {b: job for b in found.texts if (job := _word_job(found, b, chunk, state)) is not None}
+
+
+def _word_job(found: Alignment, b: int, chunk: AttentionChunk, state: dict) -> native.WordJob | None:
+    """Text b's rows of ``chunk`` as the compiled reader reads them — its best words reset at a
+    layer's first chunk, the word carried on from the last one — or None where its words are not
+    runs of consecutive tokens (the eager steps then)."""
+    p = chunk.weights.detach()  # (B, H, c, K) float32
+    H = p.shape[1]
+    words_of = _text_words(found, b, found.has_word.shape[1], H, p.device)
+    if "runs" not in words_of:  # once a batch
+        words_of["runs"] = native.word_runs(found.owner[b], H)
+    runs = words_of["runs"]
+    if runs is None:
+        return None
+    best = words_of["best"]  # (W, H)
+    if chunk.start == 0:
+        best.fill_(-1)
+    return native.word_job(p[b], found.owner[b, chunk.start:chunk.stop], runs, state.get(b), chunk.last, best)
+
+
 def _add_chunk(chunk: AttentionChunk, found: Alignment) -> Tensor | None:
     """This chunk's share of every parsed text's word-to-word attention; at the last chunk, the
     predicted words (G, H).
@@ -170,16 +199,18 @@ def _add_chunk(chunk: AttentionChunk, found: Alignment) -> Tensor | None:
     state = chunk.call_memo.setdefault("syntax-to-word", {})  # per text: the word carried on, if any
     compiled = native.usable(chunk.weights)  # float32 maps (a float64 run's stay eager)
     for b in found.texts:
+        read, carried = onepass.words_result(chunk, b)  # read with the chunk's other compiled readers
+        if read:
+            state[b] = carried
+            continue
+        job = _word_job(found, b, chunk, state) if compiled else None
+        if job is not None:  # the same, in one pass a row (state: the word open, its keys)
+            state[b] = native.word_pass(job)
+            continue
         words_of = _text_words(found, b, W, H, p.device)
         best, partial = words_of["best"], words_of["partial"]  # (W, H), (H, W): kept for the batch, reused
         if start == 0:
             best.fill_(-1)
-        if compiled and "runs" not in words_of:  # once a batch
-            words_of["runs"] = native.word_runs(found.owner[b], H)
-        runs = words_of.get("runs")
-        if compiled and runs is not None:  # the same, in one pass a row (state: the word open, its keys)
-            state[b] = native.word_predictions(p[b], found.owner[b, start:stop], runs, state.get(b), chunk.last, best)
-            continue
         carried = state.get(b)
         first, rest, rest_column, key_words = _key_words(words_of, K)
         # gathers with the index expanded over (H, c): ~15x faster on the CPU than index_select on the last axis
@@ -314,6 +345,7 @@ class SyntaxStatistics(ReducerBase):
         found = alignment(batch)
         if found is None:
             return
+        batch.memo[onepass.WORDS] = functools.partial(word_jobs, batch=batch)  # read with the other compiled readers
         G, L_H = self.groups, self.shape
         for key, (src, tgt, n_words), row in zip(found.keys, found.offsets, found.batch.tolist(), strict=True):
             g = batch.texts[row] % G

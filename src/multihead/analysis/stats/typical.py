@@ -31,7 +31,7 @@ from torch import Tensor
 from ...hf.route import AttentionChunk
 from ...inputs import Batch
 from ..sections import Typical, TypicalHead
-from . import native
+from . import native, onepass
 from .base import ReducerBase, shared
 from .heads import row_values
 from .syntax import alignment, word_predictions
@@ -156,6 +156,7 @@ class TypicalTexts(ReducerBase):
 
     def begin_batch(self, batch: Batch) -> None:
         super().begin_batch(batch)
+        batch.memo[onepass.ROWS] = True  # it reads the compiled row sums
         self._per_text = {}
         host = batch.host_tokens
         self._repeat = None
