@@ -133,6 +133,7 @@ static inline vf fmadd_where_positive(vf e, vf d, vf acc) {
 }
 static inline vf load_floats(const float *w, int64_t n) { return _mm512_maskz_loadu_ps(lanes(n), w); }
 static inline void store_floats(float *w, vf v, int64_t n) { _mm512_mask_storeu_ps(w, lanes(n), v); }
+#define STREAM_FLOATS(w, v) _mm512_stream_ps(w, v) /* 64-byte aligned w */
 
 /* x rounded to bfloat16's precision — to nearest, ties to even: 0x7fff plus the kept part's lowest bit
    added, the low half dropped — NaN kept NaN (the carry could take a NaN with low bits set to infinity
@@ -317,9 +318,14 @@ static void row_extent(const uint8_t *seen, int64_t K, int64_t *open, int64_t *l
 }
 
 /* One row: its scores s (K of `kind`) -> float32 weights w (K), half weights h (half_keys, zeros at
-   keys K..half_keys-1) where h is not NULL, and its entropy where `entropy` is not NULL. */
+   keys K..half_keys-1) where h is not NULL, and its entropy where `entropy` is not NULL. e: K floats
+   of the thread's own, 64-byte aligned, for the row's exponentials — the weights then written once,
+   past the cache (streaming stores: a store to a line not in cache first reads it from memory, and a
+   chunk's map, tens of MB, is not in cache: SmolLM2 bfloat16's 36 GB of weights at 8k tokens were
+   read as often as written; three 292-row chunks of its 9 heads over 1k, 4k and 8k keys, Xeon with
+   AMX, 28.6–33.2 → 26.7–27.4 ms alternating) — or NULL: they go through w. */
 static void softmax_row(const char *s, int64_t kind, float *w, uint16_t *h, int64_t half_keys, int64_t half_kind,
-                        int64_t K, const uint8_t *seen, int64_t open, int64_t last, float *entropy) {
+                        int64_t K, const uint8_t *seen, int64_t open, int64_t last, float *entropy, float *e) {
     /* the row's largest score. `visible`: whether the row may see a key; `broken`: a key it may see
        scores NaN or +inf; `end`: the keys after the last block that holds one it may see weigh 0 — they
        are not soft-maxed, only zeroed */
@@ -358,30 +364,48 @@ static void softmax_row(const char *s, int64_t kind, float *w, uint16_t *h, int6
     }
     /* e_j = exp(s_j − m) where the row may see key j, else 0: the scores and the mask read again (three
        bytes a key for half scores) rather than the masked scores stored and loaded in float32 (eight) */
+    float *x = e ? e : w; /* the exponentials */
     vf m = splat(largest), total = splat(0.0f), spread = splat(0.0f); /* m, Σ e, Σ e (s − m) */
     for (j = 0; j + W <= open; j += W) { /* every lane seen: the same steps, no mask */
         vf d = load_scores(s, j, W, kind) - m; /* (GCC's vector arithmetic, either width) */
-        vf e = exp_nonpositive(d);
-        store_floats(w + j, e, W);
-        total = total + e;
-        spread = fmadd_where_positive(e, d, spread);
+        vf ej = exp_nonpositive(d);
+        store_floats(x + j, ej, W);
+        total = total + ej;
+        spread = fmadd_where_positive(ej, d, spread);
     }
     for (; j < end; j += W) {
         int64_t n = end - j < W ? end - j : W;
         vf d = load_scores(s, j, n, kind) - m;
         vmask k = seen ? seen_lanes(seen + j, n) : lanes(n);
-        vf e = zero_outside(k, exp_nonpositive(d)); /* -inf, or a hidden key: 0 */
-        store_floats(w + j, e, n);
-        total = total + e;
+        vf ej = zero_outside(k, exp_nonpositive(d)); /* -inf, or a hidden key: 0 */
+        store_floats(x + j, ej, n);
+        total = total + ej;
         /* only where e > 0: d is -inf at a key scored -inf (0 · -inf would be NaN), anything at a hidden one */
-        spread = fmadd_where_positive(e, d, spread);
+        spread = fmadd_where_positive(ej, d, spread);
     }
     float sum = reduce_add(total);
     if (entropy) *entropy = (float)(log((double)sum) - (double)reduce_add(spread) / sum);
     vf inverse = splat(1.0f / sum);
-    for (int64_t j = 0; j < end; j += W) {
+    j = 0;
+#ifdef STREAM_FLOATS
+    if (e) { /* up to w's first 64-byte line as below, then whole lines past the cache */
+        int64_t head = (int64_t)((64 - ((uintptr_t)w & 63)) & 63) / (int64_t)sizeof *w;
+        head = head < end ? head : end;
+        if (head > 0) { /* fewer than W */
+            vf p = load_floats(x, head) * inverse;
+            store_floats(w, p, head);
+            if (h) store_half(h, p, head, half_kind);
+        }
+        for (j = head; j + W <= end; j += W) {
+            vf p = load_floats(x + j, W) * inverse;
+            STREAM_FLOATS(w + j, p);
+            if (h) store_half(h + j, p, W, half_kind);
+        }
+    }
+#endif
+    for (; j < end; j += W) {
         int64_t n = end - j < W ? end - j : W;
-        vf p = load_floats(w + j, n) * inverse;
+        vf p = load_floats(x + j, n) * inverse;
         store_floats(w + j, p, n);
         if (h) store_half(h + j, p, n, half_kind);
     }
@@ -408,7 +432,7 @@ void softmax_rows(const void *scores, int64_t score_stride, int64_t kind, float 
         /* the row's scores; its float32 weights in their place where the scores are float32 */
         softmax_row((const char *)scores + r * score_stride * size, kind, weights + r * K,
                     half ? half + r * half_stride : NULL, half_keys, half_kind, K, seen, open, last,
-                    entropy ? entropy + r : NULL);
+                    entropy ? entropy + r : NULL, NULL);
     }
 }
 
@@ -492,9 +516,9 @@ static void pack_values(const uint16_t *v, int64_t S, int64_t Dv, uint16_t *out)
         }
 }
 
-/* half words of a thread's buffers: a tile's scores and half weights (16 rows of up(S,32) each) and
-   q for a tile of fewer than 16 rows */
-int64_t tile_scratch(int64_t S, int64_t Dk) { return 2 * TILE_ROWS * up(S, VALUE_KEYS) + TILE_ROWS * Dk; }
+/* half words of a thread's buffers: a tile's scores and half weights (16 rows of up(S,32) each), q
+   for a tile of fewer than 16 rows, and a row's float32 exponentials (up(S,16)) */
+int64_t tile_scratch(int64_t S, int64_t Dk) { return 2 * TILE_ROWS * up(S, VALUE_KEYS) + TILE_ROWS * Dk + 2 * up(S, 16); }
 
 /* tiles 3-6, four 16 × 16 blocks of float32 sums side by side: zeroed; stored as 16 rows of 64 */
 static inline void sums_zeroed(void) {
@@ -559,6 +583,7 @@ void attend_rows(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_
         uint16_t *scores = scratch;
 #endif
         uint16_t *probs = scores + TILE_ROWS * keys32, *short_q = probs + TILE_ROWS * keys32;
+        float *exps = (float *)(short_q + TILE_ROWS * Dk); /* a row's exponentials (64-byte aligned) */
         float sums[TILE_ROWS * 64] __attribute__((aligned(64)));
         {
             memset(probs, 0, (size_t)(TILE_ROWS * keys32) * sizeof *probs);
@@ -600,7 +625,8 @@ void attend_rows(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_
                 const int64_t reach32 = up(reach, VALUE_KEYS);
                 for (int64_t r = 0; r < m; r++)
                     softmax_row((const char *)(scores + r * keys32), 1, weights + (first + r) * S, probs + r * keys32,
-                                reach32, 1, S, seen[r], open[r], last[r], entropy ? entropy + first + r : NULL);
+                                reach32, 1, S, seen[r], open[r], last[r], entropy ? entropy + first + r : NULL,
+                                exps);
                 /* P·V, 64 dimensions at a time */
                 for (int64_t d0 = 0; d0 < value_blocks; d0 += 4) {
                     const uint16_t *vp = vpack + g * packed32 * Dv + d0 * 512;
@@ -626,6 +652,7 @@ void attend_rows(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_
             }
         }
         _tile_release();
+        _mm_sfence(); /* the streamed weights visible to whoever reads the map next */
     }
 }
 
