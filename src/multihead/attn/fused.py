@@ -127,7 +127,8 @@ def tiles_on(device: torch.device) -> bool:
 
 def tile_buffers(keys: int, dim: int) -> int:
     """bfloat16 entries :func:`attend` needs in ``scratch`` per thread for S = ``keys`` and Dk = ``dim``:
-    a tile's scores and half weights (16 rows of S rounded up to 32) and q for a short tile."""
+    a tile's scores and half weights (16 rows of S rounded up to 32), q for a short tile, and a row's
+    float32 exponentials (S rounded up to 16)."""
     if not _tiles_granted():
         raise RuntimeError("the AMX tiles are not available here (see multihead.attn.fused.tiles_available)")
     return int(_library().tile_scratch(keys, dim))

@@ -306,6 +306,8 @@ def _tiles_attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: 
     if layer is None:
         k3 = k.reshape(B * Hkv, S, Dk).contiguous()  # (B·Hkv, S, Dk)
         v3 = v.reshape(B * Hkv, S, Dv).contiguous()  # (B·Hkv, S, Dv)
+        if take.workspace is not None:  # this call packs its own operands into the buffers: no layer's any more
+            take.workspace.packed = None
     else:
         k3, v3 = k, v  # not read: the packs hold them
         if take.workspace.packed is not layer:  # the layer's first chunk
