@@ -880,19 +880,34 @@ static void rows_pooled(const float *w, int64_t C, int64_t K, int64_t hstride, i
     }
 }
 
-/* rows_pooled over rows [row0, row1) in `parts` ranges: part n reads into its own scratch sums +
-   n·nb and maxima + n·nb and its own mass and largest + n·H·nrb·cells (summed and max'd by the
-   caller); each row's top-k is its own. */
-void row_pooled(const float *w, int64_t H, int64_t C, int64_t K, int64_t hstride, int64_t kstride, int64_t block,
-                int64_t k, int64_t row0, int64_t row1, int64_t parts, float *sums, float *maxima, float *top,
-                int64_t *where, int64_t start, int64_t pool, int64_t cells, int64_t rb0, int64_t nrb, float *mass,
-                float *largest, const int32_t *extent) {
-    int64_t nb = (K + block - 1) / block, area = H * nrb * cells;
+/* A text's rows of a chunk as a page pools them: rows_pooled's arguments (`text`: its row of the chunk,
+   for read_chunk). Each part n reads into its own scratch (sums, maxima + n·ceil(K / block)) and its
+   own cells (mass, largest + n·H·nrb·cells), summed and max'd by the caller; each row's top-k is its own. */
+typedef struct {
+    const float *w; /* the text's (H, C, K) of the chunk, strides hstride and kstride */
+    int64_t text, C, K, hstride, kstride, block, k;
+    float *sums, *maxima; /* (parts, ceil(K / block)) scratch */
+    float *top;
+    int64_t *where;
+    int64_t start, pool, cells, rb0, nrb;
+    float *mass, *largest; /* (parts, H, nrb, cells) */
+    const int32_t *extent;
+    int64_t H;
+} pooled_pass;
+
+/* rows [row0, row1) of the text's H·C rows, into part n's scratch and cells */
+static void pooled_rows(const pooled_pass *x, int64_t row0, int64_t row1, int64_t n) {
+    const int64_t nb = (x->K + x->block - 1) / x->block, area = x->H * x->nrb * x->cells;
+    rows_pooled(x->w, x->C, x->K, x->hstride, x->kstride, x->block, x->k, row0, row1, x->sums + n * nb,
+                x->maxima + n * nb, x->top, x->where, x->start, x->pool, x->cells, x->rb0, x->nrb, x->mass + n * area,
+                x->largest + n * area, x->extent);
+}
+
+/* pooled_rows over rows [row0, row1) in `parts` ranges, the n-th into part `part` + n. */
+void row_pooled(const pooled_pass *x, int64_t row0, int64_t row1, int64_t parts, int64_t part) {
     IN_PARTS
     for (int64_t n = 0; n < parts; n++)
-        rows_pooled(w, C, K, hstride, kstride, block, k, part_bound(row0, row1, n, parts),
-                    part_bound(row0, row1, n + 1, parts), sums + n * nb, maxima + n * nb, top, where, start, pool,
-                    cells, rb0, nrb, mass + n * area, largest + n * area, extent);
+        pooled_rows(x, part_bound(row0, row1, n, parts), part_bound(row0, row1, n + 1, parts), part + n);
 }
 
 /* The key of the largest of a word-summed row a (keys 0..K-1): lone[j] marks the keys that are a
@@ -1040,15 +1055,9 @@ static void words_predicted(const word_pass *x, int64_t h0, int64_t h1) {
 }
 
 /* words_predicted for heads [h0, h1) in `parts` ranges (each head's sums and predictions are its own). */
-void word_predictions(const float *w, int64_t C, int64_t K, int64_t hstride, int64_t kstride,
-                      const int32_t *row_word, const int32_t *key_word, const uint8_t *lone,
-                      const int32_t *multi, const int32_t *blocks, const int32_t *longest, float *acc,
-                      int64_t astride, int64_t carried, int64_t acc_keys, int64_t last, int64_t *best, int64_t H,
-                      int64_t h0, int64_t h1, int64_t parts, float *block_max) {
-    const word_pass x = {w, C, K, hstride, kstride, row_word, key_word, lone, multi, blocks, longest, acc, astride,
-                         carried, acc_keys, last, best, H, block_max, 0};
+void word_predictions(const word_pass *x, int64_t h0, int64_t h1, int64_t parts) {
     IN_PARTS
-    for (int64_t n = 0; n < parts; n++) words_predicted(&x, part_bound(h0, h1, n, parts), part_bound(h0, h1, n + 1, parts));
+    for (int64_t n = 0; n < parts; n++) words_predicted(x, part_bound(h0, h1, n, parts), part_bound(h0, h1, n + 1, parts));
 }
 
 
@@ -1070,18 +1079,6 @@ typedef struct {
     float *columns;                            /* (B·H, K): each (text, head)'s own row, or null */
     const int32_t *prev, *token, *extent;
 } stats_pass;
-
-typedef struct {
-    const float *w; /* the text's (H, C', K') of the chunk, strides hstride and kstride */
-    int64_t text, C, K, hstride, kstride, block, k;
-    float *sums, *maxima; /* (parts, ceil(K / block)) scratch */
-    float *top;
-    int64_t *where;
-    int64_t start, pool, cells, rb0, nrb;
-    float *mass, *largest; /* (parts, H, nrb, cells): each part's own, as row_pooled */
-    const int32_t *extent;
-    int64_t H;
-} pooled_pass;
 
 #define PASS_ROWS 8 /* rows of a (text, head) read by every reader in turn: 256 KB at 8,192 keys */
 
@@ -1121,14 +1118,7 @@ void read_chunk(int64_t B, int64_t H, int64_t C, int64_t parts, const stats_pass
                                     stats->columns ? stats->columns + column_at[n] * stats->K : 0, r0 / C, stats->prev,
                                     stats->token, stats->extent);
                 }
-                if (pool && c0 < pool->C) {
-                    const int64_t nb = (pool->K + pool->block - 1) / pool->block, area = pool->H * pool->nrb * pool->cells;
-                    const int64_t e1 = c1 < pool->C ? c1 : pool->C;
-                    rows_pooled(pool->w, pool->C, pool->K, pool->hstride, pool->kstride, pool->block, pool->k,
-                                h * pool->C + c0, h * pool->C + e1, pool->sums + n * nb, pool->maxima + n * nb, pool->top,
-                                pool->where, pool->start, pool->pool, pool->cells, pool->rb0, pool->nrb,
-                                pool->mass + n * area, pool->largest + n * area, pool->extent);
-                }
+                if (pool && c0 < pool->C) pooled_rows(pool, h * pool->C + c0, h * pool->C + (c1 < pool->C ? c1 : pool->C), n);
                 if (word && c0 < word->C) words_rows(word, h, c0, c1 < word->C ? c1 : word->C, &state);
             }
             if (word) {

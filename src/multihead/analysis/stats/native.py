@@ -46,10 +46,11 @@ from ...hf.route import AttentionChunk
 from ...inputs import Batch, TokenInfo
 from .base import shared
 
-__all__ = ["COLUMNS", "ENV", "LONG", "REPEAT", "PooledJob", "RowSums", "StatsInputs", "WordJob", "WordRuns",
-           "available", "chunk_parts", "compiled_rows", "key_sets", "openmp", "pairwise_js", "pooled_job",
-           "pooled_parts", "pooled_pass", "read_chunk", "row_extents", "row_pooled", "row_sums", "stats_inputs",
-           "unit_columns", "usable", "visible_counts", "word_job", "word_pass", "word_predictions", "word_runs"]
+__all__ = ["COLUMNS", "ENV", "LONG", "REPEAT", "ROW_SUMS", "PooledJob", "RowSums", "StatsInputs", "WordJob",
+           "WordRuns", "available", "batch_reads", "chunk_parts", "compiled_rows", "key_sets", "openmp",
+           "pairwise_js", "pooled_job", "pooled_parts", "pooled_pass", "read_chunk", "row_extents", "row_pooled",
+           "row_sums", "stats_inputs", "unit_columns", "usable", "visible_counts", "word_job", "word_pass",
+           "word_predictions", "word_runs"]
 
 SOURCE = Path(__file__).with_name("native.c")
 #: Compiled with -ffast-math (vectorised reductions and log) but linked without it: a
@@ -93,11 +94,9 @@ def _library() -> ctypes.CDLL | None:
     lib.row_statistics.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr,
                                    ptr, ptr, ptr, ptr, ptr]
     lib.row_statistics.restype = None
-    lib.row_pooled.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64,
-                               i64, i64, i64, ptr, ptr, ptr]
+    lib.row_pooled.argtypes = [ptr, i64, i64, i64, i64]
     lib.row_pooled.restype = None
-    lib.word_predictions.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64,
-                                     ptr, i64, i64, i64, i64, ptr]
+    lib.word_predictions.argtypes = [ptr, i64, i64, i64]
     lib.word_predictions.restype = None
     lib.read_chunk.argtypes = [i64, i64, i64, i64, ptr, ptr, ptr, i64, ptr, i64]
     lib.read_chunk.restype = None
@@ -106,6 +105,20 @@ def _library() -> ctypes.CDLL | None:
     lib.unit_columns.argtypes = [ptr, i64, i64, i64, i64, i64]
     lib.unit_columns.restype = None
     return lib
+
+
+def _struct(name: str, fields: str) -> type[ctypes.Structure]:
+    """A ctypes mirror of a native.c struct: ``fields`` its members in order, ``*name`` a pointer."""
+    return type(name, (ctypes.Structure,), {"_fields_": [
+        (f.strip("* "), ctypes.c_void_p if f.strip().startswith("*") else ctypes.c_int64) for f in fields.split(",")]})
+
+
+_StatsPass = _struct("stats_pass", "*w, B, H, C, K, start, *set_keys, *set_bounds, *valid, *log_n, *row_entropy, "
+                                   "*heads, *long_sums, *hist, *repeat, *columns, *prev, *token, *extent")
+_PooledPass = _struct("pooled_pass", "*w, text, C, K, hstride, kstride, block, k, *sums, *maxima, *top, *where, "
+                                     "start, pool, cells, rb0, nrb, *mass, *largest, *extent, H")
+_WordPass = _struct("word_pass", "*w, C, K, hstride, kstride, *row_word, *key_word, *lone, *multi, *blocks, "
+                                 "*longest, *acc, astride, carried, acc_keys, last, *best, H, *block_max, text")
 
 
 def available() -> bool:
@@ -237,10 +250,21 @@ def row_sums(chunk: AttentionChunk, batch: Batch) -> RowSums:
     :func:`usable`), computed once per chunk for every reader that asks; the long-context sums
     too when a reducer of the pass set ``batch.memo[LONG]`` at its ``begin_batch``, the columns
     when one set ``batch.memo[COLUMNS]``, the induction pattern's mass with ``batch.memo[REPEAT]``."""
-    sets = shared(batch.memo, "native-key-sets", lambda: key_sets(batch.tokens))
-    return shared(chunk.memo, "native-rows", lambda: _row_sums(chunk, batch.tokens, bool(batch.memo.get(LONG)),
-                                                              bool(batch.memo.get(COLUMNS)),
-                                                              batch.memo.get(REPEAT), sets))
+    return shared(chunk.memo, ROW_SUMS, lambda: _row_sums(chunk, batch.tokens, *batch_reads(batch)))
+
+
+#: ``chunk.memo`` key: the chunk's :class:`RowSums` (:func:`row_sums`, or the one read of
+#: :mod:`.onepass`, which leaves them there).
+ROW_SUMS = "native-rows"
+
+
+def batch_reads(batch: Batch) -> tuple[bool, bool, tuple[Tensor, Tensor] | None, tuple[Tensor, Tensor]]:
+    """What the row statistics of ``batch``'s chunks sum besides the head metrics, as its reducers
+    asked at ``begin_batch`` — (long-context sums, columns, the induction pattern's (prev, token) or
+    None) — and the batch's key sets (:func:`key_sets`, once a batch): :func:`stats_inputs`' arguments."""
+    memo = batch.memo
+    sets = shared(memo, "native-key-sets", lambda: key_sets(batch.tokens))
+    return bool(memo.get(LONG)), bool(memo.get(COLUMNS)), memo.get(REPEAT), sets
 
 
 def key_sets(tokens: TokenInfo) -> tuple[Tensor, Tensor]:
@@ -389,16 +413,9 @@ def pooled_parts(weights: Tensor) -> int:
 
 def pooled_pass(job: PooledJob) -> tuple[int, Tensor, Tensor, Tensor, Tensor]:
     """:func:`row_pooled` of a job (:func:`pooled_job`): its rows in its ``parts`` ranges."""
-    w, lib = job.w, _library()
-    H, c, K = w.shape
-
-    def call(a: int, b: int, n_parts: int, n: int) -> None:
-        lib.row_pooled(w.data_ptr(), H, c, K, w.stride(0), w.stride(1), job.block, job.k, a, b, n_parts,
-                       job.scratch[0, n].data_ptr(), job.scratch[1, n].data_ptr(), job.top.data_ptr(),
-                       job.where.data_ptr(), job.start, job.pool, job.cells, job.first, job.n_blocks,
-                       job.mass[n].data_ptr(), job.largest[n].data_ptr(), _address(job.extents))
-
-    _in_parts(H * c, job.parts, call)
+    lib, x = _library(), job.struct()
+    H, c = job.w.shape[:2]
+    _in_parts(H * c, job.parts, lambda a, b, n_parts, n: lib.row_pooled(ctypes.byref(x), a, b, n_parts, n))
     return job.result()
 
 
@@ -424,6 +441,14 @@ class PooledJob:
 
     def result(self) -> tuple[int, Tensor, Tensor, Tensor, Tensor]:
         return self.first, self.mass.sum(0), self.largest.amax(0), self.top, self.where
+
+    def struct(self, text: int = 0) -> ctypes.Structure:
+        """The job as native.c's ``pooled_pass`` (``text``: the text's row of its chunk, for :func:`read_chunk`)."""
+        w = self.w
+        return _PooledPass(w.data_ptr(), text, w.shape[1], w.shape[2], w.stride(0), w.stride(1), self.block, self.k,
+                           self.scratch[0].data_ptr(), self.scratch[1].data_ptr(), self.top.data_ptr(),
+                           self.where.data_ptr(), self.start, self.pool, self.cells, self.first, self.n_blocks,
+                           self.mass.data_ptr(), self.largest.data_ptr(), _address(self.extents), w.shape[0])
 
 
 def pooled_job(weights: Tensor, start: int, block: int, pool: int, cells: int, k: int, extents: Tensor | None,
@@ -499,17 +524,10 @@ def word_predictions(weights: Tensor, rows: Tensor, runs: WordRuns, carried: tup
 
 def word_pass(job: WordJob) -> tuple[int, int] | None:
     """:func:`word_predictions` of a job (:func:`word_job`): its heads in as many ranges as torch uses threads."""
-    w, lib, runs, best = job.w, _library(), job.runs, job.best
-    H, c, K = w.shape
-
-    def call(h0: int, h1: int, parts: int, _: int) -> None:
-        lib.word_predictions(w.data_ptr(), c, K, w.stride(0), w.stride(1), job.row_word.data_ptr(),
-                             runs.key_word.data_ptr(), runs.lone.data_ptr(), runs.multi.data_ptr(),
-                             runs.blocks.data_ptr(), runs.longest.data_ptr(), runs.acc.data_ptr(), runs.acc.stride(0),
-                             job.open_word, job.acc_keys, int(job.last), best.data_ptr(), best.shape[1], h0, h1,
-                             parts, job.scratch.data_ptr())
-
-    _in_parts(H, _parts(H, w.numel()), call)
+    lib, x = _library(), job.struct()
+    H = job.w.shape[0]
+    _in_parts(H, _parts(H, job.w.numel()),
+              lambda h0, h1, parts, _: lib.word_predictions(ctypes.byref(x), h0, h1, parts))
     return job.result()
 
 
@@ -533,6 +551,15 @@ class WordJob:
         in_words = self.row_word[self.row_word >= 0]
         open_word = int(in_words[-1]) if len(in_words) else self.open_word
         return (open_word, self.w.shape[2]) if open_word >= 0 else None
+
+    def struct(self, text: int = 0) -> ctypes.Structure:
+        """The job as native.c's ``word_pass`` (``text``: the text's row of its chunk, for :func:`read_chunk`)."""
+        w, runs = self.w, self.runs
+        return _WordPass(w.data_ptr(), w.shape[1], w.shape[2], w.stride(0), w.stride(1), self.row_word.data_ptr(),
+                         runs.key_word.data_ptr(), runs.lone.data_ptr(), runs.multi.data_ptr(), runs.blocks.data_ptr(),
+                         runs.longest.data_ptr(), runs.acc.data_ptr(), runs.acc.stride(0), self.open_word,
+                         self.acc_keys, int(self.last), self.best.data_ptr(), self.best.shape[1],
+                         self.scratch.data_ptr(), text)
 
 
 def word_job(weights: Tensor, rows: Tensor, runs: WordRuns, carried: tuple[int, int] | None, last: bool,
@@ -594,20 +621,6 @@ def unit_columns(x: Tensor) -> None:
 # ------------------------------------------------------------------------- one read of a chunk
 
 
-def _struct(name: str, fields: str) -> type[ctypes.Structure]:
-    """A ctypes mirror of a native.c struct: ``fields`` its members in order, ``*name`` a pointer."""
-    return type(name, (ctypes.Structure,), {"_fields_": [
-        (f.strip("* "), ctypes.c_void_p if f.strip().startswith("*") else ctypes.c_int64) for f in fields.split(",")]})
-
-
-_StatsPass = _struct("stats_pass", "*w, B, H, C, K, start, *set_keys, *set_bounds, *valid, *log_n, *row_entropy, "
-                                   "*heads, *long_sums, *hist, *repeat, *columns, *prev, *token, *extent")
-_PooledPass = _struct("pooled_pass", "*w, text, C, K, hstride, kstride, block, k, *sums, *maxima, *top, *where, "
-                                     "start, pool, cells, rb0, nrb, *mass, *largest, *extent, H")
-_WordPass = _struct("word_pass", "*w, C, K, hstride, kstride, *row_word, *key_word, *lone, *multi, *blocks, "
-                                 "*longest, *acc, astride, carried, acc_keys, last, *best, H, *block_max, text")
-
-
 def read_chunk(stats: StatsInputs | None, pooled: dict[int, PooledJob], words: dict[int, WordJob], B: int, H: int,
                C: int, parts: int) -> tuple[tuple[Tensor | None, ...], Tensor | None]:
     """A chunk of B texts × H heads × C rows read once for its row statistics (``stats``), the pooled
@@ -631,21 +644,8 @@ def read_chunk(stats: StatsInputs | None, pooled: dict[int, PooledJob], words: d
                                 stats.set_bounds.data_ptr(), stats.counted.data_ptr(), stats.log_n.data_ptr(),
                                 _address(stats.entropy), *(_address(t) for t in sums), _address(columns),
                                 _address(stats.prev_keys), _address(stats.row_tokens), stats.extents.data_ptr())
-    pools = (_PooledPass * max(1, len(pooled)))()
-    for n, (text, job) in enumerate(pooled.items()):
-        w = job.w
-        pools[n] = _PooledPass(w.data_ptr(), text, w.shape[1], w.shape[2], w.stride(0), w.stride(1), job.block, job.k,
-                               job.scratch[0].data_ptr(), job.scratch[1].data_ptr(), job.top.data_ptr(),
-                               job.where.data_ptr(), job.start, job.pool, job.cells, job.first, job.n_blocks,
-                               job.mass.data_ptr(), job.largest.data_ptr(), _address(job.extents), w.shape[0])
-    passes = (_WordPass * max(1, len(words)))()
-    for n, (text, job) in enumerate(words.items()):
-        w, runs = job.w, job.runs
-        passes[n] = _WordPass(w.data_ptr(), w.shape[1], w.shape[2], w.stride(0), w.stride(1), job.row_word.data_ptr(),
-                              runs.key_word.data_ptr(), runs.lone.data_ptr(), runs.multi.data_ptr(),
-                              runs.blocks.data_ptr(), runs.longest.data_ptr(), runs.acc.data_ptr(),
-                              runs.acc.stride(0), job.open_word, job.acc_keys, int(job.last), job.best.data_ptr(),
-                              job.best.shape[1], job.scratch.data_ptr(), text)
+    pools = (_PooledPass * max(1, len(pooled)))(*(job.struct(text) for text, job in pooled.items()))
+    passes = (_WordPass * max(1, len(words)))(*(job.struct(text) for text, job in words.items()))
     lib.read_chunk(B, H, C, parts, None if stats_pass is None else ctypes.addressof(stats_pass),
                    _address(column_at), ctypes.addressof(pools), len(pooled), ctypes.addressof(passes), len(words))
     return sums, None if columns is None else _columns_summed(columns, pairs, offsets, B, H)

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from ...hf.route import AttentionChunk
 from ...inputs import Batch
 from . import native
-from .base import shared
 
 __all__ = ["POOLED", "ROWS", "WORDS", "pooled_result", "read_once", "words_result"]
 
@@ -54,15 +53,10 @@ def read_once(chunk: AttentionChunk, batch: Batch) -> None:
     words = words_wanted(chunk, parts) if words_wanted is not None else {}
     if stats_wanted + bool(pooled) + bool(words) < 2:
         return
-    stats = None
-    if stats_wanted:
-        memo = batch.memo
-        sets = shared(memo, "native-key-sets", lambda: native.key_sets(batch.tokens))
-        stats = native.stats_inputs(chunk, batch.tokens, bool(memo.get(native.LONG)), bool(memo.get(native.COLUMNS)),
-                                    memo.get(native.REPEAT), sets)
+    stats = native.stats_inputs(chunk, batch.tokens, *native.batch_reads(batch)) if stats_wanted else None
     sums, columns = native.read_chunk(stats, pooled, words, B, H, C, parts)
     if stats is not None:
-        chunk.memo["native-rows"] = stats.result(sums, columns)
+        chunk.memo[native.ROW_SUMS] = stats.result(sums, columns)
     for text, job in pooled.items():
         chunk.memo[(POOLED, text)] = job.result()
     for text, job in words.items():
