@@ -273,6 +273,21 @@ def test_the_cosine_in_many_steps_is_the_cosine_in_one(dtype, units, monkeypatch
     assert torch.equal(many, many.T)
 
 
+@given(N=st.integers(1, 2048), D=st.integers(1, 8192), rows=st.integers(0, 5000))
+def test_a_cosine_step_is_whole_vectors_of_rows_within_its_chunk(N, D, rows):
+    """The cosine's rows a step: within COSINE_CHUNK elements of contributions (or one row), a
+    multiple of 16 where more than 16 fit, never more than the batch's rows — SmolLM2's 270 heads
+    of 576 take 96 rows a step, not 107."""
+    import multihead.analysis.stats.redundancy as redundancy
+
+    step = redundancy._cosine_step(N, D, rows)
+    fit = redundancy.COSINE_CHUNK // (N * D)
+    assert step <= rows and (step * N * D <= redundancy.COSINE_CHUNK or step <= 1)
+    if rows > fit > 16:
+        assert step % 16 == 0 and step > fit - 16
+    assert redundancy._cosine_step(270, 576, 1024) == 96
+
+
 def test_a_half_gram_keeps_the_cosine_within_its_rounding():
     """A bfloat16 model's cosine from a bfloat16 Gram against the float32 Gram of the same
     contributions, on 96 heads of 64 over 300 rows of correlated outputs (some heads near copies of

@@ -604,8 +604,9 @@ def pairwise_js(maps: Tensor) -> Tensor:
 def unit_columns(x: Tensor) -> None:
     """Make each column of ``x`` (H, D, n) — bfloat16 or float32, contiguous, in CPU memory — a unit
     vector in place: ``x / max(|x|, 1e-12)`` over D, as ``x.div_(x.float().square().sum(1,
-    keepdim=True).sqrt().clamp_min(1e-12))`` does (the norm summed in float32 in another order: a
-    bfloat16 quotient may round the other way where it falls on a tie); a NaN column stays NaN."""
+    keepdim=True).sqrt().clamp_min(1e-12))`` does (the norm summed in float32 in another order and the
+    quotient formed with its reciprocal: a bfloat16 quotient may round the other way where it falls on
+    a tie, a float32 one differ in its last place); a NaN column stays NaN."""
     if not available():
         raise RuntimeError("unit_columns: the compiled readers are not built here (no C compiler, or "
                            f"{ENV}=0)")

@@ -110,13 +110,12 @@ class RedundancyStatistics(ReducerBase):
         cosine = len(range(rows)[_cosine_sample(N, hidden, rows)])
         maps = L * H * sampled * keys * 4
         held = maps + L * H * cosine * head_dim * element_size
-        step = max(1, COSINE_CHUNK // (N * hidden))
         # at the end, beside what is held: the eager JS's temporaries (the rows' lengths read from a
         # bool copy of the maps, then blocks of JS_BLOCK mixtures and their logarithms; the compiled
         # pass's are O(N·R + N²), so on a CPU this is a little over) or the cosine's
         # block of contributions (gram_size) with one layer's temporaries, whichever is more
         js = max(N * sampled * keys, 2 * JS_BLOCK * 4)
-        at_once = min(step, cosine)  # a block of every head's contributions
+        at_once = _cosine_step(N, hidden, cosine)  # a block of every head's contributions
         # one layer's temporaries: its float32 squares beside its products in the model's dtype (a float32
         # block) or beside its float32 copy (a block in the half dtype itself)
         layer = H * at_once * hidden * (4 + (element_size if gram_size == 4 else 4))
@@ -229,7 +228,7 @@ class RedundancyStatistics(ReducerBase):
             R = outputs.shape[2]
             D = self._w_o[0].shape[0]
             H, N = self.H, self.L * self.H
-            step = min(R, max(1, COSINE_CHUNK // (N * D)))  # R >= 1 here
+            step = _cosine_step(N, D, R)  # R >= 1 here
             in_dtype = gram_dtype(outputs.dtype, outputs.device)  # the contributions' and their Gram's
             # one block for every step's contributions (N, D, rows), made once: a fresh one per step, larger
             # than glibc keeps in its heap, would be mapped and page-faulted anew each time
@@ -299,6 +298,15 @@ class RedundancyStatistics(ReducerBase):
         """The finished sums (:meth:`js`, :meth:`cosine`, ``js_count`` rows)."""
         self.end_batch()
         return self
+
+
+def _cosine_step(N: int, D: int, rows: int) -> int:
+    """Rows of the cosine's contributions (N, D, rows) formed at once: :data:`COSINE_CHUNK` elements,
+    whole vectors of 16 rows where more than 16 fit — a layer's unit vectors are then made with no
+    scalar tail a row of D (SmolLM2's 107 rows a step: 0.20 → 0.12 ms a layer, Intel Xeon with AMX) —
+    and never more than ``rows``."""
+    step = max(1, COSINE_CHUNK // (N * D))
+    return min(rows, step // 16 * 16 if step > 16 else step)
 
 
 def js_budget(device: torch.device | str) -> int:
