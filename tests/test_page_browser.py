@@ -764,3 +764,62 @@ def test_a_head_whose_rows_the_page_did_not_store_shows_its_blocks_and_says_why(
     ActionChains(browser).move_to_element_with_offset(matrix, *_cell(matrix, 10, 3, cells)).click().perform()
     assert "rows " in root.find_element("css selector", ".mh-matrix-title").text  # zoomed into its stored rows
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+@pytest.fixture(scope="module")
+def long_context_page(tmp_path_factory, smollm2):
+    """SmolLM2's report with its long-context section and retrieval probe (two short texts read as a
+    long run), its ablation skipped as a long document's is."""
+    import dataclasses
+
+    from multihead.analysis.sections import Ablation
+
+    report = mh.analyze(smollm2, [SENTENCE, "Heads specialise in many ways."], coreference=False, induction=False,
+                        redundancy=False, long_context=True)
+    skipped = Ablation("next-token cross-entropy (nats per token)", 0.0, 0, 0, [], unit="nats/token",
+                       skipped="the ablated texts reach 5387 tokens")
+    report = dataclasses.replace(report, sections=dataclasses.replace(report.sections, ablation=skipped))
+    path = tmp_path_factory.mktemp("long-context") / "page.html"
+    write_page(page_html(page_data(report.views, report)), path)
+    return path, report
+
+
+def test_the_overview_says_what_the_text_report_says_of_a_long_run(browser, long_context_page):
+    """The overview's long-context part counts the sink heads and the heads a window would keep as
+    the text report does, lists the long-range and retrieval heads the text report names (or says
+    why there are none), and says why ablation was not measured rather than drawing an empty table."""
+    from multihead.analysis.labels import SINK_HEAD, WINDOW_KEPT
+
+    path, report = long_context_page
+    root = _open(browser, path)
+    root.find_element("css selector", '.mh-tab[data-view="overview"]').click()
+    box = root.find_element("css selector", '.mh-view[data-view="overview"]')
+    heads = report.heads
+    sinks = sum((r.metrics.get("sink_first") or 0) >= SINK_HEAD for r in heads)
+    kept = sum((r.metrics.get("window_256") or 0) + (r.metrics.get("sink_first4") or 0) >= WINDOW_KEPT for r in heads)
+    counts = box.find_element("css selector", "p.mh-long-counts").text
+    assert counts.startswith(f"{sinks} of {len(heads)} heads put ≥ 50 %"), counts
+    assert counts.endswith(f"keep ≥ 95 % of the attention of {kept} of {len(heads)}."), counts
+
+    def named(metric: str, floor: float) -> list[str]:  # the text report's top(): six heads above the floor
+        top = sorted((r for r in heads if (r.metrics.get(metric) or 0) > floor),
+                     key=lambda r: -(r.metrics[metric] or 0))
+        return [f"L{r.layer}.H{r.head}" for r in top[:6]]
+
+    titles = [h.text for h in box.find_elements("css selector", "h4")]
+    assert titles == ["Long-range heads (attention beyond 1,024 tokens, the first 4 aside)",
+                      "Retrieval heads (copy a needle from far back)"], titles
+    sections = box.find_elements("xpath", ".//h4/following-sibling::*[1]")  # what follows each title
+    for section, (metric, floor) in zip(sections, (("long_1024_past_sinks", 0.05), ("retrieval", 0.5)), strict=True):
+        want = named(metric, floor)
+        probe = report.sections.retrieval
+        if metric == "retrieval" and not probe.copy_steps:
+            assert section.text == ("Not measured: the model copied the needle on none of the probe's "
+                                    f"{probe.steps} steps.")
+        elif want:
+            assert [a.text for a in section.find_elements("css selector", "tr td:first-child a")] == want, metric
+        else:
+            assert section.text.startswith("None: "), (metric, section.text)
+    note = box.find_element("css selector", "p.mh-ablation-skipped").text
+    assert note == "Not measured: the ablated texts reach 5387 tokens."
+    assert not [t for t in box.find_elements("css selector", "h3") if "0 texts" in t.text]

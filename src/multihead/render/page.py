@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from .. import __version__
-from ..analysis.labels import label_codes, legend
+from ..analysis.labels import SINK_HEAD, WINDOW_KEPT, label_codes, legend
 from ..analysis.report import Report
 from ..analysis.stats.maps import LONG_TEXT, TOP_K_BYTES, Pooled, TextView, stored_bytes
 from ..files import write_atomically
@@ -268,6 +268,8 @@ def _overview(report: Report) -> dict:
         section = getattr(sections, key)
         if section is not None:
             out[key] = section.to_dict()
+    if "long_context" in out:  # the text report's thresholds, for the page's counts of sink and windowable heads
+        out["long_context"].update(sink_head=SINK_HEAD, window_kept=WINDOW_KEPT)
     return out
 
 

@@ -100,7 +100,10 @@ export function overviewView(page) {
       box.appendChild(el("h3", {}, "Induction (repeated random tokens), against uniform attention (" + fmt(uniform) + ")"));
       box.appendChild(tableOf(["head", "induction", "duplicate token", "uniform"], topHeads("induction", 6).map((r) => [headLink(r.layer, r.head), fmt(r.metrics.induction), fmt(r.metrics.duplicate_token), fmt(uniform)])));
     }
-    if (o.ablation) {
+    if (o.ablation && o.ablation.skipped) {  // said, not drawn as an empty table of "0 texts"
+      box.appendChild(el("h3", {}, "Ablation: the heads whose removal changes " + o.ablation.objective + " most"));
+      box.appendChild(el("p", { "class": "mh-note mh-ablation-skipped" }, "Not measured: " + o.ablation.skipped + "."));
+    } else if (o.ablation) {
       const unit = o.ablation.unit ? " (" + o.ablation.unit + ")" : "";
       const exact = new Set((o.ablation.exact || []).map(([l, h]) => l * H + h)), estimated = o.ablation.method === "attribution";
       box.appendChild(el("h3", {}, "Ablation: the heads whose removal changes " + o.ablation.objective + " most (" + o.ablation.texts + " texts)"));
@@ -114,8 +117,30 @@ export function overviewView(page) {
       box.appendChild(el("p", { "class": "mh-note" }, Object.entries(o.evidence.tests).map(([k, v]) => k + ": " + v).join(" · ")));
     }
     if (o.long_context) {
-      box.appendChild(el("h3", {}, "Long context (" + o.long_context.longest_tokens + " tokens): attention sinks and long-range heads"));
+      // what the text report says of a long run: sinks, long-range heads, retrieval heads, the heads a window would keep
+      const lc = o.long_context, value = (r, m) => r.metrics[m] || 0, n = data.heads.length;
+      const above = (m, floor) => topHeads(m, 6).filter((r) => value(r, m) > floor);
+      const sinks = data.heads.filter((r) => value(r, "sink_first") >= lc.sink_head).length;
+      const kept = data.heads.filter((r) => value(r, "window_256") + value(r, "sink_first4") >= lc.window_kept).length;
+      box.appendChild(el("h3", {}, "Long context (" + lc.longest_tokens + " tokens): attention sinks, long-range and retrieval heads"));
+      box.appendChild(el("p", { "class": "mh-note mh-long-counts" }, sinks + " of " + n + " heads put ≥ " + Math.round(100 * lc.sink_head) +
+        " % of their attention on the first token (sinks); a window of ±256 tokens with 4 sinks would keep ≥ " + Math.round(100 * lc.window_kept) +
+        " % of the attention of " + kept + " of " + n + "."));
       box.appendChild(tableOf(["head", "on the first token", "beyond 1,024 tokens (sinks aside)"], topHeads("sink_first", 6).map((r) => [headLink(r.layer, r.head), fmt(r.metrics.sink_first), fmt(r.metrics.long_1024_past_sinks)])));
+      const far = above("long_1024_past_sinks", 0.05);
+      box.appendChild(el("h4", {}, "Long-range heads (attention beyond 1,024 tokens, the first 4 aside)"));
+      box.appendChild(far.length ? tableOf(["head", "beyond 1,024 tokens", "on the first token"], far.map((r) => [headLink(r.layer, r.head), fmt(r.metrics.long_1024_past_sinks), fmt(r.metrics.sink_first)]))
+        : el("p", { "class": "mh-note" }, "None: no head puts more than 5 % of its attention beyond 1,024 tokens."));
+      const probe = o.retrieval, found = above("retrieval", 0.5), scored = data.heads.length && "retrieval" in data.heads[0].metrics;
+      if (probe || scored) {  // a causal model's probe (an encoder has none)
+        box.appendChild(el("h4", {}, "Retrieval heads (copy a needle from far back)"));
+        if (probe && !probe.copy_steps) {  // every head's score is 0 of 0 copies: unmeasured, not "none"
+          box.appendChild(el("p", { "class": "mh-note mh-retrieval" }, "Not measured: the model copied the needle on none of the probe's " + probe.steps + " steps."));
+        } else {
+          box.appendChild(found.length ? tableOf(["head", "retrieval"], found.map((r) => [headLink(r.layer, r.head), fmt(r.metrics.retrieval)]))
+            : el("p", { "class": "mh-note mh-retrieval" }, "None: no head's most-attended key was the needle's on more than half of the steps the model copied it."));
+        }
+      }
     }
   }
 
