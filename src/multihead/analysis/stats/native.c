@@ -92,24 +92,95 @@ static inline float log_positive(float x) {
 }
 #endif
 
-/* One pass over a row's keys 0..K-1 (its position i): mass, sum p d (every term of one sign: no
-   cancellation), largest weight and, with `with_log` (a constant where it is inlined: two bodies),
-   sum p log p — the pass's costliest term by far, a log a weight, left out where the softmax formed
-   the row's entropy from its scores. Keys counted in int32 so that AVX2 converts them to float too. */
-static inline __attribute__((always_inline)) void sum_row(const float *restrict p, int32_t K, int32_t i,
-                                                          const int with_log, double *restrict out) {
-    float mass = 0.f, dist = 0.f, plogp = 0.f, max = 0.f;
-    for (int32_t j = 0; j < K; j++) {
+/* A row's sums over its keys, formed in one pass (row_pass): mass, sum p d (every term of one sign: no
+   cancellation), largest weight and, with `with_log`, sum p log p — a log a weight, the pass's costliest
+   term by far, left out where the softmax formed the row's entropy from its scores — and, where asked,
+   its mass on the keys whose previous token is the row's own (the induction pattern) and each key's
+   weight added into a column. */
+typedef struct {
+    float mass, dist, plogp, max, repeat;
+} row_sums_t;
+
+/* Keys [a, b) of the row (position i) into the sums: the segment's own mass returned (its distance bin's).
+   The flags are constants where it is inlined, so that each body vectorises with its accumulators side by
+   side — one read of a weight for every sum (the row had been read three or four times: its mass, distances
+   and largest; the induction keys; the columns; the distance bins). Keys counted in int32 so that AVX2
+   converts them to float too. */
+static inline __attribute__((always_inline)) float segment(const float *restrict p, int32_t a, int32_t b, int32_t i,
+                                                           const int with_log, const int with_repeat,
+                                                           const int with_column, const int32_t *restrict prev,
+                                                           int32_t token, float *restrict column,
+                                                           row_sums_t *restrict acc) {
+    float mass = 0.f, dist = 0.f, plogp = 0.f, max = 0.f, repeat = 0.f;
+    for (int32_t j = a; j < b; j++) {
         float v = p[j];
         mass += v;
         dist += v * fabsf((float)(j - i));
         if (with_log) plogp += v * ROW_LOG(fmaxf(v, FLT_MIN)); /* 0 log 0 = 0: a finite log that 0 multiplies away */
         max = fmaxf(max, v);
+        if (with_repeat) repeat += prev[j] == token ? v : 0.f;
+        if (with_column) column[j] += v;
     }
-    out[0] = mass;
-    out[1] = dist;
-    out[2] = plogp;
-    out[3] = max;
+    acc->mass += mass;
+    acc->dist += dist;
+    acc->plogp += plogp;
+    acc->max = fmaxf(acc->max, max);
+    acc->repeat += repeat;
+    return mass;
+}
+
+/* The keys [a, b) of a row in one segment(), the induction pattern's sum over those before i + 1 only. */
+static inline __attribute__((always_inline)) float keys_of(const float *restrict p, int64_t a, int64_t b, int64_t i,
+                                                           const int with_log, const int with_repeat,
+                                                           const int with_column, const int32_t *restrict prev,
+                                                           int32_t token, float *restrict column,
+                                                           row_sums_t *restrict acc) {
+    if (a >= b) return 0.f;
+    if (with_repeat && a < i + 1 && b > i + 1) /* split where the induction keys end */
+        return segment(p, (int32_t)a, (int32_t)(i + 1), (int32_t)i, with_log, 1, with_column, prev, token, column, acc) +
+               segment(p, (int32_t)(i + 1), (int32_t)b, (int32_t)i, with_log, 0, with_column, prev, token, column, acc);
+    if (with_repeat && a < i + 1)
+        return segment(p, (int32_t)a, (int32_t)b, (int32_t)i, with_log, 1, with_column, prev, token, column, acc);
+    return segment(p, (int32_t)a, (int32_t)b, (int32_t)i, with_log, 0, with_column, prev, token, column, acc);
+}
+
+/* A row's keys 0..E-1 (its position i) read once into acc and, where bins is not null, its mass per
+   distance bin (d = 0, then [2^(k-1), 2^k) for k = 1..BINS-1, the last bin taking every farther key):
+   the keys in key order, in segments that are the bins' ranges — left of the row the far bins first,
+   then the keys within 15 of it (binned one by one after), then the bins right of it — each bin's
+   mass the sum of its own keys (not a difference of running sums: a small mass would lose its digits). */
+static inline __attribute__((always_inline)) void row_pass(const float *restrict p, int64_t E, int64_t i,
+                                                           const int with_log, const int with_repeat,
+                                                           const int with_column, const int32_t *restrict prev,
+                                                           int32_t token, float *restrict column, double *restrict bins,
+                                                           row_sums_t *restrict acc) {
+#define KEYS(a, b) keys_of(p, a, b, i, with_log, with_repeat, with_column, prev, token, column, acc)
+    if (!bins) {
+        KEYS(0, E);
+        return;
+    }
+    for (int k = BINS - 1; k >= 5; k--) { /* left of the row, farthest first: keys i - far .. i - near */
+        int64_t near = (int64_t)1 << (k - 1), far = k == BINS - 1 ? INT64_MAX / 4 : ((int64_t)1 << k) - 1;
+        int64_t a = i - far < 0 ? 0 : i - far, b = i - near + 1 < E ? i - near + 1 : E;
+        if (a < b) bins[k] += KEYS(a, b);
+    }
+    int64_t lo = i - 15 < 0 ? 0 : i - 15, hi = i + 16 < E ? i + 16 : E; /* within 15: one by one below */
+    KEYS(lo, hi);
+    for (int64_t j = lo; j < hi; j++) {
+        int64_t d = j < i ? i - j : j - i;
+        int k = 0;
+        while (d) { /* k: d in [2^(k-1), 2^k) */
+            k++;
+            d >>= 1;
+        }
+        bins[k] += p[j];
+    }
+    for (int k = 5; k < BINS; k++) { /* right of it: keys i + near .. i + far */
+        int64_t near = (int64_t)1 << (k - 1), far = k == BINS - 1 ? INT64_MAX / 4 : ((int64_t)1 << k) - 1;
+        int64_t a = i + near, b = i + far + 1 < E ? i + far + 1 : E;
+        if (a < b) bins[k] += KEYS(a, b);
+    }
+#undef KEYS
 }
 
 /* A row's mass on a set of its keys: keys[0..n) ascending (those from K on weigh 0 here: not read).
@@ -119,43 +190,6 @@ static inline double set_mass(const float *restrict p, const int32_t *restrict k
     float s = 0.f;
     for (int64_t m = 0; m < n && keys[m] < K; m++) s += p[keys[m]];
     return s;
-}
-
-/* A row's mass on its keys 0..n-1 whose token before them is the row's own (prev (K,) int32: that
-   token, -1 where it or the key is not real): its induction pattern's targets. */
-static inline double repeat_mass(const float *restrict p, const int32_t *restrict prev, int32_t token, int64_t n) {
-    float s = 0.f;
-    for (int64_t j = 0; j < n; j++) s += prev[j] == token ? p[j] : 0.f;
-    return s;
-}
-
-static inline float sum_keys(const float *restrict p, int64_t a, int64_t b) {
-    float s = 0.f;
-    for (int64_t j = a; j < b; j++) s += p[j];
-    return s;
-}
-
-/* The row's mass per distance bin (d = 0, then [2^(k-1), 2^k) for k = 1..BINS-1, the last bin
-   taking every farther key): the keys within 15 of the row one by one, longer ranges summed whole. */
-static inline void distance_bins(const float *restrict p, int64_t K, int64_t i, double *restrict bins) {
-    int64_t lo = i - 15 < 0 ? 0 : i - 15, hi = i + 15 < K - 1 ? i + 15 : K - 1;
-    for (int64_t j = lo; j <= hi; j++) {
-        int64_t d = j < i ? i - j : j - i;
-        int k = 0;
-        while (d) { /* k: d in [2^(k-1), 2^k) */
-            k++;
-            d >>= 1;
-        }
-        bins[k] += p[j];
-    }
-    for (int k = 5; k < BINS; k++) {
-        int64_t near = (int64_t)1 << (k - 1), far = k == BINS - 1 ? INT64_MAX / 4 : ((int64_t)1 << k) - 1;
-        int64_t a = i - far < 0 ? 0 : i - far, b = i - near + 1 < K ? i - near + 1 : K; /* left of the row */
-        if (a < b) bins[k] += sum_keys(p, a, b);
-        a = i + near;
-        b = i + far + 1 < K ? i + far + 1 : K; /* right of it */
-        if (a < b) bins[k] += sum_keys(p, a, b);
-    }
 }
 
 static inline double key(const float *p, int64_t K, int64_t j) { return j >= 0 && j < K ? p[j] : 0.0; }
@@ -184,24 +218,37 @@ static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int
         /* the keys read: those before the row's extent (the later ones weigh exactly 0: every sum
            below is the same without them — a causal chunk's rows, a third of its map at 1k keys) */
         int64_t E = extent && extent[row] > 0 && extent[row] < K ? extent[row] : K;
-        double s[4], sets[3];
-        if (row_entropy)
-            sum_row(p, (int32_t)E, (int32_t)i, 0, s);
-        else
-            sum_row(p, (int32_t)E, (int32_t)i, 1, s);
+        /* one read of the row for its sums, the induction pattern (the keys after earlier occurrences of the
+           row's token), the weight each key receives (summed over the rows: vertical concentration) and the
+           distance bins — in one of the eight bodies its flags pick */
+        row_sums_t acc = {0.f, 0.f, 0.f, 0.f, 0.f};
+        double bins[BINS] = {0};
+        const int with_log = !row_entropy, with_repeat = repeat && token[b * C + c] >= 0, with_column = columns != 0;
+        const int32_t *prev_tokens = with_repeat ? key_token + b * K : 0;
+        const int32_t own = with_repeat ? token[b * C + c] : 0;
+        float *column = with_column ? columns + (bh - bh0) * K : 0;
+        double *binned = long_sums ? bins : 0;
+#define PASS(l, r, m) row_pass(p, E, i, l, r, m, prev_tokens, own, column, binned, &acc)
+        switch (with_log * 4 + with_repeat * 2 + with_column) {
+        case 0: PASS(0, 0, 0); break;
+        case 1: PASS(0, 0, 1); break;
+        case 2: PASS(0, 1, 0); break;
+        case 3: PASS(0, 1, 1); break;
+        case 4: PASS(1, 0, 0); break;
+        case 5: PASS(1, 0, 1); break;
+        case 6: PASS(1, 1, 0); break;
+        default: PASS(1, 1, 1); break;
+        }
+#undef PASS
+        if (with_repeat) repeat[bh] += acc.repeat;
+        double sets[3];
         for (int n = 0; n < 3; n++)
             sets[n] = set_mass(p, set_keys + set_bounds[3 * b + n], set_bounds[3 * b + n + 1] - set_bounds[3 * b + n], E);
-        double entropy = row_entropy ? (double)row_entropy[row] : -s[2], logn = log_n[row];
+        double entropy = row_entropy ? (double)row_entropy[row] : -(double)acc.plogp, logn = log_n[row];
         double self = key(p, E, i), prev = key(p, E, i - 1), next = key(p, E, i + 1);
-        if (repeat && token[b * C + c] >= 0) /* the induction pattern: the keys after earlier occurrences */
-            repeat[bh] += repeat_mass(p, key_token + b * K, token[b * C + c], i < E - 1 ? i + 1 : E);
-        if (columns) { /* the weight each key receives, summed over the rows (vertical concentration) */
-            float *restrict column = columns + (bh - bh0) * K;
-            for (int64_t j = 0; j < E; j++) column[j] += p[j];
-        }
         double *out = heads + bh * HEAD_VALUES;
         out[0] += entropy;
-        out[2] += s[1];
+        out[2] += acc.dist;
         out[3] += self;
         out[4] += prev;
         out[5] += next;
@@ -209,14 +256,12 @@ static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int
         out[7] += sets[0];
         out[8] += sets[1];
         out[9] += sets[2];
-        out[10] += s[3];
+        out[10] += acc.max;
         if (logn > 0) {
             out[1] += entropy / (logn > 1e-12 ? logn : 1e-12);
             out[11] += logn - entropy;
         }
         if (!long_sums) continue;
-        double bins[BINS] = {0};
-        distance_bins(p, E, i, bins);
         /* d <= w (w = 64, 256, 1024, powers of 2): the bins below w's (d < w), and the two keys at w */
         double window[3];
         for (int n = 0; n < 3; n++) {
