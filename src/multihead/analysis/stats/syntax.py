@@ -346,22 +346,33 @@ class SyntaxStatistics(ReducerBase):
         if found is None:
             return
         batch.memo[onepass.WORDS] = functools.partial(word_jobs, batch=batch)  # read with the other compiled readers
-        G, L_H = self.groups, self.shape
+        G, L_H, offsets = self.groups, self.shape, 2 * MAX_OFFSET + 1
+        # the offset baseline's hits counted in Python ints per relation, (text group, offset), then added to the
+        # tables once a relation (a tensor's element added to per arc and offset: ~0.13 s of an 8k document's batch)
+        hits_of: dict[str, list[list[int]]] = {}
+        arcs_of: dict[str, list[int]] = {}
         for key, (src, tgt, n_words), row in zip(found.keys, found.offsets, found.batch.tolist(), strict=True):
             g = batch.texts[row] % G
+            if key not in hits_of:
+                hits_of[key], arcs_of[key] = [[0] * offsets for _ in range(G)], [0] * G
+            by_offset = hits_of[key][g]
+            for target in tgt:  # the target words within MAX_OFFSET of the source (and among the text's words)
+                k = target - src
+                if k != 0 and -MAX_OFFSET <= k <= MAX_OFFSET and 0 <= target < n_words:
+                    by_offset[k + MAX_OFFSET] += 1
+            arcs_of[key][g] += 1
+        for key, by_group in hits_of.items():
             if key not in self.offset_hits:  # a relation seen for the first time: its tables, once (not per arc)
-                self.offset_hits[key] = torch.zeros(2 * MAX_OFFSET + 1, dtype=torch.float64)
-                self.group_offset[key] = torch.zeros(G, 2 * MAX_OFFSET + 1, dtype=torch.float64)
+                self.offset_hits[key] = torch.zeros(offsets, dtype=torch.float64)
+                self.group_offset[key] = torch.zeros(G, offsets, dtype=torch.float64)
                 self.group_count[key] = torch.zeros(G, dtype=torch.float64)
                 self.correct[key] = torch.zeros(L_H, dtype=torch.float64)
                 self.group_correct[key] = torch.zeros(G, *L_H, dtype=torch.float64)
-            hits, by_group = self.offset_hits[key], self.group_offset[key]
-            for k in range(-MAX_OFFSET, MAX_OFFSET + 1):
-                if k != 0 and 0 <= src + k < n_words and (src + k) in tgt:
-                    hits[k + MAX_OFFSET] += 1
-                    by_group[g, k + MAX_OFFSET] += 1
-            self.count[key] += 1
-            self.group_count[key][g] += 1
+            table = torch.tensor(by_group, dtype=torch.float64)  # (G, offsets)
+            self.group_offset[key] += table
+            self.offset_hits[key] += table.sum(0)
+            self.group_count[key] += torch.tensor(arcs_of[key], dtype=torch.float64)
+            self.count[key] += sum(arcs_of[key])
 
     def update(self, chunk: AttentionChunk) -> None:
         assert self.batch is not None, "begin_batch first"
