@@ -6,15 +6,19 @@ cache) against our full analysis — `collect_statistics` with every reducer tha
 metrics, typical texts, long-context statistics, redundancy, syntax on the document's spaCy
 parse, the page's pooled view of it; parsing is done before the clock starts). Each method is
 first warmed up on the document's first 64 tokens through its own path, timed apart (what a
-process pays once: imports, loading the compiled readers, oneDNN's first primitives); a method
-that ran in under 20 s runs again, up to three times, and its best time is reported (this host's
-times vary by a third from run to run). Peak = the rise
-of the process's peak RSS during the call, above the loaded model (every weight read once first: a
-float32 checkpoint is mapped from its file page by page, and the embedding rows a text first
-touches would count as the run's); `plan` = the memory plan's
-bytes above the weights (`mh.analysis.plan`, traced on the meta device before the run, glibc's
-heap replayed for the holes it keeps); the tensors' peak = the most bytes of tensor storage the
-analysis held at once (`LiveBytes`, a third process), against the plan's tensors alone.
+process pays once: imports, loading the compiled readers, oneDNN's first primitives), then timed
+once. The two methods' processes alternate, three of each (plain, ours, plain, ours, plain, ours),
+and each method's best time is reported, with the median of the three pairs' ratios beside it:
+this host's speed drifts by up to 2x over minutes (SmolLM2's 8k plain forward 7.0-12.5 s in one
+afternoon), so both are timed at the same moments and as often (where a method that ran in under
+20 s had been timed again and a longer one had not, a long analysis got one draw of the host's
+speed against the plain forward's best of three). Peak = the rise of the process's peak RSS
+during the call (the largest of a method's three processes), above the loaded model (every
+weight read once first: a float32 checkpoint is mapped from its file page by page, and the
+embedding rows a text first touches would count as the run's); `plan` = the memory plan's bytes
+above the weights (`mh.analysis.plan`, traced on the meta device before the run, glibc's heap
+replayed for the holes it keeps); the tensors' peak = the most bytes of tensor storage the
+analysis held at once (`LiveBytes`, a seventh process), against the plan's tensors alone.
 
 Targets: analysis <= 2.5x the plain forward at every length; peak above the weights <= 1.5 GiB at
 8k; the plan within 20 % of the measured peak.
@@ -22,8 +26,8 @@ Targets: analysis <= 2.5x the plain forward at every length; peak above the weig
     python benchmarks/bench_scale.py [--quick] [--models "smollm2 float32,smollm2 bfloat16"]
 
 On a CPU without bfloat16 units (AVX2) the Qwen2 shape's plain forward alone runs its bfloat16
-linear layers at ~14 GFLOP/s: ~35 min at 8k tokens, hours for its nine runs — ``--models`` picks
-the cells such a host can afford.
+linear layers at ~14 GFLOP/s: ~35 min at 8k tokens, hours for its three lengths' six timed runs
+each — ``--models`` picks the cells such a host can afford.
 """
 
 from __future__ import annotations
@@ -46,8 +50,8 @@ QUICK = (512, 1024)
 MODELS = ("qwen2-1.5b-shaped bfloat16", "smollm2 float32", "smollm2 bfloat16")
 QUICK_MODELS = ("smollm2 float32", "smollm2 bfloat16")
 METHODS = ("plain SDPA forward", "ours (full streamed analysis)", "ours, its tensors counted")
-#: a method that ran in under REPEAT_WITHIN seconds runs again, up to REPEATS times; its best time is reported
-REPEATS, REPEAT_WITHIN = 3, 20.0
+#: processes of each timed method a cell runs, alternating with the other's; each method's best time is reported
+REPEATS = 3
 
 
 def qwen_shaped(tokenizer):
@@ -136,13 +140,38 @@ def worker(spec: str, method: str, n: int) -> dict:
                 collect_statistics(model, [text], parses=parses, views=[0], progress=False)
         return time.perf_counter() - start
 
-    times = [run()]
-    peak = max(rss("VmHWM") - base, 0)  # the first run's: a later one starts on its heap
-    while not method.endswith("counted") and len(times) < REPEATS and sum(times) < REPEAT_WITHIN:
-        times.append(run())  # short runs again, for the host's noise: the best is reported
-    return {"seconds": min(times), "times": times, "warm_up": warm_up, "peak": peak, "plan": planned.working,
+    seconds = run()
+    peak = max(rss("VmHWM") - base, 0)
+    return {"seconds": seconds, "warm_up": warm_up, "peak": peak, "plan": planned.working,
             "planned_tensors": planned.tensors, "weights": planned.weights, "tokens": len(ids),
             "tensors": getattr(counted, "peak", None)}
+
+
+def _measured(spec: str, method: str, n: int) -> dict:
+    """One worker process's result, or {"failed": its last line of stderr}."""
+    done = subprocess.run([sys.executable, __file__, "--worker", spec, method, str(n)], capture_output=True, text=True,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    if done.returncode != 0:
+        return {"failed": done.stderr.strip().splitlines()[-1][:100] if done.stderr else "?"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _best(runs: list[dict]) -> dict:
+    """A method's processes as one: its best time and warm-up, its largest peak (each process's first and only
+    run starts on a fresh heap), the times it took; a failure if any failed."""
+    failed = [r["failed"] for r in runs if "failed" in r]
+    if failed:
+        return {"failed": failed[0]}
+    return {**runs[0], "seconds": min(r["seconds"] for r in runs), "times": [r["seconds"] for r in runs],
+            "warm_up": min(r["warm_up"] for r in runs), "peak": max(r["peak"] for r in runs),
+            "tensors": max((r["tensors"] for r in runs if r.get("tensors") is not None), default=None)}
+
+
+def _paired(plain: list[dict], ours: list[dict]) -> float:
+    """The median of the ratios of the processes run one after the other (ours over the plain forward before it)."""
+    import statistics
+
+    return statistics.median(o["seconds"] / p["seconds"] for p, o in zip(plain, ours, strict=True))
 
 
 def cpu_name() -> str:
@@ -171,16 +200,12 @@ def main(flags: list[str] | None = None) -> None:
     rows = []
     for spec in models:
         for n in lengths:
-            results = {}
-            for method in METHODS:
-                done = subprocess.run([sys.executable, __file__, "--worker", spec, method, str(n)], capture_output=True,
-                                      text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
-                if done.returncode != 0:
-                    tail = done.stderr.strip().splitlines()[-1][:100] if done.stderr else "?"
-                    results[method] = {"failed": tail}
-                else:
-                    results[method] = json.loads(done.stdout.strip().splitlines()[-1])
-            plain, ours, counted = (results[m] for m in METHODS)
+            # the timed methods' processes alternate (REPEATS of each), then the one that counts tensors
+            order = [*[m for _ in range(REPEATS) for m in METHODS[:2]], METHODS[2]]
+            found: dict[str, list[dict]] = {m: [] for m in METHODS}
+            for method in order:
+                found[method].append(_measured(spec, method, n))
+            plain, ours, counted = (_best(found[m]) for m in METHODS)
             if "failed" in plain or "failed" in ours:
                 rows.append([spec, n, plain.get("failed", ""), ours.get("failed", ""), "", "", "", "", "", "", ""])
                 continue
@@ -188,15 +213,16 @@ def main(flags: list[str] | None = None) -> None:
             planned = ours["planned_tensors"]
             against = (f"{tensors / 2**20:.0f}", f"{planned / max(tensors, 1) - 1:+.0%}") if tensors else (
                 counted.get("failed", "?"), "")
+            pairs = _paired(found[METHODS[0]], found[METHODS[1]])
             rows.append([spec, ours["tokens"], f"{plain['seconds']:.1f}", f"{ours['seconds']:.1f}",
-                         f"{ours['seconds'] / plain['seconds']:.2f}x",
+                         f"{ours['seconds'] / plain['seconds']:.2f}x ({pairs:.2f}x)",
                          f"{plain['warm_up']:.1f} / {ours['warm_up']:.1f}", f"{plain['peak'] / 2**20:.0f}",
                          f"{ours['peak'] / 2**20:.0f}",
                          f"{ours['plan'] / 2**20:.0f} ({ours['plan'] / max(ours['peak'], 1) - 1:+.0%})", *against])
             print(" | ".join(map(str, rows[-1])), flush=True)  # each cell as it is measured (a run is long)
     print(f"Real scale: one Penn Treebank document; {cpu_name()}, {os.cpu_count()} CPUs")
-    print(table(["model", "tokens", "plain s", "analysis s", "analysis / plain", "warm-ups s (64 tokens)",
-                 "plain peak MiB",
+    print(table(["model", "tokens", "plain s", "analysis s", "analysis / plain (pairs' median)",
+                 "warm-ups s (64 tokens)", "plain peak MiB",
                  "analysis peak MiB (above weights)", "plan MiB (vs peak)", "tensors' peak MiB",
                  "plan's tensors vs tensors"],
                 rows))
