@@ -92,16 +92,16 @@ static inline float log_positive(float x) {
 }
 #endif
 
-/* A row's sums over its keys, formed in one pass (row_pass): mass, sum p d (every term of one sign: no
+/* A row's sums over its keys, formed in one pass (row_pass): sum p d (every term of one sign: no
    cancellation), largest weight and, with `with_log`, sum p log p — a log a weight, the pass's costliest
    term by far, left out where the softmax formed the row's entropy from its scores — and, where asked,
    its mass on the keys whose previous token is the row's own (the induction pattern) and each key's
    weight added into a column. */
 typedef struct {
-    float mass, dist, plogp, max, repeat;
+    float dist, plogp, max, repeat;
 } row_sums_t;
 
-/* Keys [a, b) of the row (position i) into the sums: the segment's own mass returned (its distance bin's).
+/* Keys [a, b) of the row (position i) into the sums; returns the segment's mass (its distance bin's).
    The flags are constants where it is inlined, so that each body vectorises with its accumulators side by
    side — one read of a weight for every sum (the row had been read three or four times: its mass, distances
    and largest; the induction keys; the columns; the distance bins). Keys counted in int32 so that AVX2
@@ -121,7 +121,6 @@ static inline __attribute__((always_inline)) float segment(const float *restrict
         if (with_repeat) repeat += prev[j] == token ? v : 0.f;
         if (with_column) column[j] += v;
     }
-    acc->mass += mass;
     acc->dist += dist;
     acc->plogp += plogp;
     acc->max = fmaxf(acc->max, max);
@@ -221,7 +220,7 @@ static void rows_statistics(const float *w, int64_t H, int64_t C, int64_t K, int
         /* one read of the row for its sums, the induction pattern (the keys after earlier occurrences of the
            row's token), the weight each key receives (summed over the rows: vertical concentration) and the
            distance bins — in one of the eight bodies its flags pick */
-        row_sums_t acc = {0.f, 0.f, 0.f, 0.f, 0.f};
+        row_sums_t acc = {0.f, 0.f, 0.f, 0.f};
         double bins[BINS] = {0};
         const int with_log = !row_entropy, with_repeat = repeat && token[b * C + c] >= 0, with_column = columns != 0;
         const int32_t *prev_tokens = with_repeat ? key_token + b * K : 0;
