@@ -334,32 +334,44 @@ void visible_counts(const uint8_t *visible, int64_t Bv, int64_t B, int64_t Hv, i
         }
 }
 
-/* How many (text, head) pairs rows [a, b) of C rows each touch. */
-static inline int64_t pairs_of_rows(int64_t a, int64_t b, int64_t C) { return a < b ? (b - 1) / C - a / C + 1 : 0; }
+/* What the row statistics of a chunk read and where they add (row_statistics, read_chunk): its map, the
+   rows' key sets, counts, entropies and extents, and the sums — heads (parts, B, H, HEAD_VALUES),
+   long_sums (parts, B, H, LONG_VALUES) and hist (parts, B, H, BINS), repeat (parts, B, H) when not null:
+   each part's own — and columns: part after part, the (text, head) pairs of its own rows only, (pairs, K)
+   each (a few rows a chunk at long context: a (B, H, K) block a part would outweigh the map). */
+typedef struct {
+    const float *w; /* (B, H, C, K) */
+    int64_t B, H, C, K, start;
+    const int32_t *set_keys;
+    const int64_t *set_bounds;
+    const uint8_t *valid;
+    const float *log_n, *row_entropy;
+    double *heads, *long_sums, *hist, *repeat; /* (parts, B, H, ·): each part's own sums, as row_statistics */
+    float *columns;                            /* (B·H, K): each (text, head)'s own row, or null */
+    const int32_t *prev, *token, *extent;
+} stats_pass;
 
-/* rows_statistics over rows [row0, row1) in `parts` ranges, part n adding into its own sums: heads
-   (parts, B, H, HEAD_VALUES), long_sums (parts, B, H, LONG_VALUES), hist (parts, B, H, BINS), repeat
-   (parts, B, H) when not null — each row's mass on the keys j <= its position whose token before
-   them is its own (prev (B, K) int32, each key's; token (B, C) int32, each row's, < 0: none); and
-   into columns, part after part, the (text, head) pairs of its own rows only, (pairs, K) each (a few
-   rows a chunk at long context: a (B, H, K) block a part would outweigh the map). extent (B, H, C)
-   int32, or null: each row's keys from extent on weigh exactly 0 (it may not see them), not read. */
-void row_statistics(const float *w, int64_t B, int64_t H, int64_t C, int64_t K, int64_t start,
-                    const int32_t *set_keys, const int64_t *set_bounds, const uint8_t *valid, const float *log_n,
-                    const float *row_entropy, int64_t row0, int64_t row1, int64_t parts, double *heads,
-                    double *long_sums, double *hist, double *repeat, float *columns, const int32_t *prev,
-                    const int32_t *token, const int32_t *extent) {
+/* rows [row0, row1) of the chunk into part n's sums (its columns from row column_at[n]; first_pair: the
+   (text, head) pair of its first row) */
+static void stats_rows(const stats_pass *x, const int64_t *column_at, int64_t row0, int64_t row1, int64_t n,
+                       int64_t first_pair) {
+    const int64_t bh = x->B * x->H;
+    rows_statistics(x->w, x->H, x->C, x->K, x->start, x->set_keys, x->set_bounds, x->valid, x->log_n, x->row_entropy,
+                    row0, row1, x->heads + n * bh * HEAD_VALUES, x->long_sums ? x->long_sums + n * bh * LONG_VALUES : 0,
+                    x->long_sums ? x->hist + n * bh * BINS : 0, x->repeat ? x->repeat + n * bh : 0,
+                    x->columns ? x->columns + column_at[n] * x->K : 0, first_pair, x->prev, x->token, x->extent);
+}
+
+/* rows_statistics over rows [row0, row1) in `parts` ranges, the n-th into part `part` + n's sums — each
+   row's mass on the keys j <= its position whose token before them is its own (prev (B, K) int32, each
+   key's; token (B, C) int32, each row's, < 0: none) among them. extent (B, H, C) int32, or null: each
+   row's keys from extent on weigh exactly 0 (it may not see them), not read. */
+void row_statistics(const stats_pass *x, const int64_t *column_at, int64_t row0, int64_t row1, int64_t parts,
+                    int64_t part) {
     IN_PARTS
     for (int64_t n = 0; n < parts; n++) {
-        int64_t bh = B * H, a = part_bound(row0, row1, n, parts), b = part_bound(row0, row1, n + 1, parts);
-        int64_t before = 0; /* the pairs of the parts before this one */
-        for (int64_t m = 0; m < n; m++)
-            before += pairs_of_rows(part_bound(row0, row1, m, parts), part_bound(row0, row1, m + 1, parts), C);
-        rows_statistics(w, H, C, K, start, set_keys, set_bounds, valid, log_n, row_entropy, a, b,
-                        heads + n * bh * HEAD_VALUES,
-                        long_sums ? long_sums + n * bh * LONG_VALUES : 0, long_sums ? hist + n * bh * BINS : 0,
-                        repeat ? repeat + n * bh : 0, columns ? columns + before * K : 0, a / C, prev, token,
-                        extent);
+        const int64_t a = part_bound(row0, row1, n, parts), b = part_bound(row0, row1, n + 1, parts);
+        stats_rows(x, column_at, a, b, part + n, a / x->C);
     }
 }
 
@@ -1114,17 +1126,6 @@ void word_predictions(const word_pass *x, int64_t h0, int64_t h1, int64_t parts)
    (tens of MB, written just before by the attention) came from memory three times, each pass bound
    by its bandwidth: SmolLM2 bfloat16's 8k-token analysis moved ~36 GB a pass (Xeon, ~22 GB/s). */
 
-typedef struct {
-    const float *w; /* (B, H, C, K) */
-    int64_t B, H, C, K, start;
-    const int32_t *set_keys;
-    const int64_t *set_bounds;
-    const uint8_t *valid;
-    const float *log_n, *row_entropy;
-    double *heads, *long_sums, *hist, *repeat; /* (parts, B, H, ·): each part's own sums, as row_statistics */
-    float *columns;                            /* (B·H, K): each (text, head)'s own row, or null */
-    const int32_t *prev, *token, *extent;
-} stats_pass;
 
 #define PASS_ROWS 8 /* rows of a (text, head) read by every reader in turn: 256 KB at 8,192 keys */
 
@@ -1153,17 +1154,7 @@ void read_chunk(int64_t B, int64_t H, int64_t C, int64_t parts, const stats_pass
             if (word) words_begin(word, h, &state);
             for (int64_t c0 = ca; c0 < cb; c0 += PASS_ROWS) {
                 const int64_t c1 = c0 + PASS_ROWS < cb ? c0 + PASS_ROWS : cb;
-                if (stats) {
-                    const int64_t bh = stats->B * stats->H;
-                    rows_statistics(stats->w, H, C, stats->K, stats->start, stats->set_keys, stats->set_bounds,
-                                    stats->valid, stats->log_n, stats->row_entropy, pair * C + c0, pair * C + c1,
-                                    stats->heads + n * bh * HEAD_VALUES,
-                                    stats->long_sums ? stats->long_sums + n * bh * LONG_VALUES : 0,
-                                    stats->long_sums ? stats->hist + n * bh * BINS : 0,
-                                    stats->repeat ? stats->repeat + n * bh : 0,
-                                    stats->columns ? stats->columns + column_at[n] * stats->K : 0, r0 / C, stats->prev,
-                                    stats->token, stats->extent);
-                }
+                if (stats) stats_rows(stats, column_at, pair * C + c0, pair * C + c1, n, r0 / C);
                 if (pool && c0 < pool->C) pooled_rows(pool, h * pool->C + c0, h * pool->C + (c1 < pool->C ? c1 : pool->C), n);
                 if (word && c0 < word->C) words_rows(word, h, c0, c1 < word->C ? c1 : word->C, &state);
             }

@@ -91,8 +91,7 @@ def _library() -> ctypes.CDLL | None:
     lib.row_extents.restype = None
     lib.visible_counts.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr]
     lib.visible_counts.restype = None
-    lib.row_statistics.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr,
-                                   ptr, ptr, ptr, ptr, ptr]
+    lib.row_statistics.argtypes = [ptr, ptr, i64, i64, i64, i64]
     lib.row_statistics.restype = None
     lib.row_pooled.argtypes = [ptr, i64, i64, i64, i64]
     lib.row_pooled.restype = None
@@ -305,6 +304,16 @@ class StatsInputs:
                 torch.zeros(parts, B, H, BINS, dtype=torch.float64) if self.long else None,
                 torch.zeros(parts, B, H, dtype=torch.float64) if self.prev_keys is not None else None)
 
+    def struct(self, sums: tuple[Tensor | None, ...], columns: Tensor | None) -> ctypes.Structure:
+        """The inputs as native.c's ``stats_pass``, adding into the parts' ``sums`` (:meth:`sums`) and the
+        parts' ``columns`` (:func:`_column_parts`) or None."""
+        p = self.p
+        B, H, C, K = p.shape
+        return _StatsPass(p.data_ptr(), B, H, C, K, self.start, self.set_keys.data_ptr(), self.set_bounds.data_ptr(),
+                          self.counted.data_ptr(), self.log_n.data_ptr(), _address(self.entropy),
+                          *(_address(t) for t in sums), _address(columns), _address(self.prev_keys),
+                          _address(self.row_tokens), self.extents.data_ptr())
+
     def result(self, sums: tuple[Tensor | None, ...], columns: Tensor | None) -> RowSums:
         """The chunk's :class:`RowSums` from the parts' ``sums`` and the column sums (B, H, K) or None."""
         heads_sums, long_sums, hist, repeat_sums = (None if t is None else t.sum(0) for t in sums)
@@ -348,21 +357,14 @@ def stats_inputs(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: 
 def _row_sums(chunk: AttentionChunk, tokens: TokenInfo, long: bool, columns: bool = False,
               repeat: tuple[Tensor, Tensor] | None = None, sets: tuple[Tensor, Tensor] | None = None) -> RowSums:
     x = stats_inputs(chunk, tokens, long, columns, repeat, sets)
-    p = x.p
-    B, H, C, K = p.shape
-    parts = chunk_parts(p)
+    B, H, C, K = x.p.shape
+    parts = chunk_parts(x.p)
     sums = x.sums(parts)  # (parts, B, H, ·): a range's own sums
     column_parts, pairs, offsets = _column_parts(B, H, C, K, parts) if columns else (None, [], [0])
-    lib = _library()
-
-    def call(a: int, b: int, n_parts: int, n: int) -> None:
-        pointers = [t[n].data_ptr() if t is not None else None for t in sums]
-        lib.row_statistics(p.data_ptr(), B, H, C, K, x.start, x.set_keys.data_ptr(), x.set_bounds.data_ptr(),
-                           x.counted.data_ptr(), x.log_n.data_ptr(), _address(x.entropy), a, b, n_parts, *pointers,
-                           None if column_parts is None else column_parts[offsets[n]:].data_ptr(),
-                           _address(x.prev_keys), _address(x.row_tokens), x.extents.data_ptr())
-
-    _in_parts(B * H * C, parts, call)
+    column_at = torch.tensor(offsets[:-1] or [0], dtype=torch.int64)  # each part's first row of column_parts
+    lib, inputs = _library(), x.struct(sums, column_parts)
+    _in_parts(B * H * C, parts, lambda a, b, n_parts, n: lib.row_statistics(ctypes.byref(inputs), column_at.data_ptr(),
+                                                                            a, b, n_parts, n))
     return x.result(sums, None if column_parts is None else _columns_summed(column_parts, pairs, offsets, B, H))
 
 
@@ -635,16 +637,11 @@ def read_chunk(stats: StatsInputs | None, pooled: dict[int, PooledJob], words: d
     lib = _library()
     sums, columns, stats_pass, column_at = (), None, None, None
     if stats is not None:
-        p = stats.p
-        K = p.shape[-1]
         sums = stats.sums(parts)
         if stats.columns:
-            columns, pairs, offsets = _column_parts(B, H, C, K, parts)
+            columns, pairs, offsets = _column_parts(B, H, C, stats.p.shape[-1], parts)
             column_at = torch.tensor(offsets[:-1], dtype=torch.int64)
-        stats_pass = _StatsPass(p.data_ptr(), B, H, C, K, stats.start, stats.set_keys.data_ptr(),
-                                stats.set_bounds.data_ptr(), stats.counted.data_ptr(), stats.log_n.data_ptr(),
-                                _address(stats.entropy), *(_address(t) for t in sums), _address(columns),
-                                _address(stats.prev_keys), _address(stats.row_tokens), stats.extents.data_ptr())
+        stats_pass = stats.struct(sums, columns)
     pools = (_PooledPass * max(1, len(pooled)))(*(job.struct(text) for text, job in pooled.items()))
     passes = (_WordPass * max(1, len(words)))(*(job.struct(text) for text, job in words.items()))
     lib.read_chunk(B, H, C, parts, None if stats_pass is None else ctypes.addressof(stats_pass),
