@@ -226,10 +226,23 @@ def _tensors(value):
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 40), st.integers(1, 64), st.integers(1, 5))
 def test_the_cosine_gram_from_bands_is_the_full_product(n, x, parts):
-    """The cosine's Gram multiplies the blocks on and above the diagonal only: the full product's
-    numbers (to float32 rounding), exactly symmetric."""
+    """The cosine's Gram multiplies the blocks on and above the diagonal only, all of one shape (the
+    last block overlapping where the parts do not divide n): the full product's numbers (to float32
+    rounding), exactly symmetric."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    shapes = set()
+
+    class Products(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.mm.default:
+                shapes.add((tuple(args[0].shape), tuple(args[1].shape)))
+            return func(*args, **(kwargs or {}))
+
     unit = torch.randn(n, x, generator=torch.Generator().manual_seed(n * x + parts))
-    gram = _gram(unit, parts)
+    with Products():
+        gram = _gram(unit, parts)
+    assert len(shapes) == 1  # one kernel for a GEMM library to build
     assert torch.equal(gram, gram.T)
     torch.testing.assert_close(gram, unit @ unit.T, rtol=1e-5, atol=1e-5)
 
@@ -313,6 +326,43 @@ def test_a_half_gram_keeps_the_cosine_within_its_rounding():
     pairs = ~torch.eye(L_ * H_, dtype=torch.bool)
     assert wide[pairs].abs().max() > 0.3  # correlated heads: cosines of two heads well away from 0
     assert (half - wide).abs().max() < 3e-3
+
+
+def test_the_cosine_beyond_its_budget_is_the_mean_over_an_even_stride_of_rows(monkeypatch):
+    """Where every pair of heads on every row would pass COSINE_BUDGET, the cosine averages over an
+    even stride of the batch's real rows (each in the middle of its stride, never the first rows
+    alone), as many as the plan counts: exactly the definition's mean over those rows, and the
+    report says how many (``rows_cosine``)."""
+    import multihead.analysis.stats.redundancy as redundancy
+    from multihead.analysis.pipelines.analyze import redundancy_section
+    from multihead.analysis.sections import Redundancy
+
+    g = torch.Generator().manual_seed(5)
+    B, T, D, Dv = 2, 9, 4, 3
+    N = L * H
+    monkeypatch.setattr(redundancy, "MIN_COSINE_ROWS", 1)
+    monkeypatch.setattr(redundancy, "COSINE_BUDGET", N * N * D * 5)  # 5 of the 18 rows' work
+    maps = [torch.softmax(torch.randn(B, H, T, T, generator=g), -1) for _ in range(L)]
+    outs = [torch.randn(B, H, T, Dv, generator=g) for _ in range(L)]
+    w_o = torch.randn(D, H * Dv, generator=g)
+    valid = torch.ones(B, T, dtype=torch.bool)
+    valid[1, 6:] = False  # 15 real rows: a stride of 3 keeps the 2nd, 5th, ... (5 rows)
+    none = torch.zeros_like(valid)
+    red = feed(RedundancyStatistics(L, H), TokenInfo(valid, none, none, none), maps, outputs=outs, w_o=w_o,
+               rows_per_chunk=4)
+    real = [(b, t) for b in range(B) for t in range(T) if valid[b, t]]
+    kept = real[1::3]
+    assert red.cos_count == len(kept) == 5
+    held, _ = RedundancyStatistics.planned_bytes(L, H, len(real), T, D, Dv)
+    assert held == L * H * red.js_count * T * 4 + L * H * len(kept) * Dv * 4  # the plan's rows are the run's
+    contributions = torch.stack([torch.stack([outs[layer][b, h, t].double() @ w_o.view(D, H, Dv)[:, h].double().T
+                                              for b, t in kept]) for layer in range(L) for h in range(H)])  # (N, r, D)
+    unit = contributions / contributions.norm(dim=-1, keepdim=True)
+    torch.testing.assert_close(red.cosine(), torch.einsum("ard,brd->ab", unit, unit) / len(kept), atol=1e-5,
+                               rtol=1e-5)
+    section = redundancy_section(red, H)
+    assert (section.rows_js, section.rows_cosine) == (15, 5)
+    assert Redundancy.from_dict(section.to_dict()).rows_cosine == 5
 
 
 def test_the_js_sample_is_as_large_as_the_pass_that_reads_it_affords(monkeypatch):

@@ -318,7 +318,8 @@ class Redundancy(Section):
     clusters_js: list[list[Cell]]
     cluster_threshold: float
     groups_js: dict[str, Any] | None = None
-    rows_js: int | None = None
+    rows_js: int | None = None  # the query rows the JS distances average over
+    rows_cosine: int | None = None  # ... and the cosines
 
     def to_dict(self) -> dict[str, Any]:
         out = {"js_distance": json_matrix(self.js_distance), "cosine": json_matrix(self.cosine),
@@ -329,6 +330,8 @@ class Redundancy(Section):
             out["groups_js"] = {**self.groups_js, "groups": [[list(x) for x in g] for g in self.groups_js["groups"]]}
         out["cluster_threshold"] = self.cluster_threshold
         out["rows_js"] = self.rows_js
+        if self.rows_cosine is not None:  # (a report from before it was kept has none: written back as it was)
+            out["rows_cosine"] = self.rows_cosine
         return out
 
     @classmethod
@@ -339,7 +342,7 @@ class Redundancy(Section):
                      for key in ("pairs_js", "pairs_cosine")],
                    [[tuple(x) for x in group] for group in data["clusters_js"]], data["cluster_threshold"],
                    {**groups, "groups": [[tuple(x) for x in g] for g in groups["groups"]]} if groups else None,
-                   data.get("rows_js"))
+                   data.get("rows_js"), data.get("rows_cosine"))
 
     def cosine_of(self, a: Cell, b: Cell, num_heads: int) -> float:
         return float(self.cosine[a[0] * num_heads + a[1]][b[0] * num_heads + b[1]])

@@ -464,7 +464,7 @@ def redundancy_section(red: RedundancyStatistics, H: int, *, sinks: set[tuple[in
         clusters_js=[[(n // H, n % H) for n in group] for group in clusters(js, CLUSTER_JS)],
         cluster_threshold=CLUSTER_JS,
         groups_js={**found, "groups": [[(n // H, n % H) for n in group] for group in found["groups"]]},
-        rows_js=int(red.js_count))
+        rows_js=int(red.js_count), rows_cosine=int(red.cos_count))
 
 
 def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False,
