@@ -298,11 +298,16 @@ def test_counts_in_what_is_printed_agree_with_their_number(minilm):
     assert f"6 layers x 12 heads; 1 sentence, {report.tokens} tokens\n" in text, text
     assert re.search(r"Ablation \(.*, 1 text[);]", text), text
     assert f"<p>1 sentence, {report.tokens} tokens.</p>" in report_body(report)
+    assert f"attention, over {report.tokens} query tokens)</h3>" in report_body(report)
     # one text has no bootstrap: every resample of it is itself, so no interval and no stability (once [x, x]
     # and "median 100%", a certainty nothing measured)
     assert all(not r.intervals and r.stability is None for r in report.heads)
     assert "Label stability and intervals over texts: not measured, the corpus is 1 text" in text, text
     assert "[+" not in text, text
+    # the redundant pairs say what they average over: every real token of the sentence, for both measures
+    red = report.sections.redundancy
+    assert red.rows_js == red.rows_cosine == report.tokens
+    assert f"alike too; over {report.tokens} query tokens):" in text, text
     two = mh.analyze(minilm, ["The cat sat on the mat because it was warm.", "A dog ran after the ball."],
                      coreference=False, induction=False)
     assert all(r.intervals and r.stability is not None for r in two.heads)

@@ -77,7 +77,8 @@ def report_body(report: Report) -> str:
     parts.append("</table>")
     red = report.redundancy
     if red is not None and red.pairs_js:
-        parts.append("<h3>Most redundant pairs (Jensen–Shannon distance of attention)</h3><table>"
+        over = f", over {counted(red.rows_js, 'query token')}" if red.rows_js else ""
+        parts.append(f"<h3>Most redundant pairs (Jensen–Shannon distance of attention{over})</h3><table>"
                      "<tr><th>head</th><th>head</th><th>JS distance</th></tr>")
         for a, b, value in red.pairs_js:
             parts.append(f"<tr><td>L{a[0]}.H{a[1]}</td><td>L{b[0]}.H{b[1]}</td><td>{_num(value)}</td></tr>")

@@ -136,9 +136,9 @@ def _flags_and_redundancy(report: Report) -> str:
                      f"them): {shown}" + (" …" if len(untested) > 6 else ""))
     red = report.redundancy
     if red is not None and red.pairs_js:
-        rows = (f"; averaged over {counted(red.rows_js, 'query token')}"
-                + (f" (cosine: {red.rows_cosine:,})" if red.rows_cosine and red.rows_cosine != red.rows_js else "")
-                if red.rows_js else "")
+        rows = (f"; JS over {counted(red.rows_js, 'query token')}, cosine over {red.rows_cosine:,}"
+                if red.rows_js and red.rows_cosine and red.rows_cosine != red.rows_js
+                else f"; over {counted(red.rows_js, 'query token')}" if red.rows_js else "")
         lines.append("\nMost redundant head pairs (Jensen-Shannon distance of their attention, 0 = identical; "
                      f"cosine of their outputs after W^O; two sink heads only when their outputs are alike too{rows}):")
         for a, b, js in red.pairs_js[:5]:
