@@ -136,9 +136,12 @@ def _flags_and_redundancy(report: Report) -> str:
                      f"them): {shown}" + (" …" if len(untested) > 6 else ""))
     red = report.redundancy
     if red is not None and red.pairs_js:
-        rows = (f"; JS over {counted(red.rows_js, 'query token')}, cosine over {red.rows_cosine:,}"
-                if red.rows_js and red.rows_cosine and red.rows_cosine != red.rows_js
-                else f"; over {counted(red.rows_js, 'query token')}" if red.rows_js else "")
+        rows = ""  # what the averages rest on (a report from before rows_cosine was kept: the JS's alone)
+        if red.rows_js and red.rows_cosine == red.rows_js:
+            rows = f"; over {counted(red.rows_js, 'query token')}"
+        elif red.rows_js:
+            rows = f"; JS over {counted(red.rows_js, 'query token')}" + (
+                f", cosine over {red.rows_cosine:,}" if red.rows_cosine else "")
         lines.append("\nMost redundant head pairs (Jensen-Shannon distance of their attention, 0 = identical; "
                      f"cosine of their outputs after W^O; two sink heads only when their outputs are alike too{rows}):")
         for a, b, js in red.pairs_js[:5]:
