@@ -291,6 +291,7 @@ def test_counts_in_what_is_printed_agree_with_their_number(minilm):
     from multihead.render.text import analyze_text
 
     assert [counted(n, "text") for n in (0, 1, 2)] == ["0 texts", "1 text", "2 texts"]
+    assert counted(5170, "query token") == "5,170 query tokens"
     assert counted(1, "batch") == "1 batch" and counted(3, "batch") == "3 batches"
     report = mh.analyze(minilm, ["The cat sat on the mat because it was warm."], coreference=False, induction=False,
                         ablation=1)

@@ -143,5 +143,6 @@ def _plural(unit: str) -> str:
 
 def counted(n: int, noun: str) -> str:
     """``n`` and the noun in its number: ``counted(1, "text")`` is "1 text", ``counted(3, "batch")``
-    "3 batches"."""
-    return f"{n} {noun if n == 1 else _plural(noun)}"
+    "3 batches", ``counted(5170, "token")`` "5,170 tokens" (thousands grouped, as the report's other
+    counts are)."""
+    return f"{n:,} {noun if n == 1 else _plural(noun)}"
