@@ -30,20 +30,24 @@ def _both(monkeypatch, call):
 
 
 def _operands(B, H, Hkv, T, S, Dk, Dv, seed):
+    """Random bfloat16 q (B, H, T, Dk), k and v (B, Hkv, S, D·) — q a (B, T, H, Dk) block transposed, as
+    a model's projection hands it over (strided: a G = 1 model's reshape of it stays a view)."""
     g = torch.Generator().manual_seed(seed)
-    q = (torch.randn(B, H, T, Dk, generator=g) * 2).bfloat16()
+    q = (torch.randn(B, T, H, Dk, generator=g) * 2).bfloat16().transpose(1, 2)
     k = torch.randn(B, Hkv, S, Dk, generator=g).bfloat16()
     v = torch.randn(B, Hkv, S, Dv, generator=g).bfloat16()
     return q, k, v
 
 
 @pytest.mark.parametrize("shape", [(1, 9, 3, 170, 170, 64, 64), (2, 12, 2, 100, 300, 128, 128),
-                                   (1, 4, 4, 7, 5, 32, 64), (2, 8, 2, 33, 1000, 96, 192), (1, 2, 1, 16, 16, 256, 256)])
+                                   (1, 4, 4, 7, 5, 32, 64), (2, 8, 2, 33, 1000, 96, 192), (1, 2, 1, 16, 16, 256, 256),
+                                   (1, 7, 7, 40, 40, 64, 64), (2, 4, 4, 20, 50, 256, 64)])
 @pytest.mark.parametrize("masking", ["none", "causal", "padded"])
 def test_the_tiles_give_the_products_paths_weights_and_output(shape, masking, monkeypatch):
     """Weights bit for bit where the scores round alike (the products' float32 sums in the same order
     on these shapes), the output within a unit of bfloat16 in its last place — over head dims of
-    32-256 (scales 1/√96, 1/√128 not powers of two: the scores rounded, scaled and rounded again),
+    32-256 (scales 1/√96, 1/√128 not powers of two: the scores rounded, scaled and rounded again;
+    1/√64 and 1/√256 exact: q scaled first — with one query head a key head, a strided one),
     tiles of 16 rows cut short (7, 33, 170 rows), keys off the blocks of 16 and 32 (5, 300, 1,000),
     grouped query heads, T ≠ S, and rows that see no key (a causal mask with T > S, padded keys)."""
     B, H, Hkv, T, S, Dk, Dv = shape

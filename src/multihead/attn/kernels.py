@@ -294,7 +294,10 @@ def _tiles_attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, scale: 
     G = H // Hkv
     exact = _power_of_two(scale)  # q scaled exactly, as the products' path does
     q3 = q.reshape(B * Hkv, G * T, Dk)  # (B·Hkv, G·T, Dk): the G query heads of a key head stacked
-    q3 = q3 * scale if exact else q3.contiguous()
+    # contiguous, as the tiles read it: where each key head has one query head (G = 1) the reshape of a
+    # model's (B, T, H, Dk).transpose(1, 2) is a strided view, and a product keeps its operand's strides
+    q3 = torch.mul(q3, scale, out=torch.empty(q3.shape, dtype=q3.dtype, device=q3.device)) if exact else \
+        q3.contiguous()
     keep = _kept(mask, shape, q.device)  # (..., T, S) bool or None
     weights = take("weights", (B, H, T, S), torch.float32)  # (B, H, T, S)
     out = torch.empty(B * Hkv, G * T, Dv, dtype=v.dtype, device=q.device)  # (B·Hkv, G·T, Dv): the caller's

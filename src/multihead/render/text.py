@@ -264,7 +264,7 @@ def _long_context(report: Report) -> str:
             if (r.metrics.get("window_256") or 0) + (r.metrics.get("sink_first4") or 0) >= WINDOW_KEPT]
     how = f"streamed in chunks of {section.chunk} rows" if section.chunk else "streamed where a layer's map passes " \
         f"{(section.budget_bytes or 0) >> 20} MiB"
-    lines = [f"\nLong context ({section.longest_tokens} tokens, {how}):",
+    lines = [f"\nLong context ({section.longest_tokens:,} tokens, {how}):",
              f"  attention sinks (>= {SINK_HEAD:.0%} on the first token): {len(sinks)} of {len(report.heads)} heads; "
              f"most: {top('sink_first')}"]
     probe = report.sections.retrieval

@@ -220,7 +220,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     longest_ablated = max((len(ids) for ids in encode_corpus(model, ablated, truncate=True).ids), default=0) \
         if ablated else 0
     if ablated and longest_ablated > LONG_TEXT:
-        sections.ablation = _skipped_ablation(model, f"the ablated texts reach {longest_ablated} tokens; each of "
+        sections.ablation = _skipped_ablation(model, f"the ablated texts reach {longest_ablated:,} tokens; each of "
                                                      f"{model.num_layers * model.num_heads} heads removed alone would "
                                                      f"rerun them (ablation reads texts of at most {LONG_TEXT} tokens)")
         ablated = []
