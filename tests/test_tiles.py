@@ -183,10 +183,12 @@ def test_a_memory_plan_traces_the_tiles_buffers_on_meta():
     assert peaks[False] >= weights * 1.5  # the scores and the half weights too
 
 
-def test_an_analysis_on_the_tiles_is_the_products_analysis(smollm2, monkeypatch):
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_an_analysis_on_the_tiles_is_the_products_analysis(kv_heads, smollm2, monkeypatch):
     """A bfloat16 Llama with heads of 64 (random weights, SmolLM2's tokenizer) analysed whole and as
     one document streamed in chunks of 8 rows: every head's metrics and label the same with the
-    attention on the tiles as through oneDNN's products."""
+    attention on the tiles as through oneDNN's products — with grouped query heads, and with one
+    query head a key head (a document's q then reaches the tiles as a strided view)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from multihead.hf.model import HFModel
@@ -194,10 +196,10 @@ def test_an_analysis_on_the_tiles_is_the_products_analysis(smollm2, monkeypatch)
     amx_tiles()
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(smollm2.tokenizer), hidden_size=256, intermediate_size=384,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv_heads,
                          max_position_embeddings=512)
     model = HFModel(LlamaForCausalLM(config).eval().to(torch.bfloat16), smollm2.tokenizer, "llama-64",
-                    Path("."), True, 2, 4, 2, 512)
+                    Path("."), True, 2, 4, kv_heads, 512)
     texts = ["The cat sat on the mat because it was warm.", "Paris is the capital of France, and Rome of Italy."]
 
     def run():
