@@ -62,10 +62,12 @@ __all__ = [
     "FLAG_RULES",
     "LABEL_COLOURS",
     "LABEL_RULES",
+    "LONG_RANGE_HEAD",
     "MARKS",
     "MARK_WORDS",
     "NEGLIGIBLE",
     "PATCH_RULES",
+    "RETRIEVAL_HEAD",
     "ROLES",
     "SINK_HEAD",
     "SINK_RULE",
@@ -287,6 +289,10 @@ def patch_label(metrics: dict[str, float]) -> str:
 SINK_HEAD = 0.5
 #: A window of ±256 with 4 sinks "keeps" a head when the two together hold at least this share.
 WINDOW_KEPT = 0.95
+#: A long-range head puts more than this share of its attention beyond 1,024 tokens (the first 4 aside).
+LONG_RANGE_HEAD = 0.05
+#: A retrieval head's most-attended key is the needle's on more than this share of the steps the model copied it.
+RETRIEVAL_HEAD = 0.5
 
 
 # --------------------------------------------------------------------------- marks, codes, colours, words

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from .. import __version__
-from ..analysis.labels import SINK_HEAD, WINDOW_KEPT, label_codes, legend
+from ..analysis.labels import LONG_RANGE_HEAD, RETRIEVAL_HEAD, SINK_HEAD, WINDOW_KEPT, label_codes, legend
 from ..analysis.report import Report
 from ..analysis.stats.maps import LONG_TEXT, TOP_K_BYTES, Pooled, TextView, stored_bytes
 from ..files import write_atomically
@@ -268,8 +268,9 @@ def _overview(report: Report) -> dict:
         section = getattr(sections, key)
         if section is not None:
             out[key] = section.to_dict()
-    if "long_context" in out:  # the text report's thresholds, for the page's counts of sink and windowable heads
-        out["long_context"].update(sink_head=SINK_HEAD, window_kept=WINDOW_KEPT)
+    if "long_context" in out:  # the text report's thresholds, for the page's counts and lists of its heads
+        out["long_context"].update(sink_head=SINK_HEAD, window_kept=WINDOW_KEPT, long_range_head=LONG_RANGE_HEAD,
+                                   retrieval_head=RETRIEVAL_HEAD)
     return out
 
 

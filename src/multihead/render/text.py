@@ -13,7 +13,7 @@ from statistics import median
 
 from ..analysis.compare import ALIVE_SHARE, DEAD_SHARE, Comparison, dead_heads, pair_name
 from ..analysis.interventions.patching import Patching
-from ..analysis.labels import FLAG_RULES, LABEL_RULES, MARKS, SINK_HEAD, WINDOW_KEPT
+from ..analysis.labels import FLAG_RULES, LABEL_RULES, LONG_RANGE_HEAD, MARKS, RETRIEVAL_HEAD, SINK_HEAD, WINDOW_KEPT
 from ..analysis.report import Report
 from ..analysis.sections import WhatIf
 from ..analysis.stats.bootstrap import MIN_GROUPS, RESAMPLES
@@ -272,9 +272,9 @@ def _long_context(report: Report) -> str:
         lines.append(f"  retrieval heads (copy a needle from far back): not measured, the model copied the needle "
                      f"on none of the probe's {probe.steps} steps")
     elif "retrieval" in report.heads[0].metrics:
-        lines.append(f"  retrieval heads (copy a needle from far back): {top('retrieval', floor=0.5)}")
+        lines.append(f"  retrieval heads (copy a needle from far back): {top('retrieval', floor=RETRIEVAL_HEAD)}")
     lines.append(f"  long-range heads (mass beyond 1,024 tokens, the first 4 aside): "
-                 f"{top('long_1024_past_sinks', floor=0.05)}")
+                 f"{top('long_1024_past_sinks', floor=LONG_RANGE_HEAD)}")
     lines.append(f"  heads a window of ±256 with 4 sinks would keep >= {WINDOW_KEPT:.0%} of: {len(kept)} of "
                  f"{len(report.heads)}")
     return "\n".join(lines)

@@ -1126,7 +1126,6 @@ void word_predictions(const word_pass *x, int64_t h0, int64_t h1, int64_t parts)
    (tens of MB, written just before by the attention) came from memory three times, each pass bound
    by its bandwidth: SmolLM2 bfloat16's 8k-token analysis moved ~36 GB a pass (Xeon, ~22 GB/s). */
 
-
 #define PASS_ROWS 8 /* rows of a (text, head) read by every reader in turn: 256 KB at 8,192 keys */
 
 /* The B·H·C rows of a chunk (text, head, row) in `parts` ranges — as row_statistics and row_pooled split

@@ -22,8 +22,8 @@ either way; of a 32-sentence batch, the compiled pass's budget takes ~600 rows w
 strides. ``rows_js`` in the report says how many rows the JS averages rest on. The cosine uses
 every row of a batch up to :data:`COSINE_ROWS` while its N² · rows · D work stays within
 :data:`COSINE_BUDGET`, an even sample beyond (at least :data:`MIN_COSINE_ROWS` rows; ``rows_cosine``
-in the report). Head outputs
-and W^O are read as the model has them: its own dtype, its own W^O (no copy).
+in the report). Head outputs and W^O are read as the model has them: its own dtype, its own W^O (no
+copy).
 """
 
 from __future__ import annotations

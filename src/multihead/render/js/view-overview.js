@@ -127,18 +127,18 @@ export function overviewView(page) {
         " % of their attention on the first token (sinks); a window of ±256 tokens with 4 sinks would keep ≥ " + Math.round(100 * lc.window_kept) +
         " % of the attention of " + kept + " of " + n + "."));
       box.appendChild(tableOf(["head", "on the first token", "beyond 1,024 tokens (sinks aside)"], topHeads("sink_first", 6).map((r) => [headLink(r.layer, r.head), fmt(r.metrics.sink_first), fmt(r.metrics.long_1024_past_sinks)])));
-      const far = above("long_1024_past_sinks", 0.05);
+      const far = above("long_1024_past_sinks", lc.long_range_head);
       box.appendChild(el("h4", {}, "Long-range heads (attention beyond 1,024 tokens, the first 4 aside)"));
       box.appendChild(far.length ? tableOf(["head", "beyond 1,024 tokens", "on the first token"], far.map((r) => [headLink(r.layer, r.head), fmt(r.metrics.long_1024_past_sinks), fmt(r.metrics.sink_first)]))
-        : el("p", { "class": "mh-note" }, "None: no head puts more than 5 % of its attention beyond 1,024 tokens."));
-      const probe = o.retrieval, found = above("retrieval", 0.5), scored = data.heads.length && "retrieval" in data.heads[0].metrics;
+        : el("p", { "class": "mh-note" }, "None: no head puts more than " + Math.round(100 * lc.long_range_head) + " % of its attention beyond 1,024 tokens."));
+      const probe = o.retrieval, found = above("retrieval", lc.retrieval_head), scored = data.heads.length && "retrieval" in data.heads[0].metrics;
       if (probe || scored) {  // a causal model's probe (an encoder has none)
         box.appendChild(el("h4", {}, "Retrieval heads (copy a needle from far back)"));
         if (probe && !probe.copy_steps) {  // every head's score is 0 of 0 copies: unmeasured, not "none"
           box.appendChild(el("p", { "class": "mh-note mh-retrieval" }, "Not measured: the model copied the needle on none of the probe's " + probe.steps + " steps."));
         } else {
           box.appendChild(found.length ? tableOf(["head", "retrieval"], found.map((r) => [headLink(r.layer, r.head), fmt(r.metrics.retrieval)]))
-            : el("p", { "class": "mh-note mh-retrieval" }, "None: no head's most-attended key was the needle's on more than half of the steps the model copied it."));
+            : el("p", { "class": "mh-note mh-retrieval" }, "None: no head's most-attended key was the needle's on more than " + Math.round(100 * lc.retrieval_head) + " % of the steps the model copied it."));
         }
       }
     }
