@@ -334,21 +334,24 @@ def test_row_pooled_equals_the_pooled_maps_and_the_top_weights(H, c, K, block, p
     assert torch.equal(where, order[..., :k])
 
 
-@pytest.mark.parametrize("k", [6, 16])
+@pytest.mark.parametrize("k", [3, 6, 16])
 @pytest.mark.parametrize("block", [8, 16])
 def test_row_pooleds_top_k_by_rank_and_by_insertion_name_the_same_keys(k, block):
     """Rows of 1,000 keys (blocks of 8 or 16: the vector paths) whose k-th weight is tied with many
     (weights in steps of 1/64: the earliest keys of the tie are named), sharp ones (few candidates
-    above the block bound: ranked) and nearly flat ones (hundreds: more than the ranking takes, so
-    inserted) — the top-k of each against a stable sort."""
+    above the block bound: ranked), softer ones (dozens: narrowed to those near the k-th, then
+    ranked), nearly flat ones (hundreds: narrowed, too many left to rank, so offered one by one),
+    uniform ones (every key tied: more candidates than the gathering holds at 3,000 keys, so offered
+    from the row) — the top-k of each against a stable sort."""
     g = torch.Generator().manual_seed(k * block)
     K = 1000
     sharp = (torch.randn(2, 8, K, generator=g) * 6).softmax(-1)
+    softer = (torch.randn(2, 8, K, generator=g) * 1.5).softmax(-1)
     tied = ((torch.randn(2, 8, K, generator=g) * 4).softmax(-1) * 64).round() / 64
     tied[..., 0] += 1e-3  # not all zero: a row with a positive bound
     flat = (torch.randn(2, 8, K, generator=g) * 0.05).softmax(-1)
-    for w in (sharp, tied, flat):
-        _, _, _, top, where = native.row_pooled(w, 0, block, 1, -(-K // block), k)
+    for w in (sharp, softer, tied, flat, torch.full((2, 3, K), 1 / K), torch.full((2, 3, 3 * K), 1 / (3 * K))):
+        _, _, _, top, where = native.row_pooled(w, 0, block, 1, -(-w.shape[-1] // block), k)
         order = (-w).sort(dim=-1, stable=True).indices[..., :k]  # largest first, a tie's keys in key order
         assert torch.equal(where, order) and torch.equal(top, w.gather(-1, order))
 

@@ -566,13 +566,19 @@ static inline int64_t at_least(const float *restrict x, int64_t n, float t) {
    the same top-k, a slightly lower one only a few more candidates: the 16 halvings saved took
    14-23 % off a chunk's top-k at 1k and 4k keys, sharp rows or flat ones (AMD EPYC, one thread). */
 #define KTH_BITS 65536
-/* rank_select takes a row's candidates from k = RANK_K on, while there are at most RANK_CAP (its
-   cost grows as their square); fewer k, or more candidates: offer_above's insertions. Measured on
-   SmolLM2's bfloat16 rows (row_pooled over five layers' chunks, best of 7, AMD EPYC): k = 16 at 1k
-   keys 31.3 -> 24.5 ms (built without AVX-512: 31.3 -> 25.1), k = 8 19.8 -> 18.3, k = 6 at 4k
-   111.6 -> 103.3 (110.3 -> 102.6); k = 2 at 1k 12.3 -> 13.1 and k = 3 at 8k 319 -> 325 (worse: few
-   candidates, a short insertion each). */
-#define RANK_K 6
+/* A row's candidates — its weights >= t of the blocks whose maximum is >= t — are gathered while there
+   are at most SELECT_CAP of them (else offer_above's insertions), narrowed to those >= the k-th largest
+   of them (narrowed(): a second bound, within 2^-7 of it, from the candidates alone, in L1) where there
+   are more than NARROW_ABOVE, and ranked (rank_select, whose cost grows as their square) — for every
+   k: the block bound alone passes half a row's blocks for k = 16 at 1k keys (blocks of 8). SmolLM2
+   bfloat16's chunks (four each, the two builds interleaved in one process, best of 7, Intel Xeon with
+   AMX): k = 16 at 1k keys 17.0 -> 15.4 ms, at 4k 17.3 -> 14.0; k = 6 at 4k 10.7 -> 10.6; k = 3 9.7
+   -> 9.3 (where k < 6 had been inserted); rows of 4,096 equal weights, k = 3: 6.5 -> 7.7 (slower:
+   gathered past the cap, then offered from the row). */
+#define SELECT_CAP 1024
+#define NARROW_ABOVE(k) (2 * (k) + 8)
+/* More than RANK_CAP left (a row flat or tied at its k-th weight): offered in key order instead —
+   a tie refused by one comparison, where ranking costs the square of their number. */
 #define RANK_CAP 192
 static float kth_largest(const float *restrict x, int64_t n, int64_t k) {
     uint32_t lo = UINT32_MAX, hi = 0;
@@ -642,7 +648,8 @@ static inline void offer_above(const float *restrict p, const float *restrict rm
 
 /* The candidates offer_above(..., t, 0, ...) would offer — the weights >= t of the blocks whose
    maximum is >= t — written in key order into cv (values) and ck (keys), room for cap + 8 each:
-   returns how many there are (more than cap: only counted once the next eight might not fit). */
+   returns how many there are, or, as soon as there are more than cap, that many (a flat row's
+   thousands are not counted to the end: the caller offers them from the row). */
 static inline int64_t gather_above(const float *restrict p, const float *restrict rm, int64_t nb, int64_t K,
                                    int64_t block, float t, float *restrict cv, int32_t *restrict ck, int64_t cap) {
     __m256 at_least_t = _mm256_set1_ps(t);
@@ -665,10 +672,7 @@ static inline int64_t gather_above(const float *restrict p, const float *restric
                     keys = 0;
                     for (int64_t j = v; j < b; j++) keys |= (unsigned)(p[j] >= t) << (j - v);
                 }
-                if (n + 8 > cap) { /* past the buffer: only counted */
-                    n += __builtin_popcount(keys);
-                    continue;
-                }
+                if (n > cap) return n; /* past the buffer: more than it holds (the eight below fit while n <= cap) */
 #if defined(__AVX512F__) && defined(__AVX512VL__)
                 if (v + 8 <= b) { /* the passing lanes packed in a register and stored whole (the lanes after
                                      them are overwritten next; a compressing store to memory is microcoded on
@@ -749,6 +753,22 @@ static inline void rank_select(const float *restrict cv, const int32_t *restrict
             }
     }
 #endif
+}
+
+/* cv, ck (n candidates in key order, values weights) cut to those >= a lower bound within 2^-7 of
+   their k-th largest (kth_largest over them): the same top-k and ties, in key order; returns how many
+   stay. Few candidates (at most NARROW_ABOVE(k)) are left as they are. */
+static inline int64_t narrowed(float *restrict cv, int32_t *restrict ck, int64_t n, int64_t k) {
+    if (n <= NARROW_ABOVE(k)) return n;
+    float t = kth_largest(cv, n, k);
+    if (t <= 0.f) return n; /* a bound of 0 (the k-th is 0 or nearly) keeps every one */
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) { /* no branch a candidate: each written, kept where it passes */
+        cv[m] = cv[i];
+        ck[m] = ck[i];
+        m += cv[i] >= t;
+    }
+    return m;
 }
 
 /* After offer_above(..., 0, strict): the zero weights a row of fewer than k positive ones still
@@ -857,8 +877,8 @@ static void rows_pooled(const float *w, int64_t C, int64_t K, int64_t hstride, i
     float bv[64]; /* the k blocks of largest maxima */
     int64_t bk[64];
 #ifdef __AVX2__
-    float cv[RANK_CAP + 16]; /* a row's candidates for rank_select, padded to whole vectors */
-    int32_t ck[RANK_CAP + 8];
+    float cv[SELECT_CAP + 16]; /* a row's candidates for rank_select, padded to whole vectors */
+    int32_t ck[SELECT_CAP + 8];
 #endif
     for (int64_t row = row0; row < row1; row++) {
         const float *p = w + (row / C) * hstride + (row % C) * kstride;
@@ -899,16 +919,25 @@ static void rows_pooled(const float *w, int64_t C, int64_t K, int64_t hstride, i
            a weight that way, 0.33 this way (AMD EPYC, two threads). t, at most the k-th largest block
            maximum, bounds the k-th largest weight from below (k blocks hold a weight >= t): the k
            largest weights, and every weight tied with the k-th, are among the weights >= t of the
-           blocks whose maximum is >= t — usually about k of them */
-        float t = nb > k ? kth_largest(rm, nb, k) : E < K && weights_only(rm, nb) ? 0.f : -1.f;
+           blocks whose maximum is >= t. A row read in k blocks or fewer (a causal chunk's first rows)
+           takes its bound from its weights themselves (it had offered every one of them) */
+        float t = -1.f;
+        if (nb > k)
+            t = kth_largest(rm, nb, k);
+        else if (E < K && weights_only(rm, nb)) /* weights only: a row with a NaN or a negative was read to K */
+            t = E > k ? kth_largest(p, E, k) : 0.f;
         if (t > 0.f) {
-            if (k >= RANK_K) {
-                int64_t n = gather_above(p, rm, nb, E, block, t, cv, ck, RANK_CAP);
-                if (n <= RANK_CAP) { /* n >= k: k blocks hold a weight >= t */
+            int64_t n = gather_above(p, rm, nb, E, block, t, cv, ck, SELECT_CAP);
+            if (n <= SELECT_CAP) { /* n >= k: k blocks (or keys) hold a weight >= t */
+                n = narrowed(cv, ck, n, k);
+                if (n <= RANK_CAP) {
                     for (int64_t pad = n; pad < (n + 15) / 16 * 16; pad++) cv[pad] = -1.f;
                     rank_select(cv, ck, n, k, tv, ti);
-                    continue;
+                } else { /* many tied with the k-th (a flat row): in key order, each tie refused at once */
+                    clear(tv, ti, k);
+                    for (int64_t c = 0; c < n; c++) offer(tv, ti, k, cv[c], ck[c]);
                 }
+                continue;
             }
             clear(tv, ti, k);
             offer_above(p, rm, nb, E, block, t, 0, tv, ti, k);
