@@ -4,7 +4,7 @@ import { test } from "node:test";
 
 import { codeOf, colourOf, evidenceOf, labelOf, markOf } from "../../src/multihead/render/js/labels.js";
 import { groupSummary, similarityLayout } from "../../src/multihead/render/js/layout.js";
-import { blue, COLORS, counted, fmt, grey, ticks } from "../../src/multihead/render/js/scales.js";
+import { blue, COLORS, counted, fmt, grey, grouped, ticks } from "../../src/multihead/render/js/scales.js";
 import { blockSpan, cellAt, labelledPositions, wholeRegion, ZOOM_FULL, zoomed } from "../../src/multihead/render/js/zoom.js";
 
 test("weights run white to blue, distances black to white, clamped", () => {
@@ -22,6 +22,10 @@ test("weights run white to blue, distances black to white, clamped", () => {
   assert.equal(counted(1, "sentence"), "1 sentence");  // a --document's page once said "1 sentences"
   assert.equal(counted(668, "token"), "668 tokens");
   assert.equal(counted(0, "text"), "0 texts");
+  assert.equal(counted(1222, "token"), "1,222 tokens");  // grouped as the text report groups them
+  assert.equal(counted(1234567, "token"), "1,234,567 tokens");
+  assert.equal(grouped(999), "999");
+  assert.equal(grouped(65536), "65,536");
   assert.equal(fmt(NaN), "–");
   assert.equal(fmt(2, 1), "2.0");
 });

@@ -27,7 +27,14 @@ export function fmt(v, d) {
   return v === null || v === undefined || Number.isNaN(v) ? "–" : Number(v).toFixed(d === undefined ? 3 : d);
 }
 
-// a count and its noun in its number: counted(1, "sentence") is "1 sentence", counted(3, "text") "3 texts"
+// a count and its noun in its number: counted(1, "sentence") is "1 sentence", counted(3, "text") "3 texts",
+// counted(5170, "token") "5,170 tokens" (thousands grouped, as the text report's counts are)
 export function counted(n, noun) {
-  return n + " " + (n === 1 ? noun : noun + "s");
+  return grouped(n) + " " + (n === 1 ? noun : noun + "s");
+}
+
+// a whole number with its thousands grouped by commas (not the reader's locale: the page reads the same
+// everywhere, as the text report does): grouped(1222) is "1,222"
+export function grouped(n) {
+  return String(n).replace(/\B(?=(\d{3})+(?!\d))/g, ",");
 }

@@ -1,5 +1,5 @@
 // The head view: lines from each token to the tokens it attends to, heads toggled by colour.
-import { COLORS } from "./scales.js";
+import { COLORS, counted, grouped } from "./scales.js";
 import { FONTS } from "./canvas.js";
 
 export function headView(page) {
@@ -15,7 +15,7 @@ export function headView(page) {
       canvas.width = 520; canvas.height = 40;
       const c = canvas.getContext("2d");
       c.clearRect(0, 0, canvas.width, canvas.height); c.fillStyle = "#222"; c.font = "12px " + FONTS;
-      c.fillText("This text has " + T + " tokens: the head view draws texts up to " + LONG + "; the matrix view zooms.", 4, 20);
+      c.fillText("This text has " + counted(T, "token") + ": the head view draws texts up to " + grouped(LONG) + "; the matrix view zooms.", 4, 20);
       return;
     }
     const row = headRow(T), width = 520;

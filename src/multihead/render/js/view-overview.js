@@ -122,7 +122,7 @@ export function overviewView(page) {
       const above = (m, floor) => topHeads(m, 6).filter((r) => value(r, m) > floor);
       const sinks = data.heads.filter((r) => value(r, "sink_first") >= lc.sink_head).length;
       const kept = data.heads.filter((r) => value(r, "window_256") + value(r, "sink_first4") >= lc.window_kept).length;
-      box.appendChild(el("h3", {}, "Long context (" + lc.longest_tokens + " tokens): attention sinks, long-range and retrieval heads"));
+      box.appendChild(el("h3", {}, "Long context (" + counted(lc.longest_tokens, "token") + "): attention sinks, long-range and retrieval heads"));
       box.appendChild(el("p", { "class": "mh-note mh-long-counts" }, sinks + " of " + n + " heads put ≥ " + Math.round(100 * lc.sink_head) +
         " % of their attention on the first token (sinks); a window of ±256 tokens with 4 sinks would keep ≥ " + Math.round(100 * lc.window_kept) +
         " % of the attention of " + kept + " of " + n + "."));
