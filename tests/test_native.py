@@ -372,6 +372,19 @@ def test_row_pooled_reads_a_nan_row_whole_whatever_its_extent():
     assert got[2][1, 0, 15] == 0.5  # the cell of key 250 holds it
 
 
+def test_row_pooleds_top_k_of_a_short_row_with_a_negative_weight_is_the_same_with_its_extent():
+    """A row read in k blocks or fewer to its extent takes its bound from its own weights; a negative
+    weight there (in a block whose sum and maximum are positive: not a softmax's, but a map a caller
+    may hand over) leaves it the positive weights, then the zeros from the extent on, first keys first
+    — as the row read whole names them (a review found the zeros left out: -0.1 named before 0)."""
+    w = torch.zeros(1, 1, 16)
+    w[0, 0, :8] = torch.tensor([1.0, -0.1, -0.1, -0.1, -0.1, -0.1, -0.1, 0.5])
+    got = native.row_pooled(w, 0, 8, 1, 2, 3, torch.tensor([[8]], dtype=torch.int32))
+    want = native.row_pooled(w, 0, 8, 1, 2, 3)
+    assert got[4].tolist() == want[4].tolist() == [[[0, 7, 8]]]
+    assert torch.equal(got[3], want[3])
+
+
 def test_row_extents_are_each_rows_last_visible_key_plus_one():
     """Causal rows, a sliding window (its left edge is no end), a padded text's rows, and a row
     that sees no key (K: read whole)."""

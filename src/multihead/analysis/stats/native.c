@@ -924,8 +924,11 @@ static void rows_pooled(const float *w, int64_t C, int64_t K, int64_t hstride, i
         float t = -1.f;
         if (nb > k)
             t = kth_largest(rm, nb, k);
-        else if (E < K && weights_only(rm, nb)) /* weights only: a row with a NaN or a negative was read to K */
+        else if (E < K && weights_only(rm, nb)) { /* blocks of weights only: a NaN or a negative sum was read to K */
             t = E > k ? kth_largest(p, E, k) : 0.f;
+            if (t < 0.f) /* a negative weight in a block whose sum and maximum are not (no softmax's): below */
+                t = 0.f;
+        }
         if (t > 0.f) {
             int64_t n = gather_above(p, rm, nb, E, block, t, cv, ck, SELECT_CAP);
             if (n <= SELECT_CAP) { /* n >= k: k blocks (or keys) hold a weight >= t */
