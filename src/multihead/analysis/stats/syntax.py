@@ -174,10 +174,8 @@ def _word_job(found: Alignment, b: int, chunk: AttentionChunk, state: dict) -> n
         # the rows it reads: those of the words that are a scored group's source (-1 elsewhere) — only their
         # predictions are read (word_predictions' `picked`): ~40 % of a Penn Treebank document's rows are
         # another word's only, a causal head's targets before them counted (SmolLM2's tokens, 4,096 of them)
-        sources = torch.zeros(found.has_word.shape[1] + 1, dtype=torch.bool)
-        sources[found.source[found.rows_of(b)]] = True
-        owner = found.owner[b]
-        words_of["source_rows"] = torch.where(sources[owner.clamp_min(0)] & (owner >= 0), owner, -1)  # (T,)
+        owner = found.owner[b]  # (T,) -1: no word, never a source
+        words_of["source_rows"] = owner.where(torch.isin(owner, found.source[found.rows_of(b)]), -1)  # (T,)
     runs = words_of["runs"]
     if runs is None:
         return None
