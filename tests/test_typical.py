@@ -103,6 +103,49 @@ def test_syntax_heads_rank_texts_by_their_relation():
     assert 13 not in [i for i, _, _ in second["texts"]]
 
 
+def _tables(typical):
+    return {(group, name): (top.key, top.value, top.count, top.index)
+            for group, tops in (("metrics", typical.metrics), ("syntax", typical.syntax)) for name, top in tops.items()}
+
+
+def test_a_batchs_layers_offered_at_once_keep_what_a_layer_at_a_time_keeps():
+    """A batch's per-layer means and syntax hits are offered at its end, every layer in one step: the
+    tables are those a layer-by-layer offer leaves (NaN means, short texts and texts without a
+    dependent among them); a pass that reached only some layers offers those, a layer at a time."""
+    from multihead.analysis.stats.typical import _RANKED
+
+    g = torch.Generator().manual_seed(3)
+    L, H, B = 3, 2, 5
+    parts = sorted({part for name in _RANKED for part in name.split("+")})
+    tokens, texts = torch.tensor([12, 3, 9, 20, 8]), [4, 7, 1, 0, 9]  # text 7 is short
+    means = {layer: {p: torch.rand(B, H, generator=g, dtype=torch.float64) for p in parts} for layer in range(L)}
+    means[1]["self"][2, 1] = torch.nan  # not counted
+    relations = ["amod", "nsubj"]
+    count = torch.tensor([[2.0, 0.0, 1.0, 3.0, 0.0], [1.0, 1.0, 0.0, 2.0, 4.0]])  # (R, B): 0, no dependent
+    hits = {layer: torch.randint(0, 3, (2, B, H), generator=g).to(torch.float64) for layer in range(L)}
+
+    def fed(layers):
+        typical = TypicalTexts(L, H)
+        typical._texts_of_batch = (tokens, texts)
+        typical._layer_means = {layer: means[layer] for layer in layers}
+        typical._layer_hits = {layer: (relations, hits[layer], count) for layer in layers}
+        return _tables(typical.result())
+
+    def one_at_a_time(layers):
+        typical = TypicalTexts(L, H)
+        for layer in layers:
+            typical._add_metrics(layer, means[layer], tokens, texts)
+            typical._add_syntax(layer, relations, hits[layer], count, texts)
+        return _tables(typical)
+
+    for layers in (range(L), [1], [0, 2]):
+        found, want = fed(layers), one_at_a_time(layers)
+        assert found.keys() == want.keys()
+        for name in want:
+            for a, b in zip(found[name], want[name], strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.integers(1, 4), st.integers(1, 6))
 def test_stacked_tables_keep_what_one_table_per_name_keeps(seed, k, rounds):

@@ -337,6 +337,10 @@ class SyntaxStatistics(ReducerBase):
         self.group_correct: dict[str, Tensor] = {}  # relation -> (G, L, H)
         self.group_count: dict[str, Tensor] = {}  # relation -> (G,)
         self.group_offset: dict[str, Tensor] = {}  # relation -> (G, 2·MAX_OFFSET + 1)
+        # the batch's hits, (relations, L, H) and (relations, G, L, H) over its sorted relation keys, added into
+        # the tables above once, at its end: a chunk adds its layer's in two operations (an addition per relation
+        # and chunk had been ~2,400 small operations of a 1k-token document of SmolLM2, a twentieth of its analysis)
+        self._batch_hits: tuple[list[str], Tensor, Tensor] | None = None
 
     @staticmethod
     def planned_bytes(num_layers: int, num_heads: int, relations: int, groups: int = GROUPS) -> int:
@@ -347,38 +351,45 @@ class SyntaxStatistics(ReducerBase):
         return relations * 8 * ((groups + 1) * num_layers * num_heads + (groups + 1) * offsets + groups)
 
     def begin_batch(self, batch: Batch) -> None:
+        self.end_batch()
         super().begin_batch(batch)
         found = alignment(batch)
         if found is None:
             return
         batch.memo[onepass.WORDS] = functools.partial(word_jobs, batch=batch)  # read with the other compiled readers
         G, L_H, offsets = self.groups, self.shape, 2 * MAX_OFFSET + 1
-        # the offset baseline's hits counted in Python ints per relation, (text group, offset), then added to the
-        # tables once a relation (a tensor's element added to per arc and offset: ~0.13 s of an 8k document's batch)
-        hits_of: dict[str, list[list[int]]] = {}
-        arcs_of: dict[str, list[int]] = {}
+        # the offset baseline's hits counted in Python ints per (relation, text group) met, then added to the
+        # tables once a batch (a tensor's element added to per arc and offset: ~0.13 s of an 8k document's batch;
+        # a relation's G = 256 groups listed whole: 10 ms of a 1k document's, where one group is met)
+        hits_of: dict[tuple[str, int], list[int]] = {}  # (relation, text group) -> hits per offset
         for key, (src, tgt, n_words), row in zip(found.keys, found.offsets, found.batch.tolist(), strict=True):
-            g = batch.texts[row] % G
-            if key not in hits_of:
-                hits_of[key], arcs_of[key] = [[0] * offsets for _ in range(G)], [0] * G
-            by_offset = hits_of[key][g]
+            cell = (key, batch.texts[row] % G)
+            by_offset = hits_of.setdefault(cell, [0] * (offsets + 1))  # the hits per offset, then the arcs
             for target in tgt:  # the target words within MAX_OFFSET of the source (and among the text's words)
                 k = target - src
                 if k != 0 and -MAX_OFFSET <= k <= MAX_OFFSET and 0 <= target < n_words:
                     by_offset[k + MAX_OFFSET] += 1
-            arcs_of[key][g] += 1
-        for key, by_group in hits_of.items():
-            if key not in self.offset_hits:  # a relation seen for the first time: its tables, once (not per arc)
-                self.offset_hits[key] = torch.zeros(offsets, dtype=torch.float64)
-                self.group_offset[key] = torch.zeros(G, offsets, dtype=torch.float64)
-                self.group_count[key] = torch.zeros(G, dtype=torch.float64)
-                self.correct[key] = torch.zeros(L_H, dtype=torch.float64)
-                self.group_correct[key] = torch.zeros(G, *L_H, dtype=torch.float64)
-            table = torch.tensor(by_group, dtype=torch.float64)  # (G, offsets)
-            self.group_offset[key] += table
-            self.offset_hits[key] += table.sum(0)
-            self.group_count[key] += torch.tensor(arcs_of[key], dtype=torch.float64)
-            self.count[key] += sum(arcs_of[key])
+            by_offset[offsets] += 1
+        if not hits_of:
+            return
+        keys = sorted({key for key, _ in hits_of})
+        place = {key: n for n, key in enumerate(keys)}
+        fresh = [key for key in keys if key not in self.offset_hits]
+        if fresh:  # relations seen for the first time: their tables, views of one block each (not five a relation)
+            n = len(fresh)
+            for tables_of, shape in ((self.offset_hits, (offsets,)), (self.group_offset, (G, offsets)),
+                                     (self.group_count, (G,)), (self.correct, L_H), (self.group_correct, (G, *L_H))):
+                tables_of.update(zip(fresh, torch.zeros(n, *shape, dtype=torch.float64).unbind(0), strict=True))
+        cells = list(hits_of)
+        met = torch.tensor(list(hits_of.values()), dtype=torch.float64)  # (cells, offsets + 1)
+        table = torch.zeros(len(keys), G, offsets + 1, dtype=torch.float64).index_put_(
+            (torch.tensor([place[key] for key, _ in cells]), torch.tensor([g for _, g in cells])), met)  # (K, G, ·)
+        totals = table.sum(1)  # (K, offsets + 1)
+        for n, key in enumerate(keys):
+            self.group_offset[key] += table[n, :, :offsets]
+            self.offset_hits[key] += totals[n, :offsets]
+            self.group_count[key] += table[n, :, offsets]
+            self.count[key] += int(totals[n, offsets])
 
     def update(self, chunk: AttentionChunk) -> None:
         assert self.batch is not None, "begin_batch first"
@@ -390,20 +401,34 @@ class SyntaxStatistics(ReducerBase):
         # (the alignment's word groups G are not the bootstrap's groups of texts, `text_groups` of them)
         text_groups, relations = self.groups, len(found.relations)
         text_group = torch.tensor(self.batch.texts, dtype=torch.long)[found.batch] % text_groups  # (G,)
-        # the layer's hits summed by relation and by (relation, text group) in two scatters, then added a
-        # relation at a time (a masked selection, sum and scatter a relation and a layer had been the
-        # reader's whole time: ~8,500 small operations for a 1k-token document of SmolLM2)
-        by_relation = hit.new_zeros(relations, hit.shape[1]).index_add_(0, found.relation, hit)  # (R, H)
-        by_group = hit.new_zeros(relations * text_groups, hit.shape[1]).index_add_(
-            0, found.relation * text_groups + text_group, hit)  # (R · text groups, H)
-        for n, key in enumerate(found.relations):
-            self.correct[key][chunk.layer] += by_relation[n]
-            self.group_correct[key][:, chunk.layer] += by_group[n * text_groups:(n + 1) * text_groups]
+        # the layer's hits summed by relation and by (relation, text group) in two scatters into the batch's
+        # tables (a masked selection, sum and scatter a relation and a layer had been the reader's whole time:
+        # ~8,500 small operations for a 1k-token document of SmolLM2)
+        if self._batch_hits is None:
+            L, H = self.shape
+            self._batch_hits = (found.relations, hit.new_zeros(relations, L, H),
+                                hit.new_zeros(relations * text_groups, L, H))
+        _, by_relation, by_group = self._batch_hits
+        by_relation[:, chunk.layer].index_add_(0, found.relation, hit)  # (R, H) of the layer
+        by_group[:, chunk.layer].index_add_(0, found.relation * text_groups + text_group, hit)  # (R · text groups, H)
+
+    def end_batch(self) -> None:
+        """Add the batch's hits into the running tables, a relation at a time (once a batch)."""
+        if self._batch_hits is None:
+            return
+        keys, by_relation, by_group = self._batch_hits
+        self._batch_hits = None
+        by_relation, by_group = by_relation.cpu(), by_group.cpu().view(len(keys), self.groups, *self.shape)
+        for n, key in enumerate(keys):
+            self.correct[key] += by_relation[n]
+            self.group_correct[key] += by_group[n]
 
     def merge(self, other: SyntaxStatistics) -> None:
         if (other.shape, other.groups) != (self.shape, self.groups):
             raise ValueError(f"cannot merge syntax counts of {other.shape} heads in {other.groups} groups with "
                              f"{self.shape} in {self.groups}")
+        self.end_batch()
+        other.end_batch()
         for key, n in other.count.items():
             self.count[key] += n
         for mine, theirs in ((self.correct, other.correct), (self.offset_hits, other.offset_hits),
@@ -416,6 +441,7 @@ class SyntaxStatistics(ReducerBase):
                     mine[key] = value.clone()
 
     def result(self, min_count: int = 1) -> SyntaxScores:
+        self.end_batch()
         keys = sorted(k for k, n in self.count.items() if n >= min_count)
         baseline, offset = {}, {}
         for k in keys:
@@ -429,6 +455,7 @@ class SyntaxStatistics(ReducerBase):
     def resampled(self, weights: Tensor, used: Tensor, min_count: int = 1) -> list[SyntaxScores]:
         """The scores on each resampled corpus: ``weights`` (R, G') over the ``used`` groups (G,)
         (the draws of :class:`~.heads.HeadStatistics`, so both resample the same texts)."""
+        self.end_batch()
         keys = sorted(k for k, n in self.count.items() if n >= min_count)
         correct = {k: torch.einsum("rg,glh->rlh", weights, self.group_correct[k][used]) for k in keys}  # (R, L, H)
         count = {k: weights @ self.group_count[k][used] for k in keys}  # (R,)

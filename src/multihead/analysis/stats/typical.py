@@ -141,6 +141,10 @@ class TypicalTexts(ReducerBase):
         self.syntax = _Tops(num_layers, num_heads, k)  # a table per relation key, as the parses show them
         self._per_text: dict[int, tuple[list[str], Tensor, Tensor]] = {}  # a streamed layer's per-text sums
         self._repeat: RepeatKeys | None = None  # the batch's tokens as its induction pattern reads them
+        # the batch's per-layer candidates, offered at its end in one step for all its layers (an offer a layer
+        # and table — a cat, a top-k and four gathers each — had been ~60 of a document's steps per table)
+        self._layer_means: dict[int, dict[str, Tensor]] = {}  # layer -> measure -> (B, H) per-text means
+        self._layer_hits: dict[int, tuple[list[str], Tensor, Tensor]] = {}  # layer -> relations, hits, count
 
     @staticmethod
     def planned_bytes(num_layers: int, num_heads: int, relations: int = 0, k: int = TOP) -> int:
@@ -155,9 +159,11 @@ class TypicalTexts(ReducerBase):
         return None if batch.parses is not None else frozenset({"key_sets", "targets"})
 
     def begin_batch(self, batch: Batch) -> None:
+        self._offer_batch()
         super().begin_batch(batch)
         batch.memo[onepass.ROWS] = True  # it reads the compiled row sums
         self._per_text = {}
+        self._texts_of_batch = (batch.host_tokens.valid.sum(-1), list(batch.texts))
         host = batch.host_tokens
         self._repeat = None
         if host.ids is not None:  # made once a batch on the host; read on the batch's device (and by native.row_sums)
@@ -166,6 +172,30 @@ class TypicalTexts(ReducerBase):
 
     def end_batch(self) -> None:
         self._repeat = None
+        self._offer_batch()
+
+    def _offer_batch(self) -> None:
+        """Offer the batch's layers' candidates: every layer at once where the batch gave each of them the
+        same names (a whole forward), else a layer at a time."""
+        means, hits = self._layer_means, self._layer_hits
+        self._layer_means, self._layer_hits = {}, {}
+        if not means and not hits:
+            return
+        tokens, texts = self._texts_of_batch  # (B,) real tokens, corpus indices
+        L = self.shape[0]
+        if len(means) == L and all(means[layer].keys() == means[0].keys() for layer in range(L)):
+            self._add_metrics(slice(None), {n: torch.stack([means[layer][n] for layer in range(L)])  # (L, B, H)
+                                            for n in means[0]}, tokens, texts)
+        else:
+            for layer, found in means.items():
+                self._add_metrics(layer, found, tokens, texts)
+        if len(hits) == L and all(hits[layer][0] == hits[0][0] for layer in range(L)):
+            relations, _, count = hits[0]  # (R, B): the batch's, the same at every layer
+            self._add_syntax(slice(None), relations, torch.stack([hits[layer][1] for layer in range(L)], 1),
+                             count[:, None].expand(-1, L, -1), texts)  # (R, L, B, H), (R, L, B)
+        else:
+            for layer, (relations, found, count) in hits.items():
+                self._add_syntax(layer, relations, found, count, texts)
 
     def update(self, chunk: AttentionChunk) -> None:
         """Add one chunk's per-text sums; at the layer's last chunk, offer each text's means."""
@@ -194,8 +224,7 @@ class TypicalTexts(ReducerBase):
             self._per_text[layer] = (names, per_text, per_count)
         else:
             means = per_text / per_count.where(per_count > 0, torch.nan)  # (M, B, H)
-            self._add_metrics(layer, {n: means[k] for k, n in enumerate(names)}, batch.host_tokens.valid.sum(-1),
-                              batch.texts)
+            self._layer_means[layer] = {n: means[k] for k, n in enumerate(names)}  # (B, H) each
         picked = word_predictions(chunk, batch)
         if picked is not None:  # per text: its dependents of each relation that attend most to their governor
             found_syntax = alignment(batch)
@@ -206,42 +235,44 @@ class TypicalTexts(ReducerBase):
             R = len(relations)
             hits = torch.zeros(R * B, H, dtype=torch.float64).index_add_(0, cell, hit).view(R, B, H)
             count = torch.bincount(cell, minlength=R * B).to(torch.float64).view(R, B)  # its dependents per text
-            self._add_syntax(layer, relations, hits, count, batch.texts)
+            self._layer_hits[layer] = (relations, hits, count)
 
     def result(self) -> TypicalTexts:
         """The running top texts (:meth:`section` picks each head's by its label)."""
+        self._offer_batch()
         return self
 
-    def _add_metrics(self, layer: int, means: Mapping[str, Tensor], tokens: Tensor, ids: Sequence[int]) -> None:
-        """One layer's per-text means, each (B, H) (NaN: not counted), of texts with ``tokens``
-        (B,) real tokens and corpus indices ``ids``."""
+    def _add_metrics(self, layer: int | slice, means: Mapping[str, Tensor], tokens: Tensor, ids: Sequence[int]) -> None:
+        """One layer's per-text means, each (B, H) (NaN: not counted) — or every layer's, (L, B, H), for
+        ``slice(None)`` — of texts with ``tokens`` (B,) real tokens and corpus indices ``ids``."""
         names = [n for n in self.metrics if all(part in means for part in n.split("+"))]  # e.g. no token ids given
         if not names:
             return
         value = torch.stack([sum(means[part] for part in n.split("+")) for n in names]).to(torch.float64).cpu()
         short = (tokens.to(torch.float64).cpu() < MIN_TOKENS)  # (B,)
-        key = value.nan_to_num(-torch.inf) - 1e6 * short[:, None]  # (M, B, H): short texts after every long one
-        M, B, H = value.shape
-        index = torch.as_tensor(list(ids), dtype=torch.long).view(1, 1, B).expand(M, H, B)
-        count = tokens.to(torch.float64).cpu().view(1, 1, B).expand(M, H, B)
-        self.metrics.offer(names, layer, key.transpose(1, 2), value.nan_to_num(0.0).transpose(1, 2), count, index)
+        key = value.nan_to_num(-torch.inf) - 1e6 * short[:, None]  # (M, [L,] B, H): short texts after every long one
+        key = key.transpose(-1, -2)  # (M, [L,] H, B)
+        index = torch.as_tensor(list(ids), dtype=torch.long).expand(key.shape)
+        count = tokens.to(torch.float64).cpu().expand(key.shape)
+        self.metrics.offer(names, layer, key, value.nan_to_num(0.0).transpose(-1, -2), count, index)
 
-    def _add_syntax(self, layer: int, relations: str | Sequence[str], hits: Tensor, count: Tensor,
+    def _add_syntax(self, layer: int | slice, relations: str | Sequence[str], hits: Tensor, count: Tensor,
                     ids: Sequence[int]) -> None:
         """One layer's syntax hits (R, B, H) of ``relations`` (R) over their ``count`` (R, B)
-        dependents per text (one relation: (B, H) and (B,)); texts without a dependent are not named."""
+        dependents per text (one relation: (B, H) and (B,)) — every layer's, (R, L, B, H) over (R, L, B), for
+        ``slice(None)``; texts without a dependent are not named."""
         if isinstance(relations, str):
             relations, hits, count = [relations], hits[None], count[None]
         hits, count = hits.to(torch.float64), count.to(torch.float64)
-        present = count > 0  # (R, B)
-        share = hits / count.where(present, 1.0)[..., None]  # (R, B, H)
-        key = (hits + share / 2).masked_fill(~present[..., None], -torch.inf)
-        R, B, H = hits.shape
-        index = torch.as_tensor(list(ids), dtype=torch.long).view(1, 1, B).expand(R, H, B)
-        self.syntax.offer(relations, layer, key.transpose(1, 2), share.transpose(1, 2),
-                          count[:, None, :].expand(R, H, B), index)
+        present = count > 0  # (R, [L,] B)
+        share = hits / count.where(present, 1.0)[..., None]  # (R, [L,] B, H)
+        key = (hits + share / 2).masked_fill(~present[..., None], -torch.inf).transpose(-1, -2)  # (R, [L,] H, B)
+        index = torch.as_tensor(list(ids), dtype=torch.long).expand(key.shape)
+        self.syntax.offer(relations, layer, key, share.transpose(-1, -2), count.unsqueeze(-2).expand(key.shape), index)
 
     def merge(self, other: TypicalTexts) -> None:
+        self._offer_batch()
+        other._offer_batch()
         self.metrics.merge(other.metrics)
         self.syntax.merge(other.syntax)
 
