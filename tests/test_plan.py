@@ -260,9 +260,9 @@ def test_the_plan_counts_the_syntax_and_top_text_tables_each_relation_holds(smol
     assert set(held) <= keys < relation_keys([parse], causal=False)
     with_parse = mh.analysis.plan(smollm2, 1024, probes=False, relations=len(keys))
     without = mh.analysis.plan(smollm2, 1024, probes=False)
-    assert with_parse.host - without.host == (SyntaxStatistics.planned_bytes(L, H, len(keys))
-                                              + TypicalTexts.planned_bytes(L, H, len(keys))
-                                              - TypicalTexts.planned_bytes(L, H, 0))
+    assert with_parse.host - without.host == (SyntaxStatistics.planned_bytes(L, H, len(keys), batch=1)
+                                              + TypicalTexts.planned_bytes(L, H, len(keys), batch=1)
+                                              - TypicalTexts.planned_bytes(L, H, 0, batch=1))
     with pytest.raises(ValueError, match="relations must be a count of relation keys"):
         mh.analysis.plan(smollm2, 1024, relations=-1)
 

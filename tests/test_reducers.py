@@ -181,6 +181,28 @@ def test_shards_merged_equal_one_pass_over_both(name):
     _close(compare(first), compare(both))
 
 
+def test_the_syntax_tables_per_text_group_add_up_to_the_whole_and_sit_at_each_texts_group():
+    """Each batch's hits and offset counts go to its texts' groups (text i in group i % 256) — the
+    batches' own, in any order, a group met twice across batches added to — and summed over the
+    groups they are the totals the accuracy and the baseline read."""
+    from multihead.analysis.stats.bootstrap import GROUPS
+
+    reducer = _run("SyntaxStatistics", texts=[5, GROUPS + 2, 9], seed=1)
+    reducer = _run("SyntaxStatistics", texts=[2, 7, 3], seed=5, reducer=reducer, rows_per_chunk=3)
+    reducer.result()
+    met = {2, 3, 5, 7, 9}
+    for key, n in reducer.count.items():
+        torch.testing.assert_close(reducer.group_correct[key].sum(0), reducer.correct[key], rtol=0, atol=1e-12)
+        torch.testing.assert_close(reducer.group_offset[key].sum(0), reducer.offset_hits[key], rtol=0, atol=1e-12)
+        assert float(reducer.group_count[key].sum()) == n
+        assert set(reducer.group_count[key].nonzero().flatten().tolist()) == met
+        assert set((reducer.group_correct[key].abs().sum((1, 2)) > 0).nonzero().flatten().tolist()) <= met
+        # every text holds the same parse: its group counts a third of the first batch's arcs, or two for group 2
+        per_text = n / 6
+        for g in met:
+            assert float(reducer.group_count[key][g]) == per_text * (2 if g == 2 else 1)
+
+
 @pytest.mark.parametrize("name", ["HeadStatistics", "LongContextStatistics", "RedundancyStatistics",
                                   "SyntaxStatistics", "TypicalTexts", "TextViews"])
 def test_a_layers_chunks_read_nothing_back_from_the_device_they_are_on(name):

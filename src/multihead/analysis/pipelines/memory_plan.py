@@ -249,8 +249,8 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
         statistics += held
     # the head metrics' running sums and bootstrap groups, the top texts, the syntax counts per relation
     if readers_on is None:
-        host = (HeadStatistics.planned_bytes(L, H) + TypicalTexts.planned_bytes(L, H, relations)
-                + SyntaxStatistics.planned_bytes(L, H, relations))
+        host = (HeadStatistics.planned_bytes(L, H) + TypicalTexts.planned_bytes(L, H, relations, batch=batch)
+                + SyntaxStatistics.planned_bytes(L, H, relations, batch=batch if relations else 0))
     if views and tokens > 1:
         host += views * TextViews.planned_bytes(L, H, tokens)
     body = empty_model(_one_layer_of_each_kind(config), dtype, base=True)

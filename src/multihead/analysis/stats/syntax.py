@@ -337,18 +337,21 @@ class SyntaxStatistics(ReducerBase):
         self.group_correct: dict[str, Tensor] = {}  # relation -> (G, L, H)
         self.group_count: dict[str, Tensor] = {}  # relation -> (G,)
         self.group_offset: dict[str, Tensor] = {}  # relation -> (G, 2·MAX_OFFSET + 1)
-        # the batch's hits, (relations, L, H) and (relations, G, L, H) over its sorted relation keys, added into
-        # the tables above once, at its end: a chunk adds its layer's in two operations (an addition per relation
-        # and chunk had been ~2,400 small operations of a 1k-token document of SmolLM2, a twentieth of its analysis)
-        self._batch_hits: tuple[list[str], Tensor, Tensor] | None = None
+        # the batch's hits over its sorted relation keys, (relations, L, H) and (relations, its text groups, L, H)
+        # — with those groups (g,) and each scored word group's cell among them — added into the tables above once,
+        # at its end: a chunk adds its layer's in two operations (an addition per relation and chunk had been
+        # ~2,400 small operations of a 1k-token document of SmolLM2, a twentieth of its analysis)
+        self._batch_hits: tuple[list[str], Tensor, Tensor, Tensor, Tensor] | None = None
 
     @staticmethod
-    def planned_bytes(num_layers: int, num_heads: int, relations: int, groups: int = GROUPS) -> int:
+    def planned_bytes(num_layers: int, num_heads: int, relations: int, groups: int = GROUPS, batch: int = 0) -> int:
         """Bytes of the running counts (float64) for ``relations`` relation keys: per key the hits
         (L, H) and their groups (G, L, H), the offset baseline's hits (2·MAX_OFFSET + 1) and their
-        groups, and the groups' counts (G,)."""
+        groups, and the groups' counts (G,) — and, with ``batch`` texts a batch, the hits it holds
+        until its end, (L, H) and per text group it holds (at most ``batch``) a key."""
         offsets = 2 * MAX_OFFSET + 1
-        return relations * 8 * ((groups + 1) * num_layers * num_heads + (groups + 1) * offsets + groups)
+        held = relations * 8 * (1 + min(batch, groups)) * num_layers * num_heads if batch else 0
+        return relations * 8 * ((groups + 1) * num_layers * num_heads + (groups + 1) * offsets + groups) + held
 
     def begin_batch(self, batch: Batch) -> None:
         self.end_batch()
@@ -399,29 +402,32 @@ class SyntaxStatistics(ReducerBase):
         found = alignment(self.batch)
         hit = found.hits(picked)  # (G, H)
         # (the alignment's word groups G are not the bootstrap's groups of texts, `text_groups` of them)
-        text_groups, relations = self.groups, len(found.relations)
-        text_group = torch.tensor(self.batch.texts, dtype=torch.long)[found.batch] % text_groups  # (G,)
         # the layer's hits summed by relation and by (relation, text group) in two scatters into the batch's
         # tables (a masked selection, sum and scatter a relation and a layer had been the reader's whole time:
-        # ~8,500 small operations for a 1k-token document of SmolLM2)
+        # ~8,500 small operations for a 1k-token document of SmolLM2), over the text groups the batch holds
+        # (not all 256: a document's table would be 26 MB of zeros)
         if self._batch_hits is None:
             L, H = self.shape
-            self._batch_hits = (found.relations, hit.new_zeros(relations, L, H),
-                                hit.new_zeros(relations * text_groups, L, H))
-        _, by_relation, by_group = self._batch_hits
+            groups = sorted({text % self.groups for text in self.batch.texts})
+            place = {g: n for n, g in enumerate(groups)}
+            text_group = torch.tensor([place[text % self.groups] for text in self.batch.texts])[found.batch]  # (G,)
+            self._batch_hits = (found.relations, torch.tensor(groups), hit.new_zeros(len(found.relations), L, H),
+                                hit.new_zeros(len(found.relations) * len(groups), L, H),
+                                found.relation * len(groups) + text_group)
+        _, _, by_relation, by_group, cell = self._batch_hits
         by_relation[:, chunk.layer].index_add_(0, found.relation, hit)  # (R, H) of the layer
-        by_group[:, chunk.layer].index_add_(0, found.relation * text_groups + text_group, hit)  # (R · text groups, H)
+        by_group[:, chunk.layer].index_add_(0, cell, hit)  # (R · the batch's text groups, H)
 
     def end_batch(self) -> None:
         """Add the batch's hits into the running tables, a relation at a time (once a batch)."""
         if self._batch_hits is None:
             return
-        keys, by_relation, by_group = self._batch_hits
+        keys, groups, by_relation, by_group, _ = self._batch_hits
         self._batch_hits = None
-        by_relation, by_group = by_relation.cpu(), by_group.cpu().view(len(keys), self.groups, *self.shape)
+        by_relation, by_group = by_relation.cpu(), by_group.cpu().view(len(keys), len(groups), *self.shape)
         for n, key in enumerate(keys):
             self.correct[key] += by_relation[n]
-            self.group_correct[key] += by_group[n]
+            self.group_correct[key].index_add_(0, groups, by_group[n])
 
     def merge(self, other: SyntaxStatistics) -> None:
         if (other.shape, other.groups) != (self.shape, self.groups):

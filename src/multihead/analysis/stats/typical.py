@@ -33,7 +33,7 @@ from ...inputs import Batch
 from ..sections import Typical, TypicalHead
 from . import native, onepass
 from .base import ReducerBase, shared
-from .heads import row_values
+from .heads import METRICS, row_values
 from .syntax import alignment, word_predictions
 
 __all__ = ["FALLBACK", "MEASURES", "MIN_TOKENS", "TOP", "RepeatKeys", "TypicalTexts", "measure_of"]
@@ -147,10 +147,13 @@ class TypicalTexts(ReducerBase):
         self._layer_hits: dict[int, tuple[list[str], Tensor, Tensor]] = {}  # layer -> relations, hits, count
 
     @staticmethod
-    def planned_bytes(num_layers: int, num_heads: int, relations: int = 0, k: int = TOP) -> int:
+    def planned_bytes(num_layers: int, num_heads: int, relations: int = 0, k: int = TOP, batch: int = 0) -> int:
         """Bytes of the running top texts: four (L, H, k) tables of 8-byte values per measure and
-        per relation key the parses hold."""
-        return (len(_RANKED) + relations) * 4 * num_layers * num_heads * k * 8
+        per relation key the parses hold — and, with ``batch`` texts a batch, the candidates it holds
+        until its end: every layer's per-text means of each head metric and the induction pattern,
+        and its syntax hits per relation key, (L, batch, H) float64 each."""
+        held = (len(METRICS) + 1 + relations) * num_layers * batch * num_heads * 8 + relations * batch * 8
+        return (len(_RANKED) + relations) * 4 * num_layers * num_heads * k * 8 + held
 
     @staticmethod
     def summary_needs(batch: Batch) -> frozenset[str] | None:
