@@ -260,9 +260,13 @@ def test_the_plan_counts_the_syntax_and_top_text_tables_each_relation_holds(smol
     assert set(held) <= keys < relation_keys([parse], causal=False)
     with_parse = mh.analysis.plan(smollm2, 1024, probes=False, relations=len(keys))
     without = mh.analysis.plan(smollm2, 1024, probes=False)
-    assert with_parse.host - without.host == (SyntaxStatistics.planned_bytes(L, H, len(keys), batch=1)
-                                              + TypicalTexts.planned_bytes(L, H, len(keys), batch=1)
-                                              - TypicalTexts.planned_bytes(L, H, 0, batch=1))
+    assert with_parse.host - without.host == (SyntaxStatistics.planned_bytes(L, H, len(keys))
+                                              + SyntaxStatistics.batch_bytes(L, H, len(keys), 1)
+                                              + TypicalTexts.planned_bytes(L, H, len(keys))
+                                              - TypicalTexts.planned_bytes(L, H, 0))
+    # what a batch holds to its end: the top texts' candidates where the model runs
+    assert with_parse.statistics - without.statistics == (TypicalTexts.batch_bytes(L, H, len(keys), 1)
+                                                          - TypicalTexts.batch_bytes(L, H, 0, 1))
     with pytest.raises(ValueError, match="relations must be a count of relation keys"):
         mh.analysis.plan(smollm2, 1024, relations=-1)
 

@@ -201,6 +201,29 @@ def test_the_syntax_tables_per_text_group_add_up_to_the_whole_and_sit_at_each_te
         per_text = n / 6
         for g in met:
             assert float(reducer.group_count[key][g]) == per_text * (2 if g == 2 else 1)
+    # each text's hits at its own group: texts 5, 6, 9 apart, then 5 and 261 (group 5) together
+    apart = _run("SyntaxStatistics", texts=[5, 6, 9], seed=3)
+    together = _run("SyntaxStatistics", texts=[5, GROUPS + 5, 9], seed=3)
+    apart.result(), together.result()
+    assert any(bool(apart.group_correct[key][[5, 6]].any()) for key in apart.count)  # hits to tell apart
+    for key in apart.count:
+        a, t = apart.group_correct[key], together.group_correct[key]
+        torch.testing.assert_close(t[5], a[5] + a[6], rtol=0, atol=0)
+        torch.testing.assert_close(t[9], a[9], rtol=0, atol=0)
+        assert not t[6].any()
+
+
+def test_a_syntax_shard_pickles_to_its_tables_bytes():
+    """What torchrun's ranks send for the merge (pickled): each relation's tables, not a block shared by all."""
+    import pickle
+
+    reducer = _run("SyntaxStatistics", seed=1)
+    reducer.result()
+    tables = sum(t.numel() * t.element_size() for tables in (reducer.correct, reducer.group_correct,
+                                                           reducer.offset_hits, reducer.group_offset,
+                                                           reducer.group_count) for t in tables.values())
+    assert len(reducer.count) >= 3
+    assert len(pickle.dumps(reducer)) < 1.5 * tables
 
 
 @pytest.mark.parametrize("name", ["HeadStatistics", "LongContextStatistics", "RedundancyStatistics",

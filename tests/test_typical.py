@@ -108,11 +108,16 @@ def _tables(typical):
             for group, tops in (("metrics", typical.metrics), ("syntax", typical.syntax)) for name, top in tops.items()}
 
 
-def test_a_batchs_layers_offered_at_once_keep_what_a_layer_at_a_time_keeps():
-    """A batch's per-layer means and syntax hits are offered at its end, every layer in one step: the
-    tables are those a layer-by-layer offer leaves (NaN means, short texts and texts without a
-    dependent among them); a pass that reached only some layers offers those, a layer at a time."""
+@pytest.mark.parametrize("at_once", [1, 40, 100, 1 << 18])
+def test_a_batchs_layers_offered_at_once_keep_what_a_layer_at_a_time_keeps(at_once, monkeypatch):
+    """A batch's per-layer means and syntax hits are offered at its end, runs of consecutive layers
+    in one step each (as many as ``OFFER_ELEMENTS`` candidates hold): the tables are those a
+    layer-by-layer offer leaves (NaN means, short texts and texts without a dependent among them),
+    for every layer, one, or two apart — and a section read before the batch ends names them too."""
+    from multihead.analysis.stats import typical as module
     from multihead.analysis.stats.typical import _RANKED
+
+    monkeypatch.setattr(module, "OFFER_ELEMENTS", at_once)
 
     g = torch.Generator().manual_seed(3)
     L, H, B = 3, 2, 5
@@ -131,6 +136,13 @@ def test_a_batchs_layers_offered_at_once_keep_what_a_layer_at_a_time_keeps():
         typical._layer_hits = {layer: (relations, hits[layer], count) for layer in layers}
         return _tables(typical.result())
 
+    def read_early(layers):  # the section of a batch not ended: its candidates offered first
+        typical = TypicalTexts(L, H)
+        typical._texts_of_batch = (tokens, texts)
+        typical._layer_means = {layer: means[layer] for layer in layers}
+        typical._layer_hits = {layer: (relations, hits[layer], count) for layer in layers}
+        return typical.section({(layer, 0): "previous" for layer in layers}, [str(i) for i in range(10)]).to_dict()
+
     def one_at_a_time(layers):
         typical = TypicalTexts(L, H)
         for layer in layers:
@@ -144,6 +156,8 @@ def test_a_batchs_layers_offered_at_once_keep_what_a_layer_at_a_time_keeps():
         for name in want:
             for a, b in zip(found[name], want[name], strict=True):
                 torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+        early = read_early(layers)
+        assert [e["texts"] for e in early["heads"]] and all(e["texts"] for e in early["heads"])
 
 
 @settings(max_examples=40, deadline=None)

@@ -8,11 +8,13 @@ alone — before a weight is read, and for devices this machine does not have.
                :data:`NATIVE_READER_WORK` for the compiled readers of a CPU run)
     statistics what the readers hold on the device through a batch: redundancy's sampled rows,
                head outputs in the model's dtype (:meth:`RedundancyStatistics.planned_bytes`), and
-               their end-of-batch work
+               their end-of-batch work; the typical texts' candidates of every layer
+               (:meth:`TypicalTexts.batch_bytes`)
     host       what is kept in host memory whatever the device: the head metrics' running sums
                (:meth:`HeadStatistics.planned_bytes`), the typical texts' and the syntax scores'
                tables per relation the parses hold (:meth:`TypicalTexts.planned_bytes`,
-               :meth:`SyntaxStatistics.planned_bytes`) and the page's views of the chosen texts
+               :meth:`SyntaxStatistics.planned_bytes`) and the syntax hits a batch holds to its end
+               (:meth:`SyntaxStatistics.batch_bytes`), and the page's views of the chosen texts
                (:meth:`TextViews.planned_bytes`) — with the probes, their inputs' views too (the
                induction probe's first sequence, the retrieval probe's first trial: read in the
                probes' passes, kept for the page); on a CPU it adds to the device's total
@@ -249,8 +251,10 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
         statistics += held
     # the head metrics' running sums and bootstrap groups, the top texts, the syntax counts per relation
     if readers_on is None:
-        host = (HeadStatistics.planned_bytes(L, H) + TypicalTexts.planned_bytes(L, H, relations, batch=batch)
-                + SyntaxStatistics.planned_bytes(L, H, relations, batch=batch if relations else 0))
+        host = (HeadStatistics.planned_bytes(L, H) + TypicalTexts.planned_bytes(L, H, relations)
+                + SyntaxStatistics.planned_bytes(L, H, relations)
+                + SyntaxStatistics.batch_bytes(L, H, relations, batch))
+        statistics += TypicalTexts.batch_bytes(L, H, relations, batch)  # a batch's candidates, where the model runs
     if views and tokens > 1:
         host += views * TextViews.planned_bytes(L, H, tokens)
     body = empty_model(_one_layer_of_each_kind(config), dtype, base=True)

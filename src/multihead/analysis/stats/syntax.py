@@ -344,14 +344,18 @@ class SyntaxStatistics(ReducerBase):
         self._batch_hits: tuple[list[str], Tensor, Tensor, Tensor, Tensor] | None = None
 
     @staticmethod
-    def planned_bytes(num_layers: int, num_heads: int, relations: int, groups: int = GROUPS, batch: int = 0) -> int:
+    def planned_bytes(num_layers: int, num_heads: int, relations: int, groups: int = GROUPS) -> int:
         """Bytes of the running counts (float64) for ``relations`` relation keys: per key the hits
         (L, H) and their groups (G, L, H), the offset baseline's hits (2·MAX_OFFSET + 1) and their
-        groups, and the groups' counts (G,) — and, with ``batch`` texts a batch, the hits it holds
-        until its end, (L, H) and per text group it holds (at most ``batch``) a key."""
+        groups, and the groups' counts (G,)."""
         offsets = 2 * MAX_OFFSET + 1
-        held = relations * 8 * (1 + min(batch, groups)) * num_layers * num_heads if batch else 0
-        return relations * 8 * ((groups + 1) * num_layers * num_heads + (groups + 1) * offsets + groups) + held
+        return relations * 8 * ((groups + 1) * num_layers * num_heads + (groups + 1) * offsets + groups)
+
+    @staticmethod
+    def batch_bytes(num_layers: int, num_heads: int, relations: int, batch: int, groups: int = GROUPS) -> int:
+        """Bytes a batch of ``batch`` texts holds until its end, in host memory: its hits (L, H) per
+        relation key, and per key and text group it holds (at most ``batch``), float64."""
+        return relations * 8 * (1 + min(batch, groups)) * num_layers * num_heads
 
     def begin_batch(self, batch: Batch) -> None:
         self.end_batch()
@@ -378,11 +382,11 @@ class SyntaxStatistics(ReducerBase):
         keys = sorted({key for key, _ in hits_of})
         place = {key: n for n, key in enumerate(keys)}
         fresh = [key for key in keys if key not in self.offset_hits]
-        if fresh:  # relations seen for the first time: their tables, views of one block each (not five a relation)
-            n = len(fresh)
-            for tables_of, shape in ((self.offset_hits, (offsets,)), (self.group_offset, (G, offsets)),
-                                     (self.group_count, (G,)), (self.correct, L_H), (self.group_correct, (G, *L_H))):
-                tables_of.update(zip(fresh, torch.zeros(n, *shape, dtype=torch.float64).unbind(0), strict=True))
+        # relations seen for the first time: their tables, each its own (views of one block would each carry the
+        # whole block when a shard is pickled for its merge: ten relations' tables pickled to ten times their bytes)
+        for tables_of, shape in ((self.offset_hits, (offsets,)), (self.group_offset, (G, offsets)),
+                                 (self.group_count, (G,)), (self.correct, L_H), (self.group_correct, (G, *L_H))):
+            tables_of.update((key, torch.zeros(shape, dtype=torch.float64)) for key in fresh)
         cells = list(hits_of)
         met = torch.tensor(list(hits_of.values()), dtype=torch.float64)  # (cells, offsets + 1)
         table = torch.zeros(len(keys), G, offsets + 1, dtype=torch.float64).index_put_(

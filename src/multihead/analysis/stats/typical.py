@@ -22,8 +22,9 @@ three-token text any head looks like anything.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,6 +52,11 @@ FALLBACK = "max_weight"
 _RANKED = tuple(dict.fromkeys((*MEASURES.values(), FALLBACK)))
 #: Characters of each named text kept in the report.
 TEXT_CHARS = 300
+#: Candidates (names × layers × texts × heads) offered to the tables in one step at a batch's end: all of
+#: SmolLM2's 30 layers for a document (13 measures × 9 heads a layer), a few layers at a time for a batch
+#: of 128 texts of a 32-head model — its temporaries (the tables' rows beside the candidates, their
+#: top-k) stay a few MB, not hundreds.
+OFFER_ELEMENTS = 1 << 18
 
 
 def measure_of(label: str) -> str:
@@ -147,13 +153,18 @@ class TypicalTexts(ReducerBase):
         self._layer_hits: dict[int, tuple[list[str], Tensor, Tensor]] = {}  # layer -> relations, hits, count
 
     @staticmethod
-    def planned_bytes(num_layers: int, num_heads: int, relations: int = 0, k: int = TOP, batch: int = 0) -> int:
+    def planned_bytes(num_layers: int, num_heads: int, relations: int = 0, k: int = TOP) -> int:
         """Bytes of the running top texts: four (L, H, k) tables of 8-byte values per measure and
-        per relation key the parses hold — and, with ``batch`` texts a batch, the candidates it holds
-        until its end: every layer's per-text means of each head metric and the induction pattern,
-        and its syntax hits per relation key, (L, batch, H) float64 each."""
-        held = (len(METRICS) + 1 + relations) * num_layers * batch * num_heads * 8 + relations * batch * 8
-        return (len(_RANKED) + relations) * 4 * num_layers * num_heads * k * 8 + held
+        per relation key the parses hold."""
+        return (len(_RANKED) + relations) * 4 * num_layers * num_heads * k * 8
+
+    @staticmethod
+    def batch_bytes(num_layers: int, num_heads: int, relations: int, batch: int) -> int:
+        """Bytes a batch of ``batch`` texts holds until its end, where the model runs: every layer's
+        per-text means (B, H) of the head metrics and the induction pattern, and its syntax hits (R, B,
+        H) and dependents (R, B) per relation key — float64 (offered to the tables at the batch's end,
+        :data:`OFFER_ELEMENTS` at a time)."""
+        return num_layers * batch * 8 * (len(METRICS) * num_heads + relations * (num_heads + 1))
 
     @staticmethod
     def summary_needs(batch: Batch) -> frozenset[str] | None:
@@ -178,27 +189,22 @@ class TypicalTexts(ReducerBase):
         self._offer_batch()
 
     def _offer_batch(self) -> None:
-        """Offer the batch's layers' candidates: every layer at once where the batch gave each of them the
-        same names (a whole forward), else a layer at a time."""
+        """Offer the batch's layers' candidates: runs of consecutive layers the batch gave the same names
+        (a whole forward: every layer) in one step each, as many layers a step as keep its candidates
+        within :data:`OFFER_ELEMENTS` (its temporaries bounded, whatever the batch and the model)."""
         means, hits = self._layer_means, self._layer_hits
         self._layer_means, self._layer_hits = {}, {}
-        if not means and not hits:
-            return
-        tokens, texts = self._texts_of_batch  # (B,) real tokens, corpus indices
-        L = self.shape[0]
-        if len(means) == L and all(means[layer].keys() == means[0].keys() for layer in range(L)):
-            self._add_metrics(slice(None), {n: torch.stack([means[layer][n] for layer in range(L)])  # (L, B, H)
-                                            for n in means[0]}, tokens, texts)
-        else:
-            for layer, found in means.items():
-                self._add_metrics(layer, found, tokens, texts)
-        if len(hits) == L and all(hits[layer][0] == hits[0][0] for layer in range(L)):
-            relations, _, count = hits[0]  # (R, B): the batch's, the same at every layer
-            self._add_syntax(slice(None), relations, torch.stack([hits[layer][1] for layer in range(L)], 1),
-                             count[:, None].expand(-1, L, -1), texts)  # (R, L, B, H), (R, L, B)
-        else:
-            for layer, (relations, found, count) in hits.items():
-                self._add_syntax(layer, relations, found, count, texts)
+        tokens, texts = self._texts_of_batch if means or hits else (None, [])  # (B,) real tokens, corpus indices
+        B, H = len(texts), self.shape[1]
+        for layers in _runs(means, lambda found: tuple(found), lambda found: len(found) * B * H):
+            names = means[layers[0]]
+            self._add_metrics(slice(layers[0], layers[-1] + 1), {
+                n: torch.stack([means[layer][n] for layer in layers]) for n in names}, tokens, texts)  # (l, B, H)
+        for layers in _runs(hits, lambda found: tuple(found[0]), lambda found: len(found[0]) * B * H):
+            relations, _, count = hits[layers[0]]  # (R, B): the batch's, the same at every layer
+            self._add_syntax(slice(layers[0], layers[-1] + 1), relations,
+                             torch.stack([hits[layer][1] for layer in layers], 1),  # (R, l, B, H)
+                             count[:, None].expand(-1, len(layers), -1), texts)  # (R, l, B)
 
     def update(self, chunk: AttentionChunk) -> None:
         """Add one chunk's per-text sums; at the layer's last chunk, offer each text's means."""
@@ -283,6 +289,7 @@ class TypicalTexts(ReducerBase):
         """The report's ``typical`` section: per head, its label's measure and its top texts as
         [text index, value, count] (count: real tokens, or the relation's dependents for syntax),
         best first; and the named texts (their first :data:`TEXT_CHARS` characters)."""
+        self._offer_batch()
         heads, named = [], set()
         for (layer, head), label in sorted(labels.items()):
             measure = measure_of(label)
@@ -343,6 +350,23 @@ class RepeatKeys:
 
     def to(self, device: torch.device) -> RepeatKeys:
         return RepeatKeys(self.prev.to(device), self.token.to(device), self.counted.to(device))
+
+
+def _runs(by_layer: Mapping[int, Any], names: Callable[[Any], tuple], elements: Callable[[Any], int]
+          ) -> list[list[int]]:
+    """``by_layer``'s layers in runs offered at once: consecutive layers whose candidates have the same
+    ``names``, each run at most as many layers as keep their candidates (``elements`` a layer) within
+    :data:`OFFER_ELEMENTS`."""
+    runs: list[list[int]] = []
+    for layer in sorted(by_layer):
+        found = by_layer[layer]
+        last = runs[-1] if runs else None
+        if (last is not None and last[-1] == layer - 1 and names(by_layer[last[0]]) == names(found)
+                and (len(last) + 1) * elements(found) <= OFFER_ELEMENTS):
+            last.append(layer)
+        else:
+            runs.append([layer])
+    return runs
 
 
 def _relation_cells(keys: Sequence[str], text: Tensor, B: int) -> tuple[list[str], Tensor]:
