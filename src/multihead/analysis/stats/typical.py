@@ -106,7 +106,7 @@ class _Tops(Mapping[str, _Top]):
     def offer(self, names: Sequence[str], layer: int | slice, key: Tensor, value: Tensor, count: Tensor,
               index: Tensor) -> None:
         """Candidates of each of ``names`` (R') at ``layer``: key, value, count and text index, each
-        (R', H, N) for one layer or (R', L, H, N) for ``slice(None)``; a candidate keyed -inf is never named."""
+        (R', H, N) for one layer or (R', l, H, N) for a slice of l layers; a candidate keyed -inf is never named."""
         rows = self.rows(names)
         k = self._cell[-1]
         keys = torch.cat([self.key[rows, layer], key], -1)
@@ -147,8 +147,9 @@ class TypicalTexts(ReducerBase):
         self.syntax = _Tops(num_layers, num_heads, k)  # a table per relation key, as the parses show them
         self._per_text: dict[int, tuple[list[str], Tensor, Tensor]] = {}  # a streamed layer's per-text sums
         self._repeat: RepeatKeys | None = None  # the batch's tokens as its induction pattern reads them
-        # the batch's per-layer candidates, offered at its end in one step for all its layers (an offer a layer
+        # the batch's per-layer candidates, offered at its end in runs of layers (:func:`_runs`; an offer a layer
         # and table — a cat, a top-k and four gathers each — had been ~60 of a document's steps per table)
+        self._texts_of_batch: tuple[Tensor | None, list[int]] = (None, [])  # (B,) real tokens, corpus indices
         self._layer_means: dict[int, dict[str, Tensor]] = {}  # layer -> measure -> (B, H) per-text means
         self._layer_hits: dict[int, tuple[list[str], Tensor, Tensor]] = {}  # layer -> relations, hits, count
 
@@ -194,7 +195,7 @@ class TypicalTexts(ReducerBase):
         within :data:`OFFER_ELEMENTS` (its temporaries bounded, whatever the batch and the model)."""
         means, hits = self._layer_means, self._layer_hits
         self._layer_means, self._layer_hits = {}, {}
-        tokens, texts = self._texts_of_batch if means or hits else (None, [])  # (B,) real tokens, corpus indices
+        tokens, texts = self._texts_of_batch
         B, H = len(texts), self.shape[1]
         for layers in _runs(means, lambda found: tuple(found), lambda found: len(found) * B * H):
             names = means[layers[0]]
@@ -207,7 +208,8 @@ class TypicalTexts(ReducerBase):
                              count[:, None].expand(-1, len(layers), -1), texts)  # (R, l, B)
 
     def update(self, chunk: AttentionChunk) -> None:
-        """Add one chunk's per-text sums; at the layer's last chunk, offer each text's means."""
+        """Add one chunk's per-text sums; at the layer's last chunk, keep each text's means (offered at the
+        batch's end)."""
         assert self.batch is not None, "begin_batch first"
         batch, layer = self.batch, chunk.layer
         tokens = batch.tokens
@@ -252,8 +254,8 @@ class TypicalTexts(ReducerBase):
         return self
 
     def _add_metrics(self, layer: int | slice, means: Mapping[str, Tensor], tokens: Tensor, ids: Sequence[int]) -> None:
-        """One layer's per-text means, each (B, H) (NaN: not counted) — or every layer's, (L, B, H), for
-        ``slice(None)`` — of texts with ``tokens`` (B,) real tokens and corpus indices ``ids``."""
+        """One layer's per-text means, each (B, H) (NaN: not counted) — or a run of layers', (l, B, H), for
+        a slice of them — of texts with ``tokens`` (B,) real tokens and corpus indices ``ids``."""
         names = [n for n in self.metrics if all(part in means for part in n.split("+"))]  # e.g. no token ids given
         if not names:
             return
@@ -268,8 +270,8 @@ class TypicalTexts(ReducerBase):
     def _add_syntax(self, layer: int | slice, relations: str | Sequence[str], hits: Tensor, count: Tensor,
                     ids: Sequence[int]) -> None:
         """One layer's syntax hits (R, B, H) of ``relations`` (R) over their ``count`` (R, B)
-        dependents per text (one relation: (B, H) and (B,)) — every layer's, (R, L, B, H) over (R, L, B), for
-        ``slice(None)``; texts without a dependent are not named."""
+        dependents per text (one relation: (B, H) and (B,)) — a run of layers', (R, l, B, H) over (R, l, B),
+        for a slice of them; texts without a dependent are not named."""
         if isinstance(relations, str):
             relations, hits, count = [relations], hits[None], count[None]
         hits, count = hits.to(torch.float64), count.to(torch.float64)
