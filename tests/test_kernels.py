@@ -727,3 +727,42 @@ def test_the_memory_estimate_counts_the_raised_sdpa_operands(monkeypatch):
     assert raised.bytes - own.bytes == 4 * 2 * 4 * 64 * 16 * 4 and "float32 operands" in raised.detail
     with torch.no_grad():  # no gradient: the half kernel, nothing raised
         assert mh.estimate_memory(q, k, v, masks.causal(), backend="sdpa").bytes < own.bytes
+
+
+def test_a_workspace_keeps_a_causal_chunks_mask_for_the_next_layers_within_its_bytes(monkeypatch):
+    """A streamed causal layer's chunk masks are evaluated once for every layer that streams the same
+    chunks (the same tensor handed to the kernel), another length's chunks take their place, a mask
+    that is not the plain causal one is evaluated each time, and no more than MASK_BYTES are kept."""
+    from multihead.attn.workspace import Workspace
+    from multihead.hf import route
+
+    calls = []
+    evaluated = route._evaluated
+    monkeypatch.setattr(route, "_evaluated", lambda *a: calls.append(a[1:3]) or evaluated(*a))
+    workspace = Workspace()
+    query = torch.zeros(1, 2, 8, 4)
+
+    def masks_of(mask, T, chunks):
+        return [route._evaluated_once(masks.Rows(mask, start, T, T), c, K, query, workspace)
+                for start, c, K in chunks]
+
+    chunks = [(0, 30, 30), (30, 20, 50)]
+    first = masks_of(masks.causal(), 50, chunks)
+    again = masks_of(masks.causal(), 50, chunks)  # the next layer: a new Causal object, the same chunks
+    assert calls == [(30, 30), (20, 50)]
+    assert all(a is b for a, b in zip(first, again, strict=True))
+    assert [m.materialize(c, K).tolist() for m, (_, c, K) in zip(first, chunks, strict=True)] == [
+        masks.Rows(masks.causal(), s, 50, 50).materialize(c, K).tolist() for s, c, K in chunks]
+    masks_of(masks.causal(), 60, [(0, 60, 60)])  # another length: evaluated anew, the last length's let go
+    masks_of(masks.causal(), 50, chunks[:1])
+    assert calls[2:] == [(60, 60), (30, 30)]
+    calls.clear()
+    window = masks.causal() & masks.window(4)
+    masks_of(window, 50, chunks)
+    masks_of(window, 50, chunks)
+    assert calls == [(30, 30), (20, 50)] * 2  # not the plain causal mask: each time
+    calls.clear()
+    monkeypatch.setattr(Workspace, "MASK_BYTES", 30 * 30 + 10)
+    masks_of(masks.causal(), 40, [*chunks[:1], (30, 10, 40)])
+    masks_of(masks.causal(), 40, [*chunks[:1], (30, 10, 40)])
+    assert calls == [(30, 30), (10, 40), (10, 40)]  # the first kept, the second past the bytes: evaluated again

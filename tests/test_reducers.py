@@ -436,3 +436,43 @@ def test_the_js_sample_is_as_large_as_the_pass_that_reads_it_affords(monkeypatch
     # 2,628 pairs x 40 keys a row: the eager budget affords 79 rows of the 1,280, an even stride of 17
     # takes 75; the compiled one affords 638, a stride of 3 takes 427
     assert (rows[False], rows[True]) == (75, 427)
+
+
+@pytest.mark.parametrize(("n", "rows"), [(23, None), (23, 4), (300, None), (300, 7), (300, 64)])
+def test_a_pooled_texts_tables_are_its_maps_top_weights_and_cell_means(n, rows):
+    """A chosen text above ``long`` tokens is kept pooled — each row's k largest weights (as bytes)
+    and their keys, and per cell of block x block tokens the mean over its query rows of their
+    weight in it and the largest single weight — the same whether its chunks come whole or in rows
+    (the host's tables written in place, layer by layer), against the whole maps read directly."""
+    k, layers = 4, 3
+    tokens = _tokens([n, 9], T=n, seed=5)
+    views = TextViews(layers, H, {0: "a"}, WordTokenizer(), long=6, top_k=k)
+    maps, _ = _maps(tokens, layers=layers, seed=7)  # causal: each chunk's keys may end after its last row
+    feed(views, tokens, maps, rows_per_chunk=rows, causal_keys=rows is not None)
+    pooled = views.result()[0].pooled
+    block, cells = pooled.block, pooled.cells
+    assert pooled.k == k and cells * block >= n > (cells - 1) * block and block == (1 if n == 23 else 3)
+    per_block = torch.tensor([min(block, n - c * block) for c in range(cells)], dtype=torch.float32)
+    for layer in range(layers):
+        w = maps[layer][0, :, :n, :n]  # (H, n, n) text 0's own rows and keys
+        top = w.topk(k, dim=-1).values
+        assert torch.equal(pooled.values[layer], (top * 255).round().to(torch.uint8))
+        assert torch.equal(w.gather(-1, pooled.index[layer].long()), top)  # each kept key holds its weight
+        padded = torch.zeros(H, cells * block, cells * block)
+        padded[:, :n, :n] = w
+        blocks = padded.view(H, cells, block, cells, block)
+        torch.testing.assert_close(pooled.mass[layer], blocks.sum(dim=(2, 4)) / per_block.view(1, -1, 1))
+        assert torch.equal(pooled.largest[layer], blocks.amax(dim=(2, 4)))
+
+
+def test_the_cosines_kept_outputs_need_no_zeros(monkeypatch):
+    """The heads' outputs kept for the cosine until the batch ends are not zeroed first: every row of
+    its sample is written by a chunk of every layer — blocks made full of NaN give the same cosine,
+    texts of three lengths in chunks of rows."""
+    real = torch.Tensor.new_empty
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **k: real(self, *a, **k).fill_(float("nan")))
+    streamed = _run("RedundancyStatistics", rows_per_chunk=3)
+    monkeypatch.undo()
+    whole = _run("RedundancyStatistics")
+    assert torch.isfinite(streamed.cosine()).all()
+    torch.testing.assert_close(streamed.cosine(), whole.cosine())

@@ -22,6 +22,7 @@ tiles' path packs its keys and values once for all its chunks, not again for eac
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -45,6 +46,10 @@ class Workspace:
     cleared by the caller, whose chunks' operands are their first keys (``key[:, :, :K]``): the tiles'
     path packs them once, into this workspace, and ``packed`` is then that same pair."""
 
+    #: bytes of chunk masks :meth:`kept_mask` keeps (SmolLM2's two causal chunks a layer at 1k tokens: 0.85 MB;
+    #: a long text's first chunks only — at 8k a layer's chunks hold 33 MB of mask, beyond any plan's say)
+    MASK_BYTES = 4 << 20
+
     def __init__(self, map_entries: int = 0, *, entropy: bool = False) -> None:
         self.map_entries = map_entries
         self.wants_entropy = entropy
@@ -54,6 +59,9 @@ class Workspace:
         self.layer: tuple[Tensor, Tensor] | None = None
         #: the ``layer`` whose operands the "packed keys" and "packed values" buffers hold (None: none)
         self.packed: tuple[Tensor, Tensor] | None = None
+        self._masks: dict[tuple, object] = {}  # kept_mask's, for the grid _masks_for
+        self._masks_for: tuple | None = None
+        self._mask_bytes = 0
 
     def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *,
              map_shaped: bool = False) -> Tensor:
@@ -69,3 +77,18 @@ class Workspace:
             size = max(n, self.map_entries) if map_shaped else n
             buffer = self._buffers[name] = torch.empty(size, dtype=dtype, device=device)
         return buffer[:n].view(shape)
+
+    def kept_mask(self, grid: tuple, key: tuple, size: int, make: Callable[[], object]) -> object:
+        """A chunk's evaluated mask (read-only to every user), made by ``make`` once for every layer
+        that streams the same chunks of a mask over the same ``grid`` (e.g. its type, T and S) —
+        ``key`` the chunk's place in it, ``size`` its bytes — while they stay within
+        :data:`MASK_BYTES`; another grid's first chunk lets the last grid's go."""
+        if grid != self._masks_for:
+            self._masks, self._masks_for, self._mask_bytes = {}, grid, 0
+        found = self._masks.get(key)
+        if found is None:
+            found = make()
+            if self._mask_bytes + size <= self.MASK_BYTES:
+                self._masks[key] = found
+                self._mask_bytes += size
+        return found
