@@ -44,7 +44,10 @@ class Workspace:
 
     ``layer``: the streamed layer's whole key and value (B, Hkv, S, D) while its chunks run — set and
     cleared by the caller, whose chunks' operands are their first keys (``key[:, :, :K]``): the tiles'
-    path packs them once, into this workspace, and ``packed`` is then that same pair."""
+    path packs them once, into this workspace, and ``packed`` is then that same pair.
+
+    :meth:`kept_mask`: a chunk's evaluated mask kept for the next layers that stream the same chunks
+    (a causal mask's, within :data:`MASK_BYTES`)."""
 
     #: bytes of chunk masks :meth:`kept_mask` keeps (SmolLM2's two causal chunks a layer at 1k tokens: 0.85 MB;
     #: a long text's first chunks only — at 8k a layer's chunks hold 33 MB of mask, beyond any plan's say)
