@@ -476,3 +476,30 @@ def test_the_cosines_kept_outputs_need_no_zeros(monkeypatch):
     whole = _run("RedundancyStatistics")
     assert torch.isfinite(streamed.cosine()).all()
     torch.testing.assert_close(streamed.cosine(), whole.cosine())
+
+
+@pytest.mark.parametrize("rows", [None, 3, 4])
+def test_a_documents_sampled_rows_kept_as_strided_views_equal_the_rows_gathered(rows, monkeypatch):
+    """One text's sampled rows at an even stride (a document's JS and cosine samples) are read from
+    each chunk as strided views: the same sums as gathering the rows by index, whole or in chunks."""
+    from multihead.analysis.stats import redundancy
+
+    monkeypatch.setattr(redundancy, "COSINE_BUDGET", 1)  # an even sample of the rows, not all of them
+    monkeypatch.setattr(redundancy, "MIN_COSINE_ROWS", 3)
+    monkeypatch.setattr(redundancy, "JS_BUDGET", 1)
+    monkeypatch.setattr(redundancy, "COMPILED_JS_BUDGET", 1)
+    monkeypatch.setattr(redundancy, "MIN_JS_ROWS", 4)
+    tokens = _tokens([T], T=T, seed=3)
+    maps, visible = _maps(tokens, seed=4)
+    outputs = [o[:1] for o in _outputs(5)]
+
+    def run():
+        return feed(RedundancyStatistics(L, H), _batch(tokens), maps, visible=visible, outputs=outputs, w_o=W_O,
+                    rows_per_chunk=rows, causal_keys=rows is not None)
+
+    strided = run()
+    monkeypatch.setattr(redundancy, "_even_stride", lambda b, i, place: None)
+    gathered = run()
+    assert 1 < strided.js_count == gathered.js_count < T and 1 < strided.cos_count == gathered.cos_count < T
+    assert torch.equal(strided.js(), gathered.js()) and torch.equal(strided.cosine(), gathered.cosine())
+    assert torch.isfinite(strided.cosine()).all()

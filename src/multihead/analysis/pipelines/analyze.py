@@ -526,8 +526,8 @@ def _collect(model: HFModel, texts: list[str], encoded, unknown: UnknownTokens, 
         kept = len(set(views) & set(mine))
         parsed = [parses[i] for i in mine if parses[i] is not None] if parses is not None else []
         try:  # one plan for each device the run computes on (a model spread over GPUs: each GPU's)
-            found = plan_devices(model, longest, batch=min(batch_size, len(mine)), redundancy=redundancy,
-                                 views=kept, probes=probes,
+            found = plan_devices(model, longest, batch=min(batch_size, len(mine)), texts=len(mine),
+                                 redundancy=redundancy, views=kept, probes=probes,
                                  relations=len(relation_keys(parsed, model.is_causal)),
                                  chunk=chunk, budget=budget)
         except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:  # a model the trace cannot follow

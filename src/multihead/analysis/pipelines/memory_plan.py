@@ -132,12 +132,15 @@ class MemoryPlan:
     #: what the process running it holds beside the weights before the run (a loaded model's CPU plan;
     #: 0: not counted — a plan from a config, or for an accelerator)
     process: int = 0
+    #: of ``host``, the bootstrap's per-group zeros the run never writes (groups no text of it meets):
+    #: tensors that hold no memory (:func:`~multihead.analysis.stats.bootstrap.group_zeros`)
+    unwritten: int = 0
 
     @property
     def working(self) -> int:
         """Bytes above the weights at the run's peak, on the device (and the host's share on a CPU),
         as the system counts them: the tensors and the allocator's holes."""
-        return self.statistics + self._resident_pass + (self.host if self.device == "cpu" else 0)
+        return self.statistics + self._resident_pass + (self.host - self.unwritten if self.device == "cpu" else 0)
 
     @property
     def tensors(self) -> int:
@@ -164,8 +167,9 @@ class MemoryPlan:
 
     def __str__(self) -> str:
         room = "" if self.available is None else f" of {_gib(self.available)} available"
-        on_cpu = f" + host {_gib(self.host)}" if self.host and self.device == "cpu" else ""
-        beside = f"; {_gib(self.host)} of sums and views in host memory" if self.host and self.device != "cpu" else ""
+        held = self.host - self.unwritten  # the host's share that takes memory
+        on_cpu = f" + host {_gib(held)}" if held and self.device == "cpu" else ""
+        beside = f"; {_gib(held)} of sums and views in host memory" if held and self.device != "cpu" else ""
         work = self._resident_pass
         counted = work - self._pass  # what the holes add to the tensors' peak (none where the end of batch is it)
         holes = f"; {_gib(counted)} of it the heap's holes" if counted > 0 else ""
@@ -182,7 +186,7 @@ class MemoryPlan:
 def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None, device: Any = None,
          available: int | None = None, redundancy: bool = True, views: int = 1, probes: bool = True,
          relations: int = 0, chunk: int | None = None, budget: int | None = None, weights: int | None = None,
-         readers_on: Any = None, chunk_limit: int | None = None) -> MemoryPlan:
+         readers_on: Any = None, chunk_limit: int | None = None, texts: int | None = None) -> MemoryPlan:
     """The memory plan of analysing ``batch`` texts of ``tokens`` tokens with ``model``: a loaded
     :class:`~multihead.hf.HFModel`, a transformers config, or a local model folder / known name
     (its config only). ``dtype`` / ``device``: the run's (default: the loaded model's, else
@@ -199,7 +203,9 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     device that only runs layers of a model spread over several (:func:`plan_devices`), the device
     its chunks go to — the readers' sums, views and end-of-batch work are planned there, not here;
     ``chunk_limit``: the most bytes of one chunk, where the run sets it (default: the device's own,
-    :func:`~multihead.hf.route.chunk_bytes`)."""
+    :func:`~multihead.hf.route.chunk_bytes`); ``texts``: the texts the whole run analyses (default
+    ``batch``: one batch) — the bootstrap's per-group tables hold memory at the groups those meet
+    (:func:`~multihead.analysis.stats.bootstrap.group_zeros`)."""
     if not isinstance(tokens, int) or tokens < 1 or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"tokens and batch must be positive integers; got {tokens!r}, {batch!r}")
     if not isinstance(relations, int) or isinstance(relations, bool) or relations < 0:
@@ -219,12 +225,13 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     # a device-mapped model: only its weights on this device (kept there, or swapped in one module at a time)
     mapped = resident_bytes(loaded.model, device) if loaded and loaded.dtype == dtype and weights is None else None
     places = (mapped_places(loaded.model) or "") if loaded and loaded.dtype == dtype else ""
+    tensors = _tensors(loaded.model) if loaded else []  # one walk of the model's modules for both below
     if weights is None:
-        weights = mapped if mapped is not None else _bytes(loaded.model if loaded and loaded.dtype == dtype
-                                                           else empty_model(config, dtype))
+        weights = mapped if mapped is not None else _bytes(tensors if loaded and loaded.dtype == dtype
+                                                           else _tensors(empty_model(config, dtype)))
     process = 0
     if loaded is not None and device.type == "cpu":  # this process runs it: what it holds beside the weights counts
-        held, present = process_resident(), pages_in_memory(_tensors(loaded.model))
+        held, present = process_resident(), pages_in_memory(tensors)
         if held is not None and present is not None:
             process = max(held - present, 0)
             if available is None:  # all it holds now, weights' pages present or not yet read, plus what is free
@@ -240,7 +247,7 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     H = int(text.num_attention_heads)
     D = int(text.hidden_size)
     Dv = int(getattr(text, "head_dim", None) or D // H)
-    statistics = end = host = 0
+    statistics = end = host = unwritten = 0
     if readers_on is not None:  # the readers' sums are on another device: none of what follows is here
         redundancy, views, relations = False, 0, 0
     if redundancy:
@@ -254,6 +261,11 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
         host = (HeadStatistics.planned_bytes(L, H) + TypicalTexts.planned_bytes(L, H, relations)
                 + SyntaxStatistics.planned_bytes(L, H, relations)
                 + SyntaxStatistics.batch_bytes(L, H, relations, batch))
+        # the per-group tables' zeros at the groups the run does not meet: tensors, but never written
+        met = batch if texts is None else texts
+        unwritten = (HeadStatistics.planned_bytes(L, H) - HeadStatistics.planned_bytes(L, H, texts=met)
+                     + SyntaxStatistics.planned_bytes(L, H, relations)
+                     - SyntaxStatistics.planned_bytes(L, H, relations, texts=met))
         statistics += TypicalTexts.batch_bytes(L, H, relations, batch)  # a batch's candidates, where the model runs
     if views and tokens > 1:
         host += views * TextViews.planned_bytes(L, H, tokens)
@@ -281,7 +293,7 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
                             on_cpu=on_cpu)[0])
     return MemoryPlan(name, str(device), str(dtype).removeprefix("torch."), tokens, batch, weights, forward,
                       statistics, end, probe, largest, host, available, holes, places,
-                      "" if readers_on is None else str(torch.device(readers_on)), process)
+                      "" if readers_on is None else str(torch.device(readers_on)), process, unwritten)
 
 
 def plan_devices(model: HFModel | Any, tokens: int, *, device_map: str | dict | None = None,
@@ -498,10 +510,10 @@ def _tensors(model: Any) -> list[torch.Tensor]:
     return [*model.parameters(), *model.buffers()]
 
 
-def _bytes(model: Any) -> int:
-    """Every parameter and buffer once (tied weights are one tensor)."""
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    """The bytes of a model's parameters and buffers (:func:`_tensors`), each once (tied weights are one tensor)."""
     seen: dict[int, int] = {}
-    for tensor in _tensors(model):
+    for tensor in tensors:
         seen[id(tensor)] = tensor.numel() * tensor.element_size()
     return sum(seen.values())
 

@@ -37,7 +37,7 @@ from ...hf.route import AttentionChunk
 from ...inputs import Batch, TokenInfo
 from . import native, onepass
 from .base import ReducerBase, shared
-from .bootstrap import GROUPS, LEVEL, intervals, resampled, used_groups
+from .bootstrap import GROUPS, LEVEL, group_zeros, groups_met, intervals, resampled, used_groups
 
 __all__ = ["METRICS", "HeadStatistics", "RowValues", "kernel_key_sets", "row_values", "summary_row_values"]
 
@@ -218,8 +218,8 @@ class HeadStatistics(ReducerBase):
         self.shape = (num_layers, num_heads)
         self.sums = torch.zeros(len(METRICS), num_layers, num_heads, dtype=torch.float64)
         self.counts = torch.zeros(len(METRICS), num_layers, num_heads, dtype=torch.float64)
-        self.group_sums = torch.zeros(groups, len(METRICS), num_layers, num_heads, dtype=torch.float64)
-        self.group_counts = torch.zeros_like(self.group_sums)
+        self.group_sums = group_zeros(groups, len(METRICS), num_layers, num_heads)  # pages at the groups met only
+        self.group_counts = group_zeros(groups, len(METRICS), num_layers, num_heads)
         self.sentences = 0
         self.tokens = 0
         self._columns: dict = {}  # a streamed layer's column sums until its last chunk (and the buffer between)
@@ -228,9 +228,11 @@ class HeadStatistics(ReducerBase):
         self._batch_counts: Tensor | None = None
 
     @staticmethod
-    def planned_bytes(num_layers: int, num_heads: int, groups: int = GROUPS) -> int:
-        """Bytes of the running sums (float64): the totals and their bootstrap groups (G, M, L, H)."""
-        return 2 * (groups + 1) * len(METRICS) * num_layers * num_heads * 8
+    def planned_bytes(num_layers: int, num_heads: int, groups: int = GROUPS, texts: int | None = None) -> int:
+        """Bytes of the running sums (float64): the totals and their bootstrap groups (G, M, L, H) —
+        with ``texts``, those of the groups a run of that many texts writes (:func:`~.bootstrap.group_zeros`:
+        the others hold no memory)."""
+        return 2 * (groups_met(texts, groups) + 1) * len(METRICS) * num_layers * num_heads * 8
 
     @staticmethod
     def summary_needs(batch: Batch) -> frozenset[str]:

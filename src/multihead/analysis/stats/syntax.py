@@ -27,7 +27,7 @@ from ...inputs import Batch
 from ..probes.syntax import Parse, word_of_tokens
 from . import native, onepass
 from .base import ReducerBase, shared
-from .bootstrap import GROUPS
+from .bootstrap import GROUPS, group_zeros, groups_met
 
 __all__ = ["MAX_OFFSET", "Alignment", "SyntaxScores", "SyntaxStatistics", "alignment", "relation_keys",
            "word_predictions"]
@@ -344,12 +344,14 @@ class SyntaxStatistics(ReducerBase):
         self._batch_hits: tuple[list[str], Tensor, Tensor, Tensor, Tensor] | None = None
 
     @staticmethod
-    def planned_bytes(num_layers: int, num_heads: int, relations: int, groups: int = GROUPS) -> int:
+    def planned_bytes(num_layers: int, num_heads: int, relations: int, groups: int = GROUPS,
+                      texts: int | None = None) -> int:
         """Bytes of the running counts (float64) for ``relations`` relation keys: per key the hits
         (L, H) and their groups (G, L, H), the offset baseline's hits (2·MAX_OFFSET + 1) and their
-        groups, and the groups' counts (G,)."""
-        offsets = 2 * MAX_OFFSET + 1
-        return relations * 8 * ((groups + 1) * num_layers * num_heads + (groups + 1) * offsets + groups)
+        groups, and the groups' counts (G,) — with ``texts``, of the groups a run of that many texts
+        writes (:func:`~.bootstrap.group_zeros`: the others hold no memory)."""
+        offsets, met = 2 * MAX_OFFSET + 1, groups_met(texts, groups)
+        return relations * 8 * ((met + 1) * num_layers * num_heads + (met + 1) * offsets + met)
 
     @staticmethod
     def batch_bytes(num_layers: int, num_heads: int, relations: int, batch: int, groups: int = GROUPS) -> int:
@@ -384,9 +386,11 @@ class SyntaxStatistics(ReducerBase):
         fresh = [key for key in keys if key not in self.offset_hits]
         # relations seen for the first time: their tables, each its own (views of one block would each carry the
         # whole block when a shard is pickled for its merge: ten relations' tables pickled to ten times their bytes)
-        for tables_of, shape in ((self.offset_hits, (offsets,)), (self.group_offset, (G, offsets)),
-                                 (self.group_count, (G,)), (self.correct, L_H), (self.group_correct, (G, *L_H))):
+        for tables_of, shape in ((self.offset_hits, (offsets,)), (self.correct, L_H)):
             tables_of.update((key, torch.zeros(shape, dtype=torch.float64)) for key in fresh)
+        for tables_of, shape in ((self.group_offset, (G, offsets)), (self.group_count, (G,)),
+                                 (self.group_correct, (G, *L_H))):  # pages written at the groups met only
+            tables_of.update((key, group_zeros(*shape)) for key in fresh)
         cells = list(hits_of)
         met = torch.tensor(list(hits_of.values()), dtype=torch.float64)  # (cells, offsets + 1)
         table = torch.zeros(len(keys), G, offsets + 1, dtype=torch.float64).index_put_(
