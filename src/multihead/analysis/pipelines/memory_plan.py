@@ -144,8 +144,9 @@ class MemoryPlan:
 
     @property
     def tensors(self) -> int:
-        """The tensors alone above the weights at the run's peak (what :class:`LiveBytes` counts)."""
-        return self.statistics + self._pass + (self.host if self.device == "cpu" else 0)
+        """The tensors alone above the weights at the run's peak (what :class:`LiveBytes` counts: not the
+        bootstrap's mapped per-group tables, made outside PyTorch's operations, at groups never written)."""
+        return self.statistics + self._pass + (self.host - self.unwritten if self.device == "cpu" else 0)
 
     @property
     def _pass(self) -> int:

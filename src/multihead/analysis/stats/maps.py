@@ -316,15 +316,16 @@ class TextViews(ReducerBase):
     @staticmethod
     def planned_bytes(num_layers: int, num_heads: int, tokens: int, *, long: int = LONG_TEXT,
                       top_k: int | None = None) -> int:
-        """Bytes kept for one chosen text of ``tokens`` tokens while its batch runs: its whole maps
-        (L, H, n, n) float32, or — above ``long`` tokens — its pooled attention (see :class:`_Kept`),
-        and the buffers of the layer being streamed."""
+        """Bytes kept in host memory for one chosen text of ``tokens`` tokens while its batch runs: its
+        whole maps (L, H, n, n) float32, or — above ``long`` tokens — its pooled attention (see
+        :class:`_Kept`), written in place layer by layer (a run on an accelerator streams each layer
+        into one set of buffers there, a layer's share, and copies it over at the layer's end)."""
         L, H, n = num_layers, num_heads, tokens
         if n <= long:
-            return (L + 1) * H * n * n * 4  # and the streamed layer's (H, n, n)
+            return L * H * n * n * 4
         k = min(n, top_k or top_k_for(L * H, n))
         cells = math.ceil(n / max(1, math.ceil(n / POOLED_CELLS)))
-        return (L + 1) * (H * n * k * 5 + 2 * H * cells * cells * 4) + 2 * cells * 4
+        return L * (H * n * k * 5 + 2 * H * cells * cells * 4) + cells * 4
 
     def begin_batch(self, batch: Batch) -> None:
         super().begin_batch(batch)
