@@ -14,10 +14,11 @@ import multihead as mh
 from multihead.analysis.pipelines import memory_plan as plan_module
 from multihead.analysis.pipelines.analyze import collect_statistics
 from multihead.analysis.probes.syntax import Parse
+from multihead.analysis.stats.bootstrap import GROUPS, group_zeros
 from multihead.analysis.stats.syntax import SyntaxStatistics, relation_keys
 from multihead.analysis.stats.typical import TypicalTexts
 from multihead.attn.heap import HeapRules
-from multihead.attn.memory import LiveBytes, pages_in_memory
+from multihead.attn.memory import LiveBytes, pages_in_memory, process_resident
 
 LLAMA_3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                   num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072)
@@ -275,7 +276,8 @@ def test_the_plan_counts_the_syntax_and_top_text_tables_each_relation_holds(smol
 @pytest.mark.skipif(pages_in_memory([torch.ones(1)]) is None, reason="/proc/self/pagemap is Linux's")
 def test_the_bootstrap_tables_hold_memory_at_the_groups_a_run_meets_and_the_plan_counts_those(smollm2):
     """The per-group tables (256 groups of texts) take pages only where a text's group is written: a
-    document's run holds its group's rows, not the 256 (SmolLM2's head metrics: 14 MB); the plan of
+    document's run holds its group's rows, not the 256 (SmolLM2's head metrics: 14 MB), and reading
+    a table whole takes no memory (a private map: the zero page behind what is unwritten); the plan of
     one text leaves the others' bytes out of what the run holds (and of the tensors LiveBytes sees:
     the tables are made outside PyTorch's operations), and a plan of 300 texts counts every group."""
     from multihead.analysis.stats.heads import HeadStatistics
@@ -291,6 +293,9 @@ def test_the_bootstrap_tables_hold_memory_at_the_groups_a_run_meets_and_the_plan
     held = pages_in_memory([heads.group_sums, heads.group_counts])
     assert 0 < held <= 2 * (3 * row + 2 * 4096)  # three groups' rows (and the pages they straddle), not 256
     assert torch.equal(heads.group_sums.sum(0), heads.sums) and int(heads.group_counts[3:].count_nonzero()) == 0
+    wide = group_zeros(GROUPS, 32 << 10)  # 64 MiB: read whole, its unwritten pages stay the kernel's zero page
+    before = process_resident()
+    assert not bool(wide.ne(0).any()) and process_resident() - before < 16 << 20
     one, many = (mh.analysis.plan(smollm2, 1024, probes=False, texts=n) for n in (1, 300))
     met_one = HeadStatistics.planned_bytes(L, H, texts=1)
     assert one.unwritten == HeadStatistics.planned_bytes(L, H) - met_one and many.unwritten == 0

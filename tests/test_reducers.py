@@ -465,19 +465,6 @@ def test_a_pooled_texts_tables_are_its_maps_top_weights_and_cell_means(n, rows):
         assert torch.equal(pooled.largest[layer], blocks.amax(dim=(2, 4)))
 
 
-def test_the_cosines_kept_outputs_need_no_zeros(monkeypatch):
-    """The heads' outputs kept for the cosine until the batch ends are not zeroed first: every row of
-    its sample is written by a chunk of every layer — blocks made full of NaN give the same cosine,
-    texts of three lengths in chunks of rows."""
-    real = torch.Tensor.new_empty
-    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **k: real(self, *a, **k).fill_(float("nan")))
-    streamed = _run("RedundancyStatistics", rows_per_chunk=3)
-    monkeypatch.undo()
-    whole = _run("RedundancyStatistics")
-    assert torch.isfinite(streamed.cosine()).all()
-    torch.testing.assert_close(streamed.cosine(), whole.cosine())
-
-
 @pytest.mark.parametrize("rows", [None, 3, 4])
 def test_a_documents_sampled_rows_kept_as_strided_views_equal_the_rows_gathered(rows, monkeypatch):
     """One text's sampled rows at an even stride (a document's JS and cosine samples) are read from

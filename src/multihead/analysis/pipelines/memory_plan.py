@@ -144,8 +144,9 @@ class MemoryPlan:
 
     @property
     def tensors(self) -> int:
-        """The tensors alone above the weights at the run's peak (what :class:`LiveBytes` counts: not the
-        bootstrap's mapped per-group tables, made outside PyTorch's operations, at groups never written)."""
+        """The tensors alone above the weights at the run's peak (what :class:`LiveBytes` counts; of the
+        bootstrap's per-group tables, mapped outside PyTorch's operations and not seen by it, the pages of
+        the groups the run writes: a few, ``unwritten`` left out)."""
         return self.statistics + self._pass + (self.host - self.unwritten if self.device == "cpu" else 0)
 
     @property

@@ -18,8 +18,8 @@ import mmap
 import torch
 from torch import Tensor
 
-__all__ = ["GROUPS", "LEVEL", "MAPPED_ZEROS", "MIN_GROUPS", "RESAMPLES", "SEED", "group_zeros", "groups_met",
-           "intervals", "resample_weights", "resampled", "used_groups"]
+__all__ = ["GROUPS", "LEVEL", "MAPPED_ZEROS", "MIN_GROUPS", "RESAMPLES", "SEED", "group_table_bytes", "group_zeros",
+           "groups_met", "intervals", "resample_weights", "resampled", "used_groups"]
 
 #: Text groups the per-group sums are kept for.
 GROUPS = 256
@@ -33,22 +33,42 @@ MIN_GROUPS = 2
 
 #: Bytes from which :func:`group_zeros` maps its own pages (a smaller table is a page or two anyway).
 MAPPED_ZEROS = 1 << 16
+#: The system's page.
+PAGE = mmap.PAGESIZE
 
 
 def group_zeros(*shape: int) -> Tensor:
     """A float64 table of zeros per group of texts (G, ...) whose pages the system supplies as they
-    are first written: an anonymous memory map of its own (the kernel's zero pages, each faulted in
-    when written; unmapped with the tensor), where ``torch.zeros`` writes every page — and calloc
-    does too once glibc's heap serves blocks this large, as it does in a process that has freed
-    some. A run writes the groups it meets — a document one of :data:`GROUPS` — so the others hold
-    no memory: SmolLM2's head metrics and 47 relations' syntax tables had written 40 MB of zeros a
-    run (~10k page faults, ~12 ms of a 1k-token analysis on an Intel Xeon), an 80-layer, 64-head
-    model's syntax tables ~0.5 GB."""
+    are first written: a private anonymous memory map of its own (the kernel's zero page behind every
+    page until it is written — a read takes no memory — unmapped with the tensor, and not shared with
+    a forked child), where ``torch.zeros`` writes every page — and calloc does too once glibc's heap
+    serves blocks this large, as it does in a process that has freed some. A run writes the groups
+    it meets — a document one of :data:`GROUPS` — so the others hold no memory: SmolLM2's head
+    metrics and 47 relations' syntax tables had written 40 MB of zeros a run (~10k page faults,
+    ~12 ms of a 1k-token analysis on an Intel Xeon), an 80-layer, 64-head model's syntax tables
+    ~0.5 GB. Below :data:`MAPPED_ZEROS`, or where the system has no private anonymous maps, it is
+    ``torch.zeros``."""
     count = math.prod(shape)
-    if count * 8 < MAPPED_ZEROS:
+    if count * 8 < MAPPED_ZEROS or not _PRIVATE_MAPS:
         return torch.zeros(shape, dtype=torch.float64)
-    pages = mmap.mmap(-1, count * 8)  # anonymous, private: zero pages until written
+    # MAP_PRIVATE: Python's default is MAP_SHARED, whose pages a mere read makes resident (shared memory
+    # has no zero page) and whose writes a forked child would share with its parent
+    pages = mmap.mmap(-1, count * 8, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return torch.frombuffer(pages, dtype=torch.float64, count=count).view(shape)  # holds the map while it lives
+
+
+_PRIVATE_MAPS = hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS")
+
+
+def group_table_bytes(groups: int, row_bytes: int, texts: int | None) -> int:
+    """The memory a (``groups``, ...) :func:`group_zeros` table of ``row_bytes`` a group holds through a
+    run of ``texts`` texts (None: every group): all of it where it is ``torch.zeros`` (below
+    :data:`MAPPED_ZEROS`), else the pages of the groups met — each group's row rounded up to whole
+    pages, and one more where it straddles a page's end."""
+    whole = groups * row_bytes
+    if whole < MAPPED_ZEROS or not _PRIVATE_MAPS:
+        return whole
+    return min(whole, groups_met(texts, groups) * (-(-row_bytes // PAGE) + 1) * PAGE)
 
 
 def groups_met(texts: int | None, groups: int = GROUPS) -> int:

@@ -37,7 +37,7 @@ from ...hf.route import AttentionChunk
 from ...inputs import Batch, TokenInfo
 from . import native, onepass
 from .base import ReducerBase, shared
-from .bootstrap import GROUPS, LEVEL, group_zeros, groups_met, intervals, resampled, used_groups
+from .bootstrap import GROUPS, LEVEL, group_table_bytes, group_zeros, intervals, resampled, used_groups
 
 __all__ = ["METRICS", "HeadStatistics", "RowValues", "kernel_key_sets", "row_values", "summary_row_values"]
 
@@ -230,9 +230,10 @@ class HeadStatistics(ReducerBase):
     @staticmethod
     def planned_bytes(num_layers: int, num_heads: int, groups: int = GROUPS, texts: int | None = None) -> int:
         """Bytes of the running sums (float64): the totals and their bootstrap groups (G, M, L, H) —
-        with ``texts``, those of the groups a run of that many texts writes (:func:`~.bootstrap.group_zeros`:
-        the others hold no memory)."""
-        return 2 * (groups_met(texts, groups) + 1) * len(METRICS) * num_layers * num_heads * 8
+        with ``texts``, the memory those hold through a run of that many texts
+        (:func:`~.bootstrap.group_table_bytes`: the pages of the groups it writes)."""
+        row = len(METRICS) * num_layers * num_heads * 8
+        return 2 * (row + group_table_bytes(groups, row, texts))
 
     @staticmethod
     def summary_needs(batch: Batch) -> frozenset[str]:

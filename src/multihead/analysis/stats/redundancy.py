@@ -178,9 +178,8 @@ class RedundancyStatistics(ReducerBase):
                 self._cosine_rows(w_o.shape[0])
             # outputs and W^O as the model has them (its dtype, its own W^O): its residual contributions
             # are products in that dtype, and a bfloat16 8B model's W^O in float32 would be 2 GiB more
-            if self._all_outputs is None:  # not zeroed: every layer's chunks write every row of the sample, and
-                # the batch's end reads them only once every layer has come (an 18 MB block at 1k tokens)
-                self._all_outputs = chunk.outputs.new_empty(self.L, H, self._rows, chunk.outputs.shape[-1])
+            if self._all_outputs is None:
+                self._all_outputs = chunk.outputs.new_zeros(self.L, H, self._rows, chunk.outputs.shape[-1])
             if start == 0:
                 self._w_o[layer] = w_o.detach().view(w_o.shape[0], self.H, -1)  # (D, H, Dv)
             kept = self._rows_of(start, stop, 2, device)

@@ -27,7 +27,7 @@ from ...inputs import Batch
 from ..probes.syntax import Parse, word_of_tokens
 from . import native, onepass
 from .base import ReducerBase, shared
-from .bootstrap import GROUPS, group_zeros, groups_met
+from .bootstrap import GROUPS, group_table_bytes, group_zeros
 
 __all__ = ["MAX_OFFSET", "Alignment", "SyntaxScores", "SyntaxStatistics", "alignment", "relation_keys",
            "word_predictions"]
@@ -348,10 +348,11 @@ class SyntaxStatistics(ReducerBase):
                       texts: int | None = None) -> int:
         """Bytes of the running counts (float64) for ``relations`` relation keys: per key the hits
         (L, H) and their groups (G, L, H), the offset baseline's hits (2·MAX_OFFSET + 1) and their
-        groups, and the groups' counts (G,) — with ``texts``, of the groups a run of that many texts
-        writes (:func:`~.bootstrap.group_zeros`: the others hold no memory)."""
-        offsets, met = 2 * MAX_OFFSET + 1, groups_met(texts, groups)
-        return relations * 8 * ((met + 1) * num_layers * num_heads + (met + 1) * offsets + met)
+        groups, and the groups' counts (G,) — with ``texts``, the memory the per-group hits hold
+        through a run of that many texts (:func:`~.bootstrap.group_table_bytes`: the pages of the
+        groups it writes; the offsets' and counts' tables are small, and written whole every batch)."""
+        offsets, row = 2 * MAX_OFFSET + 1, num_layers * num_heads * 8
+        return relations * (row + group_table_bytes(groups, row, texts) + 8 * ((groups + 1) * offsets + groups))
 
     @staticmethod
     def batch_bytes(num_layers: int, num_heads: int, relations: int, batch: int, groups: int = GROUPS) -> int:
