@@ -452,17 +452,42 @@ def test_a_pooled_texts_tables_are_its_maps_top_weights_and_cell_means(n, rows):
     pooled = views.result()[0].pooled
     block, cells = pooled.block, pooled.cells
     assert pooled.k == k and cells * block >= n > (cells - 1) * block and block == (1 if n == 23 else 3)
-    per_block = torch.tensor([min(block, n - c * block) for c in range(cells)], dtype=torch.float32)
     for layer in range(layers):
-        w = maps[layer][0, :, :n, :n]  # (H, n, n) text 0's own rows and keys
-        top = w.topk(k, dim=-1).values
-        assert torch.equal(pooled.values[layer], (top * 255).round().to(torch.uint8))
-        assert torch.equal(w.gather(-1, pooled.index[layer].long()), top)  # each kept key holds its weight
-        padded = torch.zeros(H, cells * block, cells * block)
-        padded[:, :n, :n] = w
-        blocks = padded.view(H, cells, block, cells, block)
-        torch.testing.assert_close(pooled.mass[layer], blocks.sum(dim=(2, 4)) / per_block.view(1, -1, 1))
-        assert torch.equal(pooled.largest[layer], blocks.amax(dim=(2, 4)))
+        _assert_pooled_layer(pooled, layer, maps[layer][0, :, :n, :n], k)
+
+
+def _assert_pooled_layer(pooled, layer, w, k):
+    """A pooled view's tables at ``layer`` against the text's whole map there, w (H, n, n)."""
+    H, n, block, cells = w.shape[0], w.shape[1], pooled.block, pooled.cells
+    per_block = torch.tensor([min(block, n - c * block) for c in range(cells)], dtype=torch.float32)
+    top = w.topk(k, dim=-1).values
+    assert torch.equal(pooled.values[layer], (top * 255).round().to(torch.uint8))
+    assert torch.equal(w.gather(-1, pooled.index[layer].long()), top)  # each kept key holds its weight
+    padded = torch.zeros(H, cells * block, cells * block)
+    padded[:, :n, :n] = w
+    blocks = padded.view(H, cells, block, cells, block)
+    torch.testing.assert_close(pooled.mass[layer], blocks.sum(dim=(2, 4)) / per_block.view(1, -1, 1))
+    assert torch.equal(pooled.largest[layer], blocks.amax(dim=(2, 4)))
+
+
+def test_a_pooled_texts_rows_are_counted_once_on_the_first_layer_that_comes():
+    """The rows a row block holds (the cells' means divide by them) are counted on the first layer a
+    capture hands over — layer 0 or not — and once: a layer streamed again does not count them twice."""
+    n, k = 300, 4
+    tokens = _tokens([n, 9], T=n, seed=5)
+    maps, _ = _maps(tokens, layers=3, seed=7)
+    views = TextViews(3, H, {0: "a"}, WordTokenizer(), long=6, top_k=k)
+    views.begin_batch(_batch(tokens))
+    for layer in (1, 2, 1):  # no layer 0; layer 1 again, in other chunks
+        step = 64 if layer == 2 else 45
+        for start in range(0, n, step):
+            stop = min(n, start + step)
+            views.update(make_chunk(maps[layer][:, :, start:stop, :stop], layer=layer, start=start, rows=n, keys=n))
+    views.end_batch()
+    pooled = views.result()[0].pooled
+    for layer in (1, 2):
+        _assert_pooled_layer(pooled, layer, maps[layer][0, :, :n, :n], k)
+    assert pooled.mass[0].abs().sum() == 0 and pooled.largest[0].abs().sum() == 0  # never streamed
 
 
 @pytest.mark.parametrize("rows", [None, 3, 4])

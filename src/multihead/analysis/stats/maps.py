@@ -219,7 +219,9 @@ class _Kept:
         self.pooled = Pooled(block, cells, k, torch.zeros(L, H, n, k, dtype=torch.int32),
                              torch.zeros(L, H, n, k, dtype=torch.uint8), torch.zeros(L, H, cells, cells),
                              torch.zeros(L, H, cells, cells))
-        self.rows = torch.zeros(cells)  # query rows per row block (counted on layer 0)
+        self.rows = torch.zeros(cells)  # query rows per row block, counted once: on the first layer that comes
+        self.rows_layer: int | None = None  # that layer
+        self.rows_counted = False  # its last rows are in
 
     def layer_on(self, weights: Tensor, first: bool, layer: int) -> dict[str, Tensor]:
         """The streamed ``layer``'s buffers on the device of ``weights``, its sums zeroed at its first
@@ -268,8 +270,16 @@ class _Kept:
         p = self.pooled
         for name in ("index", "values", "mass", "largest"):
             getattr(p, name)[layer].copy_(found[name])
-        if layer == 0:
+        if self.counts_rows(layer):
             self.rows.add_(found["rows"].cpu())
+
+    def counts_rows(self, layer: int) -> bool:
+        """Whether ``layer``'s chunks count the rows each row block holds: the first layer that comes
+        (not layer 0 alone: a capture of some layers had left the mass unaveraged), until its last rows
+        are in (a layer streamed again does not count them twice)."""
+        if self.rows_layer is None:
+            self.rows_layer = layer
+        return layer == self.rows_layer and not self.rows_counted
 
     def done(self) -> None:
         """The text's last layer is in: its device buffers go."""
@@ -360,10 +370,10 @@ class TextViews(ReducerBase):
                 fine = _fine_block(pooled.block)  # the top-k's candidates come from blocks of `fine` keys
                 found = onepass.pooled_result(chunk, kept.row)  # read with the chunk's other readers, or here
                 job = None if found is not None else kept.pooled_job(chunk, native.pooled_parts(w))
-                counted = None
+                counted, counting = None, kept.counts_rows(chunk.layer)  # the rows a row block holds: counted once
                 if found is not None or job is not None:  # one pass a row, cells and top-k
                     first, total, big, top, where = found if found is not None else native.pooled_pass(job)
-                    if chunk.layer == 0:  # the rows a row block holds: counted on the first layer only
+                    if counting:
                         counted = _rows_per_block(chunk.start, w.shape[1], pooled.block, pooled.cells, w.device)
                 else:
                     sums, maxima = key_blocks(w, fine)  # (H, c, ceil(K / fine)) each
@@ -375,11 +385,13 @@ class TextViews(ReducerBase):
                 _byte(top, out=layer["values"][:, chunk.start:stop, :top.shape[-1]])
                 blocks = slice(first, first + total.shape[1])  # the row blocks this chunk's rows are in
                 layer["mass"][:, blocks] += total
-                if chunk.layer == 0:
+                if counting:
                     layer["rows"] += counted
                 torch.maximum(layer["largest"][:, blocks], big, out=layer["largest"][:, blocks])
             if stop == kept.n:  # the text's last rows of this layer: to host memory
                 kept.keep_layer(chunk.layer)
+                if kept.pooled is not None and chunk.layer == kept.rows_layer:
+                    kept.rows_counted = True
 
     def end_batch(self) -> None:
         self._finish()
