@@ -140,14 +140,19 @@ class MemoryPlan:
     def working(self) -> int:
         """Bytes above the weights at the run's peak, on the device (and the host's share on a CPU),
         as the system counts them: the tensors and the allocator's holes."""
-        return self.statistics + self._resident_pass + (self.host - self.unwritten if self.device == "cpu" else 0)
+        return self.statistics + self._resident_pass + (self._held if self.device == "cpu" else 0)
 
     @property
     def tensors(self) -> int:
         """The tensors alone above the weights at the run's peak (what :class:`LiveBytes` counts; of the
         bootstrap's per-group tables, mapped outside PyTorch's operations and not seen by it, the pages of
         the groups the run writes: a few, ``unwritten`` left out)."""
-        return self.statistics + self._pass + (self.host - self.unwritten if self.device == "cpu" else 0)
+        return self.statistics + self._pass + (self._held if self.device == "cpu" else 0)
+
+    @property
+    def _held(self) -> int:
+        """The host's share that takes memory: its tables less the bootstrap's groups never written."""
+        return self.host - self.unwritten
 
     @property
     def _pass(self) -> int:
@@ -169,7 +174,7 @@ class MemoryPlan:
 
     def __str__(self) -> str:
         room = "" if self.available is None else f" of {_gib(self.available)} available"
-        held = self.host - self.unwritten  # the host's share that takes memory
+        held = self._held
         on_cpu = f" + host {_gib(held)}" if held and self.device == "cpu" else ""
         beside = f"; {_gib(held)} of sums and views in host memory" if held and self.device != "cpu" else ""
         work = self._resident_pass

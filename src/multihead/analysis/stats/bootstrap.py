@@ -35,6 +35,8 @@ MIN_GROUPS = 2
 MAPPED_ZEROS = 1 << 16
 #: The system's page.
 PAGE = mmap.PAGESIZE
+#: Whether this system maps private anonymous memory (not Windows).
+_PRIVATE_MAPS = hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS")
 
 
 def group_zeros(*shape: int) -> Tensor:
@@ -56,8 +58,6 @@ def group_zeros(*shape: int) -> Tensor:
     pages = mmap.mmap(-1, count * 8, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return torch.frombuffer(pages, dtype=torch.float64, count=count).view(shape)  # holds the map while it lives
 
-
-_PRIVATE_MAPS = hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS")
 
 
 def group_table_bytes(groups: int, row_bytes: int, texts: int | None) -> int:

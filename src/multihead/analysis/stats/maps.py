@@ -259,19 +259,19 @@ class _Kept:
         return self._layer
 
     def keep_layer(self, layer: int) -> None:
-        """Copy the streamed layer's buffers into the text's maps or pooled view (host memory), where
-        they were not the host's own."""
-        if self._in_place:
-            return
-        found = self._layer
-        if self.pooled is None:
-            self.maps[layer].copy_(found["maps"])
-            return
-        p = self.pooled
-        for name in ("index", "values", "mass", "largest"):
-            getattr(p, name)[layer].copy_(found[name])
-        if self.counts_rows(layer):
-            self.rows.add_(found["rows"].cpu())
+        """The layer's last rows are in: copy its buffers into the text's maps or pooled view (host
+        memory), where they were not the host's own; the rows a row block holds are then counted."""
+        if not self._in_place:
+            found = self._layer
+            if self.pooled is None:
+                self.maps[layer].copy_(found["maps"])
+            else:
+                for name in ("index", "values", "mass", "largest"):
+                    getattr(self.pooled, name)[layer].copy_(found[name])
+                if self.counts_rows(layer):
+                    self.rows.add_(found["rows"].cpu())
+        if self.pooled is not None and layer == self.rows_layer:
+            self.rows_counted = True
 
     def counts_rows(self, layer: int) -> bool:
         """Whether ``layer``'s chunks count the rows each row block holds: the first layer that comes
@@ -390,8 +390,6 @@ class TextViews(ReducerBase):
                 torch.maximum(layer["largest"][:, blocks], big, out=layer["largest"][:, blocks])
             if stop == kept.n:  # the text's last rows of this layer: to host memory
                 kept.keep_layer(chunk.layer)
-                if kept.pooled is not None and chunk.layer == kept.rows_layer:
-                    kept.rows_counted = True
 
     def end_batch(self) -> None:
         self._finish()
