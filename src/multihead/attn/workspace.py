@@ -81,6 +81,10 @@ class Workspace:
             buffer = self._buffers[name] = torch.empty(size, dtype=dtype, device=device)
         return buffer[:n].view(shape)
 
+    def buffers(self) -> list[Tensor]:
+        """The blocks it holds now, one per name (those a memory plan's trace keeps for every layer)."""
+        return list(self._buffers.values())
+
     def kept_mask(self, grid: tuple, key: tuple, size: int, make: Callable[[], object]) -> object:
         """A chunk's evaluated mask (read-only to every user), made by ``make`` once for every layer
         that streams the same chunks of a mask over the same ``grid`` (e.g. its type, T and S) —

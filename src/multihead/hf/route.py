@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attn import attention, rowstats
+from ..attn.fused import runs_as_cpu
 from ..attn.layer import MultiHeadAttention, scale_heads
 from ..attn.memory import available_memory
 from ..attn.precision import KEY_GRID, half_matmul, key_grid
@@ -776,7 +777,7 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
     # layer and the next ones (no fresh pages a chunk or a layer for the heap to map and the kernel to
     # zero: a quarter of a bfloat16 SmolLM2's capture at 1k-4k tokens, AMD EPYC; CUDA's caching allocator
     # reuses its blocks itself)
-    reuse = query.device.type == "cpu" and all(a.transient for a in readers)
+    reuse = runs_as_cpu(query.device) and all(a.transient for a in readers)
     # its map-shaped buffers as large as the layer's largest chunk: the budget or the rows asked for,
     # and keys padded to the half products' grid (attn.precision.key_grid) at most; chunks that grow fill the budget
     largest = min(limit // 4, B * H * rows_per_chunk * S) * (S + KEY_GRID) // S

@@ -88,10 +88,12 @@ __all__ = ["NATIVE_READER_WORK", "READER_WORK", "MemoryPlan", "PlanError", "chec
 READER_WORK = 2.5
 #: The same for the compiled readers (:mod:`~multihead.analysis.stats.native`: a CPU run in float32
 #: or bfloat16 where a C compiler is): they allocate only each row's count of visible keys and
-#: (B, H)-sized sums, so the most is what stays eager — redundancy's 1.3 above — rounded up.
-#: SmolLM2 at 700, 2,048 and 4,096 tokens: plans of 0.25 to 1.5 gave the same totals (+15 %, +17 %,
-#: +9 % of the tensors held), the pass's peak being elsewhere.
-NATIVE_READER_WORK = 1.5
+#: (B, H)-sized sums, and redundancy copies a document's sampled rows as one strided view — the most
+#: any chunk's readers held beyond what they kept (LiveBytes around each chunk's dispatch; SmolLM2
+#: bfloat16 at 1k, 4k and 8k tokens: 0.19, 0.06, 0.03; float32 at 1k and 4k: 0.18, 0.10), rounded up.
+#: (It was 1.5 while redundancy gathered its rows; with the chunks' workspace left out of the trace,
+#: that stood in for it.)
+NATIVE_READER_WORK = 0.25
 #: Passes the heap model replays the traced one (one layer of each kind) for its holes to settle:
 #: glibc's threshold moves after the first, and a pass's holes are the next one's to fill.
 REPLAYS = 3
@@ -284,10 +286,11 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
                                                                        row_bytes=texts * H * length * 4)
 
     on_cpu = device.type == "cpu"  # the trace takes this CPU's kernels where they hold other buffers (AMX's tiles)
-    forward, largest, events = _traced(body, batch, tokens, chunk=chunk, budget=budget, limit=bytes_for(batch, tokens),
-                                       work=work, on_cpu=on_cpu)
-    rules = heap_rules() if device.type == "cpu" else None
-    holes = max(_replayed(events, rules) - forward, 0) if rules else 0
+    forward, largest, events, kept = _traced(body, batch, tokens, chunk=chunk, budget=budget,
+                                             limit=bytes_for(batch, tokens), work=work, on_cpu=on_cpu)
+    # a loaded model's plan is this process's: its heap's rules as they stand now, not a fresh process's
+    rules = heap_rules(now=loaded is not None) if device.type == "cpu" else None
+    holes = max(_replayed(events, rules, kept) - forward, 0) if rules else 0
     probe = 0
     haystack = RETRIEVAL["haystack"] + 2 * NEEDLE + 1  # the retrieval probe's trial: its tokens
     if probes and views:  # the page's views of the probes' inputs, read in their passes and kept with the others
@@ -404,12 +407,13 @@ def check_plan(found: MemoryPlan) -> None:
 
 
 def _traced(body: Any, batch: int, tokens: int, *, chunk: int | None, budget: int, limit: int,
-            work: float, on_cpu: bool = False) -> tuple[int, int, list[tuple[int, int]]]:
-    """(peak bytes above the weights, largest chunk's map bytes, the allocations and frees in order)
-    of one pass of ``body`` on meta, its attention streamed to a reader that takes ``work``
-    (:data:`READER_WORK`, :data:`NATIVE_READER_WORK`) × each chunk's float32 map; ``on_cpu``: the
-    pass as this machine's CPU runs it (the AMX tiles' attention where it applies,
-    :func:`~multihead.attn.fused.traced_as_tiles`)."""
+            work: float, on_cpu: bool = False) -> tuple[int, int, list[tuple[int, int]], set[int]]:
+    """(peak bytes above the weights, largest chunk's map bytes, the allocations and frees in order,
+    the keys of those the pass keeps for its next layers) of one pass of ``body`` on meta, its
+    attention streamed to a reader that takes ``work`` (:data:`READER_WORK`,
+    :data:`NATIVE_READER_WORK`) × each chunk's float32 map; ``on_cpu``: the pass as this machine's
+    CPU runs it (the AMX tiles' attention where it applies, :func:`~multihead.attn.fused.traced_as_tiles`,
+    and the chunks' buffers lent from layer to layer, :class:`~multihead.attn.workspace.Workspace`)."""
     largest = 0
 
     def reader(part: AttentionChunk) -> None:
@@ -419,30 +423,43 @@ def _traced(body: Any, batch: int, tokens: int, *, chunk: int | None, budget: in
 
     ids = torch.zeros(batch, tokens, dtype=torch.long, device="meta")
     extra = {"use_cache": False} if takes(body, "use_cache") else {}
-    # Each chunk's buffers made and freed, where a pipeline's capture lends one set from layer to layer
-    # (route.Attachment.workspace): measured, lending them left a run's peak where it was (SmolLM2
-    # bfloat16, one document, AMD EPYC: 221-228 -> 211-223 MiB at 1k, the tensors 262 -> 287 at 4k);
-    # the trace with them held through its layer made the plan +24 % of the peak at 4k (more holes
-    # replayed beside them), without, within 20 % at 1k-8k.
+    # The chunks' buffers as a pipeline's capture holds them on a CPU: lent from layer to layer (its
+    # readers keep nothing of a chunk), so the workspace's blocks sit beside the MLP's activations too
+    # (a Qwen2-1.5B shape at 8k tokens: 90 MiB of tensors a trace that made and freed them each chunk
+    # missed, -12 %); elsewhere (CUDA's caching allocator) made and freed each chunk.
     # The chunks as rows of every key (Attachment.grow off): the run's grow where its rows see fewer keys, but
-    # its workspace holds buffers of the budget's size whichever they are, and this trace (each chunk's buffers
-    # made and freed at the chunk's own size) is what the plan was measured against; with the grown chunks
-    # the heap's holes replayed beside them passed the RSS peak by 27-43 % at 1k (SmolLM2, AMD EPYC).
-    capture = AttentionCapture(body, reader, chunk=chunk, budget=budget, chunk_bytes=limit)
+    # its workspace's blocks are of the largest chunk's size whichever they are; with the grown chunks the
+    # heap's holes replayed beside them passed the RSS peak by 27-43 % at 1k (SmolLM2, AMD EPYC).
+    capture = AttentionCapture(body, reader, chunk=chunk, budget=budget, chunk_bytes=limit, transient=True)
     capture.grow = False
     with torch.inference_mode(), capture, traced_as_tiles(on_cpu), _FullBatch("meta", record=True) as live:
         body(input_ids=ids, attention_mask=torch.ones_like(ids), **extra)
-    return live.peak, largest, list(live.events or ())
+        lent = capture.workspace.buffers() if capture.workspace is not None else []
+        kept = {t.untyped_storage()._cdata for t in lent}
+    return live.peak, largest, list(live.events or ()), kept
 
 
-def _replayed(events: list[tuple[int, int]], rules: HeapRules) -> int:
+def _replayed(events: list[tuple[int, int]], rules: HeapRules, kept: set[int] = frozenset()) -> int:
     """What :data:`REPLAYS` passes of ``events`` one after another make resident under ``rules``
     (the heap's highest extent and the most mapped at once: a long pass's heap, once grown, stays);
-    what one pass leaves alive is freed before the next (a layer's output, once the next has read it)."""
+    what one pass leaves alive is freed before the next (a layer's output, once the next has read it)
+    but for the blocks ``kept`` for the next layers (a lent workspace's: made in the first, alive
+    at the last pass's end)."""
+    alive_at_end: dict[int, int] = {}  # key -> the index of the allocation still alive at the pass's end
+    for i, (key, size) in enumerate(events):
+        if size > 0:
+            alive_at_end[key] = i
+        else:
+            alive_at_end.pop(key, None)
+    made_once = {i for key, i in alive_at_end.items() if key in kept}
     sequence: list[tuple[tuple[int, int], int]] = []
     for n in range(REPLAYS):
         alive: dict[int, int] = {}
-        for key, size in events:
+        for i, (key, size) in enumerate(events):
+            if i in made_once:
+                if n == 0:
+                    sequence.append(((0, key), size))
+                continue
             sequence.append(((n, key), size))
             if size > 0:
                 alive[key] = size
