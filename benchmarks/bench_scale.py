@@ -16,8 +16,8 @@ speed against the plain forward's best of three). Peak = the rise of the process
 during the call (the largest of a method's three processes), above the loaded model (every
 weight read once first: a float32 checkpoint is mapped from its file page by page, and the
 embedding rows a text first touches would count as the run's); `plan` = the memory plan's bytes
-above the weights (`mh.analysis.plan`, traced on the meta device before the run, glibc's heap
-replayed for the holes it keeps); the tensors' peak = the most bytes of tensor storage the
+above the weights (`mh.analysis.plan`, traced on the meta device right before the run, glibc's heap
+replayed for the holes it keeps from the threshold the process has then); the tensors' peak = the most bytes of tensor storage the
 analysis held at once (`LiveBytes`, a seventh process), against the plan's tensors alone.
 
 Targets: analysis <= 2.5x the plain forward at every length; peak above the weights <= 1.5 GiB at
@@ -116,7 +116,6 @@ def worker(spec: str, method: str, n: int) -> dict:
     batch = torch.tensor([ids])
     parses = parse_with_spacy([text]) if method.startswith("ours") else None
     relations = relation_keys(parses or [], model.is_causal)
-    planned = mh.analysis.plan(model, len(ids), probes=False, relations=len(relations))
     # each method warmed up on the document's first 64 tokens through its own path (what runs once a
     # process: imports, the compiled readers' loading, oneDNN's first primitives), timed apart
     start = time.perf_counter()
@@ -127,6 +126,9 @@ def worker(spec: str, method: str, n: int) -> dict:
             short = model.tokenizer.decode(ids[:64])
             collect_statistics(model, [short], parses=parse_with_spacy([short]), views=[0], progress=False)
     warm_up = time.perf_counter() - start
+    # the plan made right before the run it plans, as analyze makes it before its pass: the process's heap as
+    # the warm-up left it
+    planned = mh.analysis.plan(model, len(ids), probes=False, relations=len(relations))
     reset_peak()
     base = rss("VmRSS")
     counted = LiveBytes("cpu") if method.endswith("counted") else contextlib.nullcontext()
