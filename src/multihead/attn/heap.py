@@ -120,23 +120,23 @@ def mmap_threshold_now() -> int | None:
     """The smallest request glibc's malloc would map in this process now (bytes): its mmap
     threshold, or above it the largest free chunk of the heap, which takes a request before a
     mapping is tried — to a model of an empty heap, both the size from which requests are mapped.
-    None where it cannot be found (not glibc, no ``mallinfo2``/``mallinfo``). glibc does not say
-    it; it is found by asking: requests rising :data:`PROBE_STEP` at a time from 128 KiB, each
-    freed at once, until one is mapped (the count of mapped chunks, ``mallinfo2().hblks``, goes
-    up). A request served from the heap touches one page of it; the first mapped one, freed,
-    raises the threshold to its own size — the value returned, at most :data:`PROBE_STEP` above
-    the one found. ~1 ms (~560 requests at most)."""
+    None where it cannot be found (not glibc). glibc does not say it; it is found by asking:
+    requests rising :data:`PROBE_STEP` at a time from 128 KiB, each freed at once, until one is
+    mapped (its chunk's IS_MMAPPED bit, checked first on a request that must be mapped and one that
+    cannot be; ``mallinfo2``'s count of mappings walks every free chunk of every arena: 0.4 ms a
+    call in a loaded process). A request served from the heap touches one page of it; the first
+    mapped one, freed, raises the threshold to its own size — the value returned, at most
+    :data:`PROBE_STEP` above the one found. ~1 ms (~560 requests at most)."""
     calls = _malloc_calls()
     if calls is None:
         return None
-    malloc, free, mapped_chunks = calls
+    malloc, free = calls
     size = MMAP_THRESHOLD - MEMALIGN  # glibc compares the chunk: the request, its header, rounded up
     while size <= 2 * MMAP_THRESHOLD_MAX:
-        before = mapped_chunks()
         block = malloc(size)
         if not block:
             return None
-        mapping = mapped_chunks() > before
+        mapping = _is_mapped(block)
         free(block)
         if mapping:  # freed, a mapping of at most MMAP_THRESHOLD_MAX sets the threshold to its size
             return min(-(-(size + HEADER) // PAGE) * PAGE, MMAP_THRESHOLD_MAX)
@@ -144,36 +144,34 @@ def mmap_threshold_now() -> int | None:
     return MMAP_THRESHOLD_MAX
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
+#: glibc's chunk header: the size word just before the block, its second bit set where it was mapped
+IS_MMAPPED = 0x2
 
 
-class _MallInfo(ctypes.Structure):  # glibc before 2.33: the same fields as ints
-    _fields_ = [(name, ctypes.c_int) for name, _ in _MallInfo2._fields_]
+def _is_mapped(block: int) -> bool:
+    return bool(ctypes.c_size_t.from_address(block - HEADER).value & IS_MMAPPED)
 
 
 @functools.cache
 def _malloc_calls():
-    """(malloc, free, the count of mapped chunks) of glibc, or None."""
+    """(malloc, free) of glibc, or None — also where a chunk's header does not read as glibc's does
+    (a 64 MiB request, beyond the most the dynamic threshold reaches, is mapped; 64 bytes are not)."""
     if heap_rules() is None:
         return None
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return None
-    info = getattr(libc, "mallinfo2", None)
-    info.restype = _MallInfo2 if info is not None else None
-    if info is None:
-        info = getattr(libc, "mallinfo", None)
-        if info is None:
-            return None
-        info.restype = _MallInfo
     malloc, free = libc.malloc, libc.free
     malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     free.restype, free.argtypes = None, [ctypes.c_void_p]
-    return malloc, free, lambda: int(info().hblks)
+    small, large = malloc(64), malloc(2 * MMAP_THRESHOLD_MAX)
+    try:
+        read = bool(small and large) and not _is_mapped(small) and _is_mapped(large)
+    finally:
+        free(small)
+        free(large)
+    return (malloc, free) if read else None
 
 
 @functools.cache
