@@ -7,18 +7,20 @@ metrics, typical texts, long-context statistics, redundancy, syntax on the docum
 parse, the page's pooled view of it; parsing is done before the clock starts). Each method is
 first warmed up on the document's first 64 tokens through its own path, timed apart (what a
 process pays once: imports, loading the compiled readers, oneDNN's first primitives), then timed
-once. The two methods' processes alternate, three of each (plain, ours, plain, ours, plain, ours),
-and each method's best time is reported, with the median of the three pairs' ratios beside it:
+once. The two methods' processes alternate, three of each (plain, ours, plain, ours, plain, ours;
+five of each at 1k tokens and fewer, whose runs of a second or less the host's drift moves most),
+and each method's best time is reported, with the median of the pairs' ratios beside it:
 this host's speed drifts by up to 2x over minutes (SmolLM2's 8k plain forward 7.0-12.5 s in one
 afternoon), so both are timed at the same moments and as often (where a method that ran in under
 20 s had been timed again and a longer one had not, a long analysis got one draw of the host's
 speed against the plain forward's best of three). Peak = the rise of the process's peak RSS
-during the call (the largest of a method's three processes), above the loaded model (every
+during the call (the largest of a method's processes), above the loaded model (every
 weight read once first: a float32 checkpoint is mapped from its file page by page, and the
 embedding rows a text first touches would count as the run's); `plan` = the memory plan's bytes
 above the weights (`mh.analysis.plan`, traced on the meta device right before the run, glibc's heap
-replayed for the holes it keeps from the threshold the process has then); the tensors' peak = the most bytes of tensor storage the
-analysis held at once (`LiveBytes`, a seventh process), against the plan's tensors alone.
+replayed for the holes it keeps from the threshold the process has then); the tensors' peak = the
+most bytes of tensor storage the analysis held at once (`LiveBytes`, a last process), against the
+plan's tensors alone.
 
 Targets: analysis <= 2.5x the plain forward at every length; peak above the weights <= 1.5 GiB at
 8k; the plan within 20 % of the measured peak.
@@ -52,6 +54,9 @@ QUICK_MODELS = ("smollm2 float32", "smollm2 bfloat16")
 METHODS = ("plain SDPA forward", "ours (full streamed analysis)", "ours, its tensors counted")
 #: processes of each timed method a cell runs, alternating with the other's; each method's best time is reported
 REPEATS = 3
+#: ... and for the cells of at most SHORT tokens, whose runs of a second or less the host's drift moves most
+#: (SmolLM2 bfloat16 at 1k, its pairs' ratios 1.9-3.4x in one hour), five of each
+SHORT, SHORT_REPEATS = 1024, 5
 
 
 def qwen_shaped(tokenizer):
@@ -203,7 +208,8 @@ def main(flags: list[str] | None = None) -> None:
     for spec in models:
         for n in lengths:
             # the timed methods' processes alternate (REPEATS of each), then the one that counts tensors
-            order = [*[m for _ in range(REPEATS) for m in METHODS[:2]], METHODS[2]]
+            repeats = SHORT_REPEATS if n <= SHORT else REPEATS
+            order = [*[m for _ in range(repeats) for m in METHODS[:2]], METHODS[2]]
             found: dict[str, list[dict]] = {m: [] for m in METHODS}
             for method in order:
                 found[method].append(_measured(spec, method, n))
