@@ -18,9 +18,8 @@ during the call (the largest of a method's processes), above the loaded model (e
 weight read once first: a float32 checkpoint is mapped from its file page by page, and the
 embedding rows a text first touches would count as the run's); `plan` = the memory plan's bytes
 above the weights (`mh.analysis.plan`, traced on the meta device right before the run, glibc's heap
-replayed for the holes it keeps from the threshold the process has then); the tensors' peak = the
-most bytes of tensor storage the analysis held at once (`LiveBytes`, a last process), against the
-plan's tensors alone.
+replayed for the holes it keeps); the tensors' peak = the most bytes of tensor storage the analysis
+held at once (`LiveBytes`, a last process), against the plan's tensors alone.
 
 Targets: analysis <= 2.5x the plain forward at every length; peak above the weights <= 1.5 GiB at
 8k; the plan within 20 % of the measured peak.
@@ -131,8 +130,7 @@ def worker(spec: str, method: str, n: int) -> dict:
             short = model.tokenizer.decode(ids[:64])
             collect_statistics(model, [short], parses=parse_with_spacy([short]), views=[0], progress=False)
     warm_up = time.perf_counter() - start
-    # the plan made right before the run it plans, as analyze makes it before its pass: the process's heap as
-    # the warm-up left it
+    # the plan made right before the run it plans, as analyze makes it before its pass
     planned = mh.analysis.plan(model, len(ids), probes=False, relations=len(relations))
     reset_peak()
     base = rss("VmRSS")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -216,45 +215,3 @@ def test_the_model_predicts_the_real_glibcs__resident():
     predicted = _resident(events, HeapRules(mmap_threshold=_mapped(30 * MiB), trim_threshold=2 * _mapped(30 * MiB)))
     assert abs(predicted / found["rise"] - 1) < 0.1, (predicted / MiB, found["rise"] / MiB)
     assert found["rise"] > 1.3 * tensors  # the holes are real: tensors alone fall well short
-
-
-#: glibc's threshold found before and after a freed 24 MiB mapping raised it
-PROBED = r"""
-import json, torch
-from multihead.attn.heap import heap_rules, mmap_threshold_now
-first = mmap_threshold_now()
-torch.ones(24 * 2**20, dtype=torch.uint8).sum()  # mapped (the threshold is lower), freed: the threshold is its size
-second, third = mmap_threshold_now(), mmap_threshold_now()
-rules = heap_rules(now=True)
-print(json.dumps([first, second, third, rules.mmap_threshold, rules.trim_threshold, rules.dynamic]))
-"""
-
-
-@pytest.mark.skipif(heap_rules() is None, reason="the model is of glibc's malloc; this C library is another")
-def test_the_threshold_is_found_where_a_freed_mapping_raised_it():
-    done = subprocess.run([sys.executable, "-c", PROBED], capture_output=True, text=True, check=True,
-                          env={k: v for k, v in os.environ.items()
-                               if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"})
-    first, second, third, threshold, trim, dynamic = json.loads(done.stdout)
-    raised = _mapped(24 * MiB)  # the mapping PyTorch's request took
-    assert heap.MMAP_THRESHOLD <= first < 24 * MiB
-    assert raised <= second <= raised * heap.PROBE_STEP + heap.PAGE  # found within a step above
-    assert second <= third <= second * heap.PROBE_STEP + heap.PAGE  # each probe raises it a step at most
-    assert third <= threshold <= third * heap.PROBE_STEP + heap.PAGE and trim == 2 * threshold and dynamic
-
-
-def test_the_rules_now_are_the_environments_where_it_fixes_them_and_the_probes_elsewhere(monkeypatch):
-    monkeypatch.setattr(platform, "system", lambda: "Linux")
-    monkeypatch.setattr(platform, "libc_ver", lambda *a, **k: ("glibc", "2.36"))
-
-    def never() -> int:
-        raise AssertionError("a threshold the environment fixes is not probed")
-
-    monkeypatch.setattr(heap, "mmap_threshold_now", never)
-    assert heap_rules({"MALLOC_MMAP_THRESHOLD_": "1048576"}, now=True) == HeapRules(mmap_threshold=MiB,
-                                                                                    dynamic=False)
-    assert heap_rules({}) == HeapRules()  # a fresh process's rules ask nothing
-    for found, rules in ((None, HeapRules()), (heap.MMAP_THRESHOLD, HeapRules()),
-                         (20 * MiB, HeapRules(mmap_threshold=20 * MiB, trim_threshold=40 * MiB))):
-        monkeypatch.setattr(heap, "mmap_threshold_now", lambda found=found: found)
-        assert heap_rules({}, now=True) == rules

@@ -38,7 +38,7 @@ import platform
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["Heap", "HeapPeak", "HeapRules", "give_back_freed", "heap_rules", "mmap_threshold_now", "replay"]
+__all__ = ["Heap", "HeapPeak", "HeapRules", "give_back_freed", "heap_rules", "replay"]
 
 #: glibc's defaults on 64-bit systems
 MMAP_THRESHOLD = 128 * 1024
@@ -52,9 +52,6 @@ HEADER, ALIGN, MIN_CHUNK = 8, 16, 32
 CONSOLIDATE = 64 * 1024
 #: the alignment PyTorch's CPU allocator asks ``posix_memalign`` for
 MEMALIGN = 64
-#: the step between :func:`mmap_threshold_now`'s requests: the most it finds the threshold above its
-#: true value, and the most it raises it
-PROBE_STEP = 1.01
 
 
 @dataclass(frozen=True)
@@ -72,14 +69,10 @@ class HeapRules:
     maps: bool = True
 
 
-def heap_rules(environ: dict[str, str] | None = None, *, now: bool = False) -> HeapRules | None:
+def heap_rules(environ: dict[str, str] | None = None) -> HeapRules | None:
     """This process's allocator rules: glibc's, with its settings from the environment
     (``GLIBC_TUNABLES``' ``glibc.malloc.*``, before the ``MALLOC_*_`` variables); None where the C
-    library is not glibc (macOS, Windows, musl: their allocators are not modelled). With ``now``, a
-    dynamic threshold where this process has moved it (:func:`mmap_threshold_now`), not where a
-    fresh process starts: a loaded model and an earlier pass raise it to ~7-20 MiB, and a pass
-    planned from 128 KiB had twice the holes the run kept (SmolLM2 bfloat16, 1k tokens: 44 MiB
-    planned, 4-11 measured)."""
+    library is not glibc (macOS, Windows, musl: their allocators are not modelled)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
     env = os.environ if environ is None else environ
@@ -99,10 +92,7 @@ def heap_rules(environ: dict[str, str] | None = None, *, now: bool = False) -> H
         if values[field] < 0:
             del values[field]
     if not values:
-        found = mmap_threshold_now() if now else None
-        if found is None or found <= MMAP_THRESHOLD:
-            return HeapRules()
-        return HeapRules(mmap_threshold=found, trim_threshold=2 * found)  # glibc moves both together
+        return HeapRules()
     maps = values.pop("mmap_max", 1) > 0  # any of these set turns glibc's dynamic threshold off
     return HeapRules(**values, dynamic=False, maps=maps)
 
@@ -114,64 +104,6 @@ def give_back_freed() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
-
-
-def mmap_threshold_now() -> int | None:
-    """The smallest request glibc's malloc would map in this process now (bytes): its mmap
-    threshold, or above it the largest free chunk of the heap, which takes a request before a
-    mapping is tried — to a model of an empty heap, both the size from which requests are mapped.
-    None where it cannot be found (not glibc). glibc does not say it; it is found by asking:
-    requests rising :data:`PROBE_STEP` at a time from 128 KiB, each freed at once, until one is
-    mapped (its chunk's IS_MMAPPED bit, checked first on a request that must be mapped and one that
-    cannot be; ``mallinfo2``'s count of mappings walks every free chunk of every arena: 0.4 ms a
-    call in a loaded process). A request served from the heap touches one page of it; the first
-    mapped one, freed, raises the threshold to its own size — the value returned, at most
-    :data:`PROBE_STEP` above the one found. ~1 ms (~560 requests at most)."""
-    calls = _malloc_calls()
-    if calls is None:
-        return None
-    malloc, free = calls
-    size = MMAP_THRESHOLD - MEMALIGN  # glibc compares the chunk: the request, its header, rounded up
-    while size <= 2 * MMAP_THRESHOLD_MAX:
-        block = malloc(size)
-        if not block:
-            return None
-        mapping = _is_mapped(block)
-        free(block)
-        if mapping:  # freed, a mapping of at most MMAP_THRESHOLD_MAX sets the threshold to its size
-            return min(-(-(size + HEADER) // PAGE) * PAGE, MMAP_THRESHOLD_MAX)
-        size = int(size * PROBE_STEP)
-    return MMAP_THRESHOLD_MAX
-
-
-#: glibc's chunk header: the size word just before the block, its second bit set where it was mapped
-IS_MMAPPED = 0x2
-
-
-def _is_mapped(block: int) -> bool:
-    return bool(ctypes.c_size_t.from_address(block - HEADER).value & IS_MMAPPED)
-
-
-@functools.cache
-def _malloc_calls():
-    """(malloc, free) of glibc, or None — also where a chunk's header does not read as glibc's does
-    (a 64 MiB request, beyond the most the dynamic threshold reaches, is mapped; 64 bytes are not)."""
-    if heap_rules() is None:
-        return None
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None
-    malloc, free = libc.malloc, libc.free
-    malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    free.restype, free.argtypes = None, [ctypes.c_void_p]
-    small, large = malloc(64), malloc(2 * MMAP_THRESHOLD_MAX)
-    try:
-        read = bool(small and large) and not _is_mapped(small) and _is_mapped(large)
-    finally:
-        free(small)
-        free(large)
-    return (malloc, free) if read else None
 
 
 @functools.cache

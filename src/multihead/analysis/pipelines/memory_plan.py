@@ -288,8 +288,7 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     on_cpu = device.type == "cpu"  # the trace takes this CPU's kernels where they hold other buffers (AMX's tiles)
     forward, largest, events, kept = _traced(body, batch, tokens, chunk=chunk, budget=budget,
                                              limit=bytes_for(batch, tokens), work=work, on_cpu=on_cpu)
-    # a loaded model's plan is this process's: its heap's rules as they stand now, not a fresh process's
-    rules = heap_rules(now=loaded is not None) if device.type == "cpu" else None
+    rules = heap_rules() if device.type == "cpu" else None
     holes = max(_replayed(events, rules, kept) - forward, 0) if rules else 0
     probe = 0
     haystack = RETRIEVAL["haystack"] + 2 * NEEDLE + 1  # the retrieval probe's trial: its tokens
