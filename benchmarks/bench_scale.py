@@ -205,7 +205,7 @@ def main(flags: list[str] | None = None) -> None:
     rows = []
     for spec in models:
         for n in lengths:
-            # the timed methods' processes alternate (REPEATS of each), then the one that counts tensors
+            # the timed methods' processes alternate (`repeats` of each), then the one that counts tensors
             repeats = SHORT_REPEATS if n <= SHORT else REPEATS
             order = [*[m for _ in range(repeats) for m in METHODS[:2]], METHODS[2]]
             found: dict[str, list[dict]] = {m: [] for m in METHODS}

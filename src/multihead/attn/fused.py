@@ -40,7 +40,7 @@ from .. import compiled
 from .precision import HALF
 
 __all__ = ["TILES_ENV", "attend", "available", "pack", "packed_sizes", "runs_as_cpu", "softmax", "tiles_available",
-           "tiles_fit", "tiles_on", "traced_as_tiles"]
+           "tiles_fit", "traced_as_tiles"]
 
 SOURCE = Path(__file__).with_name("softmax.c")
 #: No -ffast-math: masked scores are -inf, and the compiler may not assume them away.
@@ -121,14 +121,10 @@ def traced_as_tiles(on: bool = True) -> Iterator[None]:
 
 
 def runs_as_cpu(device: torch.device) -> bool:
-    """Whether work on ``device`` takes this machine's CPU's paths and buffers: the CPU, or ``meta``
-    under :func:`traced_as_tiles` (a memory plan's trace)."""
+    """Whether work on ``device`` takes this machine's CPU's paths and buffers — the tiles' path among
+    them: the CPU, or ``meta`` under :func:`traced_as_tiles` (a memory plan's trace)."""
     return device.type == "cpu" or (device.type == "meta" and _TRACED_AS_CPU.get())
 
-
-def tiles_on(device: torch.device) -> bool:
-    """Whether the tiles' path is open to tensors on ``device``: the CPU, or ``meta`` under :func:`traced_as_tiles`."""
-    return runs_as_cpu(device)
 
 
 def tile_buffers(keys: int, dim: int) -> int:

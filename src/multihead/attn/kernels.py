@@ -277,7 +277,7 @@ def _tiles_apply(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, softcap: fl
     """Whether the whole attention may take the AMX tiles (:func:`~.fused.attend`): bfloat16 operands
     on a CPU with the tiles whose head dimensions fill them, no derivative, and nothing between the
     scores and the softmax but a mask that only hides keys."""
-    return (fused.tiles_on(q.device) and q.shape[2] > 0 and k.shape[2] > 0
+    return (fused.runs_as_cpu(q.device) and q.shape[2] > 0 and k.shape[2] > 0
             and not any(differentiated(t) for t in (q, k, v)) and _only_hides_keys(mask, softcap, sinks, dropout_p)
             and fused.tiles_fit(q, k, v)
             and precision.half_units(q.dtype))  # as the products' path takes them: in bfloat16's own units

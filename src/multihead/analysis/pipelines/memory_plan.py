@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -438,7 +439,7 @@ def _traced(body: Any, batch: int, tokens: int, *, chunk: int | None, budget: in
     return live.peak, largest, list(live.events or ()), kept
 
 
-def _replayed(events: list[tuple[int, int]], rules: HeapRules, kept: set[int] = frozenset()) -> int:
+def _replayed(events: list[tuple[int, int]], rules: HeapRules, kept: AbstractSet[int] = frozenset()) -> int:
     """What :data:`REPLAYS` passes of ``events`` one after another make resident under ``rules``
     (the heap's highest extent and the most mapped at once: a long pass's heap, once grown, stays);
     what one pass leaves alive is freed before the next (a layer's output, once the next has read it)

@@ -59,7 +59,6 @@ def group_zeros(*shape: int) -> Tensor:
     return torch.frombuffer(pages, dtype=torch.float64, count=count).view(shape)  # holds the map while it lives
 
 
-
 def group_table_bytes(groups: int, row_bytes: int, texts: int | None) -> int:
     """The memory a (``groups``, ...) :func:`group_zeros` table of ``row_bytes`` a group holds through a
     run of ``texts`` texts (None: every group): all of it where it is ``torch.zeros`` (below
