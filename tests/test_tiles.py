@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import multihead as mh
 from conftest import amx_tiles, masking_case
@@ -247,3 +249,36 @@ def test_a_streamed_layer_is_packed_once_and_its_chunks_are_as_packed_each(monke
     for (layer, start, w, out), (layer2, start2, w2, out2) in zip(seen, own, strict=True):
         assert (layer, start) == (layer2, start2)
         assert torch.equal(w, w2) and torch.equal(out, out2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(N=st.integers(0, 70), X=st.integers(0, 4200), seed=st.integers(0, 2**31))
+def test_the_tiles_gram_is_the_product_of_the_rows_with_themselves(N, X, seed):
+    """The cosine's Gram of bfloat16 rows on the tiles (``gram_rows``): rows @ rowsᵀ of every shape — rows
+    that do not fill a tile of 16, columns that do not fill a block of 32 or a share of 2,048 — each
+    product exact and the sums float32 (to float32's rounding of a sum of X terms), symmetric to the bit."""
+    fused = amx_tiles()
+    rows = torch.randn(N, X, generator=torch.Generator().manual_seed(seed)).bfloat16()
+    gram = fused.gram(rows)
+    assert gram.shape == (N, N) and gram.dtype == torch.float32
+    assert torch.equal(gram, gram.T)
+    want = rows.double() @ rows.double().T
+    torch.testing.assert_close(gram.double(), want, rtol=1e-5, atol=1e-5 * max(1.0, X ** 0.5))
+
+
+def test_a_bfloat16_cosine_gram_takes_the_tiles_and_refuses_what_they_cannot_read(monkeypatch):
+    """redundancy's Gram of a bfloat16 block goes to the tiles (float32 sums, none rounded to bfloat16);
+    the tiles' Gram refuses other dtypes and layouts in one line."""
+    from multihead.analysis.stats import redundancy
+
+    fused = amx_tiles()
+    calls = []
+    real = fused.gram
+    monkeypatch.setattr(fused, "gram", lambda rows: (calls.append(tuple(rows.shape)), real(rows))[1])
+    unit = torch.randn(270, 576 * 3, generator=torch.Generator().manual_seed(1)).bfloat16()
+    gram = redundancy._gram(unit)
+    assert calls == [(270, 1728)] and gram.dtype == torch.float32
+    torch.testing.assert_close(gram.double(), unit.double() @ unit.double().T, rtol=1e-5, atol=1e-3)
+    for bad in (unit.float(), unit.T, unit[None]):
+        with pytest.raises(ValueError, match="bfloat16 rows"):
+            real(bad)

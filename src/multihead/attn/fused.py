@@ -20,7 +20,8 @@ row pass on the scores while they are in the thread's cache, PÂ·V on the tiles â
 path (oneDNN's GEMMs around :func:`softmax`) to the bit on the tests' shapes, without the chunk's
 scores and half weights in memory and without a oneDNN primitive per chunk shape (their cache held
 ~230 MiB at 8k tokens of a 28-layer model, which no memory plan could see). ``MULTIHEAD_TILES=0``
-keeps the products' path.
+keeps the products' path. The same tiles form the Gram of bfloat16 rows (:func:`gram`: the redundancy
+cosine's, 1.4-1.6x oneDNN's product of its short, wide shape).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from torch import Tensor
 from .. import compiled
 from .precision import HALF
 
-__all__ = ["TILES_ENV", "attend", "available", "pack", "packed_sizes", "runs_as_cpu", "softmax", "tiles_available",
-           "tiles_fit", "traced_as_tiles"]
+__all__ = ["GRAM_THREADED", "TILES_ENV", "attend", "available", "gram", "pack", "packed_sizes", "runs_as_cpu",
+           "softmax", "tiles_available", "tiles_fit", "traced_as_tiles"]
 
 SOURCE = Path(__file__).with_name("softmax.c")
 #: No -ffast-math: masked scores are -inf, and the compiler may not assume them away.
@@ -74,6 +75,8 @@ def _library() -> ctypes.CDLL | None:
     lib.attend_rows.restype = None
     lib.pack_operands.argtypes = [ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64]
     lib.pack_operands.restype = None
+    lib.gram_rows.argtypes = [ptr, i64, i64, ptr, i64]
+    lib.gram_rows.restype = None
     return lib if lib.fused_available() else None
 
 
@@ -220,6 +223,31 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, keys: int, weights: Te
                     out.data_ptr(), None if keep is None else keep.data_ptr(), H, T, *strides,
                     None if entropy is None else entropy.data_ptr(), packed_keys.data_ptr(), packed_values.data_ptr(),
                     scratch.data_ptr(), parts, packed)
+
+
+#: Multiply-adds of a Gram below which :func:`gram` runs on the calling thread alone.
+GRAM_THREADED = 1 << 22
+
+
+def gram(rows: Tensor) -> Tensor:
+    """``rows @ rows.T`` of bfloat16 rows (N, X), contiguous, in CPU memory, on the AMX tiles
+    (``softmax.c``, ``gram_rows``): (N, N) float32, each product exact and the sums float32 (in
+    another order than a BLAS's: they differ in float32's last places), symmetric exactly. Where the
+    tiles are not available (:func:`tiles_available`) it raises; the caller multiplies instead."""
+    if not tiles_available():
+        raise RuntimeError("the AMX tiles are not available here (see multihead.attn.fused.tiles_available)")
+    if not (rows.dim() == 2 and rows.dtype == torch.bfloat16 and rows.device.type == "cpu" and rows.is_contiguous()):
+        raise ValueError(f"gram: bfloat16 rows (N, X), contiguous, in CPU memory; got {tuple(rows.shape)} {rows.dtype} "
+                         f"on {rows.device}")
+    N, X = rows.shape
+    out = torch.empty(N, N, dtype=torch.float32)
+    if N == 0:
+        return out
+    if X == 0:
+        return out.zero_()
+    parts = 1 if N * N * X < GRAM_THREADED else max(1, torch.get_num_threads())
+    _library().gram_rows(rows.data_ptr(), N, X, out.data_ptr(), parts)
+    return out
 
 
 def _mask_rows(keep: Tensor, shape: tuple[int, int, int, int]) -> tuple[Tensor, tuple[int, int, int]]:

@@ -34,6 +34,7 @@ from bisect import bisect_left
 import torch
 from torch import Tensor
 
+from ...attn import fused
 from ...attn.precision import HALF, half_matmul, half_units
 from ...attn.rowstats import rows_at
 from ...hf.route import AttentionChunk
@@ -361,7 +362,8 @@ def gram_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
 
     A half model's contributions are products in its dtype already (each rounded to it); rounding
     their unit vectors to it as well and multiplying them in its units — oneDNN sums each product in
-    float32 and rounds the step's (N, N) sums once, which float64 then adds — moves a mean cosine by
+    float32 and rounds the step's (N, N) sums once, which float64 then adds (the tiles' own Gram,
+    :func:`_gram`, keeps them float32) — moves a mean cosine by
     at most ~6e-3 in bfloat16 (2^-8 from the unit vectors' rounding, by Cauchy–Schwarz, 2^-9 from the
     sums') and by less than 1e-3 in practice (SmolLM2 at 1k: 8.2e-4; docs/analysis.md), for 2.6x
     (AVX-512 BF16, AMD EPYC) to 4x (AMX) the float32 Gram's speed — the largest single step of a
@@ -372,13 +374,18 @@ def gram_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
 
 
 def _gram(unit: Tensor, parts: int = 3) -> Tensor:
-    """unit @ unitᵀ (N, N) of unit (N, X): ``parts`` square blocks of ceil(N / parts) rows (the last
+    """unit @ unitᵀ (N, N) of unit (N, X). Of bfloat16 rows on a CPU with the AMX tiles, their own
+    Gram (:func:`~multihead.attn.fused.gram`: float32 sums, none rounded to bfloat16 — 1.4-1.6x
+    oneDNN's product of this short, wide shape, SmolLM2's 270 heads × 55,296, Xeon with AMX). Else
+    ``parts`` square blocks of ceil(N / parts) rows (the last
     one ending at N, overlapping the one before where ``parts`` does not divide N), each pair of them
     on and above the diagonal one product — 2/3 of the full product's multiply-adds for 3 parts —
     and every product of one shape, so a GEMM library that builds a kernel for each shape it meets
     (oneDNN's AMX kernels, ~15 ms each) builds one where bands of rows against all later rows (three
     shapes) had cost SmolLM2's first analysis in a process 0.1 s (Intel Xeon with AMX). Its upper
     triangle mirrored below: symmetric exactly, whatever the BLAS."""
+    if unit.dtype == torch.bfloat16 and unit.device.type == "cpu" and unit.is_contiguous() and fused.tiles_available():
+        return fused.gram(unit)
     N = unit.shape[0]
     size = -(-N // max(1, min(parts, N)))
     starts = sorted({min(i * size, N - size) for i in range(-(-N // size))})
