@@ -358,16 +358,18 @@ static inline void extents_of(const int64_t *shared, const uint8_t *seen, int64_
    read as often as written; three 292-row chunks of its 9 heads over 1k, 4k and 8k keys, Xeon with
    AMX, 28.6–33.2 → 26.7–27.4 ms alternating) — or NULL: they go through w. */
 static void softmax_row(const char *s, int64_t kind, float *w, uint16_t *h, int64_t half_keys, int64_t half_kind,
-                        int64_t K, const uint8_t *seen, int64_t open, int64_t last, float *entropy, float *e) {
+                        int64_t K, const uint8_t *seen, int64_t open, int64_t last, float *entropy, float *e,
+                        int64_t from, float top, int bad_before) {
     /* the row's largest score. `visible`: whether the row may see a key; `broken`: a key it may see
        scores NaN or +inf; `end`: the keys after the last block that holds one it may see weigh 0 — they
        are not soft-maxed, only zeroed */
     int visible = last > 0;
     int64_t end = (last + W - 1) / W * W;
     end = end < K ? end : K;
-    vf largest_so_far = splat(-INFINITY);
+    vf largest_so_far = splat(top); /* the keys before `from` (a multiple of W, <= open): read as they were
+                                        scored, their largest `top`, a NaN or +inf among them `bad_before` */
     vmask bad = no_lanes();
-    int64_t j = 0;
+    int64_t j = from;
     for (; j + W <= open; j += W) { /* every lane seen */
         vf x = load_scores(s, j, W, kind);
         bad = mask_or(bad, bad_scores(x)); /* NaN or +inf */
@@ -380,7 +382,7 @@ static void softmax_row(const char *s, int64_t kind, float *w, uint16_t *h, int6
         bad = mask_or(bad, mask_and(k, bad_scores(x)));
         largest_so_far = max_where(largest_so_far, k, x);
     }
-    int broken = mask_any(bad);
+    int broken = bad_before || mask_any(bad);
     float largest = reduce_max(largest_so_far);
     if (!visible || broken || largest == -INFINITY) {
         /* no key to see: zeros (the kernel's definition); NaN or infinite scores, or -inf at every key
@@ -466,7 +468,7 @@ void softmax_rows(const void *scores, int64_t score_stride, int64_t kind, float 
         /* the row's scores; its float32 weights in their place where the scores are float32 */
         softmax_row((const char *)scores + r * score_stride * size, kind, weights + r * K,
                     half ? half + r * half_stride : NULL, half_keys, half_kind, K, seen, open, last,
-                    entropy ? entropy + r : NULL, NULL);
+                    entropy ? entropy + r : NULL, NULL, 0, -INFINITY, 0);
     }
     free(shared);
 }
@@ -571,10 +573,13 @@ static inline void sums_stored(float *sums) {
 
 /* 16 float32 sums -> 16 bfloat16 scores, rounded as oneDNN rounds its product (then scaled and rounded
    again, as eager's `product * scale`, where scale is not 1) */
-static inline void store_score(uint16_t *score, const float *sum, float scale) {
+static inline vf store_score(uint16_t *score, const float *sum, float scale) {
     vf x = _mm512_load_ps(sum);
     if (scale != 1.0f) x = round_bfloat16(x) * splat(scale);
-    store_half(score, x, 16, 1);
+    __m512i bits = _mm512_castps_si512(round_bfloat16(x));
+    _mm256_storeu_si256((__m256i *)score, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+    /* the score as load_scores reads it back: its high half */
+    return _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
 /* q (groups, rows, Dk), k (groups, S, Dk), v (groups, S, Dv): bfloat16, contiguous; group g's rows are
@@ -648,6 +653,12 @@ void attend_rows(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_
                    sums, or q's tiles kept loaded: 0.27-0.28 ns) */
                 const uint32_t *kp = kpack + g * packed16 * Dk / 2;
                 const int64_t blocks = up(reach, 16) / 16, step = dim_blocks * 256; /* a block of keys' words */
+                /* each row's largest score, and whether one is NaN or +inf, over the blocks of keys it sees
+                   whole, as they are scored (softmax_row's own pass over them had been an eighth of this
+                   function's time: the scores read again from L2) */
+                vf tops[TILE_ROWS];
+                __mmask16 bads[TILE_ROWS];
+                for (int64_t r = 0; r < TILE_ROWS; r++) tops[r] = splat(-INFINITY), bads[r] = 0;
                 for (int64_t kb = 0; kb < blocks; kb++) {
                     _tile_zero(0);
                     for (int64_t db = 0; db < dim_blocks; db++) {
@@ -656,13 +667,19 @@ void attend_rows(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_
                         _tile_dpbf16ps(0, 1, 2);
                     }
                     _tile_stored(0, sums, 64);
-                    for (int64_t r = 0; r < TILE_ROWS; r++) store_score(scores + r * keys32 + kb * 16, sums + r * 16, scale);
+                    for (int64_t r = 0; r < TILE_ROWS; r++) {
+                        vf x = store_score(scores + r * keys32 + kb * 16, sums + r * 16, scale);
+                        if (r < m && (kb + 1) * 16 <= open[r]) {
+                            bads[r] |= bad_scores(x);
+                            tops[r] = max_all(tops[r], x);
+                        }
+                    }
                 }
                 const int64_t reach32 = up(reach, VALUE_KEYS);
                 for (int64_t r = 0; r < m; r++)
                     softmax_row((const char *)(scores + r * keys32), 1, weights + (first + r) * S, probs + r * keys32,
                                 reach32, 1, S, seen[r], open[r], last[r], entropy ? entropy + first + r : NULL,
-                                exps);
+                                exps, open[r] / 16 * 16, reduce_max(tops[r]), bads[r] != 0);
                 /* P·V, 64 dimensions at a time */
                 for (int64_t d0 = 0; d0 < value_blocks; d0 += 4) {
                     const uint16_t *vp = vpack + g * packed32 * Dv + d0 * 512;
