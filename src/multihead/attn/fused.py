@@ -129,7 +129,6 @@ def runs_as_cpu(device: torch.device) -> bool:
     return device.type == "cpu" or (device.type == "meta" and _TRACED_AS_CPU.get())
 
 
-
 def tile_buffers(keys: int, dim: int) -> int:
     """bfloat16 entries :func:`attend` needs in ``scratch`` per thread for S = ``keys`` and Dk = ``dim``:
     a tile's scores and half weights (16 rows of S rounded up to 32), q for a short tile, and a row's

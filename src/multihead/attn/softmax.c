@@ -349,7 +349,6 @@ static inline void extents_of(const int64_t *shared, const uint8_t *seen, int64_
     }
 }
 
-
 /* One row: its scores s (K of `kind`) -> float32 weights w (K), half weights h (half_keys, zeros at
    keys K..half_keys-1) where h is not NULL, and its entropy where `entropy` is not NULL. e: K floats
    of the thread's own, 64-byte aligned, for the row's exponentials — the weights then written once,
