@@ -14,6 +14,7 @@ import multihead as mh
 from conftest import amx_tiles, masking_case
 from multihead import masks
 from multihead.attn import kernels
+from multihead.attn.placement import traced_as_cpu
 from multihead.attn.workspace import Workspace
 
 
@@ -165,17 +166,17 @@ def test_attend_refuses_operands_it_cannot_read():
 
 
 def test_a_memory_plan_traces_the_tiles_buffers_on_meta():
-    """On ``meta`` under ``traced_as_tiles`` the math kernel takes the tiles' path — its weights,
+    """On ``meta`` under ``traced_as_cpu`` the math kernel takes the tiles' path — its weights,
     packed operands and tile buffers, no scores or half weights of the chunk — and outside it the
     products' (a plan for another device)."""
-    fused = amx_tiles()
+    amx_tiles()
     from multihead.attn.memory import LiveBytes
 
     q = torch.empty(1, 9, 512, 64, dtype=torch.bfloat16, device="meta")
     k = v = torch.empty(1, 3, 2048, 64, dtype=torch.bfloat16, device="meta")
     peaks = {}
     for tiles in (True, False):
-        with fused.traced_as_tiles(tiles), torch.inference_mode(), LiveBytes("meta") as live:
+        with traced_as_cpu(tiles), torch.inference_mode(), LiveBytes("meta") as live:
             out, w = mh.attention(q, k, v, masks.causal(), backend="math", need_weights=True,
                                   weights_dtype=torch.float32)
         assert out.shape == (1, 9, 512, 64) and w.shape == (1, 9, 512, 2048)

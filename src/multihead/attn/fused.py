@@ -26,12 +26,9 @@ cosine's, 1.4-1.6x oneDNN's product of its short, wide shape).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import ctypes
 import functools
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -40,8 +37,8 @@ from torch import Tensor
 from .. import compiled
 from .precision import HALF
 
-__all__ = ["GRAM_THREADED", "TILES_ENV", "attend", "available", "gram", "pack", "packed_sizes", "runs_as_cpu",
-           "softmax", "tiles_available", "tiles_fit", "traced_as_tiles"]
+__all__ = ["GRAM_THREADED", "TILES_ENV", "attend", "available", "gram", "pack", "packed_sizes",
+           "softmax", "tiles_available", "tiles_fit"]
 
 SOURCE = Path(__file__).with_name("softmax.c")
 #: No -ffast-math: masked scores are -inf, and the compiler may not assume them away.
@@ -103,30 +100,9 @@ def _tiles_granted() -> bool:
 def tiles_fit(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether :func:`attend` takes operands of these dtypes and head dimensions — bfloat16, dimensions
     that fill the tiles (Dk a multiple of 32, Dv of 64) — on this machine, the tiles available (the
-    caller checks their device: the CPU, or ``meta`` under :func:`traced_as_tiles`)."""
+    caller checks their device: the CPU, or ``meta`` under :func:`~.placement.traced_as_cpu`)."""
     return (q.dtype == k.dtype == v.dtype == torch.bfloat16 and q.shape[-1] % 32 == 0 and v.shape[-1] % 64 == 0
             and q.shape[-1] == k.shape[-1] and tiles_available())
-
-
-#: Whether a trace on ``meta`` stands for a CPU run here (a memory plan's): it then takes the tiles' path too.
-_TRACED_AS_CPU: contextvars.ContextVar[bool] = contextvars.ContextVar("traced_as_cpu", default=False)
-
-
-@contextlib.contextmanager
-def traced_as_tiles(on: bool = True) -> Iterator[None]:
-    """Within it, attention on ``meta`` takes the path a CPU run of this machine takes — the tiles'
-    where they apply — so that a memory plan traces the buffers the run will hold."""
-    token = _TRACED_AS_CPU.set(on)
-    try:
-        yield
-    finally:
-        _TRACED_AS_CPU.reset(token)
-
-
-def runs_as_cpu(device: torch.device) -> bool:
-    """Whether work on ``device`` takes this machine's CPU's paths and buffers — the tiles' path among
-    them: the CPU, or ``meta`` under :func:`traced_as_tiles` (a memory plan's trace)."""
-    return device.type == "cpu" or (device.type == "meta" and _TRACED_AS_CPU.get())
 
 
 def tile_buffers(keys: int, dim: int) -> int:

@@ -34,6 +34,7 @@ from .autodiff import differentiated
 from .chunked import chunked_attention, fusable
 from .dispatch import BACKENDS, BackendChoice, choose
 from .memory import check_memory, estimate_memory
+from .placement import runs_as_cpu
 from .plans import plan_chunks
 from .precision import HALF, as_half_product, compute_dtype, half_matmul, key_grid, raised_dtype, score_operands
 from .workspace import Workspace
@@ -234,9 +235,11 @@ def _compiled_softmax_applies(product: Tensor, keys: int, mask: Mask | None, sof
     """Whether a chunk's softmax may take the compiled pass (:mod:`.fused`): the final scores in
     ``product`` — half ones formed in their dtype on a CPU with units for it, or float32 ones over
     exactly ``keys`` keys (a float32 model's, or a half model's rounded in place) — no gradient, and
-    nothing between the scores and the softmax but a mask that only hides keys."""
+    nothing between the scores and the softmax but a mask that only hides keys — on the CPU, or on
+    ``meta`` in a memory plan's trace of a CPU run (:func:`~.placement.traced_as_cpu`), which then
+    holds the buffers this path holds, not the eager path's masked copies."""
     return ((product.dtype in HALF or (product.dtype == torch.float32 and product.shape[-1] == keys))
-            and product.device.type == "cpu" and not differentiated(product)
+            and runs_as_cpu(product.device) and not differentiated(product)
             and _only_hides_keys(mask, softcap, sinks, dropout_p) and fused.available())
 
 
@@ -277,7 +280,7 @@ def _tiles_apply(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, softcap: fl
     """Whether the whole attention may take the AMX tiles (:func:`~.fused.attend`): bfloat16 operands
     on a CPU with the tiles whose head dimensions fill them, no derivative, and nothing between the
     scores and the softmax but a mask that only hides keys."""
-    return (fused.runs_as_cpu(q.device) and q.shape[2] > 0 and k.shape[2] > 0
+    return (runs_as_cpu(q.device) and q.shape[2] > 0 and k.shape[2] > 0
             and not any(differentiated(t) for t in (q, k, v)) and _only_hides_keys(mask, softcap, sinks, dropout_p)
             and fused.tiles_fit(q, k, v)
             and precision.half_units(q.dtype))  # as the products' path takes them: in bfloat16's own units
@@ -366,7 +369,8 @@ def _compiled_softmax_attention(product: Tensor, v: Tensor, mask: Mask | None, t
     if v.dtype in HALF:
         half = take("half weights", (B * Hkv, (H // Hkv) * T, grid), v.dtype)  # (B·Hkv, G·T, grid)
     entropy = _entropy_buffer(take, (B, H, T))  # (B, H, T) or None
-    fused.softmax(product, S, weights, half, keep, entropy)
+    if product.device.type != "meta":  # a memory plan's trace: the buffers only
+        fused.softmax(product, S, weights, half, keep, entropy)
     if entropy is not None:
         take.workspace.entropy = entropy
     taken = weights.view(B * Hkv, (H // Hkv) * T, S) if half is None else half  # (B·Hkv, G·T, grid)

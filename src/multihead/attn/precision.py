@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from . import gemm
 from .autodiff import transformed
+from .placement import runs_as_cpu
 
 __all__ = ["HALF", "KEY_GRID", "RAISED_BYTES", "RAISED_WEIGHT_BYTES", "Linear", "as_half_product", "autocast_half",
            "compute_dtype", "half_matmul", "half_units", "key_grid", "linear", "raised_dtype", "raised_linear",
@@ -67,7 +68,7 @@ def score_operands(q: Tensor, k: Tensor, *, half_product: bool = True) -> tuple[
     a new key count every chunk, not padded (the chunked long kernels). Elsewhere (CUDA's tensor
     cores, full precision) unchanged.
     """
-    if q.dtype in HALF and q.device.type == "cpu" and not (half_product and _half_product_on_cpu(q)):
+    if q.dtype in HALF and runs_as_cpu(q.device) and not (half_product and _half_product_on_cpu(q)):
         return q.float(), k.float()  # small beside the (T, S) scores
     return q, k
 
@@ -75,7 +76,7 @@ def score_operands(q: Tensor, k: Tensor, *, half_product: bool = True) -> tuple[
 def slow_half_product(t: Tensor) -> bool:
     """Whether ``t`` is a half tensor on a CPU without units for its dtype (:func:`half_units`), where
     PyTorch's own half GEMM is a scalar loop and a product is better formed in float32."""
-    return t.dtype in HALF and t.device.type == "cpu" and not half_units(t.dtype)
+    return t.dtype in HALF and runs_as_cpu(t.device) and not half_units(t.dtype)
 
 
 def autocast_half(t: Tensor) -> torch.dtype | None:
@@ -130,7 +131,7 @@ class Linear(nn.Linear):
 
 def _half_product_on_cpu(t: Tensor) -> bool:
     """Whether ``t`` is a half tensor on a CPU that multiplies it in its own units."""
-    return t.dtype in HALF and t.device.type == "cpu" and half_units(t.dtype)
+    return t.dtype in HALF and runs_as_cpu(t.device) and half_units(t.dtype)
 
 
 def key_grid(t: Tensor, keys: int) -> int:

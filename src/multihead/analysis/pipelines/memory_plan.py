@@ -51,9 +51,9 @@ from typing import Any
 
 import torch
 
-from ...attn.fused import traced_as_tiles
 from ...attn.heap import HeapRules, heap_rules, replay
 from ...attn.memory import LiveBytes, available_memory, pages_in_memory, process_resident
+from ...attn.placement import traced_as_cpu
 from ...hf.capture import AttentionCapture
 from ...hf.load import empty_model, max_positions
 from ...hf.model import HFModel, takes
@@ -412,7 +412,8 @@ def _traced(body: Any, batch: int, tokens: int, *, chunk: int | None, budget: in
     the keys of those the pass keeps for its next layers) of one pass of ``body`` on meta, its
     attention streamed to a reader that takes ``work`` (:data:`READER_WORK`,
     :data:`NATIVE_READER_WORK`) × each chunk's float32 map; ``on_cpu``: the pass as this machine's
-    CPU runs it (the AMX tiles' attention where it applies, :func:`~multihead.attn.fused.traced_as_tiles`,
+    CPU runs it (its kernels' paths — the AMX tiles', the compiled softmax's —
+    :func:`~multihead.attn.placement.traced_as_cpu`,
     and the chunks' buffers lent from layer to layer, :class:`~multihead.attn.workspace.Workspace`)."""
     largest = 0
 
@@ -432,7 +433,7 @@ def _traced(body: Any, batch: int, tokens: int, *, chunk: int | None, budget: in
     # heap's holes replayed beside them passed the RSS peak by 27-43 % at 1k (SmolLM2, AMD EPYC).
     capture = AttentionCapture(body, reader, chunk=chunk, budget=budget, chunk_bytes=limit, transient=True)
     capture.grow = False
-    with torch.inference_mode(), capture, traced_as_tiles(on_cpu), _FullBatch("meta", record=True) as live:
+    with torch.inference_mode(), capture, traced_as_cpu(on_cpu), _FullBatch("meta", record=True) as live:
         body(input_ids=ids, attention_mask=torch.ones_like(ids), **extra)
         lent = capture.workspace.buffers() if capture.workspace is not None else []
         kept = {t.untyped_storage()._cdata for t in lent}
