@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 import multihead as mh
 from conftest import compiled_softmax, mask_cases, masking_case
 from multihead import masks
+from multihead.attn.cpu_trace import traced_as_cpu
 from multihead.attn.memory import LiveBytes
-from multihead.attn.placement import traced_as_cpu
 
 HALF = (torch.float16, torch.bfloat16)
 

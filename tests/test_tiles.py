@@ -14,7 +14,7 @@ import multihead as mh
 from conftest import amx_tiles, masking_case
 from multihead import masks
 from multihead.attn import kernels
-from multihead.attn.placement import traced_as_cpu
+from multihead.attn.cpu_trace import traced_as_cpu
 from multihead.attn.workspace import Workspace
 
 

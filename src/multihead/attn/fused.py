@@ -100,7 +100,7 @@ def _tiles_granted() -> bool:
 def tiles_fit(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether :func:`attend` takes operands of these dtypes and head dimensions — bfloat16, dimensions
     that fill the tiles (Dk a multiple of 32, Dv of 64) — on this machine, the tiles available (the
-    caller checks their device: the CPU, or ``meta`` under :func:`~.placement.traced_as_cpu`)."""
+    caller checks their device: the CPU, or ``meta`` under :func:`~.cpu_trace.traced_as_cpu`)."""
     return (q.dtype == k.dtype == v.dtype == torch.bfloat16 and q.shape[-1] % 32 == 0 and v.shape[-1] % 64 == 0
             and q.shape[-1] == k.shape[-1] and tiles_available())
 

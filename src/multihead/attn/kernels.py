@@ -32,9 +32,9 @@ from ..masks import FULL, Causal, Mask, TopK, as_mask, split_topk
 from . import fused, gemm, precision
 from .autodiff import differentiated
 from .chunked import chunked_attention, fusable
+from .cpu_trace import runs_as_cpu
 from .dispatch import BACKENDS, BackendChoice, choose
 from .memory import check_memory, estimate_memory
-from .placement import runs_as_cpu
 from .plans import plan_chunks
 from .precision import HALF, as_half_product, compute_dtype, half_matmul, key_grid, raised_dtype, score_operands
 from .workspace import Workspace
@@ -236,7 +236,7 @@ def _compiled_softmax_applies(product: Tensor, keys: int, mask: Mask | None, sof
     ``product`` — half ones formed in their dtype on a CPU with units for it, or float32 ones over
     exactly ``keys`` keys (a float32 model's, or a half model's rounded in place) — no gradient, and
     nothing between the scores and the softmax but a mask that only hides keys — on the CPU, or on
-    ``meta`` in a memory plan's trace of a CPU run (:func:`~.placement.traced_as_cpu`), which then
+    ``meta`` in a memory plan's trace of a CPU run (:func:`~.cpu_trace.traced_as_cpu`), which then
     holds the buffers this path holds, not the eager path's masked copies."""
     return ((product.dtype in HALF or (product.dtype == torch.float32 and product.shape[-1] == keys))
             and runs_as_cpu(product.device) and not differentiated(product)

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from . import gemm
 from .autodiff import transformed
-from .placement import runs_as_cpu
+from .cpu_trace import runs_as_cpu
 
 __all__ = ["HALF", "KEY_GRID", "RAISED_BYTES", "RAISED_WEIGHT_BYTES", "Linear", "as_half_product", "autocast_half",
            "compute_dtype", "half_matmul", "half_units", "key_grid", "linear", "raised_dtype", "raised_linear",

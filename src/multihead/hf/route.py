@@ -41,9 +41,9 @@ import torch
 from torch import Tensor, nn
 
 from ..attn import attention, rowstats
+from ..attn.cpu_trace import runs_as_cpu
 from ..attn.layer import MultiHeadAttention, scale_heads
 from ..attn.memory import available_memory
-from ..attn.placement import runs_as_cpu
 from ..attn.precision import KEY_GRID, half_matmul, key_grid
 from ..attn.workspace import Workspace
 from ..masks import Causal, FromTensor, Mask, Rows, as_mask, causal, from_tensor, split_topk, window

@@ -51,9 +51,9 @@ from typing import Any
 
 import torch
 
+from ...attn.cpu_trace import traced_as_cpu
 from ...attn.heap import HeapRules, heap_rules, replay
 from ...attn.memory import LiveBytes, available_memory, pages_in_memory, process_resident
-from ...attn.placement import traced_as_cpu
 from ...hf.capture import AttentionCapture
 from ...hf.load import empty_model, max_positions
 from ...hf.model import HFModel, takes
@@ -413,7 +413,7 @@ def _traced(body: Any, batch: int, tokens: int, *, chunk: int | None, budget: in
     attention streamed to a reader that takes ``work`` (:data:`READER_WORK`,
     :data:`NATIVE_READER_WORK`) × each chunk's float32 map; ``on_cpu``: the pass as this machine's
     CPU runs it (its kernels' paths — the AMX tiles', the compiled softmax's —
-    :func:`~multihead.attn.placement.traced_as_cpu`,
+    :func:`~multihead.attn.cpu_trace.traced_as_cpu`,
     and the chunks' buffers lent from layer to layer, :class:`~multihead.attn.workspace.Workspace`)."""
     largest = 0
 
