@@ -215,3 +215,43 @@ def test_the_model_predicts_the_real_glibcs__resident():
     predicted = _resident(events, HeapRules(mmap_threshold=_mapped(30 * MiB), trim_threshold=2 * _mapped(30 * MiB)))
     assert abs(predicted / found["rise"] - 1) < 0.1, (predicted / MiB, found["rise"] / MiB)
     assert found["rise"] > 1.3 * tensors  # the holes are real: tensors alone fall well short
+
+
+def test_a_paced_give_back_gives_back_once_its_interval_has_passed(monkeypatch):
+    given = []
+    monkeypatch.setattr(heap, "give_back_freed", lambda: given.append(1))
+    now = [0.0]
+    paced = heap.PacedGiveBack(interval=1.0, clock=lambda: now[0])
+    assert not paced() and not given  # no time since it was made
+    now[0] = 0.6
+    assert not paced()
+    now[0] = 1.0
+    assert paced() and given == [1]
+    now[0] = 1.5  # counted from the last give-back, not from the start
+    assert not paced()
+    now[0] = 2.0
+    assert paced() and paced.given == 2 == len(given)
+
+
+GIVEN_BACK = """
+import ctypes, json, torch
+from multihead.attn.heap import give_back_freed
+def rss():
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS:"))
+torch.ones(30 * 2**20, dtype=torch.uint8).sum()  # a freed 30 MiB mapping: glibc's threshold is now 30 MiB
+hole = torch.ones(20 * 2**20, dtype=torch.uint8)  # from the heap
+wall = torch.ones(2**20, dtype=torch.uint8)  # above it: the hole cannot go back at the heap's top
+before = rss()
+del hole
+freed = rss()
+give_back_freed()
+print(json.dumps({"kept": before - freed, "given": freed - rss()}))
+"""
+
+
+@pytest.mark.skipif(heap_rules() is None, reason="malloc_trim is glibc's; this C library is another")
+def test_a_hole_in_the_heap_stays_resident_until_given_back():
+    done = subprocess.run([sys.executable, "-c", GIVEN_BACK], capture_output=True, text=True, check=True)
+    found = json.loads(done.stdout)
+    assert found["kept"] < 2 * MiB  # freed, and still resident: why a long pass's heap holds pages
+    assert found["given"] > 18 * MiB  # malloc_trim(0) advises a hole's pages away, not only the top's

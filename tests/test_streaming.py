@@ -277,6 +277,32 @@ def test_a_transient_capture_lends_one_set_of_buffers_to_every_streamed_layer_un
             torch.testing.assert_close(w, maps[:, :, start:start + w.shape[2], :w.shape[-1]], atol=1e-12, rtol=0)
 
 
+def test_a_transient_cpu_capture_gives_the_heaps_free_pages_back_after_each_streamed_layer_paced(monkeypatch):
+    from multihead.attn import heap
+    from multihead.hf import route
+
+    given: list[int] = []
+    monkeypatch.setattr(heap, "give_back_freed", lambda: given.append(1))
+    ticks = iter(range(10**6))  # a clock a second later at every look: every layer's give-back is due
+    monkeypatch.setattr(route, "PacedGiveBack", lambda: heap.PacedGiveBack(clock=lambda: float(next(ticks))))
+    model = build("llama (GQA)")
+    batch = inputs("llama (GQA)", model)
+    layers = model.config.num_hidden_layers
+    with mh.hf.AttentionCapture(model, lambda c: None, chunk=3, transient=True) as capture, torch.no_grad():
+        model(**batch)
+        assert len(given) == layers  # after each layer's chunks, before the rest of its block
+        assert capture.give_back is not None and capture.give_back.given == layers
+
+    monkeypatch.setattr(route, "PacedGiveBack", lambda: heap.PacedGiveBack(clock=lambda: 0.0))  # time stands still
+    with mh.hf.AttentionCapture(model, lambda c: None, chunk=3, transient=True), torch.no_grad():
+        model(**batch)
+    assert len(given) == layers  # paced: none within its interval
+    # a reader that keeps its chunks gets no lent buffers, so no give-backs: fresh blocks every chunk
+    with mh.hf.AttentionCapture(model, lambda c: None, chunk=3), torch.no_grad():
+        model(**batch)
+    assert len(given) == layers
+
+
 def test_buffers_lent_under_inference_mode_are_remade_for_a_forward_outside_it():
     model = build("llama (GQA)")
     batch = inputs("llama (GQA)", model)

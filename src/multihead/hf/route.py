@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from ..attn import attention, rowstats
 from ..attn.cpu_trace import runs_as_cpu
+from ..attn.heap import PacedGiveBack
 from ..attn.layer import MultiHeadAttention, scale_heads
 from ..attn.memory import available_memory
 from ..attn.precision import KEY_GRID, half_matmul, key_grid
@@ -274,6 +275,9 @@ class Attachment:
     transient: bool = False
     #: the buffers this reader lends its streamed layers, made at the first one (see ``transient``)
     workspace: Workspace | None = None
+    #: the C heap's free pages given back after each of its streamed layers, paced (made with
+    #: ``workspace``: a CPU's; :class:`~multihead.attn.heap.PacedGiveBack`)
+    give_back: PacedGiveBack | None = None
     #: whether a streamed layer's chunks may take more rows where their rows see fewer keys
     #: (:func:`_widest`); False: every chunk takes the rows of all S keys its bytes hold
     grow: bool = True
@@ -792,6 +796,10 @@ def _chunked(site: AttentionSite, layer: int, readers: list[Attachment], query: 
     finally:
         if workspace is not None:
             workspace.layer = workspace.packed = None
+    if workspace is not None and readers[0].give_back is not None:
+        # the layer's chunks are freed: their heap's free pages back to the system before the rest of
+        # the block (its MLP, where a long text's peak is) grows the heap further (see PacedGiveBack)
+        readers[0].give_back()
     return outs  # (B, H, T, Dv)
 
 
@@ -921,6 +929,7 @@ def _lent_workspace(reader: Attachment, entries: int) -> Workspace:
     entries: its own from an earlier layer (a larger layer's chunks grow them), else new ones."""
     if reader.workspace is None:
         reader.workspace = Workspace(entries, entropy=True)
+        reader.give_back = PacedGiveBack()
     reader.workspace.map_entries = max(reader.workspace.map_entries, entries)
     return reader.workspace
 
