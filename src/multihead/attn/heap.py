@@ -120,7 +120,9 @@ class PacedGiveBack:
     the next layer reuses them (~20-110 MiB a layer on SmolLM2 and the Qwen2 shape): after every one
     of SmolLM2's 30 short layers at 1k tokens, 9-13 % of the pass. Paced, that cost stays a few
     per cent of the work between (a layer of 0.3-1.4 s at 4k tokens gives back after each or every
-    few layers; a 1k text's 40 ms layers seldom)."""
+    few layers; a 1k text's 40 ms layers seldom): once a second, the Qwen2 shape's eight processes
+    peaked at 556-587 MiB, and SmolLM2's 1k pass took what it took without (docs/scale.md). A
+    clock, not the free heap's size: ``mallinfo2`` walks every free chunk, ~2 ms a call."""
 
     def __init__(self, interval: float = 1.0, clock: Callable[[], float] = time.perf_counter) -> None:
         self.interval, self.clock = interval, clock
