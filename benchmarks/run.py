@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 BENCHMARKS = ["bench_layer", "bench_long", "bench_band_ceiling", "bench_analyze", "bench_long_analysis", "bench_prune",
-              "bench_train", "bench_evidence", "bench_scale", "bench_command"]
+              "bench_train", "bench_evidence", "bench_scale", "bench_js_rows", "bench_command"]
 
 
 def main() -> None:

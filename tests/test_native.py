@@ -425,12 +425,13 @@ def test_visible_counts_refuse_what_they_cannot_read():
 
 @settings(max_examples=60, deadline=None)
 @given(N=st.integers(1, 12), R=st.integers(1, 6), S=st.integers(1, 700), sharp=st.floats(0, 12),
-       threads=st.integers(1, 3), seed=st.integers(0, 2**31), data=st.data())
-def test_pairwise_js_is_the_definition(N, R, S, sharp, threads, seed, data):
+       threads=st.integers(1, 3), block=st.integers(1, 3000), seed=st.integers(0, 2**31), data=st.data())
+def test_pairwise_js_is_the_definition(N, R, S, sharp, threads, block, seed, data):
     """The compiled JS of every two heads against the definition in float64 and the eager blocks
     (:func:`redundancy._pairwise_js`): rows of any length (each row's keys beyond a point 0 in
     every head, as a causal or padded row is), sharp and flat heads, a head copied (distance 0 to
-    the bit), two heads on disjoint keys (distance 1); the same to the bit in any number of ranges.
+    the bit), two heads on disjoint keys (distance 1); the same to the bit in any number of ranges
+    and of blocks of rows (``JS_BLOCK`` floats: from a row a block to all in one).
     Each row's JS (the square of its distance) is held to float64's within float32's rounding of
     the entropies; the distance, its square root, only within that rounding's square root."""
     from multihead.analysis.stats.redundancy import _pairwise_js
@@ -452,8 +453,9 @@ def test_pairwise_js_is_the_definition(N, R, S, sharp, threads, seed, data):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(torch, "get_num_threads", lambda: threads)
         mp.setattr(native, "THREADED", 0)  # in ranges even when small
+        mp.setattr(native, "JS_BLOCK", block)  # rows in blocks of `block` floats (at least a row each)
         got = native.pairwise_js(maps)
-    assert torch.equal(got, native.pairwise_js(maps))  # small: one range
+    assert torch.equal(got, native.pairwise_js(maps))  # small: one range, one block
     assert torch.equal(got, got.T) and (got.diagonal() == 0).all()
     p = maps.double()[:, None]  # (N, 1, R, S)
     q = maps.double()[None]  # (1, N, R, S)

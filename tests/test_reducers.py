@@ -490,6 +490,32 @@ def test_a_pooled_texts_rows_are_counted_once_on_the_first_layer_that_comes():
     assert pooled.mass[0].abs().sum() == 0 and pooled.largest[0].abs().sum() == 0  # never streamed
 
 
+def test_a_long_documents_js_rests_on_js_rows_rows_where_their_memory_allows():
+    """A long document is one batch, whose budget affords fewer rows than the JS needs to rank pairs
+    (4 of SmolLM2 at 1k-8k tokens): it takes JS_ROWS wherever every head's float32 rows fit
+    JS_ROWS_MEMORY, fewer where they do not — never below MIN_JS_ROWS — and a batch of sentences the
+    budget's rows as before; the plan holds exactly the rows the run keeps."""
+    from multihead.analysis.stats import redundancy
+    from multihead.analysis.stats.redundancy import JS_ROWS, JS_ROWS_MEMORY, MIN_JS_ROWS, _row_sample
+
+    budget = redundancy.COMPILED_JS_BUDGET
+
+    def rows(N, R, S):
+        return len(range(R)[_row_sample(N, R, S, budget)])
+
+    assert rows(270, 1024, 1024) == rows(270, 4096, 4096) == JS_ROWS  # SmolLM2: 4 by the budget alone
+    assert budget // (270 * 271 // 2 * 1024) < MIN_JS_ROWS
+    assert rows(270, 8192, 8192) == JS_ROWS_MEMORY // (270 * 8192 * 4) == 30  # the memory's rows
+    assert rows(1024, 32768, 32768) == MIN_JS_ROWS  # an 8B model at 32k: 128 MiB a row
+    assert rows(270, 20, 20) == 20 and rows(72, 1280, 40) == 427  # short texts: every row, or the budget's
+    for N, S in ((270, 8192), (1024, 8192), (336, 4096)):
+        kept = rows(N, S, S)
+        held, _ = RedundancyStatistics.planned_bytes(1, N, S, S, 64, 64, budget=budget)
+        cosine = len(range(S)[redundancy._cosine_sample(N, 64, S)])
+        assert held == N * kept * S * 4 + N * cosine * 64 * 4
+        assert N * kept * S * 4 <= max(JS_ROWS_MEMORY, N * MIN_JS_ROWS * S * 4)
+
+
 @pytest.mark.parametrize("rows", [None, 3, 4])
 def test_a_documents_sampled_rows_kept_as_strided_views_equal_the_rows_gathered(rows, monkeypatch):
     """One text's sampled rows at an even stride (a document's JS and cosine samples) are read from
@@ -501,6 +527,7 @@ def test_a_documents_sampled_rows_kept_as_strided_views_equal_the_rows_gathered(
     monkeypatch.setattr(redundancy, "JS_BUDGET", 1)
     monkeypatch.setattr(redundancy, "COMPILED_JS_BUDGET", 1)
     monkeypatch.setattr(redundancy, "MIN_JS_ROWS", 4)
+    monkeypatch.setattr(redundancy, "JS_ROWS", 4)
     tokens = _tokens([T], T=T, seed=3)
     maps, visible = _maps(tokens, seed=4)
     outputs = [o[:1] for o in _outputs(5)]

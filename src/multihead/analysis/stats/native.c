@@ -379,6 +379,58 @@ void row_statistics(const stats_pass *x, const int64_t *column_at, int64_t row0,
    blocks of 256 keys, the blocks added in double. Of q = p it is Σ p ln p exactly as this sums it
    (m = p in float); not inlined, so that a head's own sums and its pairs' are one body, summed in
    one order: a copied head's JS is 0 to the bit. */
+#ifdef __AVX512F__
+#include <immintrin.h>
+/* ln x of 16 positive normal floats, by a table: x = 2^e · m, m in [1, 2) (getexp, getmant), its
+   mantissa's top 4 bits choosing c ≈ the middle of m's sixteenth, ln m = ln(m / c) + ln c with
+   d = m / c − 1 (one FMA of m and c's reciprocal, |d| < 1/32) and ln(1 + d) to d^5 (truncated at
+   d^6 / 6 < 2e-10). 13 instructions a vector where the Cephes form of log_positive takes ~25: the JS's
+   pass, a log for every pair of heads at every key, ran 1.7x as fast (AMD EPYC Zen 4); its absolute
+   error ~1e-7 at most, as log_positive's (the tables' rounding to float; tested against float64).
+   The tables are rc = float(1 / c) and ln c = float(−ln rc) of that rounded reciprocal (in double),
+   so that m · rc − 1 and −ln rc are of one number. */
+static const float JS_RECIP[16] = {
+    0.969696999f, 0.914285719f, 0.864864886f, 0.820512831f, 0.780487776f, 0.744186044f, 0.711111128f, 0.680851042f,
+    0.653061211f, 0.627451003f, 0.603773594f, 0.581818163f, 0.561403513f, 0.542372882f, 0.524590135f, 0.507936537f};
+static const float JS_LN_C[16] = { /* −ln JS_RECIP[i] in double, rounded */
+    0.030771628f, 0.0896121562f, 0.145181984f, 0.19782573f, 0.247836202f, 0.295464218f, 0.340926558f, 0.384411722f,
+    0.426084429f, 0.466089696f, 0.504556f, 0.541597307f, 0.577315331f, 0.611801565f, 0.645138025f, 0.677398741f};
+static inline __m512 ln16(__m512 x, __m512 recip, __m512 ln_c) {
+    __m512 m = _mm512_getmant_ps(x, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);     /* [1, 2) */
+    __m512 e = _mm512_getexp_ps(x);                                              /* floor(log2 x) */
+    __m512i i = _mm512_srli_epi32(_mm512_castps_si512(x), 19);                   /* low 4 bits: m's top 4 */
+    __m512 d = _mm512_fmsub_ps(m, _mm512_permutexvar_ps(i, recip), _mm512_set1_ps(1.f));
+    __m512 t = _mm512_fmadd_ps(_mm512_set1_ps(0.2f), d, _mm512_set1_ps(-0.25f));
+    t = _mm512_fmadd_ps(t, d, _mm512_set1_ps(1.f / 3.f));
+    t = _mm512_fmadd_ps(t, d, _mm512_set1_ps(-0.5f));
+    __m512 ln1p = _mm512_fmadd_ps(t, _mm512_mul_ps(d, d), d);                    /* ln(1 + d) */
+    return _mm512_fmadd_ps(e, _mm512_set1_ps(0.69314718056f), _mm512_add_ps(ln1p, _mm512_permutexvar_ps(i, ln_c)));
+}
+__attribute__((noinline))
+static double mixture_plogp(const float *restrict p, const float *restrict q, int64_t K) {
+    const __m512 recip = _mm512_loadu_ps(JS_RECIP), ln_c = _mm512_loadu_ps(JS_LN_C);
+    const __m512 half = _mm512_set1_ps(0.5f), tiny = _mm512_set1_ps(FLT_MIN);
+    double total = 0.0;
+    for (int64_t j0 = 0; j0 < K; j0 += 256) {
+        int64_t j1 = j0 + 256 < K ? j0 + 256 : K;
+        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+        int64_t j = j0;
+        for (; j + 32 <= j1; j += 32) { /* two accumulators: the sums' additions not one chain */
+            __m512 m0 = _mm512_mul_ps(half, _mm512_add_ps(_mm512_loadu_ps(p + j), _mm512_loadu_ps(q + j)));
+            __m512 m1 = _mm512_mul_ps(half, _mm512_add_ps(_mm512_loadu_ps(p + j + 16), _mm512_loadu_ps(q + j + 16)));
+            s0 = _mm512_fmadd_ps(m0, ln16(_mm512_max_ps(m0, tiny), recip, ln_c), s0);
+            s1 = _mm512_fmadd_ps(m1, ln16(_mm512_max_ps(m1, tiny), recip, ln_c), s1);
+        }
+        for (; j < j1; j += 16) { /* the rest, 16 at a time, past the end masked to 0 (0 ln 0 = 0) */
+            __mmask16 k = j1 - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (j1 - j)) - 1u);
+            __m512 m0 = _mm512_mul_ps(half, _mm512_add_ps(_mm512_maskz_loadu_ps(k, p + j), _mm512_maskz_loadu_ps(k, q + j)));
+            s0 = _mm512_fmadd_ps(m0, ln16(_mm512_max_ps(m0, tiny), recip, ln_c), s0);
+        }
+        total += (double)_mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+    }
+    return total;
+}
+#else
 __attribute__((noinline))
 static double mixture_plogp(const float *restrict p, const float *restrict q, int64_t K) {
     double total = 0.0;
@@ -393,6 +445,7 @@ static double mixture_plogp(const float *restrict p, const float *restrict q, in
     }
     return total;
 }
+#endif
 
 /* The Jensen–Shannon distances of every two of N heads on R rows: maps (N, R, S) float32, each
    row r read up to its length (written into lengths (R,)): its last key any head weighs, plus one
@@ -400,8 +453,8 @@ static double mixture_plogp(const float *restrict p, const float *restrict q, in
    out (N, N): Σ_r sqrt(JS(a, b)_r) in bits, JS = (own_a + own_b) / 2 − Σ m ln m clamped at 0, for
    b > a (0 on the diagonal), each part the rows a = n, n + parts, … of the triangle (interleaved:
    the parts' shares of pairs about equal); the caller mirrors it. */
-void pairwise_js(const float *maps, int64_t N, int64_t R, int64_t S, int64_t parts, int64_t *lengths, double *own,
-                 double *out) {
+void pairwise_js(const float *maps, int64_t N, int64_t R, int64_t S, int64_t parts, int64_t block, int64_t *lengths,
+                 double *own, double *out) {
     IN_PARTS
     for (int64_t n = 0; n < parts; n++)
         for (int64_t r = n; r < R; r += parts) {
@@ -423,20 +476,29 @@ void pairwise_js(const float *maps, int64_t N, int64_t R, int64_t S, int64_t par
                 const float *p = maps + (a * R + r) * S;
                 own[a * R + r] = mixture_plogp(p, p, lengths[r]);
             }
-    IN_PARTS
-    for (int64_t n = 0; n < parts; n++)
-        for (int64_t a = n; a < N; a += parts) {
-            out[a * N + a] = 0.0; /* a head and itself: the same rows */
-            for (int64_t b = a + 1; b < N; b++) {
-                double sum = 0.0;
-                for (int64_t r = 0; r < R; r++) {
-                    double js = 0.5 * (own[a * R + r] + own[b * R + r])
-                                - mixture_plogp(maps + (a * R + r) * S, maps + (b * R + r) * S, lengths[r]);
-                    sum += js > 0.0 ? sqrt(js / 0.69314718055994531) : 0.0;
+    /* the rows in blocks whose every head's keys fit `block` floats (the last cache's share): a pair's
+       rows were read from memory once for every head before it — past a few MiB of rows the pass ran
+       at memory's speed, 3 G pair-elements a second, where the rows in cache run at 5.9 (AMD EPYC Zen 4,
+       270 heads × 32 rows of 1,024 keys). Each pair's sum goes on in the same order of rows. */
+    for (int64_t r0 = 0; r0 < R;) {
+        int64_t r1 = r0 + 1, keys = lengths[r0];
+        while (r1 < R && (keys + lengths[r1]) * N <= block) keys += lengths[r1++];
+        IN_PARTS
+        for (int64_t n = 0; n < parts; n++)
+            for (int64_t a = n; a < N; a += parts) {
+                out[a * N + a] = 0.0; /* a head and itself: the same rows */
+                for (int64_t b = a + 1; b < N; b++) {
+                    double sum = r0 == 0 ? 0.0 : out[a * N + b];
+                    for (int64_t r = r0; r < r1; r++) {
+                        double js = 0.5 * (own[a * R + r] + own[b * R + r])
+                                    - mixture_plogp(maps + (a * R + r) * S, maps + (b * R + r) * S, lengths[r]);
+                        sum += js > 0.0 ? sqrt(js / 0.69314718055994531) : 0.0;
+                    }
+                    out[a * N + b] = sum;
                 }
-                out[a * N + b] = sum;
             }
-        }
+        r0 = r1;
+    }
 }
 
 #ifdef WIDE_ROWS

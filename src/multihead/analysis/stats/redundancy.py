@@ -13,13 +13,15 @@ ends (cross-layer pairs need them side by side), then reduced and released; noth
 the corpus, and no layer's whole map is ever kept (a streamed document reduces the same way).
 
 JS costs N²/2 · rows · keys elementwise logs (on a CPU in one compiled pass a pair,
-:func:`~.native.pairwise_js`, ≈0.25 ns a pair-element on two cores; the eager blocks — the
-reference, and the path on CUDA — ~3 ns on the same CPU), so each batch contributes an even stride
-of its query rows chosen to keep that work within :func:`js_budget`: :data:`JS_BUDGET` (2^23) for
-the eager blocks, :data:`COMPILED_JS_BUDGET` (2^26) for the compiled pass — some 20 ms a batch
-either way; of a 32-sentence batch, the compiled pass's budget takes ~600 rows with MiniLM's
-72 heads, ~35 with SmolLM2's 270; at least :data:`MIN_JS_ROWS`, taken from the middle of their
-strides. ``rows_js`` in the report says how many rows the JS averages rest on. The cosine uses
+:func:`~.native.pairwise_js`, 0.14–0.19 ns a pair-element on two cores of an AVX-512 CPU; the eager
+blocks — the reference, and the path on CUDA — ~3 ns on the same CPU), so each batch contributes an
+even stride of its query rows chosen to keep that work within :func:`js_budget`: :data:`JS_BUDGET`
+(2^23) for the eager blocks, :data:`COMPILED_JS_BUDGET` (2^26) for the compiled pass; of a
+32-sentence batch, the compiled pass's budget takes ~600 rows with MiniLM's 72 heads, ~35 with
+SmolLM2's 270. A long document is one batch, whose budget affords a few rows, too few to rank the
+pairs by: a batch takes at least :data:`JS_ROWS` (32) where every head's rows fit
+:data:`JS_ROWS_MEMORY`, at least :data:`MIN_JS_ROWS` (4) whatever the memory, taken from the middle
+of their strides. ``rows_js`` in the report says how many rows the JS averages rest on. The cosine uses
 every row of a batch up to :data:`COSINE_ROWS` while its N² · rows · D work stays within
 :data:`COSINE_BUDGET`, an even sample beyond (at least :data:`MIN_COSINE_ROWS` rows; ``rows_cosine``
 in the report). Head outputs and W^O are read as the model has them: its own dtype, its own W^O (no
@@ -42,15 +44,27 @@ from ...inputs import Batch
 from . import native
 from .base import ReducerBase
 
-__all__ = ["COMPILED_JS_BUDGET", "JS_BUDGET", "RedundancyStatistics", "clusters", "js_budget", "most_redundant"]
+__all__ = ["COMPILED_JS_BUDGET", "JS_BUDGET", "JS_ROWS", "JS_ROWS_MEMORY", "MIN_JS_ROWS", "RedundancyStatistics",
+           "clusters", "js_budget", "most_redundant"]
 
 #: Pair-elements of JS work a batch may take in the eager blocks (~25 ms at ~3 ns each) ...
 JS_BUDGET = 1 << 23
-#: ... and in the compiled pass (~17 ms at ~0.25 ns each on AVX-512; glibc's logf on other CPUs
-#: is slower): 8x the rows — SmolLM2's JS over 100 sentences rested on 31 query tokens at JS_BUDGET.
+#: ... and in the compiled pass (~10 ms at 0.14-0.19 ns each on AVX-512, ~20 at 0.3 with glibc's logf on AVX2
+#: builds): 8x the rows — SmolLM2's JS over 100 sentences rested on 31 query tokens at JS_BUDGET.
 COMPILED_JS_BUDGET = 1 << 26
-#: The fewest query rows of a batch the JS averages rest on (a 4,096-token document of SmolLM2:
-#: ~6e8 pair-elements for 4 rows, ~0.15 s compiled on two cores, ~1.8 s eager).
+#: The query rows of a batch the JS averages rest on, whatever the budget, where their maps fit
+#: :data:`JS_ROWS_MEMORY`: a long document is one batch, and the budget of a batch of sentences gave it
+#: 4 rows — SmolLM2 bfloat16 on a 4,096-token Penn Treebank document, its 270 heads' JS over 4 rows
+#: against 256: pairs up to 0.39 apart (mean 0.040), 3 of the 20 most redundant pairs the same; over
+#: 16 rows 0.16 (13 of 20), 64 rows 0.063 (18); at 1,024 tokens against all 1,024 rows, 4: 0.29 (7 of
+#: 20), 32: 0.11 (15), 128: 0.049 (20). 32 rows of SmolLM2 at 4k: ~2.4e9 pair-elements, ~0.36 s
+#: compiled on two cores (AMD EPYC Zen 4), 4 % of its analysis.
+JS_ROWS = 32
+#: Bytes of sampled rows (float32, every head's, the batch's keys long) a batch holds for
+#: :data:`JS_ROWS` at most: SmolLM2 at 8k tokens takes 30 rows (253 MiB); an 8B model's 1,024
+#: heads at 32k, 2 — so ...
+JS_ROWS_MEMORY = 1 << 28
+#: ... the fewest rows, whatever the budget and the memory (an 8B model at 32k tokens: 512 MiB).
 MIN_JS_ROWS = 4
 #: elements of residual contributions (N x rows x D) formed at once for the cosine
 COSINE_CHUNK = 1 << 24
@@ -473,9 +487,11 @@ def _row_sample(N: int, R: int, S: int, budget: int) -> slice:
     """Every row when the batch's JS work fits the budget, else an even stride through them, each
     row in the middle of its stride — never only the first rows (a causal model's row 0 sees one
     key: every head's is the same, and a sample of it alone would call every pair identical) — and
-    at least :data:`MIN_JS_ROWS` rows, whatever the budget."""
+    at least :data:`JS_ROWS` rows where N heads' rows of S keys fit :data:`JS_ROWS_MEMORY`, at least
+    :data:`MIN_JS_ROWS` whatever the budget and the memory."""
     pairs = N * (N + 1) // 2
-    return _even_sample(R, max(MIN_JS_ROWS, budget // max(pairs * S, 1)))
+    held = JS_ROWS_MEMORY // max(N * S * 4, 1)  # float32 rows of every head
+    return _even_sample(R, max(MIN_JS_ROWS, min(JS_ROWS, held), budget // max(pairs * S, 1)))
 
 
 def _cosine_sample(N: int, hidden: int, R: int) -> slice:
