@@ -403,6 +403,12 @@ def test_overview_first_with_legend_probes_and_links_to_heads(browser, page):
     for label in labels:  # every label on the map is explained
         rule = "syntactic:REL" if label.startswith("syntactic:") else "A+B" if "+" in label else label
         assert rule in legend, label
+    headings = [h.text for h in overview.find_elements("css selector", "h3")]
+    data = json.loads(browser.execute_script("return document.getElementById(arguments[0] + '-data').textContent;",
+                                             root.get_attribute("id")))
+    # what the JS rests on, as the text report says it (the three sentences' real tokens, a batch's budget)
+    assert data["pairs_rows"] > 1 and f"Most redundant pairs (Jensen–Shannon distance of their attention, over " \
+        f"{data['pairs_rows']} query tokens)" in headings
     cells[2 * 12 + 7].click()
     assert root.find_element("css selector", ".mh-matrix-title").text.startswith("layer 2, head 7")
     root.find_element("css selector", '.mh-tab[data-view="overview"]').click()

@@ -237,6 +237,7 @@ def _report_data(report: Report) -> dict:
         if red.groups_js:
             data["groups"] = {**red.groups_js, "groups": [list(map(list, g)) for g in red.groups_js["groups"]]}
         data["pairs"] = [[list(a), list(b), json_number(v, 4)] for a, b, v in red.pairs_js]
+        data["pairs_rows"] = red.rows_js  # the query rows the JS averages rest on (None: not kept)
     data["overview"] = _overview(report)
     if report.head_views:  # each head on the corpus texts where it is most typical of its label
         data["typical_tokens"] = {str(v.text): list(v.tokens) for v in report.head_views.values()}

@@ -78,7 +78,9 @@ export function overviewView(page) {
       box.appendChild(untested);
     }
     if (data.pairs && data.pairs.length) {
-      box.appendChild(el("h3", {}, "Most redundant pairs (Jensen–Shannon distance of their attention)"));
+      // what the averages rest on, as the text report says it: a long document's JS is a sample of its rows
+      const over = data.pairs_rows ? ", over " + counted(data.pairs_rows, "query token") : "";
+      box.appendChild(el("h3", {}, "Most redundant pairs (Jensen–Shannon distance of their attention" + over + ")"));
       box.appendChild(tableOf(["head", "head", "JS distance"], data.pairs.slice(0, 8).map(([a, b, v]) => [headLink(a[0], a[1]), headLink(b[0], b[1]), fmt(v)])));
     }
     if (o.syntax) {
