@@ -514,6 +514,9 @@ def test_a_long_documents_js_rests_on_js_rows_rows_where_their_memory_allows():
         cosine = len(range(S)[redundancy._cosine_sample(N, 64, S)])
         assert held == N * kept * S * 4 + N * cosine * 64 * 4
         assert N * kept * S * 4 <= max(JS_ROWS_MEMORY, N * MIN_JS_ROWS * S * 4)
+        # a float64 model's maps are kept in float64 (RedundancyStatistics.update): the plan counts 8 bytes
+        held, _ = RedundancyStatistics.planned_bytes(1, N, S, S, 64, 64, element_size=8, budget=budget)
+        assert held == N * kept * S * 8 + N * cosine * 64 * 8
 
 
 @pytest.mark.parametrize("rows", [None, 3, 4])

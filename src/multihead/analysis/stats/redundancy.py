@@ -58,7 +58,8 @@ COMPILED_JS_BUDGET = 1 << 26
 #: against 256: pairs up to 0.39 apart (mean 0.040), 3 of the 20 most redundant pairs the same; over
 #: 16 rows 0.16 (13 of 20), 64 rows 0.063 (18); at 1,024 tokens against all 1,024 rows, 4: 0.29 (7 of
 #: 20), 32: 0.11 (15), 128: 0.049 (20). 32 rows of SmolLM2 at 4k: ~2.4e9 pair-elements, ~0.36 s
-#: compiled on two cores (AMD EPYC Zen 4), 4 % of its analysis.
+#: compiled on two cores (AMD EPYC Zen 4), 4 % of its analysis — ~7 s in the eager blocks (a CPU with no
+#: C compiler, or MULTIHEAD_NATIVE=0), the same floor: a ranking that holds is worth their time there too.
 JS_ROWS = 32
 #: Bytes of sampled rows (float32, every head's, the batch's keys long) a batch holds for
 #: :data:`JS_ROWS` at most: SmolLM2 at 8k tokens takes 30 rows (253 MiB); an 8B model's 1,024
@@ -118,7 +119,8 @@ class RedundancyStatistics(ReducerBase):
     def planned_bytes(num_layers: int, num_heads: int, rows: int, keys: int, hidden: int, head_dim: int, *,
                       element_size: int = 4, gram_size: int = 4, budget: int = JS_BUDGET) -> tuple[int, int]:
         """(bytes held through a batch of ``rows`` real query rows over ``keys`` keys, bytes its
-        end-of-batch work adds): each layer's sampled rows (H, R_s, S) in float32 and its heads'
+        end-of-batch work adds): each layer's sampled rows (H, R_s, S) in float32 (a float64 model's in
+        float64) and its heads'
         outputs at the cosine's rows (H, R_c, Dv) in the model's dtype (``element_size`` bytes; W^O
         is the model's own, not a copy); at the end the JS's blocks or one cosine step, its
         contributions in ``gram_size`` bytes (:func:`gram_dtype`). ``budget``: the JS's
@@ -126,7 +128,7 @@ class RedundancyStatistics(ReducerBase):
         L, H, N = num_layers, num_heads, num_layers * num_heads
         sampled = len(range(rows)[_row_sample(N, rows, keys, budget)])
         cosine = len(range(rows)[_cosine_sample(N, hidden, rows)])
-        maps = L * H * sampled * keys * 4
+        maps = L * H * sampled * keys * (8 if element_size == 8 else 4)  # float32 rows, a float64 model's its own
         held = maps + L * H * cosine * head_dim * element_size
         # at the end, beside what is held: the eager JS's temporaries (the rows' lengths read from a
         # bool copy of the maps, then blocks of JS_BLOCK mixtures and their logarithms; the compiled
