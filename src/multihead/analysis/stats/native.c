@@ -453,13 +453,9 @@ static double mixture_plogp(const float *restrict p, const float *restrict q, in
    (at least 1) — the keys after add exactly 0. own (N, R) scratch: Σ p ln p of each head's row.
    out (N, N): Σ_r sqrt(JS(a, b)_r) in bits, JS = (own_a + own_b) / 2 − Σ m ln m clamped at 0, for
    b > a (0 on the diagonal), each part the rows a = n, n + parts, … of the triangle (interleaved:
-   the parts' shares of pairs about equal); the caller mirrors it. */
+   the parts' shares of pairs about equal); the caller mirrors it, and answers R = 0 itself. */
 void pairwise_js(const float *maps, int64_t N, int64_t R, int64_t S, int64_t parts, int64_t block, int64_t *lengths,
                  double *own, double *out) {
-    if (R == 0) { /* no rows: every sum 0 (the blocks below would write none) */
-        for (int64_t i = 0; i < N * N; i++) out[i] = 0.0;
-        return;
-    }
     IN_PARTS
     for (int64_t n = 0; n < parts; n++)
         for (int64_t r = n; r < R; r += parts) {

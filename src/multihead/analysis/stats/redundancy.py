@@ -120,9 +120,8 @@ class RedundancyStatistics(ReducerBase):
                       element_size: int = 4, gram_size: int = 4, budget: int = JS_BUDGET) -> tuple[int, int]:
         """(bytes held through a batch of ``rows`` real query rows over ``keys`` keys, bytes its
         end-of-batch work adds): each layer's sampled rows (H, R_s, S) in float32 (a float64 model's in
-        float64) and its heads'
-        outputs at the cosine's rows (H, R_c, Dv) in the model's dtype (``element_size`` bytes; W^O
-        is the model's own, not a copy); at the end the JS's blocks or one cosine step, its
+        float64) and its heads' outputs at the cosine's rows (H, R_c, Dv) in the model's dtype
+        (``element_size`` bytes; W^O is the model's own, not a copy); at the end the JS's blocks or one cosine step, its
         contributions in ``gram_size`` bytes (:func:`gram_dtype`). ``budget``: the JS's
         (:func:`js_budget`)."""
         L, H, N = num_layers, num_heads, num_layers * num_heads
