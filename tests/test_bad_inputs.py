@@ -160,6 +160,8 @@ CASES = [
     ("--out a file", ["analyze", "hi", "--out", "{tmp}/a-file"], "exists and is not a folder"),
     ("--out a foreign folder", ["analyze", "hi", "--out", "{tmp}/foreign"], "holds no earlier multihead report.json"),
     ("--out in /proc", ["analyze", "hi", "--out", "/proc/multihead-report"], "cannot be written"),
+    ("view --out in /proc", ["view", "hi", "--out", "/proc/multihead.html", "--force"],
+     "--out /proc/multihead.html: /proc cannot be written: it is on /proc, the kernel's proc file system"),
     ("--out holds a JSON bomb", ["analyze", "hi", "--out", "{tmp}/bombed"], "holds no earlier multihead report.json"),
     ("--batch-size 0", ["analyze", "hi", "--batch-size", "0"], "must be a positive integer; got 0"),
     ("--batch-size abc", ["analyze", "hi", "--batch-size", "abc"], "must be a positive integer; got 'abc'"),
@@ -251,6 +253,8 @@ CASES = [
     ("--device and --device-map", ["analyze", "hi", "--device", "cpu", "--device-map", "auto"],
      "both place the model: give one of them"),
     ("--max-memory without a map", ["analyze", "hi", "--max-memory", "cpu=1GiB"], "give device_map='auto'"),
+    ("--max-memory naming a device twice", ["analyze", "hi", "--device-map", "auto", "--max-memory",
+                                            "cpu=30MiB,cpu=40MiB"], "--max-memory gives 'cpu' a size twice"),
     ("--max-memory in a wrong unit", ["analyze", "hi", "--device-map", "auto", "--max-memory", "cpu=20furlongs"],
      "expected a size such as 20GiB or 500MB"),
     ("--max-memory too small for one block", ["analyze", "hi", "--device-map", "auto", "--max-memory", "cpu=1MiB"],
@@ -324,7 +328,11 @@ def test_unreadable_and_read_only_paths_are_one_line(tmp_path):
     try:
         before = snapshot(tmp_path)
         for args, words in ((["analyze", "--file", str(secret)], f"cannot read --file {secret}: permission denied"),
-                            (["analyze", "hi", "--out", str(locked / "r")], f"{locked / 'r'} cannot be written")):
+                            (["analyze", "hi", "--out", str(locked / "r")], f"{locked / 'r'} cannot be written"),
+                            # the page too: its folder named with a way out, not the temporary file it failed on
+                            (["view", "hi", "--out", str(locked / "p.html")],
+                             f"--out {locked / 'p.html'}: {locked} cannot be written (Permission denied): choose a "
+                             "folder on a writable file system")):
             done = console(args, cwd=tmp_path, as_user=True)
             lines = done.stderr.strip().splitlines()
             assert done.returncode == 2 and len(lines) == 1 and words in lines[0], done.stderr[-2000:]

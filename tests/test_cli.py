@@ -202,9 +202,36 @@ def test_progress_lines_of_a_quick_run_stay_held(monkeypatch, capsys):
         progress.set_enabled(False)
 
 
+def test_a_warning_is_written_at_once_after_the_lines_held_before_it(monkeypatch, capsys):
+    """Advice that may change what the user does (a half dtype slower than float32 on this CPU) is
+    not lost with a quick run's held lines in a pipe or a log: written at once, in its place after
+    them; the lines after it are held again; --quiet silences it as it does the rest."""
+    from multihead import progress
+
+    progress.set_enabled(True, terminal=False)
+    try:
+        progress.note("loading smollm2 …")
+        progress.warn("bfloat16 on a CPU without bfloat16 units: --dtype float32 is faster here")
+        assert capsys.readouterr().err.splitlines() == [
+            "multihead: loading smollm2 …", "multihead: bfloat16 on a CPU without bfloat16 units: --dtype float32 "
+            "is faster here"]
+        progress.note("analysis pass: 1 batch …")
+        assert capsys.readouterr().err == ""
+        assert list(progress.bar(range(1), desc="analyze", unit="batch")) == [0]
+        monkeypatch.setattr(progress, "HOLD", 0.0)
+        progress.note("done")
+        assert capsys.readouterr().err.splitlines()[:2] == ["multihead: analysis pass: 1 batch …",
+                                                             "multihead: analyze: 1 batch …"]  # not "1 batches"
+        progress.set_enabled(False)
+        progress.warn("not said")
+        assert capsys.readouterr().err == ""
+    finally:
+        progress.set_enabled(False)
+
+
 def test_held_progress_lines_are_written_when_the_hold_passes_not_with_the_next_line(monkeypatch, capsys):
     """A long pass says nothing between its first line and its last: the lines held back (the
-    memory plan, "analyze: 1 batches …") are written once HOLD has passed, without waiting for
+    memory plan, "analyze: 1 batch …") are written once HOLD has passed, without waiting for
     the next line — a batch job's log shows them as the run goes; set_enabled drops a pending
     release."""
     import time
@@ -215,11 +242,11 @@ def test_held_progress_lines_are_written_when_the_hold_passes_not_with_the_next_
     progress.set_enabled(True, terminal=False)
     try:
         progress.note("memory plan: 1.40 GiB")
-        progress.note("analyze: 1 batches …")
+        progress.note("analyze: 1 batch …")
         assert capsys.readouterr().err == ""
         time.sleep(0.8)  # nothing else said
         assert capsys.readouterr().err.splitlines() == ["multihead: memory plan: 1.40 GiB",
-                                                        "multihead: analyze: 1 batches …"]
+                                                        "multihead: analyze: 1 batch …"]
         progress.note("analyze: done")
         assert capsys.readouterr().err.splitlines() == ["multihead: analyze: done"]  # nothing twice
         progress.set_enabled(True, terminal=False)
@@ -284,8 +311,8 @@ def test_view_says_what_it_wrote_in_one_line(tmp_path, capsys):
 
 
 def test_counts_in_what_is_printed_agree_with_their_number(minilm):
-    """One document is "1 sentence", not "1 sentences" (the report's first line, its page, the
-    ablation line); the parsing step says "1 text"."""
+    """One document is "1 text" (once "1 sentences", then "1 sentence" for thousands of tokens: the
+    report's first line, its page, the ablation line), and where it ran follows: "float32 on cpu"."""
     from multihead.progress import counted
     from multihead.render.html import report_body
     from multihead.render.text import analyze_text
@@ -296,9 +323,10 @@ def test_counts_in_what_is_printed_agree_with_their_number(minilm):
     report = mh.analyze(minilm, ["The cat sat on the mat because it was warm."], coreference=False, induction=False,
                         ablation=1)
     text = analyze_text(report)
-    assert f"6 layers x 12 heads; 1 sentence, {report.tokens} tokens\n" in text, text
+    assert report.placement == "float32 on cpu"
+    assert f"6 layers x 12 heads; 1 text, {report.tokens} tokens; float32 on cpu\n" in text, text
     assert re.search(r"Ablation \(.*, 1 text[);]", text), text
-    assert f"<p>1 sentence, {report.tokens} tokens.</p>" in report_body(report)
+    assert f"<p>1 text, {report.tokens} tokens; float32 on cpu.</p>" in report_body(report)
     assert f"attention, over {report.tokens} query tokens)</h3>" in report_body(report)
     # one text has no bootstrap: every resample of it is itself, so no interval and no stability (once [x, x]
     # and "median 100%", a certainty nothing measured)

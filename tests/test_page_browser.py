@@ -5,6 +5,7 @@ installs them); with ``CI=true`` a missing browser is a failure, never a silent 
 """
 
 import json
+import re
 import shutil
 
 import pytest
@@ -59,12 +60,14 @@ def page_model():
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory, page_model):
-    model = page_model
-    texts = [SENTENCE, HOSTILE]
-    report = mh.analyze(model, [*texts, "Heads specialise."], coreference=False)
+def page_report(page_model):
+    return mh.analyze(page_model, [SENTENCE, HOSTILE, "Heads specialise."], coreference=False)
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory, page_model, page_report):
     path = tmp_path_factory.mktemp("page") / "page.html"
-    write_page(view_page(model, texts, report), path)
+    write_page(view_page(page_model, [SENTENCE, HOSTILE], page_report), path)
     return path
 
 
@@ -395,7 +398,9 @@ def test_overview_first_with_legend_probes_and_links_to_heads(browser, page):
     overview = root.find_element("css selector", '.mh-view[data-view="overview"]')
     assert overview.is_displayed()  # the first view of a page with a report
     meta = overview.find_element("css selector", ".mh-meta").text
-    assert meta.startswith("minilm: 6 layers × 12 heads") and "3 sentences" in meta and "multihead" in meta
+    assert meta.startswith("minilm: 6 layers × 12 heads") and "3 texts" in meta and "multihead" in meta
+    # where and in what precision it ran
+    assert re.search(r"3 texts, 45 tokens, corpus [0-9a-f]{12}; float32 on cpu; page written", meta), meta
     cells = overview.find_elements("css selector", "td.mh-mapcell")
     assert len(cells) == 72
     legend = [dt.text for dt in overview.find_elements("css selector", "dl.mh-legend dt")]
@@ -417,6 +422,35 @@ def test_overview_first_with_legend_probes_and_links_to_heads(browser, page):
     link.click()
     layer, head = name[1:].split(".H")
     assert root.find_element("css selector", ".mh-matrix-title").text.startswith(f"layer {layer}, head {head}")
+
+
+def test_the_label_map_marks_every_flagged_head_and_says_what_removing_it_did(browser, page_model, page_report,
+                                                                             tmp_path):
+    """The legend reads "! uniform: flag: …": every head with a pattern flag carries the "!", its
+    title saying whether removing it was found to change nothing, to matter, or was not measured (a
+    long document's flagged heads, untested, were once drawn as plain as the rest)."""
+    from dataclasses import replace
+
+    verdicts = {(0, 1): None, (1, 2): True, (2, 3): False}
+    heads = [replace(r, flags=["uniform"], degenerate=verdicts[(r.layer, r.head)])
+             if (r.layer, r.head) in verdicts else replace(r, flags=[], degenerate=None) for r in page_report.heads]
+    path = tmp_path / "flags.html"
+    write_page(view_page(page_model, [SENTENCE], replace(page_report, heads=heads)), path)
+    root = _open(browser, path)
+    cells = {(int(c.get_attribute("data-layer")), int(c.get_attribute("data-head"))): c
+             for c in root.find_elements("css selector", '.mh-view[data-view="overview"] td.mh-mapcell')}
+    assert len(cells) == 72
+    words = {None: "removal not measured", True: "degenerate: removing it changes nothing",
+             False: "removing it matters"}
+    for where, cell in cells.items():
+        title = cell.get_attribute("title")
+        if where in verdicts:
+            assert cell.text.endswith(" !") and f"flag: uniform ({words[verdicts[where]]}" in title, (where, title)
+        else:
+            assert not cell.text.endswith("!") and "flag" not in title, (where, cell.text, title)
+    legend = [dt.text for dt in root.find_elements("css selector", "dl.mh-legend dt")]
+    # the flags its heads carry are explained, no others (a decoder's legend once listed stuck-on-sep)
+    assert [f for f in legend if f.startswith("!")] == ["! uniform", "! degenerate"], legend
 
 
 def test_matrix_names_its_axes_and_has_a_colour_bar(browser, page):

@@ -251,6 +251,33 @@ def test_a_gap_within_the_dtypes_rounding_is_not_shared_out(smollm2):
     assert "<p>No shares: the clean and corrupt logit differences" in patching_page(half, "tiny")
 
 
+def test_changes_within_the_logits_rounding_are_drawn_as_nothing():
+    """SmolLM2 in bfloat16 (logits near 7, steps of 1/32) printed shares of ±0.005 all over its map —
+    one or two steps of its rounding, not a head's doing: under the resolution a cell is "." (the
+    text) or "·" (the page), a line saying how much that hides; in float32 the same numbers show."""
+    from multihead.analysis.interventions.patching import Patching
+    from multihead.render.patching import patching_page
+    from multihead.render.text import patching_table
+
+    change = torch.tensor([[0.0625, -0.0625, 12.5], [0.0, 0.3, -0.7]])  # (L, H) logits; the gap 13.375
+    given = dict(tokens=["a"], corrupt_tokens=["b"], answer=" Paris", wrong=" Rome", position=0, clean_diff=7.3125,
+                 corrupt_diff=-6.0625, change=change, method="exact")
+    half = Patching(**given, resolution=0.62, dtype="bfloat16")
+    assert half.within_rounding().tolist() == [[True, True, False], [True, True, False]]
+    table = patching_table(half)
+    assert "(\".\": a change under ±0.62 logits, within bfloat16's rounding of logits this size; a share under " \
+        "±0.046)" in table, table
+    rows = [line.split("|")[1].split() for line in table.splitlines() if line[:5].strip().isdigit()]
+    assert rows == [[".", ".", "+0.935"], [".", ".", "-0.052"]], table
+    page = patching_page(half, "smollm2")
+    assert page.count(">·</td>") == 3 and ">+0.935</td>" in page and ">-0.052</td>" in page  # and 0: +0.000
+    assert "(within rounding)" in page and "·: a change under ±0.62 logits, within bfloat16" in page
+    wide = Patching(**given)  # float32: its resolution 1e-4, every number its own
+    rows = [line.split("|")[1].split() for line in patching_table(wide).splitlines() if line[:5].strip().isdigit()]
+    assert rows == [["+0.005", "-0.005", "+0.935"], [".", "+0.022", "-0.052"]]
+    assert "rounding" not in patching_table(wide) and "·" not in patching_page(wide, "smollm2")
+
+
 def test_the_maps_cells_keep_their_numbers_readable():
     """Full blue under black text was 2.4 : 1 (the strongest heads were the hardest to read); the
     text is white where that reads better."""

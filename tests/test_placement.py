@@ -51,6 +51,8 @@ def test_max_memory_sizes_read_in_every_unit(number, unit):
     ("cpu=", "expected DEVICE=SIZE pairs"),
     ("0=1GiB", "names GPU 0, but this machine has no CUDA GPU"),
     ("tpu=1GiB", "cpu"),
+    ("cpu=30MiB,cpu=40MiB", "gives 'cpu' a size twice"),  # once taken silently, the last one winning
+    ("1=2GiB,cuda:1=3GiB", "gives 'cuda:1' a size twice"),
 ])
 def test_a_wrong_max_memory_names_the_part_and_the_form(spec, words):
     if torch.cuda.is_available() and spec.startswith("0="):

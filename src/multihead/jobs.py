@@ -24,7 +24,7 @@ from .analysis.probes.syntax import read_conllu, spacy_available
 from .analysis.report import Report
 from .collector import old_objects_frozen
 from .data import ARTICLE_SENTENCES, PATCHING_EXAMPLES, sample_sentences
-from .files import OutputFolderError, StagedFiles, check_output_folder, write_atomically
+from .files import OutputFolderError, StagedFiles, check_output_folder, check_writable, write_atomically
 from .hf.placement import Placement, PlacementError, is_offloaded
 from .io import (
     check_compare_folder,
@@ -35,7 +35,7 @@ from .io import (
     write_report_folder,
 )
 from .plotting import figure_png
-from .progress import note, step
+from .progress import step, warn
 from .texts import InputError, check_texts, read_lines, read_text, readable_file
 from .train_config import load_config
 
@@ -71,7 +71,7 @@ def load_model(name: str, placement: Placement | None = None) -> HFModel:
         loaded = load(name, placement=placement)
     slow = slow_half_on_cpu(loaded)
     if slow:
-        note(slow)
+        warn(slow)
     return loaded
 
 
@@ -276,6 +276,7 @@ def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | No
         raise InputError(f"--out {page} exists; pass --force to replace it")
     if not page.parent.exists():
         raise InputError(f"--out {page}: folder {page.parent} does not exist")
+    out_folder(lambda: check_writable(page.parent), f"--out {page}:")  # said before the model loads, as analyze says it
     found = None
     if report:
         path = readable_file(report, "--report")

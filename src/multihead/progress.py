@@ -7,7 +7,8 @@ Off a terminal the lines of a run's first :data:`HOLD` seconds are held back and
 passes them — at that moment, not with the next line, which for a long pass may be many minutes
 away: a command that fails at once on bad input says so in its one error line, a quick command
 writes nothing but its output, and a log (a batch job's) shows a long run's plan and steps as
-they happen."""
+they happen. A warning (:func:`warn`: advice that may change what the user does, such as a dtype slower
+than float32 on this CPU) is never held back: it is written at once, after the lines held before it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Any, TypeVar
 
 from tqdm.auto import tqdm
 
-__all__ = ["EVERY", "HOLD", "bar", "counted", "enabled", "note", "set_enabled", "step"]
+__all__ = ["EVERY", "HOLD", "bar", "counted", "enabled", "note", "set_enabled", "step", "warn"]
 
 T = TypeVar("T")
 
@@ -43,11 +44,11 @@ def set_enabled(on: bool, *, terminal: bool | None = None) -> None:
                       since=time.perf_counter(), held=[], release=None)
 
 
-def _say(line: str) -> None:
-    """Write one progress line (held back during a run's first seconds off a terminal)."""
+def _say(line: str, *, hold: bool = True) -> None:
+    """Write one progress line (held back during a run's first seconds off a terminal, where ``hold``)."""
     with _lock:
         waited = time.perf_counter() - _state["since"]
-        if not _state["terminal"] and waited < HOLD:
+        if hold and not _state["terminal"] and waited < HOLD:
             _state["held"].append(line)
             if _state["release"] is None:  # written when HOLD passes, whether or not another line comes
                 _state["release"] = threading.Timer(HOLD - waited, _release)
@@ -94,7 +95,8 @@ def _lines(items: Iterable[T], desc: str, unit: str, total: int | None) -> Itera
         total = len(items) if hasattr(items, "__len__") else None  # type: ignore[arg-type]
     start = last = time.perf_counter()
     of = f" of {total}" if total else ""
-    _say(f"multihead: {desc}: {total or 'some'} {_plural(unit)} …")
+    noun = "item" if unit == "it" else unit
+    _say(f"multihead: {desc}: {counted(total, noun) if total else 'some ' + _plural(noun)} …")
     done = 0
     for item in items:
         yield item
@@ -127,6 +129,13 @@ def note(what: str, *, progress: bool | None = None) -> None:
     """Say ``what`` on stderr, one line, when progress is on."""
     if enabled(progress):
         _say(f"multihead: {what}")
+
+
+def warn(what: str, *, progress: bool | None = None) -> None:
+    """Say ``what`` on stderr, one line, when progress is on — at once, also off a terminal in a run's
+    first seconds (advice a quick run's pipe or log must not lose), after the lines held before it."""
+    if enabled(progress):
+        _say(f"multihead: {what}", hold=False)
 
 
 def _stop_if_interrupted() -> None:

@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { codeOf, colourOf, evidenceOf, labelOf, markOf } from "../../src/multihead/render/js/labels.js";
+import { codeOf, colourOf, evidenceOf, flagNote, labelOf, markOf } from "../../src/multihead/render/js/labels.js";
 import { groupSummary, similarityLayout } from "../../src/multihead/render/js/layout.js";
 import { blue, COLORS, counted, fmt, grey, grouped, ticks } from "../../src/multihead/render/js/scales.js";
 import { blockSpan, cellAt, labelledPositions, wholeRegion, ZOOM_FULL, zoomed } from "../../src/multihead/render/js/zoom.js";
@@ -43,6 +43,15 @@ test("labels, codes, marks and colours come from the data", () => {
   assert.equal(markOf(data, 0, 0), "");
   assert.equal(colourOf(data, "syntactic:nsubj"), "#a6dba0");
   assert.equal(colourOf(data, "broad"), "#ffffff");
+});
+
+test("every flagged head's note says its flags and what removing it did", () => {
+  assert.equal(flagNote({ flags: [], degenerate: null }), "");
+  assert.equal(flagNote(undefined), "");
+  // a flagged head whose removal was not measured was once drawn as plain as an unflagged one
+  assert.equal(flagNote({ flags: ["uniform"], degenerate: null }), "flag: uniform (removal not measured: --ablation N tests it)");
+  assert.equal(flagNote({ flags: ["uniform", "vertical"], degenerate: true }), "flag: uniform, vertical (degenerate: removing it changes nothing)");
+  assert.equal(flagNote({ flags: ["self-only"], degenerate: false }), "flag: self-only (removing it matters)");
 });
 
 test("zooming narrows around the point, never below full resolution nor outside the map", () => {

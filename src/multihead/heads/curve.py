@@ -12,7 +12,6 @@ physical pruning gives (see :mod:`.prune`).
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 
 from ..files import write_atomically
 from ..hf.interventions import HeadGates
-from ..progress import counted, enabled
+from ..progress import counted, note
 from .importance import head_importance
 from .tasks import Task
 
@@ -121,9 +120,9 @@ def pruning_curve(task: Task, *, steps: int = 10, per_step: float = 0.1, reestim
             metric = task.evaluate()
         pruned = [(layer, h) for layer in range(L) for h in range(H) if mask[layer, h] == 0]
         curve.steps.append(PruningStep(step, len(pruned) / (L * H), len(pruned), metric, pruned))
-        if enabled(progress):
-            print(f"multihead: pruning step {step}/{steps}: {counted(len(pruned), 'head')} pruned, {task.metric_name} "
-                  f"{metric:.4f}", file=sys.stderr, flush=True)
+        # a progress line like the load's before it (held with them in a quick run off a terminal: in order)
+        note(f"pruning step {step}/{steps}: {counted(len(pruned), 'head')} pruned, {task.metric_name} {metric:.4f}",
+             progress=progress)
         if stop_below is not None and metric < stop_below * curve.baseline:
             break
     return curve

@@ -232,6 +232,9 @@ def memory_entries(spec: str | dict | None) -> dict[int | str, int] | None:
         else:
             raise PlacementError("max_memory", f"names device {key!r}: expected a GPU index (0, 1, ...), cpu, mps or "
                                  "disk")
+        if device in out:  # "cpu=30MiB,cpu=40MiB", or "0=…" beside "cuda:0=…": which one was meant is not ours to guess
+            raise PlacementError("max_memory", f"gives {key!r} a size twice ({spec!r}): expected each device once, "
+                                 "such as '0=20GiB,cpu=60GiB'")
         out[device] = _bytes(key, value)
     return out
 

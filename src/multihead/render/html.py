@@ -42,7 +42,8 @@ def report_body(report: Report) -> str:
     parts = [f'<div class="mh-report"><style>{_STYLE}</style>',
              f"<h2>{escape(report.model)}{stack}: {report.num_layers} layers × {report.num_heads} heads"
              f"{' (causal)' if report.causal else ''}</h2>",
-             f"<p>{counted(report.sentences, 'sentence')}, {counted(report.tokens, 'token')}.</p>",
+             f"<p>{counted(report.sentences, 'text')}, {counted(report.tokens, 'token')}"
+             f"{'; ' + escape(report.placement) if report.placement else ''}.</p>",
              "<h3>Head map</h3><table><tr><th>layer</th>"]
     parts += [f"<th>h{h}</th>" for h in range(report.num_heads)]
     parts.append("</tr>")

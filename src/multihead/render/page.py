@@ -225,6 +225,7 @@ def _report_data(report: Report) -> dict:
         data["evidence"] = [marks.get((r.layer, r.head)) for r in report.heads]
     data["metric_names"] = report.metric_names
     data["heads"] = [{"layer": r.layer, "head": r.head, "label": r.label, "flags": list(r.flags),
+                      "traits": list(r.traits),
                       "describe": r.describe(), "stability": json_number(r.stability, 3),
                       "degenerate": r.degenerate,
                       "intervals": {k: [json_number(lo, 4), json_number(hi, 4)] for k, (lo, hi) in r.intervals.items()},
@@ -255,6 +256,7 @@ def _overview(report: Report) -> dict:
     """What the overview tab shows beside the label map: the run and the probes' summaries (the
     per-head matrices stay out: the table has every head's metrics)."""
     out: dict = {"model": report.model, "causal": report.causal, "sentences": report.sentences,
+                 "placement": report.placement,
                  "tokens": report.tokens, "written": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                  "version": __version__, "flags": [[r.layer, r.head, list(r.flags)] for r in report.flagged()],
                  "untested": [[r.layer, r.head, list(r.flags)] for r in report.untested()]}

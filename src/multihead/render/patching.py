@@ -43,18 +43,27 @@ def _cell_style(value: float, limit: float) -> str:
     return f"background:rgb{rgb};color:{text}".replace(" ", "")
 
 
-def _map(values: Tensor, caption: str) -> str:
+def _map(values: Tensor, caption: str, noise: Tensor | None = None, rounding: str = "") -> str:
+    """A layer x head table of ``values``, coloured; the cells ``noise`` marks (within the rounding of the
+    model's logits, ``rounding`` saying how much) drawn as "·" on white where a number would show, their
+    values in their titles."""
     L, H = values.shape
-    limit = float(values.abs().max()) if values.numel() else 0.0
+    # only where a number would show (+0.000 is itself): float32's own resolution hides nothing
+    noise = values.new_zeros(values.shape, dtype=bool) if noise is None else noise & (values.abs() >= 0.0005)
+    shown = values.masked_fill(noise, 0)
+    limit = float(shown.abs().max()) if values.numel() else 0.0
     head = "".join(f"<th>H{h}</th>" for h in range(H))
     rows = []
     for layer in range(L):
-        cells = "".join(f'<td style="{_cell_style(float(v), limit)}" title="L{layer}.H{h}: '
-                        f'{float(v):+.4f}">{float(v):+.3f}</td>' for h, v in enumerate(values[layer]))
+        cells = "".join(f'<td style="{_cell_style(0.0 if quiet else float(v), limit)}" title="L{layer}.H{h}: '
+                        f'{float(v):+.4f}{" (within rounding)" if quiet else ""}">'
+                        f'{"·" if quiet else f"{float(v):+.3f}"}</td>'
+                        for h, (v, quiet) in enumerate(zip(values[layer], noise[layer], strict=True)))
         rows.append(f"<tr><th>L{layer}</th>{cells}</tr>")
+    quiet = f"; ·: {escape(rounding)}" if bool(noise.any()) and rounding else ""
     return (f"<figure><figcaption>{escape(caption)}</figcaption><table class=\"map\"><tr><th></th>{head}</tr>"
             f"{''.join(rows)}</table><p class=\"legend\">red: toward the clean answer; blue: toward the wrong one; "
-            f"full colour = ±{limit:.3g}</p></figure>")
+            f"full colour = ±{limit:.3g}{quiet}</p></figure>")
 
 
 def _tokens(tokens: list[str], other: list[str]) -> str:
@@ -72,14 +81,17 @@ def patching_page(result: Patching, model: str) -> str:
              f"{result.position}. Logit difference: clean {result.clean_diff:+.4f}, corrupt "
              f"{result.corrupt_diff:+.4f} (gap {gap:+.4f}); method: {escape(result.method)}.</p>"]
     why = result.no_share()
+    noise = result.within_rounding()
+    rounding = (f"a change under ±{result.resolution:.3g} logits, within {result.dtype}'s rounding of logits this size"
+                + (f" (a share under ±{result.resolution / abs(gap):.3f})" if why is None else ""))
     if why is None:
         parts.append(_map(result.restored, "Share of the gap restored by patching each head's clean output (before "
-                                           "W^O, every position) into the corrupt run"))
+                                           "W^O, every position) into the corrupt run", noise, rounding))
         top = ", ".join(f"L{layer}.H{h} {v:+.3f}" for (layer, h), v in result.top(5))
         parts.append(f"<p>Top 5: {escape(top)}</p>")
     else:
         parts.append(f"<p>No shares: {escape(why)}</p>")
-        parts.append(_map(result.change, "Change of the logit difference by patching each head"))
+        parts.append(_map(result.change, "Change of the logit difference by patching each head", noise, rounding))
     if result.direct is not None:
         parts.append(_map(result.direct, "Direct logit attribution in the clean run (logits; the final norm's scale "
                                          "frozen): each head's output projected on W_U[answer] − W_U[wrong]"))

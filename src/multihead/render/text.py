@@ -29,12 +29,14 @@ def analyze_text(report: Report, *, model_name: str | None = None, files: list |
     shape = f"{report.num_layers} layers x {report.num_heads} heads" + (" (causal)" if report.causal else "")
     if report.stacks:
         shape = "; ".join(f"{r.stack} {r.num_layers} x {r.num_heads}" for r in (report, *report.stacks.values()))
+    ran = f"; {report.placement}" if report.placement else ""  # the dtype and device(s) it ran in: "bfloat16 on cpu"
     if report.sections.images is not None:
         parts = [f"{name}: {report.num_layers} layers x {report.num_heads} heads; {report.sections.images.count} "
-                 f"images, {report.tokens} patch rows\n", report.label_map()]
+                 f"images, {report.tokens} patch rows{ran}\n", report.label_map()]
     else:
-        size = f"{counted(report.sentences, 'sentence')}, {counted(report.tokens, 'token')}"
-        parts = [f"{name}: {shape}; {size}\n", report.label_map()]
+        # texts, not "sentences": a --document is one text of thousands of tokens
+        size = f"{counted(report.sentences, 'text')}, {counted(report.tokens, 'token')}"
+        parts = [f"{name}: {shape}; {size}{ran}\n", report.label_map()]
         if report.sections.what_if is not None:
             parts.append("\n" + what_if_text(report.sections.what_if))
         parts += [text for text in (_labels(report), _flags_and_redundancy(report), _probes(report), _ablation(report),
@@ -312,11 +314,17 @@ def patching_table(result: Patching) -> str:
     else:
         values, what = result.change, f"change of the logit difference, no shares: {why}"
     L, H = values.shape
-    lines = [f"patching each head's clean output into the corrupt run: {what}",
-             "layer | " + " ".join(f"h{h:<5d}" for h in range(H))]
+    noise = result.within_rounding()
+    lines = [f"patching each head's clean output into the corrupt run: {what}"]
+    if bool((noise & (values.abs() >= 0.0005)).any()):  # a half dtype's logits: say what "." hides beside zeros
+        lines.append(f"(\".\": a change under ±{result.resolution:.3g} logits, within {result.dtype}'s rounding of "
+                     "logits this size" + (f"; a share under ±{result.resolution / abs(result.gap):.3f}" if why is None
+                                            else "") + ")")
+    lines.append("layer | " + " ".join(f"h{h:<5d}" for h in range(H)))
     for layer in range(L):
-        lines.append(f"{layer:5d} | " + " ".join(f"{float(v):+.3f}" if abs(float(v)) >= 0.0005 else "   .  "
-                                                  for v in values[layer]))
+        lines.append(f"{layer:5d} | " + " ".join(
+            f"{float(v):+.3f}" if abs(float(v)) >= 0.0005 and not quiet else "   .  "
+            for v, quiet in zip(values[layer], noise[layer], strict=True)))
     if what.startswith("share"):
         lines.append("top: " + ", ".join(f"L{layer}.H{h} {v:+.3f}" for (layer, h), v in result.top(5)))
     return "\n".join(lines)

@@ -94,6 +94,12 @@ class Patching:
                     "the model's preference differs more, or run in float32")
         return None
 
+    def within_rounding(self) -> Tensor:
+        """(L, H) bool: the heads whose change of the logit difference is under :attr:`resolution`, so
+        within the rounding of the model's logits (a bfloat16 SmolLM2's ±0.005 shares are one or two
+        of its steps): a map draws them as nothing, not as a share."""
+        return self.change.abs() < self.resolution
+
     @property
     def restored(self) -> Tensor:
         """(L, H) share of the clean-vs-corrupt gap each head restores; ValueError with

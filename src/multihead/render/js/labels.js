@@ -27,3 +27,13 @@ export function colourOf(data, label) {
   const colours = data.colours || {};
   return colours[String(label).split(":")[0]] || "#ffffff";
 }
+
+// What a head's pattern flags say on the label map: "" without flags, else the flags and what removing the
+// head was found to do ("degenerate" true: nothing; false: it matters; null: not measured) — every flagged
+// head is marked "!" as the legend says, not only the degenerate ones
+export function flagNote(r) {
+  if (!r || !r.flags || !r.flags.length) return "";
+  const verdict = r.degenerate === true ? "degenerate: removing it changes nothing"
+    : r.degenerate === false ? "removing it matters" : "removal not measured: --ablation N tests it";
+  return "flag: " + r.flags.join(", ") + " (" + verdict + ")";
+}

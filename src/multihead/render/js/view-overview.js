@@ -1,6 +1,7 @@
 // The overview: what was analysed, the label map with its legend, flags, redundancy and the probes.
 import { blue, counted, fmt } from "./scales.js";
 import { el, escSVG, tableOf } from "./dom.js";
+import { flagNote } from "./labels.js";
 
 export function overviewView(page) {
   const { data, L, H, q, label, mark, code, colour, headLink, openHead } = page;
@@ -29,7 +30,8 @@ export function overviewView(page) {
     const o = data.overview, box = q(".mh-overview");
     const corpus = o.corpus ? ", corpus " + o.corpus.sha256.slice(0, 12) : "";
     box.appendChild(el("p", { "class": "mh-meta" }, o.model + ": " + L + " layers × " + H + " heads" + (o.causal ? " (causal)" : "") +
-      "; " + counted(o.sentences, "sentence") + ", " + counted(o.tokens, "token") + corpus + "; page written " + o.written + " by multihead " + o.version));
+      "; " + counted(o.sentences, "text") + ", " + counted(o.tokens, "token") + corpus + (o.placement ? "; " + o.placement : "") +
+      "; page written " + o.written + " by multihead " + o.version));
     box.appendChild(el("h3", {}, "Heads by label (click a head to open it)"));
     const shade = el("select", { "class": "mh-map-shade", "aria-label": "shade the map by" });
     shade.appendChild(el("option", { value: "" }, "shaded by label"));
@@ -39,16 +41,15 @@ export function overviewView(page) {
     head.appendChild(el("th", {}, ""));
     for (let h = 0; h < H; h++) head.appendChild(el("th", {}, "H" + h));
     map.appendChild(head);
-    const flagged = {};
-    (o.flags || []).forEach(([l, h, f]) => { flagged[l * H + h] = f; });
     for (let l = 0; l < L; l++) {
       const tr = el("tr");
       tr.appendChild(el("th", {}, "L" + l));
       for (let h = 0; h < H; h++) {
-        const lab = label(l, h), td = el("td", { "class": "mh-mapcell", "data-layer": String(l), "data-head": String(h),
-                                                   title: "L" + l + ".H" + h + ": " + lab + (flagged[l * H + h] ? " — " + flagged[l * H + h].join(", ") : "") });
+        const lab = label(l, h), flag = flagNote(data.heads[l * H + h]);
+        const td = el("td", { "class": "mh-mapcell", "data-layer": String(l), "data-head": String(h),
+                              title: "L" + l + ".H" + h + ": " + lab + (flag ? " — " + flag : "") });
         td.style.background = colour(lab);
-        td.textContent = code(lab) + mark(l, h) + (flagged[l * H + h] ? " !" : "");
+        td.textContent = code(lab) + mark(l, h) + (flag ? " !" : "");
         td.addEventListener("click", () => openHead(l, h));
         tr.appendChild(td);
       }
@@ -62,7 +63,11 @@ export function overviewView(page) {
       const dt = el("dt", {}, lab); dt.style.background = colour(lab === "syntactic:REL" ? "syntactic" : lab);
       legend.append(dt, el("dd", {}, rule));
     });
-    Object.entries(o.flag_legend).forEach(([flag, rule]) => legend.append(el("dt", {}, "! " + flag), el("dd", {}, "flag: " + rule)));
+    // the flags this model's heads carry, as the labels: a decoder's legend once listed stuck-on-sep, which it cannot have
+    const flagsUsed = new Set(data.heads.flatMap((r) => r.flags));
+    if (data.heads.some((r) => r.degenerate)) flagsUsed.add("degenerate");
+    if (data.heads.some((r) => (r.traits || []).includes("sink"))) flagsUsed.add("sink (trait)");
+    Object.entries(o.flag_legend).forEach(([flag, rule]) => { if (flagsUsed.has(flag)) legend.append(el("dt", {}, "! " + flag), el("dd", {}, "flag: " + rule)); });
     if (data.evidence) {
       Object.entries(data.marks || {}).forEach(([m, sign]) => legend.append(el("dt", {}, sign), el("dd", {}, (data.mark_words || {})[m] || m)));
     }
