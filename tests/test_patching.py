@@ -270,7 +270,7 @@ def test_changes_within_the_logits_rounding_are_drawn_as_nothing():
     rows = [line.split("|")[1].split() for line in table.splitlines() if line[:5].strip().isdigit()]
     assert rows == [[".", ".", "+0.935"], [".", ".", "-0.052"]], table
     page = patching_page(half, "smollm2")
-    assert page.count(">·</td>") == 3 and ">+0.935</td>" in page and ">-0.052</td>" in page  # and 0: +0.000
+    assert page.count(">·</td>") == 4 and ">+0.935</td>" in page and ">-0.052</td>" in page
     assert "(within rounding)" in page and "·: a change under ±0.62 logits, within bfloat16" in page
     wide = Patching(**given)  # float32: its resolution 1e-4, every number its own
     rows = [line.split("|")[1].split() for line in patching_table(wide).splitlines() if line[:5].strip().isdigit()]

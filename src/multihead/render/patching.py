@@ -48,8 +48,10 @@ def _map(values: Tensor, caption: str, noise: Tensor | None = None, rounding: st
     model's logits, ``rounding`` saying how much) drawn as "·" on white where a number would show, their
     values in their titles."""
     L, H = values.shape
-    # only where a number would show (+0.000 is itself): float32's own resolution hides nothing
-    noise = values.new_zeros(values.shape, dtype=bool) if noise is None else noise & (values.abs() >= 0.0005)
+    # where a number within the rounding would show (a half dtype's), every such cell is "·", +0.000 as well;
+    # else none is (float32's resolution hides nothing a cell shows: +0.000 is itself)
+    if noise is None or not bool((noise & (values.abs() >= 0.0005)).any()):
+        noise = values.new_zeros(values.shape, dtype=bool)
     shown = values.masked_fill(noise, 0)
     limit = float(shown.abs().max()) if values.numel() else 0.0
     head = "".join(f"<th>H{h}</th>" for h in range(H))

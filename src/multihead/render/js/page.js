@@ -54,7 +54,7 @@ function colour(lab) { return colourOf(data, lab); }
 
 // --- controls ---
 const controls = q(".mh-controls");
-const sentenceSelect = el("select", { "class": "mh-sentence", "aria-label": "sentence" });
+const sentenceSelect = el("select", { "class": "mh-sentence", "aria-label": "text" });
 data.sentences.forEach((s, i) => sentenceSelect.appendChild(el("option", { value: String(i) },
   (s.purpose ? "[" + s.purpose + "] " : "") + s.text.slice(0, 80))));
 const layerSelect = el("select", { "class": "mh-layer", "aria-label": "layer" });
@@ -62,7 +62,7 @@ for (let l = 0; l < L; l++) layerSelect.appendChild(el("option", { value: String
 // the head the one-head views (matrix, its detail) show; the boxes pick it there too
 const headSelect = el("select", { "class": "mh-head", "aria-label": "head" });
 for (let h = 0; h < H; h++) headSelect.appendChild(el("option", { value: String(h) }, "head " + h));
-controls.append(el("span", {}, "sentence "), sentenceSelect, el("span", {}, " "), layerSelect, el("span", {}, " "), headSelect);
+controls.append(el("span", {}, "text "), sentenceSelect, el("span", {}, " "), layerSelect, el("span", {}, " "), headSelect);
 const ONE_HEAD = ["matrix"];  // views of one head: a box picks the head instead of toggling it
 function syncBoxes() {
   headBoxes.querySelectorAll(".mh-headbox").forEach((b, k) =>
