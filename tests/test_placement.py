@@ -181,6 +181,27 @@ def test_smollm2_in_bfloat16_keeps_its_outputs_and_its_metrics_near_float32(smol
     torch.testing.assert_close(captured, eager, atol=slack, rtol=0)
     own = max(float((sdpa - reference).abs().max()), float((eager - reference).abs().max()))
     assert float((captured - reference).abs().max()) <= own + slack
+    # a long text (810 tokens) is captured with its keys on the half products' grid and oneDNN's sums: its logits
+    # are no longer eager's bit for bit (max 0.85 from eager, where SDPA is 1.13 from it; AMD EPYC, AVX-512 BF16)
+    # but as far from float32 as the model's own paths on average (mean 0.0971 against SDPA's 0.0962 and eager's
+    # 0.0974) and in the top token (96.2 % of positions against 96.3 and 96.8: a position is 0.12 %)
+    long = bf16.tokenizer(Path(__file__).parents[1].joinpath("docs", "analysis.md").read_text()[:3000],
+                          return_tensors="pt")["input_ids"]
+    assert long.shape[1] > 600
+    with torch.no_grad():
+        sdpa = bf16.model(input_ids=long).logits.float()
+        bf16.model.config._attn_implementation = "eager"
+        eager = bf16.model(input_ids=long).logits.float()
+        bf16.model.config._attn_implementation = "sdpa"
+        with mh.hf.AttentionCapture(bf16.model, lambda c: None):
+            captured = bf16.model(input_ids=long).logits.float()
+        reference = smollm2.model(input_ids=long).logits
+    far = {name: float((x - reference).abs().mean()) for name, x in (("sdpa", sdpa), ("eager", eager),
+                                                                      ("captured", captured))}
+    assert far["captured"] <= max(far["sdpa"], far["eager"]) * 1.1, far
+    agree = {name: float((x.argmax(-1) == reference.argmax(-1)).float().mean())
+             for name, x in (("sdpa", sdpa), ("eager", eager), ("captured", captured))}
+    assert agree["captured"] >= min(agree["sdpa"], agree["eager"]) - 0.01, agree
     # direct logit attribution freezes the final norm as bfloat16 ran it (a float32 tolerance once
     # refused every bfloat16 model: `multihead patch --dtype bfloat16` failed)
     clean, answer, wrong = "When Mary and John went to the store, John gave a drink to", " Mary", " John"

@@ -33,9 +33,20 @@ def test_an_8b_model_is_planned_from_its_config_without_weights():
     assert small.fits and large.fits and large.working > small.working
     too_long = mh.analysis.plan(config, 32768, dtype="bfloat16", device="cuda", available=20 * 10**9)
     assert not too_long.fits
-    with pytest.raises(mh.analysis.PlanError, match="would not fit; analyse shorter texts"):
+    # the verdict in the plan's own words, once only in .fits ("16.18 GiB of 14.90 GiB available" read as fine)
+    assert str(too_long).endswith("of 18.63 GiB available: the run would not fit, 0.35 GiB over; 0.45 GiB of "
+                                  "sums and views in host memory"), str(too_long)
+    with pytest.raises(mh.analysis.PlanError, match=r"would not fit, 0\.35 GiB over; [^;]+; analyse shorter texts"):
         plan_module.check_plan(too_long)
     assert "weights 14.96 GiB" in str(small) and "of 22.35 GiB available" in str(small)
+    assert "would not fit" not in str(small) + str(large)
+    # the device's memory as text, as --max-memory takes it; a GPU this machine lacks, told nothing: no verdict
+    assert mh.analysis.plan(config, 8192, dtype="bfloat16", device="cuda", available="24GB").total == small.total
+    with pytest.raises(ValueError, match=r"^available='24 furlongs': expected a size such as 20GiB"):
+        mh.analysis.plan(config, 8192, dtype="bfloat16", device="cuda", available="24 furlongs")
+    if not torch.cuda.is_available():  # once an AssertionError from torch ("Torch not compiled with CUDA enabled")
+        unknown = mh.analysis.plan(config, 8192, dtype="bfloat16", device="cuda")
+        assert unknown.available is None and unknown.fits and " available" not in str(unknown)
 
 
 def test_a_model_spread_over_two_gpus_is_planned_device_by_device():

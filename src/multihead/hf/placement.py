@@ -240,16 +240,25 @@ def memory_entries(spec: str | dict | None) -> dict[int | str, int] | None:
 
 
 def _bytes(key: str, value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
+    try:
+        return size_in_bytes(value)
+    except ValueError as err:
+        raise PlacementError("max_memory", f"{key}={value!r}: {err}") from None
+
+
+def size_in_bytes(value: Any) -> int:
+    """A size in bytes: a number of them (an int, or a float such as 24e9), or text such as ``"24GB"``,
+    ``"20GiB"``, ``"500 MB"`` (units B, KB, MB, GB, TB in powers of 1,000, KiB … TiB in powers of 1,024);
+    ValueError saying the form."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and 1 <= value < float("inf"):
+        return int(value)  # 24e9 as well as 24 * 10**9
     match = _SIZE.match(str(value))
     unit = match["unit"].lower() if match else ""
     if match is None or unit not in _UNITS:
-        raise PlacementError("max_memory", f"{key}={value!r}: expected a size such as 20GiB or 500MB (units B, KB, "
-                             "MB, GB, TB, KiB, MiB, GiB, TiB)")
+        raise ValueError("expected a size such as 20GiB or 500MB (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
     size = int(float(match["number"]) * _UNITS[unit])
     if size <= 0:
-        raise PlacementError("max_memory", f"{key}={value!r}: a size must be positive")
+        raise ValueError("a size must be positive")
     return size
 
 

@@ -66,6 +66,7 @@ from ...hf.placement import (
     mapped_weights,
     memory_entries,
     resident_bytes,
+    size_in_bytes,
 )
 from ...hf.route import AttentionChunk, chunk_bytes
 from ..probes.retrieval import NEEDLE
@@ -187,21 +188,23 @@ class MemoryPlan:
         if self.readers_on:
             place += f": its layers only, the readers on {self.readers_on}"
         process = f"this process {_gib(self.process)} + " if self.process else ""
+        # the verdict in words, not only in .fits: a plan read as text once said "16.18 GiB of 14.90 GiB available"
+        over = "" if self.fits else f": the run would not fit, {_gib(self.total - self.available)} over"
         return (f"memory plan for {self.model} ({self.dtype} on {place}, {self.batch} x {self.tokens:,} "
                 f"tokens): {process}weights {_gib(self.weights)} + pass {_gib(work)} (chunks of at most "
                 f"{self.chunk / 2**20:.0f} MiB{holes}) + statistics {_gib(self.statistics)}{on_cpu} = "
-                f"{_gib(self.total)}{room}{beside}")
+                f"{_gib(self.total)}{room}{over}{beside}")
 
 
 def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None, device: Any = None,
-         available: int | None = None, redundancy: bool = True, views: int = 1, probes: bool = True,
+         available: int | str | None = None, redundancy: bool = True, views: int = 1, probes: bool = True,
          relations: int = 0, chunk: int | None = None, budget: int | None = None, weights: int | None = None,
          readers_on: Any = None, chunk_limit: int | None = None, texts: int | None = None) -> MemoryPlan:
     """The memory plan of analysing ``batch`` texts of ``tokens`` tokens with ``model``: a loaded
     :class:`~multihead.hf.HFModel`, a transformers config, or a local model folder / known name
     (its config only). ``dtype`` / ``device``: the run's (default: the loaded model's, else
     :func:`~multihead.hf.load`'s rule: the config's dtype on an accelerator, float32 on the CPU);
-    ``available``: the device's memory in bytes for the run (default: what it has free now, plus
+    ``available``: the device's memory for the run, in bytes or as text ("24GB") (default: what it has free now, plus
     the loaded model's own weights — on a CPU, plus all the process holds now, since the total
     counts the process: a given one for a loaded model's CPU plan is for the whole process, what it
     holds already included); ``views``: texts of this length whose page views are kept;
@@ -220,6 +223,7 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
         raise ValueError(f"tokens and batch must be positive integers; got {tokens!r}, {batch!r}")
     if not isinstance(relations, int) or isinstance(relations, bool) or relations < 0:
         raise ValueError(f"relations must be a count of relation keys (0 or more); got {relations!r}")
+    available = _size(available)
     loaded = model if isinstance(model, HFModel) else None
     config = loaded.model.config if loaded else _config(model)
     limit = loaded.max_positions if loaded else max_positions(config)
@@ -347,7 +351,8 @@ def plan_devices(model: HFModel | Any, tokens: int, *, device_map: str | dict | 
 
 
 def _free_beside(device: Any, weights: int) -> int | None:
-    """What ``device`` has free now, plus the loaded weights already there (None: unknown)."""
+    """What ``device`` has free now, plus the loaded weights already there (None: unknown — a device
+    this machine does not have, planned for without a verdict unless ``available`` is given)."""
     free = available_memory(device)
     return None if free is None else free + weights
 
@@ -388,21 +393,33 @@ def _inferred_map(config: Any, dtype: Any, device_map: str | dict, max_memory: s
         quiet.setLevel(level)
 
 
-def _room(available: int | dict | None, device: Any) -> int | None:
-    """The bytes ``available`` gives ``device`` (a dict keyed by accelerate's 0, 1, … or names)."""
+def _room(available: int | str | dict | None, device: Any) -> int | None:
+    """The bytes ``available`` gives ``device`` (a dict keyed by accelerate's 0, 1, … or names; a size
+    in bytes or as text, "24GB")."""
     if not isinstance(available, dict):
-        return available
+        return _size(available)
     device = torch.device(device) if device is not None else None
     for key, value in available.items():
         if device is not None and accelerate_device(key) == device:
-            return value
+            return _size(value, key)
     return None
+
+
+def _size(value: int | str | None, key: Any = None) -> int | None:
+    """``available``'s bytes: an int, or a size as text ("24GB", "80 GiB"); ValueError in one line."""
+    if value is None:
+        return None
+    try:
+        return size_in_bytes(value)
+    except ValueError as err:
+        named = f"available[{key!r}]" if key is not None else "available"
+        raise ValueError(f"{named}={value!r}: {err}") from None
 
 
 def check_plan(found: MemoryPlan) -> None:
     """Raise :class:`PlanError` when the plan does not fit its device (one line: the plan and a remedy)."""
     if not found.fits:
-        raise PlanError(f"{found}: the run would not fit; analyse shorter texts (or fewer at once), skip redundancy "
+        raise PlanError(f"{found}; analyse shorter texts (or fewer at once), skip redundancy "
                         "(redundancy=False), or use a device with more memory")
 
 
