@@ -310,6 +310,27 @@ def test_view_says_what_it_wrote_in_one_line(tmp_path, capsys):
         assert code == 0 and out.startswith(f"wrote {page} (") and out.rstrip().endswith(said), (out, err)
 
 
+def test_untested_flagged_heads_point_to_ablation_only_where_it_can_run(minilm):
+    """A flagged head no ablation tested: "--ablation N tests them" — but of a text past ablation's length
+    (a long document: ablation skipped) that advice could not be followed; it points to why instead."""
+    from dataclasses import replace
+
+    from multihead.analysis import sections as S
+    from multihead.render.text import analyze_text
+
+    report = mh.analyze(minilm, ["The cat sat on the mat because it was warm."], coreference=False, induction=False,
+                        ablation=0)
+    report = replace(report, heads=[replace(r, flags=["uniform"], degenerate=None) if (r.layer, r.head) == (1, 2)
+                                    else r for r in report.heads])
+    assert "input-independent attention, not tested by ablation (1; --ablation N tests them): L1.H2 uniform" \
+        in analyze_text(report)
+    report.sections.ablation = S.Ablation("masked-LM loss", float("nan"), 0, 0, [], skipped="the ablated texts reach "
+                                          "799 tokens", unit="nats/token")
+    text = analyze_text(report)
+    assert "not tested by ablation (1; the ablation was skipped, below): L1.H2 uniform" in text, text
+    assert "Ablation skipped: the ablated texts reach 799 tokens" in text, text
+
+
 def test_counts_in_what_is_printed_agree_with_their_number(minilm):
     """One document is "1 text" (once "1 sentences", then "1 sentence" for thousands of tokens: the
     report's first line, its page, the ablation line), and where it ran follows: "float32 on cpu"."""

@@ -134,4 +134,14 @@ def test_compare_reads_report_folders_and_keeps_the_evidence_sections(reports, t
 
     page = compare_page(result)
     assert "(6 × 12, float32 on cpu), B: " in page and "(6 × 12, bfloat16 on cpu);" in page
+    assert not result.warnings and result.to_dict()["b"]["placement"] == "bfloat16 on cpu"
+    half = tmp_path / "half"  # compared as read from a folder: the precisions apart said, and kept in compare.json
+    half.mkdir()
+    dataclasses.replace(b, placement="bfloat16 on cpu").to_json(half / "report.json")
+    apart = compare(tmp_path / "a", half)
+    assert apart.warnings == ["different precisions (float32 on cpu against bfloat16 on cpu): differences include "
+                              "the lower one's rounding"]
+    saved = apart.to_dict()
+    assert (saved["a"]["placement"], saved["b"]["placement"]) == ("float32 on cpu", "bfloat16 on cpu")
+    assert "warning: different precisions" in comparison_text(apart)
     assert "Labels changed (0 of 72)</h2><p>None: every matched head keeps its label." in page  # not an empty table

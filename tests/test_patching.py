@@ -276,6 +276,12 @@ def test_changes_within_the_logits_rounding_are_drawn_as_nothing():
     rows = [line.split("|")[1].split() for line in patching_table(wide).splitlines() if line[:5].strip().isdigit()]
     assert rows == [["+0.005", "-0.005", "+0.935"], [".", "+0.022", "-0.052"]]
     assert "rounding" not in patching_table(wide) and "·" not in patching_page(wide, "smollm2")
+    # the direct logit attribution's heads by size, either sign (L29.H0 at -1.67 was left out of SmolLM2's)
+    from multihead.render.text import patching_text
+
+    wide.direct = torch.tensor([[0.1, -3.0, 2.0], [0.5, 0.0, -0.2]])
+    assert "direct logit attribution (clean run), largest in size: L0.H1 -3.000, L0.H2 +2.000, L1.H0 +0.500, " \
+        "L1.H2 -0.200, L0.H0 +0.100" in patching_text(wide, "smollm2", " Paris", " Rome")
 
 
 def test_the_maps_cells_keep_their_numbers_readable():

@@ -49,7 +49,7 @@ test("every flagged head's note says its flags and what removing it did", () => 
   assert.equal(flagNote({ flags: [], degenerate: null }), "");
   assert.equal(flagNote(undefined), "");
   // a flagged head whose removal was not measured was once drawn as plain as an unflagged one
-  assert.equal(flagNote({ flags: ["uniform"], degenerate: null }), "flag: uniform (removal not measured: --ablation N tests it)");
+  assert.equal(flagNote({ flags: ["uniform"], degenerate: null }), "flag: uniform (removal not measured)");
   assert.equal(flagNote({ flags: ["uniform", "vertical"], degenerate: true }), "flag: uniform, vertical (degenerate: removing it changes nothing)");
   assert.equal(flagNote({ flags: ["self-only"], degenerate: false }), "flag: self-only (removing it matters)");
 });

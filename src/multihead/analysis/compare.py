@@ -157,8 +157,10 @@ class Comparison:
         return [(ca, cb) for ca, cb, _ in self.pairs if ca in dead_a and cb not in not_alive_b]
 
     def to_dict(self) -> dict:
-        return {"schema": SCHEMA, "a": {"name": self.a_name, "model": self.a.model, "shape": self._shape(self.a)},
-                "b": {"name": self.b_name, "model": self.b.model, "shape": self._shape(self.b)},
+        return {"schema": SCHEMA, "a": {"name": self.a_name, "model": self.a.model, "shape": self._shape(self.a),
+                                        "placement": self.a.placement},
+                "b": {"name": self.b_name, "model": self.b.model, "shape": self._shape(self.b),
+                      "placement": self.b.placement},
                 "matching": self.matching, "warnings": self.warnings,
                 "pairs": [{"a": list(ca), "b": list(cb), "distance": None if d is None else round(d, 6)}
                           for ca, cb, d in self.pairs],
@@ -195,6 +197,10 @@ def compare(a: Report | str | Path, b: Report | str | Path, *, different_corpora
                              "on the same texts — analyze both on the same texts, or compare anyway "
                              "(--different-corpora / different_corpora=True)")
         warnings.append(f"different corpora ({problem}): differences mix the models and the texts")
+    if ra.placement and rb.placement and ra.placement.split(" on ")[0] != rb.placement.split(" on ")[0]:
+        # a dtype apart: every metric moves by its rounding (SmolLM2 bfloat16 against float32: entropy up to 0.024)
+        warnings.append(f"different precisions ({ra.placement} against {rb.placement}): differences include the "
+                        "lower one's rounding")
     same_shape = (ra.num_layers, ra.num_heads) == (rb.num_layers, rb.num_heads)
     if matching not in ("auto", "index", "profile"):
         raise ValueError(f"matching must be 'auto', 'index' or 'profile'; got {matching!r}")

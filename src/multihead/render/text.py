@@ -134,8 +134,12 @@ def _flags_and_redundancy(report: Report) -> str:
     untested = report.untested()
     if untested:
         shown = ", ".join(f"L{r.layer}.H{r.head} {_flag_values(r)}" for r in untested[:6])
-        lines.append(f"  input-independent attention, not tested by ablation ({len(untested)}; --ablation N tests "
-                     f"them): {shown}" + (" …" if len(untested) > 6 else ""))
+        # the way to test them, where there is one: a text past ablation's length has none (said below)
+        ablation = report.sections.ablation
+        how = "the ablation was skipped, below" if ablation is not None and ablation.skipped else \
+            "--ablation N tests them"
+        lines.append(f"  input-independent attention, not tested by ablation ({len(untested)}; {how}): {shown}"
+                     + (" …" if len(untested) > 6 else ""))
     red = report.redundancy
     if red is not None and red.pairs_js:
         rows = ""  # what the averages rest on (a report from before rows_cosine was kept: the JS's alone)
@@ -298,10 +302,11 @@ def patching_text(result: Patching, model: str, answer: str, wrong: str) -> str:
              f"logit({answer!r}) - logit({wrong!r}): clean {result.clean_diff:+.4f}, "
              f"corrupt {result.corrupt_diff:+.4f}\n", patching_table(result)]
     if result.direct is not None:
+        # by size, either sign: a head pushing hard toward the wrong answer matters as much (once only the positive)
         top = sorted(((float(result.direct[layer, h]), layer, h) for layer in range(result.direct.shape[0])
-                      for h in range(result.direct.shape[1])), reverse=True)[:5]
-        lines.append("direct logit attribution (clean run), largest: " + ", ".join(f"L{layer}.H{h} {v:+.3f}"
-                                                                                for v, layer, h in top))
+                      for h in range(result.direct.shape[1])), key=lambda x: -abs(x[0]))[:5]
+        lines.append("direct logit attribution (clean run), largest in size: " + ", ".join(
+            f"L{layer}.H{h} {v:+.3f}" for v, layer, h in top))
     return "\n".join(lines)
 
 

@@ -34,6 +34,6 @@ export function colourOf(data, label) {
 export function flagNote(r) {
   if (!r || !r.flags || !r.flags.length) return "";
   const verdict = r.degenerate === true ? "degenerate: removing it changes nothing"
-    : r.degenerate === false ? "removing it matters" : "removal not measured: --ablation N tests it";
+    : r.degenerate === false ? "removing it matters" : "removal not measured";
   return "flag: " + r.flags.join(", ") + " (" + verdict + ")";
 }
