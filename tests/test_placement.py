@@ -161,10 +161,9 @@ def test_a_low_precision_model_gives_its_own_outputs_under_capture_and_readers_g
 
 
 @pytest.mark.slow
-def test_smollm2_in_bfloat16_keeps_its_outputs_and_its_metrics_near_float32(smollm2):
-    bf16 = mh.hf.load("smollm2", dtype="bfloat16")
-    assert bf16.dtype == torch.bfloat16 and bf16.placement == "bfloat16 on cpu"
-    ids = bf16.tokenizer(TEXTS[0], return_tensors="pt")["input_ids"]
+def _bfloat16_paths(bf16: HFModel, full: HFModel, ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The bfloat16 model's logits on ids (1, T) through its SDPA, its eager attention and our capture,
+    and the float32 model's: four (1, T, V) float32 tensors."""
     with torch.no_grad():
         sdpa = bf16.model(input_ids=ids).logits.float()
         bf16.model.config._attn_implementation = "eager"
@@ -172,7 +171,14 @@ def test_smollm2_in_bfloat16_keeps_its_outputs_and_its_metrics_near_float32(smol
         bf16.model.config._attn_implementation = "sdpa"
         with mh.hf.AttentionCapture(bf16.model, lambda c: None):
             captured = bf16.model(input_ids=ids).logits.float()
-        reference = smollm2.model(input_ids=ids).logits
+        return sdpa, eager, captured, full.model(input_ids=ids).logits
+
+
+def test_smollm2_in_bfloat16_keeps_its_outputs_and_its_metrics_near_float32(smollm2):
+    bf16 = mh.hf.load("smollm2", dtype="bfloat16")
+    assert bf16.dtype == torch.bfloat16 and bf16.placement == "bfloat16 on cpu"
+    ids = bf16.tokenizer(TEXTS[0], return_tensors="pt")["input_ids"]
+    sdpa, eager, captured, reference = _bfloat16_paths(bf16, smollm2, ids)
     # capture computes as transformers' eager path does (scores and P·V in bfloat16, softmax in
     # float32): its logits are eager's; no farther from float32 than bfloat16's own paths are. Which
     # of eager and SDPA is nearer depends on the CPU's kernels (SDPA nearer on an AMD EPYC without
@@ -188,14 +194,7 @@ def test_smollm2_in_bfloat16_keeps_its_outputs_and_its_metrics_near_float32(smol
     long = bf16.tokenizer(Path(__file__).parents[1].joinpath("docs", "analysis.md").read_text()[:3000],
                           return_tensors="pt")["input_ids"]
     assert long.shape[1] > 600
-    with torch.no_grad():
-        sdpa = bf16.model(input_ids=long).logits.float()
-        bf16.model.config._attn_implementation = "eager"
-        eager = bf16.model(input_ids=long).logits.float()
-        bf16.model.config._attn_implementation = "sdpa"
-        with mh.hf.AttentionCapture(bf16.model, lambda c: None):
-            captured = bf16.model(input_ids=long).logits.float()
-        reference = smollm2.model(input_ids=long).logits
+    sdpa, eager, captured, reference = _bfloat16_paths(bf16, smollm2, long)
     far = {name: float((x - reference).abs().mean()) for name, x in (("sdpa", sdpa), ("eager", eager),
                                                                       ("captured", captured))}
     assert far["captured"] <= max(far["sdpa"], far["eager"]) * 1.1, far

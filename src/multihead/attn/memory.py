@@ -105,9 +105,9 @@ def available_memory(device: torch.device) -> int | None:
     """Free memory on ``device`` in bytes, or None when unknown (meta tensors, other devices, a GPU this
     machine does not have: a plan for one answers without a verdict unless told its memory)."""
     device = torch.device(device)
-    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
-        return None
     if device.type == "cuda":
+        if not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count():
+            return None
         free, _ = torch.cuda.mem_get_info(device)
         return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
     if device.type != "cpu":

@@ -83,9 +83,7 @@ def patching_page(result: Patching, model: str) -> str:
              f"{result.position}. Logit difference: clean {result.clean_diff:+.4f}, corrupt "
              f"{result.corrupt_diff:+.4f} (gap {gap:+.4f}); method: {escape(result.method)}.</p>"]
     why = result.no_share()
-    noise = result.within_rounding()
-    rounding = (f"a change under ±{result.resolution:.3g} logits, within {result.dtype}'s rounding of logits this size"
-                + (f" (a share under ±{result.resolution / abs(gap):.3f})" if why is None else ""))
+    noise, rounding = result.within_rounding(), result.rounding_words()
     if why is None:
         parts.append(_map(result.restored, "Share of the gap restored by patching each head's clean output (before "
                                            "W^O, every position) into the corrupt run", noise, rounding))

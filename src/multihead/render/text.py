@@ -322,9 +322,7 @@ def patching_table(result: Patching) -> str:
     noise = result.within_rounding()
     lines = [f"patching each head's clean output into the corrupt run: {what}"]
     if bool((noise & (values.abs() >= 0.0005)).any()):  # a half dtype's logits: say what "." hides beside zeros
-        lines.append(f"(\".\": a change under ±{result.resolution:.3g} logits, within {result.dtype}'s rounding of "
-                     "logits this size" + (f"; a share under ±{result.resolution / abs(result.gap):.3f}" if why is None
-                                            else "") + ")")
+        lines.append(f"(\".\": {result.rounding_words()})")
     lines.append("layer | " + " ".join(f"h{h:<5d}" for h in range(H)))
     for layer in range(L):
         lines.append(f"{layer:5d} | " + " ".join(

@@ -100,6 +100,12 @@ class Patching:
         of its steps): a map draws them as nothing, not as a share."""
         return self.change.abs() < self.resolution
 
+    def rounding_words(self) -> str:
+        """What a map's cells within the rounding (:meth:`within_rounding`) hide, in words."""
+        share = f"; a share under ±{self.resolution / abs(self.gap):.3f}" if self.no_share() is None else ""
+        return (f"a change under ±{self.resolution:.3g} logits, within {self.dtype}'s rounding of logits this "
+                f"size{share}")
+
     @property
     def restored(self) -> Tensor:
         """(L, H) share of the clean-vs-corrupt gap each head restores; ValueError with
