@@ -19,6 +19,7 @@ building blocks any such kernel is made of, so the ceiling is a measurement rath
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -67,13 +68,15 @@ def three_parts(q, k, v, c: int):
     return out
 
 
-def main(flags: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="4k tokens instead of 16k")
+    args = parser.parse_args(argv)
     import multihead as mh
     from multihead.masks import window
 
-    flags = flags or []
     threads = setup_threads()
-    n = 4096 if "--quick" in flags else 16384
+    n = 4096 if args.quick else 16384
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, H, n, D) for _ in range(3))
     mask = window(W, W)

@@ -16,6 +16,7 @@ Target: the printed plan within 20 % of the command's peak.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -59,12 +60,15 @@ def command(text_file: Path, out: Path, dtype: str) -> tuple[int, float, int, st
     return os.waitstatus_to_exitcode(status), seconds, usage.ru_maxrss * 1024, output
 
 
-def main(flags: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"{', '.join(map(str, QUICK))} tokens")
+    parser.add_argument("--dtype", default="auto", help="the command's --dtype (default: auto)")
+    args = parser.parse_args(argv)
     import multihead as mh
 
-    flags = flags or []
-    lengths = QUICK if "--quick" in flags else LENGTHS
-    dtype = flags[flags.index("--dtype") + 1] if "--dtype" in flags else "auto"
+    lengths = QUICK if args.quick else LENGTHS
+    dtype = args.dtype
     tokenizer = mh.hf.load("smollm2").tokenizer
     rows = []
     with tempfile.TemporaryDirectory() as folder:

@@ -16,6 +16,7 @@ Targets: batched >= 3x faster than one pass per head; attribution >= 20x cheaper
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -35,7 +36,10 @@ def sentences(count: int) -> list[str]:
     return [line for line in lines if len(line.split()) >= 8][:count]
 
 
-def main(flags: list[str]) -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="4 sentences instead of 64")
+    args = parser.parse_args(argv)
     import os
 
     import torch
@@ -45,7 +49,7 @@ def main(flags: list[str]) -> None:
     from multihead.heads.importance import spearman
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    quick = "--quick" in flags
+    quick = args.quick
     model = mh.hf.load("smollm2")
     texts = sentences(4 if quick else 64)
     heads = [(layer, h) for layer in range(model.num_layers) for h in range(model.num_heads)]

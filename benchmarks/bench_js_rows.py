@@ -14,6 +14,7 @@ least JS distance) are among R's 20, and the analysis's seconds (the JS's share 
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -52,18 +53,23 @@ def js_over(model, text: str, rows: int | None) -> tuple:
     return found.js().clone(), int(found.js_count), seconds
 
 
-def main(flags: list[str] | None = None) -> None:
+def _numbers(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1k tokens, every row the reference")
+    parser.add_argument("--tokens", type=_numbers, default=TOKENS, help="lengths, e.g. 1024,4096")
+    parser.add_argument("--rows", type=_numbers, default=ROWS, help="rows to sample, e.g. 4,16,32,64")
+    parser.add_argument("--reference", type=int, default=REFERENCE, help="the reference's rows past 1k tokens")
+    args = parser.parse_args(argv)
     import torch
 
-    flags = flags or []
     setup_threads()
-
-    def option(name: str, default):
-        return tuple(int(x) for x in flags[flags.index(name) + 1].split(",")) if name in flags else default
-
-    tokens = (1024,) if "--quick" in flags else option("--tokens", TOKENS)
-    rows = option("--rows", ROWS)
-    (reference_rows,) = option("--reference", (REFERENCE,))
+    tokens = (1024,) if args.quick else args.tokens
+    rows = args.rows
+    reference_rows = args.reference
     model = load("smollm2 bfloat16")
     out = []
     for n in tokens:

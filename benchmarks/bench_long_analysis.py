@@ -14,6 +14,7 @@ growth <= 2.3x per doubling of n.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import os
@@ -80,9 +81,11 @@ def worker(method: str, n: int) -> dict:
     return {"seconds": seconds, "peak": max(rss("VmHWM") - base, 0)}
 
 
-def main(flags: list[str] | None = None) -> None:
-    flags = flags or []
-    lengths = QUICK if "--quick" in flags else LENGTHS
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"{', '.join(map(str, QUICK))} tokens")
+    args = parser.parse_args(argv)
+    lengths = QUICK if args.quick else LENGTHS
     rows, results = [], {}
     for n in lengths:
         for method in METHODS:

@@ -33,6 +33,7 @@ each — ``--models`` picks the cells such a host can afford.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -193,15 +194,17 @@ def cpu_name() -> str:
     return f"{name} ({units})"
 
 
-def main(flags: list[str] | None = None) -> None:
-    flags = flags or []
-    quick = "--quick" in flags
-    lengths, models = (QUICK, QUICK_MODELS) if quick else (LENGTHS, MODELS)
-    if "--models" in flags:  # e.g. --models "smollm2 bfloat16,smollm2 float32": the cells a host can afford
-        models = tuple(m.strip() for m in flags[flags.index("--models") + 1].split(","))
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"SmolLM2 alone, {', '.join(map(str, QUICK))} tokens")
+    parser.add_argument("--models", help=f"the cells a host can afford, some of: {', '.join(MODELS)} (comma-separated)")
+    args = parser.parse_args(argv)
+    lengths, models = (QUICK, QUICK_MODELS) if args.quick else (LENGTHS, MODELS)
+    if args.models:  # e.g. --models "smollm2 bfloat16,smollm2 float32"
+        models = tuple(m.strip() for m in args.models.split(","))
         unknown = [m for m in models if m not in MODELS]
         if unknown:
-            raise SystemExit(f"bench_scale: unknown model {unknown[0]!r}; expected some of {', '.join(MODELS)}")
+            parser.error(f"unknown model {unknown[0]!r}; expected some of {', '.join(MODELS)}")
     rows = []
     for spec in models:
         for n in lengths:
