@@ -112,6 +112,7 @@ def _setup(tmp: Path) -> dict[str, Path]:
         {"layer": 0, "head": 0, "label": "x", "flags": [], "metrics": {"entropy": "abc"}}])))
     (tmp / "otherschema.json").write_text(json.dumps({"schema": "someone.else/3", "heads": []}))
     (tmp / "good.json").write_text(json.dumps(_report()))
+    (tmp / "decoder.json").write_text(json.dumps(_report(causal=True)))  # MiniLM's shape, a decoder's heads
     (tmp / "latin1.conllu").write_bytes("1\tcaf\xe9\t_\t_\t_\t_\t0\troot\t_\t_\n\n".encode("latin-1"))
     _model(tmp / "notokenizer", tokenizer=False)
     truncated = _model(tmp / "truncated")
@@ -185,6 +186,8 @@ CASES = [
      "nests deeper than 32 levels"),
     ("view --report not JSON", ["view", "hi", "--report", "{tmp}/notjson.json", "--out", "{tmp}/p.html"],
      "not JSON"),
+    ("view --report of a decoder", ["view", "hi", "--report", "{tmp}/decoder.json", "--out", "{tmp}/p.html"],
+     "--report holds a decoder's (causal) heads ('minilm'); minilm is an encoder: give a report of minilm"),
     ("view --out exists", ["view", "hi", "--out", "{tmp}/a-file"], "should end in .html"),
     ("view --out in a missing folder", ["view", "hi", "--out", "{tmp}/nowhere/p.html"], "does not exist"),
     ("compare a missing report", ["compare", "{tmp}/missing.json", "{tmp}/good.json", "--out", "{tmp}/c"],
@@ -301,6 +304,8 @@ def test_hostile_reports_are_shown_as_text(tmp_path):
     done = console(["view", "Heads look.", "--report", str(tmp_path / "hostile.json"), "--out",
                     str(tmp_path / "page.html")], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
+    # another model's report is said to be one (its name as a literal: no control character reaches a terminal)
+    assert "--report was made for '<script>" in done.stderr and "not minilm: its labels are drawn over" in done.stderr
     page = (tmp_path / "page.html").read_text(encoding="utf-8")
     assert hostile not in page and "<img src=x" not in page and "\\u003cscript\\u003e" in page
     (tmp_path / "good.json").write_text(json.dumps(_report()))

@@ -189,6 +189,12 @@ def test_gate_zero_equals_pruning_on_smollm2_with_gqa(smollm2, tmp_path):
     assert count_heads(model)[:2] == [6, 7] and count_heads(model)[7] == 0
     attn0 = model.model.layers[0].self_attn
     assert attn0.k_proj.out_features == 2 * 64 and attn0.num_key_value_groups == 3
+    # its LM head is its embedding (tied): saved once, tied again on loading (`prune --save-model` once failed)
+    save_pruned(model, tmp_path / "p", pruned, base="smollm2")
+    again = load_pruned(transformers.AutoModelForCausalLM.from_pretrained(lm.path).eval(), tmp_path / "p")
+    assert again.lm_head.weight.data_ptr() == again.model.embed_tokens.weight.data_ptr()
+    with torch.no_grad():
+        torch.testing.assert_close(again(**batch).logits, got)
 
 
 @pytest.mark.slow

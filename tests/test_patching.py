@@ -276,6 +276,12 @@ def test_changes_within_the_logits_rounding_are_drawn_as_nothing():
     rows = [line.split("|")[1].split() for line in patching_table(wide).splitlines() if line[:5].strip().isdigit()]
     assert rows == [["+0.005", "-0.005", "+0.935"], [".", "+0.022", "-0.052"]]
     assert "rounding" not in patching_table(wide) and "·" not in patching_page(wide, "smollm2")
+    assert '(".": under ±0.0005)' in patching_table(wide)  # what its one "." hides, said too
+    # an estimate says it is one, in the text and on the page (it read as exact patching)
+    assert patching_table(wide).startswith("share of the clean-vs-corrupt logit difference restored by patching each")
+    estimated = Patching(**{**given, "method": "attribution"})
+    for shown in (patching_table(estimated), patching_page(estimated, "smollm2")):
+        assert "restored as estimated by attribution patching (first order: one forward and one backward)" in shown
     # the direct logit attribution's heads by size, either sign (L29.H0 at -1.67 was left out of SmolLM2's)
     from multihead.render.text import patching_text
 

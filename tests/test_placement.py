@@ -120,6 +120,17 @@ def test_what_is_wrong_on_any_machine_is_told_without_torch_or_the_model(tmp_pat
     assert not (tmp_path / "off").exists()  # checked, not made
 
 
+def test_a_device_maps_places_say_where_the_model_runs_when_every_weight_is_on_disk():
+    from types import SimpleNamespace
+
+    from multihead.hf.placement import mapped_places
+
+    assert mapped_places(SimpleNamespace(hf_device_map={"": "disk"})) == "cpu, its weights on disk"  # was "disk"
+    assert mapped_places(SimpleNamespace(hf_device_map={"a": "cpu", "b": "disk"})) == "cpu + disk"
+    assert mapped_places(SimpleNamespace(hf_device_map={"a": 0, "b": 1, "c": "cpu"})) == "cuda:0 + cuda:1 + cpu"
+    assert mapped_places(SimpleNamespace(hf_device_map={"": "cpu"})) is None
+
+
 def test_conflicting_placements_are_refused_before_any_weight():
     config = build("llama (GQA)").config
     with pytest.raises(PlacementError, match="both place the model"):

@@ -455,6 +455,11 @@ def test_what_if_reports_the_loss_change_overall_and_per_layer(tmp_path):
     assert narrow.replaced != pytest.approx(narrow.loss) and len(narrow.per_layer) == 2
     section = narrow.section()
     assert "every layer" in mh.render.what_if_text(section)
+    # a window that changes nothing prints +0.0000, not the -0.0000 of a rounding's sign
+    from multihead.analysis.sections import WhatIf
+
+    unchanged = mh.render.what_if_text(WhatIf("window=64", 39, 4.5, 4.5 - 2e-7, -2e-7, [-3e-6, 1e-7]))
+    assert "-0.0000" not in unchanged and unchanged.count("+0.0000") == 3, unchanged
     assert section.delta_all_layers == narrow.replaced - narrow.loss
     for bad in ("window=abc", "sinks=4", "window=256,frobs=2"):
         with pytest.raises(ValueError, match="window"):

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import multihead as mh
+from multihead.inputs import text_tokens
 
 matplotlib = pytest.importorskip("matplotlib")
 from multihead import viz  # noqa: E402
@@ -134,6 +135,19 @@ def test_byte_level_tokens_are_shown_as_text(smollm2, minilm):
     assert not any("Ġ" in t or "\ufffd" in t for t in tokens) and tokens[-3:] == [" cat", " sat", "."]
     tokens, _ = viz.attention_maps(minilm, "Unbelievably, it sat.")
     assert tokens[:3] == ["[CLS]", "un", "##bel"] and tokens[-1] == "[SEP]"  # WordPiece pieces keep their ##
+    # a character after a space: its first piece's span begins at the space, yet it is one character
+    # in three tokens (once " 北", "北₁", "北₂": read as two)
+    text = "I love 北京 and 上海."
+    tokens = text_tokens(smollm2.tokenizer, smollm2.tokenizer(text)["input_ids"], text)
+    assert tokens[1:6] == [" love", " 北₁", "北₂", "北₃", "京₁"], tokens
+    # the patch's tokens and its one-token check read them so too
+    from multihead.analysis.interventions.patching import _tokens
+    from multihead.analysis.interventions.runs import single_token
+
+    ids = smollm2.tokenizer("小明把蛋糕递给小红", return_tensors="pt")["input_ids"]
+    assert _tokens(smollm2.tokenizer, ids, "小明把蛋糕递给小红")[:2] == ["小₁", "小₂"]
+    with pytest.raises(ValueError, match=r"'很' is 2 tokens \['很₁', '很₂'\]"):
+        single_token(smollm2.tokenizer, "很", "wrong")
 
 
 def test_a_written_page_is_the_page_as_utf8_with_its_data_in_ascii_json(tmp_path):

@@ -28,7 +28,8 @@ from torch import Tensor
 from .texts import InputError, check_texts, read_lines, read_text, readable_file
 
 __all__ = ["Batch", "InputError", "TokenInfo", "UnknownTokens", "check_texts", "count_unknown_tokens", "encode_text",
-           "read_lines", "read_text", "readable_file", "readable_tokens", "real_positions", "to_device", "token_info"]
+           "read_lines", "read_text", "readable_file", "readable_tokens", "real_positions", "text_tokens", "to_device",
+           "token_info"]
 
 
 @dataclass
@@ -200,6 +201,18 @@ def encode_text(tokenizer: Any, text: str, *, max_tokens: int | None = None) -> 
     return dict(enc), readable_tokens(tokenizer, enc["input_ids"][0].tolist(), text, offsets)
 
 
+def text_tokens(tok: Any, ids: list[int], text: str, **encoding: Any) -> list[str]:
+    """The :func:`readable_tokens` of ``ids``, the tokenizer's encoding of ``text`` (with ``encoding``'s
+    arguments, e.g. ``add_special_tokens=False``): their character spans read again where the
+    tokenizer is fast, so a character split over byte tokens shows as itself ("小₁ 小₂"), not "�"."""
+    offsets = None
+    if getattr(tok, "is_fast", False):
+        again = tok(text, return_offsets_mapping=True, verbose=False, **encoding)
+        if list(again["input_ids"]) == list(ids):
+            offsets = [tuple(span) for span in again["offset_mapping"]]
+    return readable_tokens(tok, list(ids), text, offsets)
+
+
 def readable_tokens(tok: Any, ids: list[int], text: str, offsets: list | None = None) -> list[str]:
     """Tokens as people read them: byte-level BPE pieces decoded ("å°" -> "小"; a character split
     over several byte tokens is shown on each of them with its piece's number, "研₁" "研₂", so it
@@ -216,7 +229,8 @@ def readable_tokens(tok: Any, ids: list[int], text: str, offsets: list | None = 
         decoded = tok.convert_tokens_to_string([t])
         if "\ufffd" in decoded and offsets is not None and offsets[n][1] > offsets[n][0]:
             decoded = text[offsets[n][0]:offsets[n][1]]  # part of a multi-byte character: show the character
-            if split and tuple(offsets[split[-1]]) != tuple(offsets[n]):
+            # the pieces of one character end where it ends (the first may begin at a space before it)
+            if split and offsets[split[-1]][1] != offsets[n][1]:
                 _number(out, split)
                 split = []
             split.append(n)

@@ -262,6 +262,22 @@ def _folder(path: str, flag: str) -> Path:
     return p
 
 
+def _check_report_fits(report: Report, model: HFModel) -> None:
+    """A ``--report`` whose labels the page may draw over ``model``'s maps: its shape and its kind
+    (decoder or encoder) the model's, else one line; another model's name is said, not refused (a
+    folder moved or renamed keeps its model)."""
+    kind = {True: "a decoder's (causal)", False: "an encoder's"}
+    if (report.num_layers, report.num_heads) != (model.num_layers, model.num_heads):
+        raise InputError(f"--report is for {report.num_layers} x {report.num_heads} heads; {model.name} has "
+                         f"{model.num_layers} x {model.num_heads}")
+    if report.causal != model.is_causal:
+        raise InputError(f"--report holds {kind[report.causal]} heads ({report.model!r}); {model.name} is "
+                         f"{'a decoder' if model.is_causal else 'an encoder'}: give a report of {model.name}")
+    if report.model != model.name:
+        warn(f"--report was made for {report.model!r}, not {model.name}: its labels are drawn over {model.name}'s "
+             "maps")
+
+
 def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | None = None,
              report: str | None = None, out: str = "attention.html", force: bool = False,
              placement: Placement | None = None) -> tuple[Path, HFModel, int]:
@@ -289,9 +305,8 @@ def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | No
     from .viz import view_page
 
     loaded = load_model(model, placement)
-    if found is not None and (found.num_layers, found.num_heads) != (loaded.num_layers, loaded.num_heads):
-        raise InputError(f"--report is for {found.num_layers} x {found.num_heads} heads; {loaded.name} has "
-                         f"{loaded.num_layers} x {loaded.num_heads}")
+    if found is not None:
+        _check_report_fits(found, loaded)
     encoded = loaded.tokenizer(shown, verbose=False)["input_ids"]
     if loaded.max_positions:
         for i, n in enumerate(len(ids) for ids in encoded):

@@ -152,13 +152,35 @@ def as_half_product(scores: Tensor, dtype: torch.dtype, scale: float | None = No
     """Float32 scores made from half operands (:func:`score_operands`), rounded to ``dtype`` as a
     half GEMM rounds its output — and, with ``scale``, then multiplied by it in ``dtype``: eager's
     ``(q @ kᵀ) * scale``, two roundings — and back to float32 for the softmax; in place when no
-    gradient is wanted (one half-size temporary either way). Others are returned as they are."""
+    gradient is wanted (one half-size temporary either way). Others are returned as they are.
+
+    A float16 score past the dtype's range (|q·k| > 65,504) keeps its float32 value (scaled): eager's
+    product is inf there and its softmax NaN, while the model's own SDPA kernels hold their scores
+    in float32 and stay finite — the capture takes the finite one (bfloat16 has float32's range)."""
     if dtype not in HALF or scores.dtype == dtype:
         return scores
     half = scores.to(dtype)
     if scale is not None:
         half = half.mul_(scale) if not scores.requires_grad else half * scale
-    return half.to(scores.dtype) if scores.requires_grad else scores.copy_(half)
+    over = _past_range(half)  # (...,) bool where the half score is ±inf, or None
+    if scores.requires_grad:
+        rounded = half.to(scores.dtype)
+        return rounded if over is None else torch.where(over, scores if scale is None else scores * scale, rounded)
+    kept = None if over is None else scores[over] * (1.0 if scale is None else scale)  # (n,) the few past the range
+    scores.copy_(half)
+    if kept is not None:
+        scores[over] = kept
+    return scores
+
+
+def _past_range(half: Tensor) -> Tensor | None:
+    """Where a float16 tensor on a CPU is ±inf — bool, same shape — or None where none is (or for
+    any other dtype or device: bfloat16 shares float32's range, and a GPU would have to wait for
+    the answer)."""
+    if half.dtype != torch.float16 or not runs_as_cpu(half.device) or half.device.type == "meta" or not half.numel():
+        return None
+    lowest, highest = torch.aminmax(half)  # one read, no temporary the map's size (as a memory plan traces it)
+    return half.isinf() if bool(highest == torch.inf) or bool(lowest == -torch.inf) else None
 
 
 def half_matmul(a: Tensor, b: Tensor) -> Tensor:

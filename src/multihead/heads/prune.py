@@ -236,16 +236,17 @@ def self_attention_sites_or_empty(model: nn.Module) -> list[AttentionSite]:
 
 def save_pruned(model: ModelLike, folder: str | Path, heads: Mapping[int, Iterable[int]], *,
                 base: str | None = None) -> Path:
-    """Weights as safetensors plus which heads were pruned (and from which base model)."""
-    from safetensors.torch import save_file
+    """Weights as safetensors plus which heads were pruned (and from which base model). Weights the
+    model ties (a decoder's LM head and its embedding) are saved once, as safetensors' ``save_model``
+    keeps them, and tied again by :func:`load_pruned`."""
+    from safetensors.torch import save_model
 
     model = as_module(model)
     folder = Path(folder)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     record = {"base": base, "pruned_heads": {str(k): sorted(int(h) for h in v) for k, v in heads.items()}}
     with StagedFiles() as staged:  # weights and record replace an earlier pruned model together
         staged.folder(folder)
-        save_file(state, str(staged.stage(folder / "model.safetensors")))
+        save_model(model, str(staged.stage(folder / "model.safetensors")), force_contiguous=True)
         staged.stage(folder / PRUNED_FILE, json.dumps(record, indent=1))
         staged.commit()
     return folder
@@ -253,7 +254,7 @@ def save_pruned(model: ModelLike, folder: str | Path, heads: Mapping[int, Iterab
 
 def load_pruned(model: ModelLike, folder: str | Path) -> nn.Module:
     """Prune a freshly built/loaded base ``model`` as recorded in ``folder`` and load its weights."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_model
 
     model = as_module(model)
     folder = Path(folder)
@@ -261,5 +262,5 @@ def load_pruned(model: ModelLike, folder: str | Path) -> nn.Module:
         raise FileNotFoundError(f"{folder} holds no pruned model ({PRUNED_FILE} is missing)")
     record = json.loads((folder / PRUNED_FILE).read_text(encoding="utf-8"))
     prune_heads(model, {int(k): v for k, v in record["pruned_heads"].items()})
-    model.load_state_dict(load_file(str(folder / "model.safetensors")), strict=True)
+    load_model(model, folder / "model.safetensors", strict=True)  # every weight, tied ones from the one saved
     return model

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..hf.logits import on_rows, token_losses
 from ..hf.model import HFModel, right_padding
+from ..hf.placement import NotFiniteError
 
 __all__ = ["LanguageModelTask", "SentimentTask", "Task"]
 
@@ -107,6 +108,8 @@ class SentimentTask(Task):
                 feats.append(self._embed(batch))
                 labels.append(batch["labels"])
         x, y = torch.cat(feats).clone(), torch.cat(labels).clone()
+        if not bool(x.isfinite().all()):  # a classifier fitted to NaN scores 0.5 and says nothing of why
+            raise NotFiniteError.of(f"{self.model.name}'s sentence embeddings", self.model.dtype)
         torch.manual_seed(self.seed)
         head = torch.nn.Linear(x.shape[1], 2)
         opt = torch.optim.LBFGS(head.parameters(), lr=1, max_iter=200, line_search_fn="strong_wolfe")
@@ -205,5 +208,7 @@ class LanguageModelTask(Task):
                 nll += float(found[0])
                 right += int(found[1])
                 total += int(targets.numel())
+        if not math.isfinite(nll):  # NaN logits: an accuracy of 0 that would be read as the model's
+            raise NotFiniteError.of(f"{self.model.name}'s next-token losses", self.model.dtype)
         self.last_perplexity = math.exp(nll / max(total, 1))
         return right / max(total, 1)

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..files import check_writable
 
-__all__ = ["DEVICE_MAPS", "DTYPES", "Placement", "PlacementError", "accelerate_device", "auto_dtype",
+__all__ = ["DEVICE_MAPS", "DTYPES", "NotFiniteError", "Placement", "PlacementError", "accelerate_device", "auto_dtype",
            "execution_devices", "give_back_swapped_weights", "input_device", "is_offloaded", "mapped_places",
            "mapped_weights", "memory_entries", "model_devices", "parse_max_memory", "resident_bytes", "resolve",
            "resolve_device", "resolve_dtype", "swapped_weights_saved_by_name", "weights_of"]
@@ -42,6 +42,27 @@ class PlacementError(ValueError):
     def __init__(self, parameter: str, detail: str) -> None:
         super().__init__(f"{parameter} {detail}")
         self.parameter, self.detail = parameter, detail
+
+
+class NotFiniteError(ValueError):
+    """What a model computed held NaN or inf — in float16 most often its numbers passing the dtype's
+    range — read as one line naming what and the precision that would hold it (:meth:`of`)."""
+
+    @classmethod
+    def of(cls, what: str, dtype: Any) -> NotFiniteError:
+        """The error for ``what`` (e.g. "the attention of 8 heads in layers 1-3") of a model in ``dtype``."""
+        import torch
+
+        name = str(dtype).removeprefix("torch.")
+        if dtype == torch.float16:
+            cause = ("the model's numbers pass float16's range (65,504) — run it in bfloat16 or float32 "
+                     "(--dtype bfloat16)")
+        elif dtype == torch.bfloat16:
+            cause = ("the model's weights or activations hold NaN or inf — a float32 run (--dtype float32) shows "
+                     "whether the precision is the cause")
+        else:
+            cause = "the model's weights or activations hold NaN or inf"
+        return cls(f"{what} held NaN or inf in {name}: {cause}")
 
 
 @dataclass(frozen=True)
@@ -413,11 +434,15 @@ def _give_back(module: Any, args: Any, output: Any) -> None:
 
 def mapped_places(model: Any) -> str | None:
     """Where accelerate's device map put a model's weights, in words (``cpu + disk``, ``cuda:0 +
-    cuda:1 + cpu``), or None for a model on one device without offload."""
+    cuda:1 + cpu``; every weight on disk: ``cpu, its weights on disk``, where it runs said too), or
+    None for a model on one device without offload."""
     device_map = getattr(model, "hf_device_map", None)
     if not device_map or (len(set(device_map.values())) <= 1 and "disk" not in device_map.values()):
         return None
-    return " + ".join(dict.fromkeys(f"cuda:{d}" if isinstance(d, int) else str(d) for d in device_map.values()))
+    places = list(dict.fromkeys(f"cuda:{d}" if isinstance(d, int) else str(d) for d in device_map.values()))
+    if places == ["disk"]:
+        return f"{execution_devices(device_map)[0]}, its weights on disk"
+    return " + ".join(places)
 
 
 def resident_bytes(model: Any, device: Any) -> int | None:

@@ -85,13 +85,13 @@ def patching_page(result: Patching, model: str) -> str:
     why = result.no_share()
     noise, rounding = result.within_rounding(), result.rounding_words()
     if why is None:
-        parts.append(_map(result.restored, "Share of the gap restored by patching each head's clean output (before "
-                                           "W^O, every position) into the corrupt run", noise, rounding))
+        parts.append(_map(result.restored, f"Share of the gap restored {result.how()} (its output before W^O, "
+                                           "every position)", noise, rounding))
         top = ", ".join(f"L{layer}.H{h} {v:+.3f}" for (layer, h), v in result.top(5))
         parts.append(f"<p>Top 5: {escape(top)}</p>")
     else:
         parts.append(f"<p>No shares: {escape(why)}</p>")
-        parts.append(_map(result.change, "Change of the logit difference by patching each head", noise, rounding))
+        parts.append(_map(result.change, f"Change of the logit difference {result.how()}", noise, rounding))
     if result.direct is not None:
         parts.append(_map(result.direct, "Direct logit attribution in the clean run (logits; the final norm's scale "
                                          "frozen): each head's output projected on W_U[answer] − W_U[wrong]"))

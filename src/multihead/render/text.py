@@ -290,10 +290,15 @@ def what_if_text(change: WhatIf) -> str:
     """The what-if section as a table: the loss with every layer, and with each layer alone, windowed."""
     every = change.loss_all_layers
     lines = [f"What if the model attended with {change.mask}? Mean next-token loss over {change.tokens} tokens "
-             f"(nats): intact {change.loss:.4f}, every layer {every:.4f} ({change.delta_all_layers:+.4f})",
+             f"(nats): intact {change.loss:.4f}, every layer {every:.4f} ({_change(change.delta_all_layers)})",
              "layer alone | loss   | change"]
-    lines += [f"{layer:11d} | {change.loss + d:.4f} | {d:+.4f}" for layer, d in enumerate(change.delta_per_layer)]
+    lines += [f"{layer:11d} | {change.loss + d:.4f} | {_change(d)}" for layer, d in enumerate(change.delta_per_layer)]
     return "\n".join(lines)
+
+
+def _change(value: float) -> str:
+    """A change to 4 places, signed; one that rounds to nothing is +0.0000, never -0.0000."""
+    return f"{round(value, 4) + 0.0:+.4f}"
 
 
 def patching_text(result: Patching, model: str, answer: str, wrong: str) -> str:
@@ -315,14 +320,16 @@ def patching_table(result: Patching) -> str:
     gap), with the five heads that restore most."""
     why = result.no_share()
     if why is None:
-        values, what = result.restored, "share of the clean-vs-corrupt logit difference restored"
+        values, what = result.restored, f"share of the clean-vs-corrupt logit difference restored {result.how()}"
     else:
-        values, what = result.change, f"change of the logit difference, no shares: {why}"
+        values, what = result.change, f"change of the logit difference {result.how()}; no shares: {why}"
     L, H = values.shape
     noise = result.within_rounding()
-    lines = [f"patching each head's clean output into the corrupt run: {what}"]
+    lines = [what]
     if bool((noise & (values.abs() >= 0.0005)).any()):  # a half dtype's logits: say what "." hides beside zeros
         lines.append(f"(\".\": {result.rounding_words()})")
+    elif bool((values.abs() < 0.0005).any()):
+        lines.append('(".": under ±0.0005)')
     lines.append("layer | " + " ".join(f"h{h:<5d}" for h in range(H)))
     for layer in range(L):
         lines.append(f"{layer:5d} | " + " ".join(

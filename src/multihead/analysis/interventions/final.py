@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from ...hf.model import HFModel
-from ...hf.placement import weights_of
+from ...hf.placement import NotFiniteError, weights_of
 from ...hf.sites import UnsupportedModelError
 from .ablation import blocks_of
 
@@ -39,6 +39,8 @@ def frozen_norm(norm: nn.Module, x: Tensor) -> tuple[Tensor, bool, float]:
         weight = weight.detach().float().cpu() if isinstance(weight, Tensor) else None
         bias = bias.detach().float().cpu() if isinstance(bias, Tensor) else None
     x = x.float().cpu()
+    if not bool(x.isfinite().all()):  # no form fits a stream of NaN: say what is wrong, not that the norm is unknown
+        raise NotFiniteError.of("the residual stream at the final norm", dtype)
     if dtype.is_floating_point:
         x = x.to(dtype).float()  # (D,) what the norm itself is given: in bfloat16 already rounded
     # a centring norm ignores a constant added to every element, a scaling one does not: asked of the

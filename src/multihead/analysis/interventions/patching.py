@@ -35,7 +35,7 @@ from ...data import PATCHING_EXAMPLES
 from ...hf.interventions import HeadGates, gate_gradients_only, replica_gates
 from ...hf.model import HFModel, require_loaded
 from ...hf.sites import UnsupportedModelError
-from ...inputs import readable_tokens
+from ...inputs import text_tokens
 from .direct import head_attribution
 from .final import final_norm
 from .runs import answer_position, clean_run, logit_diff, single_token, text_ids
@@ -99,6 +99,14 @@ class Patching:
         within the rounding of the model's logits (a bfloat16 SmolLM2's ±0.005 shares are one or two
         of its steps): a map draws them as nothing, not as a share."""
         return self.change.abs() < self.resolution
+
+    def how(self) -> str:
+        """How each head's change was found, in words that follow "restored": patched, or estimated
+        (``method``)."""
+        if self.method == "attribution":
+            return ("as estimated by attribution patching (first order: one forward and one backward) of each "
+                    "head's clean output into the corrupt run")
+        return "by patching each head's clean output into the corrupt run"
 
     def rounding_words(self) -> str:
         """What a map's cells within the rounding (:meth:`within_rounding`) hide, in words."""
@@ -229,7 +237,7 @@ def _patched(model: HFModel, ids_corrupt: Tensor, position: int, a: int, b: int,
 
 
 def _tokens(tokenizer, ids: Tensor, text: str) -> list[str]:
-    return readable_tokens(tokenizer, ids[0].tolist(), text)
+    return text_tokens(tokenizer, ids[0].tolist(), text)
 
 
 def _rounded(values: Tensor) -> list[list[float]]:

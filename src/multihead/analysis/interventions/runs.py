@@ -12,6 +12,7 @@ from ...hf.capture import AttentionCapture
 from ...hf.logits import on_rows
 from ...hf.model import HFModel
 from ...hf.route import AttentionChunk
+from ...inputs import text_tokens
 from .final import final_norm
 
 __all__ = ["ROUNDING_STEPS", "Run", "answer_position", "clean_run", "logit_diff", "logits_at",
@@ -76,7 +77,7 @@ def single_token(tokenizer, text: str, name: str) -> int:
     """The id of ``text`` as one token (without special tokens); ValueError naming its pieces otherwise."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
-        pieces = tokenizer.convert_ids_to_tokens(ids)
+        pieces = text_tokens(tokenizer, ids, text, add_special_tokens=False)  # '很' as 很₁ 很₂, not 'å¾' 'Ī'
         raise ValueError(f"{name} {text!r} is {len(ids)} tokens {pieces} for this tokenizer; give one token "
                          "(mind the leading space, e.g. ' Paris')")
     return int(ids[0])

@@ -57,7 +57,16 @@ from ..stats.maps import EVIDENCE_TOP_K, LONG_TEXT, TextView, TextViews
 from ..stats.redundancy import RedundancyStatistics, clusters, informative_groups, most_redundant
 from ..stats.syntax import SyntaxStatistics, relation_keys
 from ..stats.typical import TypicalTexts
-from .common import all_ranks, corpus_fingerprint, encode_corpus, process_group, run_pass, shard, text_batches
+from .common import (
+    all_ranks,
+    check_finite,
+    corpus_fingerprint,
+    encode_corpus,
+    process_group,
+    run_pass,
+    shard,
+    text_batches,
+)
 from .memory_plan import check_plan, plan_devices
 from .views import InputViews, head_views, text_views, token_views
 
@@ -552,6 +561,7 @@ def _collect(model: HFModel, texts: list[str], encoded, unknown: UnknownTokens, 
         for name in ("heads", "typical", "long", "redundancy", "syntax", "views"):
             if getattr(corpus, name) is not None:
                 setattr(corpus, name, next(merged))
+    check_finite(corpus.heads, model.dtype)  # a NaN map refused in one line, not reported as metrics
     return corpus
 
 

@@ -25,16 +25,17 @@ from ...attn.heap import give_back_freed
 from ...collector import old_objects_frozen
 from ...hf.capture import AttentionCapture
 from ...hf.model import HFModel, right_padding
+from ...hf.placement import NotFiniteError
 from ...hf.route import SummaryRequest, chunk_bytes
 from ...inputs import Batch, token_info
-from ...progress import bar
+from ...progress import bar, counted
 from ..stats import native, onepass
 from ..stats.base import Reducer, dispatch
 from ..stats.heads import kernel_key_sets
 from ..stats.longcontext import BINS
 
-__all__ = ["Encoded", "all_ranks", "corpus_fingerprint", "encode_corpus", "process_group", "run_pass", "shard",
-           "summary_request", "text_batches"]
+__all__ = ["Encoded", "all_ranks", "check_finite", "corpus_fingerprint", "encode_corpus", "process_group",
+           "refuse_not_finite", "run_pass", "shard", "summary_request", "text_batches"]
 
 
 @dataclass
@@ -62,6 +63,37 @@ def encode_corpus(model: HFModel, texts: Sequence[str], *, truncate: bool = Fals
                                  "(shorten it or use truncate=True / --truncate)")
     spans = [[tuple(o) for o in row] for row in encoding["offset_mapping"]] if offsets else None
     return Encoded(ids, spans)
+
+
+def check_finite(stats: Any, dtype: Any, *, stack: str | None = None) -> None:
+    """:class:`~multihead.hf.placement.NotFiniteError` naming the heads whose attention held NaN or
+    inf — ``stats``: a reducer's running ``sums`` and ``counts`` (M, L, H), e.g. a finished
+    :class:`~multihead.analysis.stats.heads.HeadStatistics` — rather than a report of NaN metrics
+    beside finite ones. A metric nothing was counted for is not one (its mean is NaN by design)."""
+    stats.end_batch()
+    refuse_not_finite((~stats.sums.isfinite() & (stats.counts > 0)).any(0), dtype,  # (L, H)
+                      f"the {stack}'s attention" if stack else "the attention")
+
+
+def refuse_not_finite(bad: torch.Tensor, dtype: Any, whose: str = "the attention", on: str = "") -> None:
+    """:class:`~multihead.hf.placement.NotFiniteError` naming the heads ``bad`` (L, H) bool marks — "the
+    attention of 8 heads in layers 2-3 [on text 1] held NaN or inf in float16: …" — if it marks any."""
+    if bool(bad.any()):
+        layers = bad.any(1).nonzero().flatten().tolist()
+        raise NotFiniteError.of(f"{whose} of {counted(int(bad.sum()), 'head')} in {_layers_named(layers)}"
+                                + (f" on {on}" if on else ""), dtype)
+
+
+def _layers_named(layers: Sequence[int]) -> str:
+    """"layer 3", "layers 1-3", "layers 0, 2, 5-7": runs of consecutive layers as ranges."""
+    runs: list[list[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][1] + 1:
+            runs[-1][1] = layer
+        else:
+            runs.append([layer, layer])
+    named = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return f"layer {named}" if len(layers) == 1 else f"layers {named}"
 
 
 def text_batches(model: HFModel, encoded: Encoded, indices: Sequence[int], batch_size: int, *,

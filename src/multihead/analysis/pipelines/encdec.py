@@ -29,7 +29,7 @@ from ..report import Report, head_records
 from ..stats.base import dispatch
 from ..stats.cross import CrossStatistics
 from ..stats.heads import HeadStatistics
-from .common import encode_corpus, return_freed_memory
+from .common import check_finite, encode_corpus, return_freed_memory
 
 __all__ = ["STACKS", "analyze_encoder_decoder"]
 
@@ -77,6 +77,8 @@ def analyze_encoder_decoder(model: HFModel, texts: Sequence[str], targets: Seque
             for reducer in reducers.values():
                 reducer.end_batch()
             return_freed_memory()
+    for stack in STACKS:  # a NaN map refused in one line, not reported as metrics
+        check_finite(reducers[stack], model.dtype, stack=stack)
     sections = S.Sections()
     if unknown.token is not None:
         sections.unknown_tokens = S.UnknownTokens(unknown.count, unknown.total, round(unknown.share, 6), unknown.token)

@@ -21,7 +21,7 @@ from ...hf.route import AttentionChunk
 from ...inputs import check_texts
 from ..rollout import FLOW_TOKENS, attention_flow, attention_rollout
 from ..stats.maps import HEAD_VIEW_TOKENS, LONG_TEXT, HeadMaps, HeadView, TextView, TextViews
-from .common import Encoded, encode_corpus, run_pass, text_batches
+from .common import Encoded, encode_corpus, refuse_not_finite, run_pass, text_batches
 
 __all__ = ["InputViews", "Rollout", "attention_maps", "head_views", "rollout", "text_views", "token_views"]
 
@@ -36,7 +36,7 @@ def text_views(model: HFModel, texts: Sequence[str], *, long: int = LONG_TEXT, t
                       top_k=top_k)
     run_pass(model, text_batches(model, encoded, range(len(texts)), 1), [views], chunk=chunk, desc="views",
              progress=False)
-    return views.result()
+    return _finite(views.result(), model)
 
 
 def token_views(model: HFModel, ids: Sequence[Sequence[int]], *, top_k: int | None = None) -> list[TextView]:
@@ -48,7 +48,18 @@ def token_views(model: HFModel, ids: Sequence[Sequence[int]], *, top_k: int | No
     views = TextViews(model.num_layers, model.num_heads, texts, model.tokenizer, long=LONG_TEXT, top_k=top_k)
     run_pass(model, text_batches(model, Encoded(ids, None), range(len(ids)), 1), [views], desc="views",
              progress=False)
-    return views.result()
+    return _finite(views.result(), model)
+
+
+def _finite(views: list[TextView], model: HFModel) -> list[TextView]:
+    """``views``, where every map (or a long text's pooled block sums) is finite; else the one-line
+    :class:`~multihead.hf.placement.NotFiniteError` naming the first text's heads that are not —
+    a page of NaN maps drawn as if they were attention says nothing true."""
+    for n, view in enumerate(views, 1):
+        held = view.maps if view.maps is not None else None if view.pooled is None else view.pooled.mass
+        if held is not None:  # (L, H, ...)
+            refuse_not_finite(~held.flatten(2).isfinite().all(-1), model.dtype, on=f"text {n}")
+    return views
 
 
 class InputViews:
