@@ -47,7 +47,20 @@ def test_a_float16_score_past_its_range_keeps_its_float32_value_and_the_rest_are
     assert torch.equal(bf16, want.float())
 
 
-def test_a_float16_model_whose_scores_pass_its_range_stays_finite_under_capture_as_its_sdpa_path():
+@pytest.mark.parametrize("units", [False, True])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_float16_model_whose_scores_pass_its_range_stays_finite_under_capture_as_its_sdpa_path(units, compiled,
+                                                                                               monkeypatch):
+    """On a CPU with float16 units (``units``, as PyTorch's oneDNN reports them) as without: its
+    scores are formed in float32 there too (a float16 GEMM's output would be inf), then rounded;
+    through the compiled softmax and the eager steps alike."""
+    from multihead.attn import fused, precision
+
+    monkeypatch.setattr(precision, "half_units", lambda dt: units)
+    if not compiled:
+        monkeypatch.setattr(fused, "available", lambda: False)
+    elif not fused.available():
+        pytest.skip("the compiled softmax is not built here")
     model = build("llama (GQA)").to(torch.float16)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -65,10 +65,13 @@ def score_operands(q: Tensor, k: Tensor, *, half_product: bool = True) -> tuple[
     the model's eager attention does there: on an Intel Xeon with AMX 6x the float32 product's speed
     (the capture of 4k tokens of a Qwen2-1.5B shape 18.3 → 15.1 s), its keys padded to
     :data:`KEY_GRID` (:func:`key_grid`). ``half_product=False`` is for kernels whose products take
-    a new key count every chunk, not padded (the chunked long kernels). Elsewhere (CUDA's tensor
-    cores, full precision) unchanged.
+    a new key count every chunk, not padded (the chunked long kernels). float16 is raised on every
+    CPU: its product rounded in :func:`as_half_product` keeps a score past float16's range in float32
+    (as the model's SDPA holds it), where a float16 GEMM's output would be inf. Elsewhere (CUDA's
+    tensor cores, full precision) unchanged.
     """
-    if q.dtype in HALF and runs_as_cpu(q.device) and not (half_product and _half_product_on_cpu(q)):
+    if q.dtype in HALF and runs_as_cpu(q.device) and not (
+            half_product and _half_product_on_cpu(q) and q.dtype != torch.float16):
         return q.float(), k.float()  # small beside the (T, S) scores
     return q, k
 
