@@ -588,3 +588,26 @@ def test_a_transformers_older_than_the_tested_floor_is_one_line(monkeypatch, cli
     cli_rejects("analyze", [(["--model", "minilm"], "needs transformers >= 5.17")])
     monkeypatch.setattr(transformers, "__version__", "5.17.0.dev0")
     version.require_transformers()  # the floor itself, a development build of it too
+
+
+def test_files_a_library_writes_get_the_mode_every_other_output_gets(tmp_path):
+    """safetensors writes its files 0600: a pruned model's weights (and a checkpoint's) were unreadable
+    to anyone but their owner beside their 0644 JSON. Staged or atomic, a file ends with the mode a new
+    file gets here (0666 less the umask)."""
+    from multihead.files import StagedFiles, atomic_path
+
+    old = os.umask(0o027)
+    try:
+        with StagedFiles() as staged:
+            tmp = staged.stage(tmp_path / "weights.bin")
+            tmp.write_bytes(b"x")
+            os.chmod(tmp, 0o600)  # as safetensors leaves it
+            staged.stage(tmp_path / "record.json", "{}")
+            staged.commit()
+        with atomic_path(tmp_path / "alone.bin") as tmp:
+            tmp.write_bytes(b"y")
+            os.chmod(tmp, 0o600)
+    finally:
+        os.umask(old)
+    for name in ("weights.bin", "record.json", "alone.bin"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o640, name

@@ -33,7 +33,7 @@ from .jsonable import read_json
 from .stops import interrupted
 
 __all__ = ["MANIFEST", "OutputFolderError", "StagedFiles", "atomic_path", "check_output_folder", "check_writable",
-           "file_system", "recover", "write_atomically"]
+           "file_system", "recover", "umask_mode", "write_atomically"]
 
 #: The commit manifest of a folder whose staged files are being renamed over their targets.
 MANIFEST = ".multihead-commit.json"
@@ -56,6 +56,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp = _temp_for(path)
     try:
         yield tmp
+        umask_mode(tmp)
         os.replace(tmp, path)
     except OSError as err:
         raise _named(err, path) from err
@@ -79,6 +80,26 @@ def _write(tmp: Path, content: str | bytes, newline: bool = True) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def umask_mode(tmp: Path) -> None:
+    """Give a written file the mode a new file gets here (0666 less the umask): a library that wrote
+    it (safetensors: 0600) leaves it readable to its owner alone, beside our other outputs' 0644."""
+    os.chmod(tmp, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    """The process's umask: read from /proc where Linux shows it (setting it to read it would let
+    another thread's file be made under the wrong one), else set and put back."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _named(err: OSError, path: Path) -> OSError:
@@ -299,6 +320,7 @@ class StagedFiles:
                     _write(tmp_manifest, json.dumps({"renames": [[t.name, p.name] for t, p in pairs]}))
                 _fault(2)
                 for n, (tmp, path) in enumerate(pairs):
+                    umask_mode(tmp)
                     os.replace(tmp, path)
                     _fault(3 + n)
                 manifest.unlink()

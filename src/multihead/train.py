@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import source_text
-from .files import atomic_path, check_writable, write_atomically
+from .files import atomic_path, check_writable, umask_mode, write_atomically
 from .hf.placement import resolve_device
 from .jsonable import read_json
 from .models import DecoderLM, ModelConfig
@@ -229,6 +229,7 @@ def _save(model, opt, sched, step: int, folder: Path) -> None:
         shutil.rmtree(new)
     new.mkdir(parents=True)
     save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(new / "model.safetensors"))
+    umask_mode(new / "model.safetensors")  # safetensors writes 0600; the checkpoint's other files are 0644
     state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
              "step": step}
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # dropout draws on the GPU's generators too
