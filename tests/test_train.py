@@ -33,12 +33,13 @@ warmup = 5
 [run]
 checkpoint_every = {every}
 log_every = 5
+grad_monitor = {monitor}
 """
 
 
-def _config(tmp_path, name, steps=40, every=5):
+def _config(tmp_path, name, steps=40, every=5, monitor=False):
     path = tmp_path / f"{name}.toml"
-    path.write_text(CONFIG.format(out=tmp_path / name, steps=steps, every=every))
+    path.write_text(CONFIG.format(out=tmp_path / name, steps=steps, every=every, monitor=str(monitor).lower()))
     return path
 
 
@@ -76,17 +77,23 @@ train(load_config(sys.argv[1]), on_step=on_step)
 @pytest.mark.slow
 def test_a_killed_run_resumes_to_the_same_weights(tmp_path):
     cmd = [sys.executable, "-m", "multihead.train"]
-    subprocess.run([*cmd, str(_config(tmp_path, "whole"))], check=True, env=_env(), timeout=300)
+    subprocess.run([*cmd, str(_config(tmp_path, "whole", monitor=True))], check=True, env=_env(), timeout=300)
     state = tmp_path / "killed" / "checkpoint" / "state.pt"
-    killed = subprocess.run([sys.executable, "-c", KILL_AT, str(_config(tmp_path, "killed")), "12"], env=_env(),
-                            timeout=300)
+    killed = subprocess.run([sys.executable, "-c", KILL_AT, str(_config(tmp_path, "killed", monitor=True)), "12"],
+                            env=_env(), timeout=300)
     assert killed.returncode == -signal.SIGKILL
     assert torch.load(state, weights_only=True)["step"] == 10  # the last checkpoint before the kill
-    subprocess.run([*cmd, str(_config(tmp_path, "killed"))], check=True, env=_env(), timeout=300)
+    subprocess.run([*cmd, str(_config(tmp_path, "killed", monitor=True))], check=True, env=_env(), timeout=300)
     whole, resumed = _weights(tmp_path, "whole"), _weights(tmp_path, "killed")
     assert whole.keys() == resumed.keys()
     for key in whole:
         assert torch.equal(whole[key], resumed[key]), key
+    # both logs as the whole run's: the steps after the checkpoint, run again, logged once (the heads'
+    # gradient norms once kept the killed run's steps 11-12 beside their rerun)
+    for log in ("metrics.jsonl", "grads.jsonl"):
+        steps = [json.loads(line)["step"] for line in (tmp_path / "killed" / log).read_text().splitlines()]
+        assert steps == [json.loads(line)["step"] for line in (tmp_path / "whole" / log).read_text().splitlines()]
+        assert len(steps) == len(set(steps)) > 0, log
 
 
 @pytest.mark.slow
@@ -204,7 +211,8 @@ def test_device_and_dtype_on_the_command_line_replace_the_configs(tmp_path, caps
     assert record["identity"]["precision"] == "bfloat16" and record["run"]["device"] == "cpu"
     # the folder is a bfloat16 run's: the config's own float32 may not resume it, in either entry point
     code, _, err = run_cli(["train", str(path)], capsys)
-    assert code == 2 and "its precision is 'bfloat16', this config's 'float32'" in err, err
+    assert code == 2 and ("its precision is 'bfloat16', this config's 'float32'); choose another folder, or resume "
+                          "it with --dtype bfloat16") in err, err
     done = subprocess.run([sys.executable, "-m", "multihead.train", str(path)], capture_output=True, text=True,
                           env=_env(), timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr and "its precision is 'bfloat16'" in done.stderr

@@ -280,9 +280,12 @@ def claim_folder(c: TrainConfig) -> bool:
                 differs = next((k for k in values if theirs.get(section, {}).get(k) != values[k]), None) \
                     if isinstance(values, dict) else None
                 what = f"{section}.{differs}" if differs else section
+                # a precision is --dtype's, not the config file's: say the flag that resumes it
+                resume = (f"resume it with --dtype {theirs['precision']}" if section == "precision"
+                          else "resume it with its own config")
                 raise ValueError(f"out {out} holds another run (its {what} is {_value(theirs, section, differs)!r}, "
-                                 f"this config's {_value(mine, section, differs)!r}); choose another folder, or resume "
-                                 "it with its own config")
+                                 f"this config's {_value(mine, section, differs)!r}); choose another folder, or "
+                                 f"{resume}")
         return True
     if out.is_dir() and any(out.iterdir()):
         if not c.force:
@@ -350,21 +353,23 @@ def _resume(ckpt: Path, model, opt, sched) -> int:
 
 
 def _start_log(c: TrainConfig, start: int) -> None:
-    """The run's record, and its metrics log: a new run's starts empty; a resumed run's keeps only
-    the steps before the checkpoint (those after it are run again), so no line is ever appended to
-    another run's log or twice."""
+    """The run's record, and its logs (metrics, and the heads' gradient norms): a new run's start
+    empty; a resumed run's keep only the steps before the checkpoint (those after it are run again),
+    so no line is ever appended to another run's log or twice."""
     record = {"schema": RUN_SCHEMA, "identity": c.identity(), "steps": c.steps, "run": dict(c.run)}
     write_atomically(c.out / RUN_FILE, json.dumps(record, indent=1))
-    log = c.out / "metrics.jsonl"
-    kept = []
-    if start and log.is_file():
-        for line in log.read_text(encoding="utf-8").splitlines():
-            try:
-                if int(json.loads(line)["step"]) < start:
-                    kept.append(line)
-            except (ValueError, KeyError, TypeError):
-                continue
-    write_atomically(log, "".join(line + "\n" for line in kept), newline=False)
+    for log in (c.out / "metrics.jsonl", c.out / "grads.jsonl"):
+        if log.name == "grads.jsonl" and not log.is_file():
+            continue  # written only when the run monitors them
+        kept = []
+        if start and log.is_file():
+            for line in log.read_text(encoding="utf-8").splitlines():
+                try:
+                    if int(json.loads(line)["step"]) < start:
+                        kept.append(line)
+                except (ValueError, KeyError, TypeError):
+                    continue
+        write_atomically(log, "".join(line + "\n" for line in kept), newline=False)
 
 
 def _save_weights(state: dict, folder: Path, step: int) -> None:

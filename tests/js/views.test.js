@@ -43,6 +43,10 @@ test("labels, codes, marks and colours come from the data", () => {
   assert.equal(markOf(data, 0, 0), "");
   assert.equal(colourOf(data, "syntactic:nsubj"), "#a6dba0");
   assert.equal(colourOf(data, "broad"), "#ffffff");
+  // a combined label takes its colour from the report's own (its first component's), not white as mixed
+  const combined = { ...data, label_colours: { "previous+punctuation": "#92c5de" } };
+  assert.equal(colourOf(combined, "previous+punctuation"), "#92c5de");
+  assert.equal(colourOf(combined, "syntactic:nsubj"), "#a6dba0");
 });
 
 test("every flagged head's note says its flags and what removing it did", () => {

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from .. import __version__
-from ..analysis.labels import LONG_RANGE_HEAD, RETRIEVAL_HEAD, SINK_HEAD, WINDOW_KEPT, label_codes, legend
+from ..analysis.labels import LONG_RANGE_HEAD, RETRIEVAL_HEAD, SINK_HEAD, WINDOW_KEPT, colour_of, label_codes, legend
 from ..analysis.report import Report
 from ..analysis.stats.maps import LONG_TEXT, TOP_K_BYTES, Pooled, TextView, stored_bytes
 from ..files import write_atomically
@@ -219,7 +219,9 @@ def page_data(views: Sequence[TextView | tuple], report: Report | None = None, n
 
 def _report_data(report: Report) -> dict:
     data: dict = {"model": report.model, "labels": [r.label for r in report.heads],
-                  "codes": label_codes(r.label for r in report.heads)}
+                  "codes": label_codes(r.label for r in report.heads),
+                  # each label's colour as the static report draws it (A+B: its first component's)
+                  "label_colours": {label: colour_of(label) for label in sorted({r.label for r in report.heads})}}
     marks = report.marks()
     if marks:  # labels tested by ablation (multihead.analysis.interventions.evidence)
         data["evidence"] = [marks.get((r.layer, r.head)) for r in report.heads]

@@ -24,6 +24,9 @@ export function markOf(data, l, h) {
 
 // a label's background colour (syntactic labels share one)
 export function colourOf(data, label) {
+  // the report's own labels come with their colours (a combined label A+B takes A's); others by their kind
+  const own = data.label_colours || {};
+  if (Object.prototype.hasOwnProperty.call(own, label)) return own[label];
   const colours = data.colours || {};
   return colours[String(label).split(":")[0]] || "#ffffff";
 }
