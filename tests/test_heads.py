@@ -318,3 +318,17 @@ def test_the_language_model_task_scores_each_text_as_the_model_alone_does(smollm
     assert task.evaluate() == pytest.approx(right / total, abs=1e-12)
     assert task.last_perplexity == pytest.approx(math.exp(nll / total), rel=1e-4)
     assert 0 < right < total
+
+
+def test_a_model_pruned_in_place_or_saved_pruned_is_told_how_to_analyse_it(tmp_path):
+    """A layer of 11 heads beside layers of 12 failed deep in the reducers (a size mismatch traceback);
+    a saved pruned folder was "not a Hugging Face model folder" with no word of how to load it."""
+    model = mh.hf.load("minilm")  # its own copy: pruned here
+    prune_heads(model, {0: [3]})
+    with pytest.raises(mh.hf.UnsupportedModelError, match=r"^minilm's layers have different numbers of heads \(12 in "
+                                                          r"most, 11 in layer 0: pruned\?\).*mh\.hf\.HeadGates"):
+        mh.analyze(model, TEXTS[:1])
+    save_pruned(model, tmp_path / "p", {0: [3]}, base="minilm")
+    with pytest.raises(FileNotFoundError, match=r"holds a model pruned by multihead prune .* "
+                                                r"mh\.heads\.load_pruned\(mh\.hf\.load\('minilm'\), "):
+        mh.hf.load(tmp_path / "p")

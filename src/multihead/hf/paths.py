@@ -64,6 +64,11 @@ def model_path(name_or_path: str | Path = "minilm") -> Path:
             f"model {key!r} is neither a known name ({known}) nor a folder on disk"
         )
     if not (path / "config.json").is_file():
+        if (path / "pruned_heads.json").is_file():  # `multihead prune --save-model`'s folder (heads.prune.PRUNED_FILE)
+            raise FileNotFoundError(
+                f"{path} holds a model pruned by multihead prune (weights and pruned_heads.json), not a Hugging "
+                f"Face folder: load it in Python onto its base, mh.heads.load_pruned(mh.hf.load({_base_of(path)!r}), "
+                f"{str(path)!r}) (docs/heads.md); the per-head analyses read the base model with those heads gated off")
         raise FileNotFoundError(f"{path} is not a Hugging Face model folder: it has no config.json")
     return path
 
@@ -129,3 +134,17 @@ def _convert_gguf(source: Path, known: KnownModel, target: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     shutil.rmtree(staging, ignore_errors=True)  # gone where renamed; ours where another's came first
+
+
+def _base_of(pruned: Path) -> str:
+    """The base model a pruned folder's record names ("BASE" where it names none or cannot be read)."""
+    import json
+
+    record = pruned / "pruned_heads.json"
+    try:
+        if record.stat().st_size > 1 << 20:  # a record is a few KB: nothing larger is read for a message
+            return "BASE"
+        base = json.loads(record.read_text(encoding="utf-8")).get("base")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return "BASE"
+    return base if isinstance(base, str) and base else "BASE"

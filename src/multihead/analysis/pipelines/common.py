@@ -27,6 +27,7 @@ from ...hf.capture import AttentionCapture
 from ...hf.model import HFModel, right_padding
 from ...hf.placement import NotFiniteError
 from ...hf.route import SummaryRequest, chunk_bytes
+from ...hf.sites import UnsupportedModelError
 from ...inputs import Batch, token_info
 from ...progress import bar, counted
 from ..stats import native, onepass
@@ -63,6 +64,22 @@ def encode_corpus(model: HFModel, texts: Sequence[str], *, truncate: bool = Fals
                                  "(shorten it or use truncate=True / --truncate)")
     spans = [[tuple(o) for o in row] for row in encoding["offset_mapping"]] if offsets else None
     return Encoded(ids, spans)
+
+
+def _one_head_count(model: HFModel, capture: AttentionCapture) -> None:
+    """UnsupportedModelError (one line) for captured layers of different head counts — a model pruned
+    in place (`mh.prune_heads`): the reducers keep an L x H grid of heads, and a layer of 11 heads
+    beside ones of 12 failed deep inside them. Gating heads off computes what pruning them does."""
+    counts: dict[int, list[int]] = {}
+    for site, layer in capture.where:
+        counts.setdefault(site.num_heads, []).append(layer)
+    if len(counts) > 1:
+        most = max(counts, key=lambda n: len(counts[n]))
+        fewer = ", ".join(f"{n} in {_layers_named(layers)}" for n, layers in sorted(counts.items()) if n != most)
+        raise UnsupportedModelError(
+            f"{model.name}'s layers have different numbers of heads ({most} in most, {fewer}: pruned?); its heads "
+            "are analysed as one grid of layers x heads — analyse the unpruned model, with the heads gated off "
+            "(mh.hf.HeadGates) where their removal is the question")
 
 
 def check_finite(stats: Any, dtype: Any, *, stack: str | None = None) -> None:
@@ -127,6 +144,7 @@ def run_pass(model: HFModel, batches: Iterable[Batch], reducers: Sequence[Reduce
     # a reducer never keeps a chunk (the Reducer protocol): the streamed maps may reuse their buffers
     feed = dispatch(reducers)
     capture = AttentionCapture(model.model, feed, at=at, chunk=chunk, budget=budget, transient=True)
+    _one_head_count(model, capture)
     with capture, torch.inference_mode(), old_objects_frozen():
         for batch in bar(batches, desc=desc, unit="batch", progress=progress, total=total):
             batch = batch.to(device)  # the maps are captured where the model runs: so are the tokens' flags
