@@ -287,6 +287,16 @@ def test_cli_prune_on_minilm_writes_the_curve(tmp_path):
     assert curve["schema"] == "multihead.pruning/1" and [s["heads_pruned"] for s in curve["steps"]] == [36, 54]
     png = (out / "curve.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    # run again into it without --save-model: its pruned model would sit beside a curve it is not of —
+    # refused before any work, the folder as it was
+    (out / "model").mkdir(exist_ok=True)
+    record = out / "model" / "pruned_heads.json"
+    record.write_text(record.read_text() if record.is_file() else '{"base": "minilm", "pruned_heads": {}}')
+    before = {f.name: f.read_bytes() for f in out.rglob("*") if f.is_file()}
+    again = subprocess.run([sys.executable, "-m", "multihead.cli", "prune", "--steps", "1", "--out", str(out)],
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 2 and "holds an earlier run's pruned model" in again.stderr, again.stderr
+    assert {f.name: f.read_bytes() for f in out.rglob("*") if f.is_file()} == before
 
 
 def test_models_without_attention_and_bad_head_lists_fail_clearly():

@@ -372,12 +372,16 @@ def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10
     largest fraction within ``threshold`` when ``save_model``."""
     from .heads import LanguageModelTask, SentimentTask, prune_heads, pruning_curve, save_pruned
     from .heads.curve import SCHEMA
-    from .heads.prune import OFFLOADED
+    from .heads.prune import OFFLOADED, PRUNED_FILE
 
     if placement is not None and placement.offload_folder is not None:  # a folder only offloading uses
         raise InputError(f"--offload-folder: {OFFLOADED}")
     check_placement(placement)
     folder = out_folder(lambda: check_output_folder(out, schema=SCHEMA, marker="curve.json", force=force))
+    if (folder / "model" / PRUNED_FILE).is_file() and not save_model:  # said before any work: nothing is lost
+        raise InputError(f"--out {folder} holds an earlier run's pruned model ({folder / 'model'}), which this run's "
+                         "curve would not match: pass --save-model to replace it with this run's, or choose another "
+                         "--out")
     check_device(placement)
     loaded = load_model(model, placement)
     if loaded.is_encoder_decoder or loaded.processor is not None:
@@ -394,19 +398,23 @@ def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10
     else:
         chosen = LanguageModelTask(loaded, **sizes)
     curve = pruning_curve(chosen, steps=steps, per_step=per_step, reestimate=not once, stop_below=stop_below)
-    with StagedFiles() as staged:  # the curve and its plot replace an earlier run's together
+    job = PruneJob(loaded, chosen, curve, folder, curve.prunable_within(1 - threshold))
+    if save_model and job.best is None and (folder / "model" / PRUNED_FILE).is_file():
+        raise InputError(f"no pruning fraction keeps {threshold:.0%} of the unpruned {curve.metric_name}, so there "
+                         f"is no model to save; {folder / 'model'} (an earlier run's) and its curve are kept as they "
+                         "were")
+    with StagedFiles() as staged:  # the curve, its plot and the pruned model replace an earlier run's together
         staged.folder(folder)
         staged.stage(folder / "curve.json", curve.to_json())
         staged.stage(folder / "curve.png", figure_png(curve.figure()))
+        if job.best is not None and save_model:
+            heads: dict[int, list[int]] = {}
+            for layer, h in job.best.pruned:
+                heads.setdefault(layer, []).append(h)
+            prune_heads(loaded, heads)
+            save_pruned(loaded, folder / "model", heads, base=model, staged=staged)
+            job.saved = folder / "model"
         staged.commit()
-    job = PruneJob(loaded, chosen, curve, folder, curve.prunable_within(1 - threshold))
-    if job.best is not None and save_model:
-        heads: dict[int, list[int]] = {}
-        for layer, h in job.best.pruned:
-            heads.setdefault(layer, []).append(h)
-        prune_heads(loaded, heads)
-        save_pruned(loaded, folder / "model", heads, base=model)
-        job.saved = folder / "model"
     return job
 
 

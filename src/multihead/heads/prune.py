@@ -20,6 +20,7 @@ matches its config, so save it with :func:`save_pruned` and load it with :func:`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from collections.abc import Iterable, Mapping
@@ -235,20 +236,23 @@ def self_attention_sites_or_empty(model: nn.Module) -> list[AttentionSite]:
 
 
 def save_pruned(model: ModelLike, folder: str | Path, heads: Mapping[int, Iterable[int]], *,
-                base: str | None = None) -> Path:
+                base: str | None = None, staged: StagedFiles | None = None) -> Path:
     """Weights as safetensors plus which heads were pruned (and from which base model). Weights the
     model ties (a decoder's LM head and its embedding) are saved once, as safetensors' ``save_model``
-    keeps them, and tied again by :func:`load_pruned`."""
+    keeps them, and tied again by :func:`load_pruned`. ``staged``: files staged with others, to be
+    committed with them (`multihead prune`'s curve), instead of committed here."""
     from safetensors.torch import save_model
 
     model = as_module(model)
     folder = Path(folder)
     record = {"base": base, "pruned_heads": {str(k): sorted(int(h) for h in v) for k, v in heads.items()}}
-    with StagedFiles() as staged:  # weights and record replace an earlier pruned model together
-        staged.folder(folder)
-        save_model(model, str(staged.stage(folder / "model.safetensors")), force_contiguous=True)
-        staged.stage(folder / PRUNED_FILE, json.dumps(record, indent=1))
-        staged.commit()
+    with contextlib.nullcontext(staged) if staged is not None else StagedFiles() as files:
+        # weights and record replace an earlier pruned model together
+        files.folder(folder)
+        save_model(model, str(files.stage(folder / "model.safetensors")), force_contiguous=True)
+        files.stage(folder / PRUNED_FILE, json.dumps(record, indent=1))
+        if staged is None:
+            files.commit()
     return folder
 
 
