@@ -257,7 +257,7 @@ def test_changes_within_the_logits_rounding_are_drawn_as_nothing():
     text) or "·" (the page), a line saying how much that hides; in float32 the same numbers show."""
     from multihead.analysis.interventions.patching import Patching
     from multihead.render.patching import patching_page
-    from multihead.render.text import patching_table
+    from multihead.render.text import patching_table, patching_text
 
     change = torch.tensor([[0.0625, -0.0625, 12.5], [0.0, 0.3, -0.7]])  # (L, H) logits; the gap 13.375
     given = dict(tokens=["a"], corrupt_tokens=["b"], answer=" Paris", wrong=" Rome", position=0, clean_diff=7.3125,
@@ -282,9 +282,18 @@ def test_changes_within_the_logits_rounding_are_drawn_as_nothing():
     estimated = Patching(**{**given, "method": "attribution"})
     for shown in (patching_table(estimated), patching_page(estimated, "smollm2")):
         assert "restored as estimated by attribution patching (first order: one forward and one backward)" in shown
+    # a clean run that prefers the answer less than the corrupt one (gap < 0): a positive share moves
+    # toward the wrong answer, so the legend says what a share's colour means; shares of 4.5 over a gap
+    # of 0.03 are said to be hard to read (a Chinese example gave +4.46 with no word), the gap printed
+    tiny = Patching(**{**given, "clean_diff": 1.6705, "corrupt_diff": 1.7028,
+                       "change": torch.tensor([[-0.144, 0.01, 0.0], [0.0, 0.0, 0.002]])})
+    page, text = patching_page(tiny, "smollm2"), patching_text(tiny, "smollm2", ",", ".")
+    assert "red: toward the clean run&#x27;s logit difference (restored); blue: away from it" in page
+    assert "toward the clean answer" not in page and "(gap -0.0323)" in text
+    for shown in (page, text):
+        assert "only 0.0323 apart (gap -0.0323) while single heads move it by up to 0.1440" in shown
+    assert wide.small_gap() is None and "note:" not in patching_text(wide, "smollm2", " Paris", " Rome")
     # the direct logit attribution's heads by size, either sign (L29.H0 at -1.67 was left out of SmolLM2's)
-    from multihead.render.text import patching_text
-
     wide.direct = torch.tensor([[0.1, -3.0, 2.0], [0.5, 0.0, -0.2]])
     assert "direct logit attribution (clean run), largest in size: L0.H1 -3.000, L0.H2 +2.000, L1.H0 +0.500, " \
         "L1.H2 -0.200, L0.H0 +0.100" in patching_text(wide, "smollm2", " Paris", " Rome")

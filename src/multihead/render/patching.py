@@ -43,7 +43,14 @@ def _cell_style(value: float, limit: float) -> str:
     return f"background:rgb{rgb};color:{text}".replace(" ", "")
 
 
-def _map(values: Tensor, caption: str, noise: Tensor | None = None, rounding: str = "") -> str:
+#: What a map's colours mean: a share's sign is toward the clean run's difference (which may prefer the wrong
+#: answer more than the corrupt run's does), a change's and an attribution's toward the answer.
+SHARE_COLOURS = "red: toward the clean run's logit difference (restored); blue: away from it"
+ANSWER_COLOURS = "red: toward the answer; blue: toward the wrong one"
+
+
+def _map(values: Tensor, caption: str, noise: Tensor | None = None, rounding: str = "",
+         colours: str = ANSWER_COLOURS) -> str:
     """A layer x head table of ``values``, coloured; the cells ``noise`` marks (within the rounding of the
     model's logits, ``rounding`` saying how much) drawn as "·" on white where a number would show, their
     values in their titles."""
@@ -64,7 +71,7 @@ def _map(values: Tensor, caption: str, noise: Tensor | None = None, rounding: st
         rows.append(f"<tr><th>L{layer}</th>{cells}</tr>")
     quiet = f"; ·: {escape(rounding)}" if bool(noise.any()) and rounding else ""
     return (f"<figure><figcaption>{escape(caption)}</figcaption><table class=\"map\"><tr><th></th>{head}</tr>"
-            f"{''.join(rows)}</table><p class=\"legend\">red: toward the clean answer; blue: toward the wrong one; "
+            f"{''.join(rows)}</table><p class=\"legend\">{escape(colours)}; "
             f"full colour = ±{limit:.3g}{quiet}</p></figure>")
 
 
@@ -86,9 +93,11 @@ def patching_page(result: Patching, model: str) -> str:
     noise, rounding = result.within_rounding(), result.rounding_words()
     if why is None:
         parts.append(_map(result.restored, f"Share of the gap restored {result.how()} (its output before W^O, "
-                                           "every position)", noise, rounding))
+                                           "every position)", noise, rounding, SHARE_COLOURS))
         top = ", ".join(f"L{layer}.H{h} {v:+.3f}" for (layer, h), v in result.top(5))
         parts.append(f"<p>Top 5: {escape(top)}</p>")
+        if result.small_gap() is not None:
+            parts.append(f"<p><strong>Note:</strong> {escape(result.small_gap())}</p>")
     else:
         parts.append(f"<p>No shares: {escape(why)}</p>")
         parts.append(_map(result.change, f"Change of the logit difference {result.how()}", noise, rounding))

@@ -305,7 +305,9 @@ def patching_text(result: Patching, model: str, answer: str, wrong: str) -> str:
     """What ``multihead patch`` prints: the texts, the logit differences, the head map, the top DLA."""
     lines = [f"{model}: clean {'|'.join(result.tokens)}; corrupt {'|'.join(result.corrupt_tokens)}",
              f"logit({answer!r}) - logit({wrong!r}): clean {result.clean_diff:+.4f}, "
-             f"corrupt {result.corrupt_diff:+.4f}\n", patching_table(result)]
+             f"corrupt {result.corrupt_diff:+.4f} (gap {result.gap:+.4f})\n", patching_table(result)]
+    if result.small_gap() is not None:
+        lines.append(f"note: {result.small_gap()}")
     if result.direct is not None:
         # by size, either sign: a head pushing hard toward the wrong answer matters as much (once only the positive)
         top = sorted(((float(result.direct[layer, h]), layer, h) for layer in range(result.direct.shape[0])

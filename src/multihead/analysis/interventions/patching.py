@@ -100,6 +100,18 @@ class Patching:
         of its steps): a map draws them as nothing, not as a share."""
         return self.change.abs() < self.resolution
 
+    def small_gap(self) -> str | None:
+        """Why the shares are hard to read, where single heads move the logit difference far more than the
+        clean and corrupt runs differ (a share beyond ±2), else None: the changes then say more."""
+        if self.no_share() is not None:
+            return None
+        largest = float(self.change.abs().max()) if self.change.numel() else 0.0
+        if largest <= 2 * abs(self.gap):
+            return None
+        return (f"shares beyond ±1: the clean and corrupt runs' logit differences are only {abs(self.gap):.4f} apart "
+                f"(gap {self.gap:+.4f}) while single heads move it by up to {largest:.4f} — the texts barely differ "
+                "for this model; read the changes (patching.json's \"change\") rather than the shares")
+
     def how(self) -> str:
         """How each head's change was found, in words that follow "restored": patched, or estimated
         (``method``)."""
