@@ -82,6 +82,21 @@ def test_mean_std_and_welch_t():
         setting_for(True, heads=[3])
 
 
+def test_a_result_is_strict_json_and_says_what_t_a_difference_needs(tmp_path):
+    """One seed's Welch t (NaN) was written as a bare NaN, which strict JSON readers refuse, and the
+    Markdown printed "+nan" under a sentence that put the needed |t| at "about 3" whatever the seeds."""
+    from multihead.experiments.common import write_result
+    from multihead.experiments.heads import _significance, _t
+
+    write_result(tmp_path / "r", "heads", setting_for(True), {"t": {1: math.nan, 2: math.inf, 4: 1.5}}, "x", {}, 1.0)
+    data = json.loads((tmp_path / "r" / "result.json").read_text(),
+                      parse_constant=lambda name: pytest.fail(f"{name} in result.json"))
+    assert data["t"] == {"1": None, "2": None, "4": 1.5}
+    assert _significance(1).startswith("with one seed per point no t can be formed")
+    assert "|t| ≥ 4.3" in _significance(2) and "|t| ≥ 2.8" in _significance(3) and "|t| ≥ 2.1" in _significance(20)
+    assert _t(math.nan) == "n/a (one seed)" and _t(2.34) == "+2.3"
+
+
 def _png(path):
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

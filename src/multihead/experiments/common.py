@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -218,6 +219,19 @@ def welch_t(a: list[float], b: list[float]) -> float:
     return (ma - mb) / se
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every number that is not finite as None (JSON has no NaN or Infinity), numbers
+    of other types (NumPy's, a 0-d tensor) as floats, any nesting of dicts and lists."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
 def write_result(folder: Path, name: str, setting: Setting, data: dict, markdown: str, figures: dict,
                  seconds: float) -> Path:
     """result.json, result.md and one PNG per figure in ``folder``, replacing an earlier result
@@ -232,7 +246,8 @@ def write_result(folder: Path, name: str, setting: Setting, data: dict, markdown
         for stem, fig in figures.items():
             staged.stage(folder / f"{stem}.png", figure_png(fig, dpi=120))
         staged.stage(folder / "result.md", header + markdown.rstrip() + "\n")
-        staged.stage(folder / "result.json", json.dumps(payload, indent=1, default=float) + "\n")
+        # strict JSON: a statistic that is undefined (Welch's t of one seed) or unbounded is null, not NaN
+        staged.stage(folder / "result.json", json.dumps(_finite(payload), indent=1, allow_nan=False) + "\n")
         staged.commit()
     return folder
 

@@ -69,6 +69,26 @@ def run_heads(setting: Setting, out: Path, device: str = "auto") -> Path:
                         time.perf_counter() - start)
 
 
+#: Student's t at the two-sided 5 % level for 1-20 degrees of freedom (beyond: 2.09 down to the normal's 1.96).
+T_CRITICAL = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23,
+              2.20, 2.18, 2.16, 2.14, 2.13, 2.12, 2.11, 2.10, 2.09, 2.09)
+
+
+def _significance(seeds: int) -> str:
+    """What |t| a difference needs at the 5 % level with ``seeds`` runs a point (Welch's degrees of
+    freedom at most 2·(seeds − 1), reached when both spreads are equal)."""
+    if seeds < 2:
+        return "with one seed per point no t can be formed: run --seeds 2 or more"
+    df = 2 * (seeds - 1)
+    needed = T_CRITICAL[min(df, len(T_CRITICAL)) - 1]
+    return (f"with {seeds} seeds per point Welch's t has at most {df} degrees of freedom, so a difference needs "
+            f"|t| ≥ {needed:.1f} to be significant at the 5% level (more where the spreads differ)")
+
+
+def _t(t: float) -> str:
+    return "n/a (one seed)" if math.isnan(t) else f"{t:+.1f}"
+
+
 def _heads_markdown(setting: Setting, runs, tasks, summary) -> str:
     names = list(runs)
     head = "| h | d_k | " + " | ".join(f"{n}: {tasks[n].metric} {'↓' if tasks[n].lower_is_better else '↑'}"
@@ -88,10 +108,9 @@ def _heads_markdown(setting: Setting, runs, tasks, summary) -> str:
     for h in setting.heads:
         lines.append(f"| {h} | " + " | ".join(_fmt(summary[n]["by_heads"][h]["accuracy"]) for n in names) + " |")
     lines += ["", "Best h per task, and Welch's t of the best h against every other (positive: the best is "
-              f"better; with {setting.seeds} seeds per point a difference needs |t| of about 3 or more to be "
-              "significant at the 5% level):", ""]
+              f"better; {_significance(setting.seeds)}):", ""]
     for n in names:
-        ts = ", ".join(f"h={h}: {t:+.1f}" for h, t in summary[n]["t_vs_best"].items())
+        ts = ", ".join(f"h={h}: {_t(t)}" for h, t in summary[n]["t_vs_best"].items()) or "no other h"
         lines.append(f"- {n}: best h = {summary[n]['best_heads']}; t vs best: {ts}")
     seconds = sum(r.seconds for by_h in runs.values() for rs in by_h.values() for r in rs)
     lines += ["", f"Training time of all {sum(len(rs) for by_h in runs.values() for rs in by_h.values())} runs: "
