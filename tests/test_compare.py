@@ -145,3 +145,29 @@ def test_compare_reads_report_folders_and_keeps_the_evidence_sections(reports, t
     assert (saved["a"]["placement"], saved["b"]["placement"]) == ("float32 on cpu", "bfloat16 on cpu")
     assert "warning: different precisions" in comparison_text(apart)
     assert "Labels changed (0 of 72)</h2><p>None: every matched head keeps its label." in page  # not an empty table
+
+
+def test_estimated_ablation_effects_are_not_compared_as_measured_ones():
+    """A report whose effects are attribution estimates but for a few heads measured exactly: compare
+    read the estimates as effects — ranked L0.H6's estimate (-0.22; exact +0.08) as its largest change,
+    and on the same weights over other texts found 27 heads "died". Only heads measured in both are
+    compared for ablation, deaths and appearances, and a warning says so."""
+    from multihead.analysis.report import HeadRecord
+    from multihead.analysis.sections import Ablation, Corpus
+
+    def report(effects: list[float], exact: list[tuple[int, int]]) -> Report:
+        heads = [HeadRecord(0, h, "broad", [], {"entropy": 1.0, "zero_ablation": e}) for h, e in enumerate(effects)]
+        sections = Sections(corpus=Corpus(texts=4, sha256="x" * 64), ablation=Ablation(
+            "next-token loss", 3.0, 4, 40, ["zero"], unit="nats/token", method="attribution", exact=exact))
+        return Report(model="m", causal=True, num_layers=1, num_heads=4, sentences=4, tokens=40, heads=heads,
+                      sections=sections)
+
+    a = report([0.5, 0.3, 0.2, -0.22], exact=[(0, 0), (0, 1)])
+    b = report([0.5, 0.001, 0.0, 0.4], exact=[(0, 0), (0, 1), (0, 3)])
+    result = compare(a, b)
+    assert sum("first-order estimates" in w for w in result.warnings) == 2
+    moved = {(d["a"], d["metric"]) for d in result.metric_deltas()}
+    assert ((0, 3), "zero_ablation") not in moved and ((0, 2), "zero_ablation") not in moved  # estimated in A
+    assert ((0, 1), "zero_ablation") in moved  # measured in both: 0.3 -> 0.001
+    assert result.died() == [((0, 1), (0, 1))]  # not (0, 2): its 0.2 -> 0.0 were estimates
+    assert result.appeared() == []

@@ -18,7 +18,9 @@
   died = alive in A, dead in B; appeared = the reverse. Between the two it is neither: a head
   whose effect sits at the floor crosses it on rounding alone (SmolLM2 in float32 against
   float16: 17 heads "died" or "appeared" on one floor, 2 with the band). Each is named as its
-  pair, ``A ~ B``.
+  pair, ``A ~ B``. Of a report whose effects are first-order estimates but for the heads measured
+  exactly (:func:`measured_heads`), only those: ablation changes, deaths and appearances are read
+  between heads measured in both.
 
 Only what compares is compared (:meth:`Comparison.excluded` says what was left out and why):
 
@@ -46,7 +48,7 @@ from .report import Report
 from .sections import unit_of
 
 __all__ = ["ALIVE_SHARE", "CAUSAL_MEANING", "DEAD_SHARE", "SCHEMA", "Comparison", "assignment", "cell_name", "compare",
-           "dead_heads", "excluded_metrics", "pair_name"]
+           "dead_heads", "excluded_metrics", "measured_heads", "pair_name"]
 
 SCHEMA = "multihead.compare/1"
 #: A head whose zero-ablation effect is at most this share of its report's largest is dead.
@@ -87,6 +89,12 @@ class Comparison:
         """Every head's metrics as compared: its ablation effects also as shares of its report's
         largest when the two reports' effects are in different units."""
         out = {(r.layer, r.head): dict(r.metrics) for r in report.heads}
+        measured = measured_heads(report)
+        if measured is not None:  # an estimate is not compared as if it were an effect
+            for cell, metrics in out.items():
+                if cell not in measured:
+                    for name in ("zero_ablation", "mean_ablation"):
+                        metrics.pop(name, None)
         if _units_differ(self.a, self.b):
             for name in ("zero_ablation", "mean_ablation"):
                 largest = max((abs(v) for m in out.values() if math.isfinite(v := m.get(name, math.nan))), default=0.0)
@@ -143,18 +151,24 @@ class Comparison:
         return out[:limit] if limit is not None else out
 
     def died(self) -> list[tuple[Cell, Cell]]:
-        """Pairs alive in A and dead in B (by zero-ablation effect; empty without it in both)."""
+        """Pairs alive in A and dead in B (by zero-ablation effect; empty without it in both; only
+        heads whose effects were measured, not estimated, in both: :func:`measured_heads`)."""
         dead_b, not_alive_a = dead_heads(self.b), dead_heads(self.a, ALIVE_SHARE)
         if not_alive_a is None or dead_b is None:
             return []
-        return [(ca, cb) for ca, cb, _ in self.pairs if cb in dead_b and ca not in not_alive_a]
+        return [(ca, cb) for ca, cb, _ in self._measured_pairs() if cb in dead_b and ca not in not_alive_a]
 
     def appeared(self) -> list[tuple[Cell, Cell]]:
         """Pairs dead in A and alive in B."""
         dead_a, not_alive_b = dead_heads(self.a), dead_heads(self.b, ALIVE_SHARE)
         if dead_a is None or not_alive_b is None:
             return []
-        return [(ca, cb) for ca, cb, _ in self.pairs if ca in dead_a and cb not in not_alive_b]
+        return [(ca, cb) for ca, cb, _ in self._measured_pairs() if ca in dead_a and cb not in not_alive_b]
+
+    def _measured_pairs(self) -> list[tuple[Cell, Cell, float | None]]:
+        in_a, in_b = measured_heads(self.a), measured_heads(self.b)
+        return [(ca, cb, d) for ca, cb, d in self.pairs
+                if (in_a is None or ca in in_a) and (in_b is None or cb in in_b)]
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "a": {"name": self.a_name, "model": self.a.model, "shape": self._shape(self.a),
@@ -201,6 +215,12 @@ def compare(a: Report | str | Path, b: Report | str | Path, *, different_corpora
         # a dtype apart: every metric moves by its rounding (SmolLM2 bfloat16 against float32: entropy up to 0.024)
         warnings.append(f"different precisions ({ra.placement} against {rb.placement}): differences include the "
                         "lower one's rounding")
+    for name, report in ((na, ra), (nb, rb)):
+        measured = measured_heads(report)
+        if measured is not None:
+            warnings.append(f"{name}'s ablation effects are first-order estimates (attribution patching) but for "
+                            f"{len(measured)} heads measured exactly: ablation changes, deaths and appearances are "
+                            "read only between heads measured in both")
     same_shape = (ra.num_layers, ra.num_heads) == (rb.num_layers, rb.num_heads)
     if matching not in ("auto", "index", "profile"):
         raise ValueError(f"matching must be 'auto', 'index' or 'profile'; got {matching!r}")
@@ -342,10 +362,22 @@ def _spread(values: list[float]) -> float:
     return float(np.std(finite)) if len(finite) > 1 else 0.0
 
 
+def measured_heads(report: Report) -> set[Cell] | None:
+    """The heads whose ablation effects were measured (each removed, the objective rerun) where the
+    report's others are first-order estimates (attribution patching), else None: every effect is one."""
+    section = report.sections.ablation
+    if section is None or section.method != "attribution":
+        return None
+    return {tuple(cell) for cell in section.exact or []}
+
+
 def dead_heads(report: Report, share: float = DEAD_SHARE) -> set[Cell] | None:
     """The heads whose zero-ablation effect is at most ``share`` of the report's largest (None without
-    ablation effects); with :data:`ALIVE_SHARE`, the heads that are not alive."""
-    effects = {(r.layer, r.head): r.metrics.get("zero_ablation", math.nan) for r in report.heads}
+    ablation effects); with :data:`ALIVE_SHARE`, the heads that are not alive. Of a report whose effects
+    are mostly estimates, its measured heads alone (:func:`measured_heads`)."""
+    measured = measured_heads(report)
+    effects = {(r.layer, r.head): r.metrics.get("zero_ablation", math.nan) for r in report.heads
+               if measured is None or (r.layer, r.head) in measured}
     finite = [abs(v) for v in effects.values() if not math.isnan(v)]
     if not finite:
         return None
