@@ -301,7 +301,9 @@ def test_hostile_reports_are_shown_as_text(tmp_path):
     for h in data["heads"]:
         h["label"] = hostile
     (tmp_path / "hostile.json").write_text(json.dumps(data))
-    done = console(["view", "Heads look.", "--report", str(tmp_path / "hostile.json"), "--out",
+    (tmp_path / "folder").mkdir()  # a report folder, as analyze --out writes it: view takes it as compare does
+    (tmp_path / "folder" / "report.json").write_text(json.dumps(data))
+    done = console(["view", "Heads look.", "--report", str(tmp_path / "folder"), "--out",
                     str(tmp_path / "page.html")], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     # another model's report is said to be one (its name as a literal: no control character reaches a terminal)

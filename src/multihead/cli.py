@@ -354,7 +354,10 @@ def _run_prune(args: argparse.Namespace) -> int:
 def _run_train(args: argparse.Namespace) -> int:
     from .jobs import train_job
 
-    train_job(args.config, force=args.force, device=args.device, dtype=args.dtype)
+    config = train_job(args.config, force=args.force, device=args.device, dtype=args.dtype)
+    if int(os.environ.get("RANK", "0")) == 0:  # one line for the run, not one a torchrun process
+        print(f"trained {config.steps} steps: weights in {config.out / 'checkpoint'}, loss and learning rate in "
+              f"{config.out / 'metrics.jsonl'}")
     return 0
 
 

@@ -37,7 +37,7 @@ from .io import (
 from .plotting import figure_png
 from .progress import step, warn
 from .texts import InputError, check_texts, read_lines, read_text, readable_file
-from .train_config import load_config
+from .train_config import TrainConfig, load_config
 
 if TYPE_CHECKING:
     from .analysis.interventions.patching import Patching
@@ -295,7 +295,8 @@ def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | No
     out_folder(lambda: check_writable(page.parent), f"--out {page}:")  # said before the model loads, as analyze says it
     found = None
     if report:
-        path = readable_file(report, "--report")
+        # a report folder (analyze --out) as compare takes it: its report.json
+        path = readable_file(str(Path(report) / "report.json") if Path(report).is_dir() else report, "--report")
         try:
             found = Report.from_json(path)
         except ValueError as err:
@@ -418,11 +419,12 @@ def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10
     return job
 
 
-def train_job(config: str, *, force: bool = False, device: str | None = None, dtype: str = "auto") -> None:
+def train_job(config: str, *, force: bool = False, device: str | None = None, dtype: str = "auto") -> TrainConfig:
     """``multihead train``: the config checked (every section's keys; ``device`` and ``dtype``
     replacing its ``[run] device`` and ``precision``), the run's folder claimed before anything is
-    written, the run trained or resumed."""
+    written, the run trained or resumed; returns the config it ran."""
     config = load_config(config, force=force, device=device, dtype=dtype)
     from .train import train
 
     train(config)
+    return config

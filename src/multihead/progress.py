@@ -84,26 +84,28 @@ def bar(items: Iterable[T], *, desc: str, unit: str = "it", progress: bool | Non
     """``items``, with a tqdm bar on stderr while progress is shown on a terminal (``options`` go to
     tqdm), lines with the time left off one."""
     if enabled(progress) and not _state["terminal"]:
-        return _lines(items, desc, unit, options.get("total"))
+        return _lines(items, desc, unit, options.get("total"), options.get("initial", 0))
     return tqdm(items, desc=desc, unit=unit, disable=not enabled(progress), file=sys.stderr, leave=False,
                 dynamic_ncols=True, **options)
 
 
-def _lines(items: Iterable[T], desc: str, unit: str, total: int | None) -> Iterator[T]:
-    """``items``, saying how far along they are in a line every :data:`EVERY` seconds, and when done."""
+def _lines(items: Iterable[T], desc: str, unit: str, total: int | None, initial: int = 0) -> Iterator[T]:
+    """``items``, saying how far along they are in a line every :data:`EVERY` seconds, and when done;
+    ``initial``: how many of ``total`` were done before (a resumed run's steps)."""
     if total is None:
         total = len(items) if hasattr(items, "__len__") else None  # type: ignore[arg-type]
     start = last = time.perf_counter()
     of = f" of {total}" if total else ""
     noun = "item" if unit == "it" else unit
     _say(f"multihead: {desc}: {counted(total, noun) if total else 'some ' + _plural(noun)} …")
-    done = 0
+    done = initial
     for item in items:
         yield item
         done += 1
         now = time.perf_counter()
         if now - last >= EVERY and (total is None or done < total):
-            left = f", about {_duration((now - start) / done * (total - done))} left" if total else ""
+            rate = (now - start) / (done - initial)  # seconds an item, of this run's
+            left = f", about {_duration(rate * (total - done))} left" if total else ""
             _say(f"multihead: {desc}: {done}{of} {_plural(unit)} in {_duration(now - start)}{left}")
             last = now
     _say(f"multihead: {desc}: done in {_duration(time.perf_counter() - start)}")

@@ -159,10 +159,15 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
             writer = SummaryWriter(str(c.out / "tensorboard"))
     log_every, ckpt_every = int(c.run.get("log_every", 10)), int(c.run.get("checkpoint_every", 0))
     model.train()
-    from .progress import bar
+    from .progress import bar, note, warn
+    from .stops import interrupted
 
+    if rank == 0 and start:
+        note(f"train: resuming {c.out} from its checkpoint at step {start} of {c.steps}")
+    # rank 0's progress as every command's: a bar on a terminal, a line with the time left off one (--quiet: none)
     steps = bar(range(start, c.steps), desc="train", unit="step", initial=start, total=c.steps,
-                progress=rank == 0 and sys.stderr.isatty())
+                progress=None if rank == 0 else False)
+    saved = start  # the step the folder's checkpoint holds, which a stopped run resumes from
     try:
         for step in steps:
             batch = data.batch(step, B)[rank * (B // world):(rank + 1) * (B // world)].to(device)  # this rank's slice
@@ -191,11 +196,16 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
                         _save_weights(full, c.out / "checkpoint", step + 1)
                 elif rank == 0:
                     _save(model, opt, sched, step + 1, c.out / "checkpoint")
+                saved = step + 1
             if on_step is not None and rank == 0:
                 on_step(step + 1)
     finally:  # TensorBoard's events flushed whatever ends the loop (an error, a stop)
         if writer is not None:
             writer.close()
+        if rank == 0 and interrupted.is_set() and ckpt_every and not fsdp:
+            warn(f"train: stopped; the same command resumes {c.out} from its checkpoint at step {saved} of {c.steps}"
+                 if saved else f"train: stopped before its first checkpoint (step {ckpt_every}): the same command "
+                 "starts it again")
     if distributed:
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
