@@ -88,6 +88,10 @@ def test_heads_of_another_shape_are_matched_by_their_attention(reports):
     assert {cb: ca for ca, cb, _ in result.pairs} == origin  # identical profiles: found again
     assert len(result.unmatched_a) == 72 - 24 and not result.unmatched_b
     assert any("Hungarian" in w for w in result.warnings)
+    from multihead.render.compare import compare_page
+
+    page = compare_page(result)  # the unmatched heads drawn as such, not as labels kept
+    assert page.count('<td class="unmatched"') == 72 - 24 and "unmatched (no head of B)" in page
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ th { background: #f3f3f3; }
 table.grid td { text-align: center; min-width: 5.5em; }
 .warning { background: #fff3cd; border: 1px solid #e0b400; padding: 6px 10px; }
 .changed { background: #fdd9a8; } .died { background: #555; color: #fff; } .appeared { background: #b8e6b8; }
+.unmatched { background: repeating-linear-gradient(45deg, #eee 0 4px, #fff 4px 8px); color: #777; }
 .legend span { padding: 1px 6px; margin-right: 6px; border: 1px solid #ccc; }
 """
 
@@ -37,8 +38,9 @@ def compare_page(comparison: Comparison) -> str:
     parts += [f'<p class="warning">Warning: {escape(w)}</p>' for w in c.warnings]
     parts.append('<p class="legend"><span>label kept</span><span class="changed">label changed</span>'
                  '<span class="died">died (removing it changes nothing in B)</span>'
-                 '<span class="appeared">appeared</span> — each cell: A\'s label → B\'s (B\'s head when matched '
-                 'by profile)</p>')
+                 '<span class="appeared">appeared</span>'
+                 + ('<span class="unmatched">unmatched (no head of B)</span>' if c.unmatched_a else "")
+                 + ' — each cell: A\'s label → B\'s (B\'s head when matched by profile)</p>')
     parts.append('<table class="grid"><tr><th></th>' + "".join(f"<th>H{h}</th>" for h in range(c.a.num_heads))
                  + "</tr>")
     for layer in range(c.a.num_layers):
@@ -47,7 +49,8 @@ def compare_page(comparison: Comparison) -> str:
             ca = (layer, h)
             cb = partner.get(ca)
             if cb is None:
-                row.append(f'<td title="{_cell(ca)}: unmatched">{escape(c.a.head(*ca).label)}<br>–</td>')
+                row.append(f'<td class="unmatched" title="{_cell(ca)}: unmatched">{escape(c.a.head(*ca).label)}'
+                           '<br>–</td>')
                 continue
             la, lb = c.a.head(*ca).label, c.b.head(*cb).label
             kind = "died" if ca in died else "appeared" if ca in appeared else "changed" if la != lb else ""
