@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..progress import counted
 from .report import Report
 from .sections import unit_of
 
@@ -219,8 +220,8 @@ def compare(a: Report | str | Path, b: Report | str | Path, *, different_corpora
         measured = measured_heads(report)
         if measured is not None:
             warnings.append(f"{name}'s ablation effects are first-order estimates (attribution patching) but for "
-                            f"{len(measured)} heads measured exactly: ablation changes, deaths and appearances are "
-                            "read only between heads measured in both")
+                            f"{counted(len(measured), 'head')} measured exactly: ablation changes, deaths and "
+                            "appearances are read only between heads measured in both")
     same_shape = (ra.num_layers, ra.num_heads) == (rb.num_layers, rb.num_heads)
     if matching not in ("auto", "index", "profile"):
         raise ValueError(f"matching must be 'auto', 'index' or 'profile'; got {matching!r}")
