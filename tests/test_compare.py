@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import itertools
 import json
+import math
 import random
 
 import numpy as np
@@ -173,5 +174,7 @@ def test_estimated_ablation_effects_are_not_compared_as_measured_ones():
     moved = {(d["a"], d["metric"]) for d in result.metric_deltas()}
     assert ((0, 3), "zero_ablation") not in moved and ((0, 2), "zero_ablation") not in moved  # estimated in A
     assert ((0, 1), "zero_ablation") in moved  # measured in both: 0.3 -> 0.001
+    # its size in the spread of every head's effect (estimates too): one measured head's spread is none
+    assert all(math.isfinite(d["spread_units"]) for d in result.metric_deltas())
     assert result.died() == [((0, 1), (0, 1))]  # not (0, 2): its 0.2 -> 0.0 were estimates
     assert result.appeared() == []

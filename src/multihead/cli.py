@@ -208,7 +208,8 @@ def _parser() -> argparse.ArgumentParser:
     vw.add_argument("texts", nargs="*", metavar="TEXT", help="texts to show (default: the articles' examples)")
     vw.add_argument("--file", help="UTF-8 text file, one text per line")
     model_flag(vw)
-    vw.add_argument("--report", help="a report.json of the same model, for labels, metrics and similarity")
+    vw.add_argument("--report", help="a report.json (or its folder) of the same model, for labels, metrics and "
+                                     "similarity")
     vw.add_argument("--out", default="attention.html", help="the page to write (default: attention.html)")
     vw.add_argument("--force", action="store_true", help="replace an existing file")
 
@@ -356,8 +357,9 @@ def _run_train(args: argparse.Namespace) -> int:
 
     config = train_job(args.config, force=args.force, device=args.device, dtype=args.dtype)
     if int(os.environ.get("RANK", "0")) == 0:  # one line for the run, not one a torchrun process
-        print(f"trained {config.steps} steps: weights in {config.out / 'checkpoint'}, loss and learning rate in "
-              f"{config.out / 'metrics.jsonl'}")
+        weights = (f"weights in {config.out / 'checkpoint'}" if config.run.get("checkpoint_every", 0)
+                   else "no checkpoint ([run] checkpoint_every = 0)")
+        print(f"trained {config.steps} steps: {weights}, loss and learning rate in {config.out / 'metrics.jsonl'}")
     return 0
 
 

@@ -85,21 +85,32 @@ def _write(tmp: Path, content: str | bytes, newline: bool = True) -> None:
 def umask_mode(tmp: Path) -> None:
     """Give a written file the mode a new file gets here (0666 less the umask): a library that wrote
     it (safetensors: 0600) leaves it readable to its owner alone, beside our other outputs' 0644."""
-    os.chmod(tmp, 0o666 & ~_umask())
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())
+    except OSError:  # a file system without modes (some FUSE or network mounts): the file as written
+        pass
+
+
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+#: The umask when this module was imported (one thread then): where /proc does not show the current one.
+_IMPORT_UMASK = _read_umask()
 
 
 def _umask() -> int:
     """The process's umask: read from /proc where Linux shows it (setting it to read it would let
-    another thread's file be made under the wrong one), else set and put back."""
+    another thread's file be made under the wrong one), else the one at import."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
     except (OSError, ValueError, IndexError):
         pass
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    return _IMPORT_UMASK
 
 
 def _named(err: OSError, path: Path) -> OSError:

@@ -10,6 +10,7 @@ with one line naming the flag or the file.
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -400,10 +401,6 @@ def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10
         chosen = LanguageModelTask(loaded, **sizes)
     curve = pruning_curve(chosen, steps=steps, per_step=per_step, reestimate=not once, stop_below=stop_below)
     job = PruneJob(loaded, chosen, curve, folder, curve.prunable_within(1 - threshold))
-    if save_model and job.best is None and (folder / "model" / PRUNED_FILE).is_file():
-        raise InputError(f"no pruning fraction keeps {threshold:.0%} of the unpruned {curve.metric_name}, so there "
-                         f"is no model to save; {folder / 'model'} (an earlier run's) and its curve are kept as they "
-                         "were")
     with StagedFiles() as staged:  # the curve, its plot and the pruned model replace an earlier run's together
         staged.folder(folder)
         staged.stage(folder / "curve.json", curve.to_json())
@@ -416,6 +413,17 @@ def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10
             save_pruned(loaded, folder / "model", heads, base=model, staged=staged)
             job.saved = folder / "model"
         staged.commit()
+    earlier = folder / "model"
+    if job.saved is None and (earlier / PRUNED_FILE).is_file():
+        # --save-model, and no fraction kept the metric: this run has no model, so the earlier run's goes
+        # rather than sit beside a curve it is not of — when it holds only what save_pruned wrote
+        if {f.name for f in earlier.iterdir()} <= {"model.safetensors", PRUNED_FILE}:
+            shutil.rmtree(earlier)
+            warn(f"no pruning fraction keeps {threshold:.0%} of the unpruned {curve.metric_name}, so no model was "
+                 f"saved; {earlier}, an earlier run's pruned model, was removed with its curve")
+        else:
+            warn(f"no model was saved, and {earlier} (an earlier run's pruned model) holds other files too: it is "
+                 "left as it was, though this run's curve is not of it")
     return job
 
 

@@ -203,9 +203,10 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
         if writer is not None:
             writer.close()
         if rank == 0 and interrupted.is_set() and ckpt_every and not fsdp:
+            first = min(ckpt_every, c.steps)
             warn(f"train: stopped; the same command resumes {c.out} from its checkpoint at step {saved} of {c.steps}"
-                 if saved else f"train: stopped before its first checkpoint (step {ckpt_every}): the same command "
-                 "starts it again")
+                 if saved else f"train: stopped before its first checkpoint (step {first}): the same command starts it "
+                 "again")
     if distributed:
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()

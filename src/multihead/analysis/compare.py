@@ -86,22 +86,24 @@ class Comparison:
         """{metric: why it is not compared} (see the module)."""
         return excluded_metrics(self.a, self.b)
 
-    def _compared(self, report: Report) -> dict[Cell, dict[str, float]]:
+    def _compared(self, report: Report, *, measured_only: bool = True) -> dict[Cell, dict[str, float]]:
         """Every head's metrics as compared: its ablation effects also as shares of its report's
-        largest when the two reports' effects are in different units."""
+        largest when the two reports' effects are in different units. ``measured_only``: a head whose
+        effects are estimates (:func:`measured_heads`) without them — estimates still set the scales
+        (the largest effect, a metric's spread), as every head's effect does."""
         out = {(r.layer, r.head): dict(r.metrics) for r in report.heads}
-        measured = measured_heads(report)
-        if measured is not None:  # an estimate is not compared as if it were an effect
-            for cell, metrics in out.items():
-                if cell not in measured:
-                    for name in ("zero_ablation", "mean_ablation"):
-                        metrics.pop(name, None)
         if _units_differ(self.a, self.b):
             for name in ("zero_ablation", "mean_ablation"):
                 largest = max((abs(v) for m in out.values() if math.isfinite(v := m.get(name, math.nan))), default=0.0)
                 for metrics in out.values():
                     if name in metrics:
                         metrics[f"{name}_share"] = metrics[name] / largest if largest > 0 else math.nan
+        measured = measured_heads(report)
+        if measured_only and measured is not None:  # an estimate is not compared as if it were an effect
+            for cell, metrics in out.items():
+                if cell not in measured:
+                    for name in ("zero_ablation", "mean_ablation", "zero_ablation_share", "mean_ablation_share"):
+                        metrics.pop(name, None)
         return out
 
     def placements(self) -> tuple[str, str]:
@@ -137,7 +139,8 @@ class Comparison:
         if _units_differ(self.a, self.b):
             names += [f"{n}_share" for n in ("zero_ablation", "mean_ablation") if n in skip]
         compared, compared_b = self._compared(self.a), self._compared(self.b)
-        spread = {n: _spread([m.get(n, math.nan) for m in compared.values()]) for n in names}
+        every = self._compared(self.a, measured_only=False)  # each metric's spread over all of A's heads
+        spread = {n: _spread([m.get(n, math.nan) for m in every.values()]) for n in names}
         out = []
         for ca, cb, _ in self.pairs:
             ma, mb = compared[ca], compared_b[cb]
@@ -377,13 +380,13 @@ def dead_heads(report: Report, share: float = DEAD_SHARE) -> set[Cell] | None:
     ablation effects); with :data:`ALIVE_SHARE`, the heads that are not alive. Of a report whose effects
     are mostly estimates, its measured heads alone (:func:`measured_heads`)."""
     measured = measured_heads(report)
-    effects = {(r.layer, r.head): r.metrics.get("zero_ablation", math.nan) for r in report.heads
-               if measured is None or (r.layer, r.head) in measured}
+    effects = {(r.layer, r.head): r.metrics.get("zero_ablation", math.nan) for r in report.heads}
     finite = [abs(v) for v in effects.values() if not math.isnan(v)]
-    if not finite:
+    if not finite or measured == set():
         return None
-    floor = share * max(finite)
-    return {cell for cell, v in effects.items() if not math.isnan(v) and abs(v) <= floor}
+    floor = share * max(finite)  # the largest of every head's effect, estimates too: one scale in both reports
+    return {cell for cell, v in effects.items()
+            if not math.isnan(v) and abs(v) <= floor and (measured is None or cell in measured)}
 
 
 def cell_name(cell: Cell) -> str:

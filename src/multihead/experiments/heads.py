@@ -36,7 +36,7 @@ def sweep(setting: Setting, tasks: dict[str, ExperimentTask], out: Path, device:
 
 def _fmt(values: list[float], digits: int = 3) -> str:
     m, s = mean_std(values)
-    return "—" if math.isnan(m) else f"{m:.{digits}f} ± {s:.{digits}f}"
+    return "—" if math.isnan(m) else f"{round(m, digits) + 0.0:.{digits}f} ± {s:.{digits}f}"  # never -0.000
 
 
 def _metric_values(records: list[RunRecord], key: str) -> list[float]:
@@ -183,7 +183,7 @@ def _one_vs_many_markdown(setting: Setting, runs, comparison, redundancy, many: 
     for name, c in comparison.items():
         assert runs[name][many][0].parameters == params[name]
         lines.append(f"| {name} | {params[name]:,} | {c['metric']} | {_fmt(c['one'])} | {_fmt(c['many'])} | "
-                     f"{c['advantage_of_many']:+.3f} | {c['t']:+.1f} |")
+                     f"{c['advantage_of_many']:+.3f} | {_t(c['t'])} |")
     for name, c in comparison.items():
         if "per_relation" in c:
             rels = list(c["per_relation"][1])

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from statistics import median
 
-from ..analysis.compare import ALIVE_SHARE, DEAD_SHARE, Comparison, dead_heads, pair_name
+from ..analysis.compare import ALIVE_SHARE, DEAD_SHARE, Comparison, dead_heads, measured_heads, pair_name
 from ..analysis.interventions.patching import Patching
 from ..analysis.labels import FLAG_RULES, LABEL_RULES, LONG_RANGE_HEAD, MARKS, RETRIEVAL_HEAD, SINK_HEAD, WINDOW_KEPT
 from ..analysis.report import Report
@@ -358,7 +358,10 @@ def comparison_text(c: Comparison, deltas: int = 10) -> str:
     if len(changes) > 30:
         lines.append(f"  ... and {len(changes) - 30} more (compare.json)")
     if dead_heads(c.a) is None or dead_heads(c.b) is None:
-        lines.append("\nheads died / appeared: needs ablation effects in both reports (analyze --ablation N)")
+        unmeasured = [name for name, r in ((c.a_name, c.a), (c.b_name, c.b)) if measured_heads(r) == set()]
+        lines.append(f"\nheads died / appeared: {', '.join(unmeasured)} measured no head's effect exactly (its "
+                     "effects are estimates: analyze --exact-ablation)" if unmeasured else
+                     "\nheads died / appeared: needs ablation effects in both reports (analyze --ablation N)")
     else:
         lines.append(f"\nheads died (removing them changed the objective by more than {ALIVE_SHARE:.0%} of A's largest "
                      f"effect, and by at most {DEAD_SHARE:.0%} of B's): "

@@ -38,9 +38,10 @@ def frozen_norm(norm: nn.Module, x: Tensor) -> tuple[Tensor, bool, float]:
         weight, bias = getattr(norm, "weight", None), getattr(norm, "bias", None)
         weight = weight.detach().float().cpu() if isinstance(weight, Tensor) else None
         bias = bias.detach().float().cpu() if isinstance(bias, Tensor) else None
+    stream = x.dtype  # the model's: a float16 model may keep its norm in float32
     x = x.float().cpu()
     if not bool(x.isfinite().all()):  # no form fits a stream of NaN: say what is wrong, not that the norm is unknown
-        raise NotFiniteError.of("the residual stream at the final norm", dtype)
+        raise NotFiniteError.of("the residual stream at the final norm", stream if stream.is_floating_point else dtype)
     if dtype.is_floating_point:
         x = x.to(dtype).float()  # (D,) what the norm itself is given: in bfloat16 already rounded
     # a centring norm ignores a constant added to every element, a scaling one does not: asked of the

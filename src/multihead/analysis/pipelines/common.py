@@ -74,7 +74,7 @@ def _one_head_count(model: HFModel, capture: AttentionCapture) -> None:
     for site, layer in capture.where:
         counts.setdefault(site.num_heads, []).append(layer)
     if len(counts) > 1:
-        most = max(counts, key=lambda n: len(counts[n]))
+        most = max(counts, key=lambda n: (len(counts[n]), n))  # a tie: the larger count is the unpruned one
         fewer = ", ".join(f"{n} in {_layers_named(layers)}" for n, layers in sorted(counts.items()) if n != most)
         raise UnsupportedModelError(
             f"{model.name}'s layers have different numbers of heads ({most} in most, {fewer}: pruned?); its heads "
