@@ -17,6 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..jsonable import read_json
+
 __all__ = ["KNOWN_MODELS", "KnownModel", "cache_dir", "model_path"]
 
 
@@ -138,13 +140,12 @@ def _convert_gguf(source: Path, known: KnownModel, target: Path) -> None:
 
 def _base_of(pruned: Path) -> str:
     """The base model a pruned folder's record names ("BASE" where it names none or cannot be read)."""
-    import json
-
     record = pruned / "pruned_heads.json"
     try:
         if record.stat().st_size > 1 << 20:  # a record is a few KB: nothing larger is read for a message
             return "BASE"
-        base = json.loads(record.read_text(encoding="utf-8")).get("base")
-    except (OSError, ValueError, AttributeError, RecursionError):
+        data = read_json(record, "a pruned model's record")  # ValueError for anything but JSON (a bomb too)
+    except (OSError, ValueError):
         return "BASE"
+    base = data.get("base") if isinstance(data, dict) else None
     return base if isinstance(base, str) and base else "BASE"
