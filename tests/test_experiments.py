@@ -97,6 +97,16 @@ def test_a_result_is_strict_json_and_says_what_t_a_difference_needs(tmp_path):
     assert _t(math.nan) == "n/a (one seed)" and _t(2.34) == "+2.3"
 
 
+def test_the_redundancy_plot_names_its_head_counts():
+    """Its x-axis read 2¹, 2², 2³ where the head counts are 2, 4, 8."""
+    from multihead.experiments.heads import _redundancy_figure
+
+    spread = {"js_mean": (0.5, 0.1), "js_min": (0.2, 0.1), "near_duplicate": (0.0, 0.0)}
+    fig = _redundancy_figure({"lm": {2: spread, 4: spread, 8: spread}})
+    for ax in fig.axes:
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "4", "8"]
+
+
 def _png(path):
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -119,6 +129,11 @@ def test_every_quick_experiment_writes_json_markdown_and_plots(tmp_path, capsys)
     assert set(heads["tasks"]["lm-hamlet"]["by_heads"]) == {"1", "4"}
     assert len(heads["tasks"]["sentiment"]["by_heads"]["4"]["values"]) == 2  # two seeds
     assert "Vaswani" in (out / "heads" / "result.md").read_text()
+    # the sweep's depth, and the task that keeps one layer whatever it is
+    assert "2 layers (multi-relation: 1 layer, by design)" in (out / "heads" / "result.md").read_text()
+    curve = json.loads((out / "prune-trained" / "result.json").read_text())["curves"]["multi-relation"]["4"]
+    assert curve["model"] == "4-head model" and curve["task"] == "multi-relation"  # its title: "4-head model: …"
+    assert "formed at step None" not in capsys.readouterr().err
     # one-vs-many and prune-trained reused the sweep's models: 3 tasks x 2 h x 2 seeds, no more
     assert len(list((out / "runs").glob("*.safetensors"))) == 12
     ovm = json.loads((out / "one-vs-many" / "result.json").read_text())

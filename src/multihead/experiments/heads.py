@@ -93,7 +93,10 @@ def _heads_markdown(setting: Setting, runs, tasks, summary) -> str:
     names = list(runs)
     head = "| h | d_k | " + " | ".join(f"{n}: {tasks[n].metric} {'↓' if tasks[n].lower_is_better else '↑'}"
                                        for n in names) + " | Vaswani d_k | Vaswani PPL ↓ | Vaswani BLEU ↑ |"
-    lines = [f"d_model = {setting.dim}, {setting.layers} layers, {setting.seeds} seeds per point (mean ± sample "
+    fixed = {n: t.layers for n, t in tasks.items() if getattr(t, "layers", setting.layers) != setting.layers}
+    depth = f"{setting.layers} layers" + "".join(f" ({n}: {k} layer{'s' if k > 1 else ''}, by design)"
+                                                  for n, k in fixed.items())
+    lines = [f"d_model = {setting.dim}, {depth}, {setting.seeds} seeds per point (mean ± sample "
              f"std), the same steps × batch for every h: " + ", ".join(f"{n} {setting.steps[n]} steps" for n in names)
              + f"; AdamW, peak lr {setting.lr:g}, warm-up 10% then cosine. Vaswani et al. 2017, Table 3 (A) is "
              "EN→DE translation at d_model = 512 (newstest2013 dev set).", "", head,
@@ -216,7 +219,9 @@ def _redundancy_figure(redundancy: dict):
             hs = sorted(by_h)
             ax.errorbar(hs, [by_h[h][key][0] for h in hs], yerr=[by_h[h][key][1] for h in hs], marker="o",
                         capsize=3, label=name)
+        hs = sorted({h for by_h in redundancy.values() for h in by_h})
         ax.set_xscale("log", base=2)
+        ax.set_xticks(hs, [str(h) for h in hs])  # the head counts themselves, not 2¹…2³
         ax.set_xlabel("heads h")
         ax.set_title(label, fontsize=9)
     axes[0].legend(fontsize=8)

@@ -201,7 +201,8 @@ def _train_tracked(data: RepeatedText, layers: int, heads: int, dim: int, steps:
     last = track["induction"][-1][-1]
     formed = next((s for s, ind in zip(track["step"], track["induction"], strict=True)
                    if max(ind[-1]) >= INDUCTION_THRESHOLD), None)
-    log(f"  {layers}-layer seed {seed}: best last-layer induction {max(last):.3f}, formed at step {formed}, "
+    when = f"formed at step {formed}" if formed is not None else f"no head reached {INDUCTION_THRESHOLD}"
+    log(f"  {layers}-layer seed {seed}: best last-layer induction {max(last):.3f}, {when}, "
         f"copy loss {track['copy_loss'][-1]:.3f} vs rest {track['rest_loss'][-1]:.3f}")
     return {"layers": layers, "seed": seed, "formed_at": formed, **track}
 

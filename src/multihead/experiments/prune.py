@@ -66,7 +66,7 @@ def run_prune_trained(setting: Setting, out: Path, device: str = "auto") -> Path
         for h in counts:
             _, model = trained_run(task, setting, h, 0, out / "runs", dev)
             layers = sum(isinstance(m, MultiHeadAttention) for m in model.modules())
-            adapter = _TrainedTask(model=_as_model(model, f"{name} h={h}", h, layers), name=name,
+            adapter = _TrainedTask(model=_as_model(model, f"{h}-head model", h, layers), name=name,
                                    metric_name=task.accuracy_key, task=task)
             curve = pruning_curve(adapter, steps=12, per_step=0.1)
             curves[name][h] = curve
