@@ -244,6 +244,56 @@ def offloaded(tmp_path_factory):
     return model
 
 
+def _tiny_mixtral(folder: Path) -> Path:
+    """A random Mixtral whose offloaded experts transformers writes out (its checkpoint's expert
+    weights are fused on loading, so they cannot be read in place)."""
+    import transformers
+
+    from test_architectures import _word_tokenizer
+
+    config = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=2,
+                                        num_experts_per_tok=1, max_position_embeddings=128, bos_token_id=1,
+                                        eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    transformers.MixtralForCausalLM(config).eval().save_pretrained(folder)
+    _word_tokenizer(64).save_pretrained(folder)
+    return folder
+
+
+def test_offloaded_weights_go_to_a_folder_of_their_own_and_go_with_the_model(tmp_path):
+    """accelerate wrote each offloaded weight as NAME.safetensors straight into the offload folder,
+    over a user's file of that name, and left them all there (a real model's gigabytes)."""
+    import gc
+
+    from multihead.jobs import offload_note
+
+    folder = _tiny_mixtral(tmp_path / "mix")
+    place = {"device_map": "auto", "max_memory": "cpu=70KB"}
+    new = tmp_path / "new" / "offload"  # not there: made, and removed again with the weights
+    model = mh.hf.load(folder, offload_folder=new, **place)
+    assert model.offloaded_to.parent == new and model.offloaded_to.name.startswith("multihead-offload-")
+    written = sorted(p.name for p in model.offloaded_to.iterdir())
+    assert written and "MiB of weights offloaded to" in offload_note(model)
+    text = "w5 w6 w7 w8"
+    want = [h.metrics for h in mh.analyze(model, [text], coreference=False, induction=False, progress=False).heads]
+    del model
+    gc.collect()
+    assert not (tmp_path / "new").exists()
+
+    user = tmp_path / "user"  # a folder of the user's, holding files of the names accelerate writes
+    user.mkdir()
+    mine = {name: f"the user's {name}".encode() for name in [*written, "index.json", "notes.txt"]}
+    for name, content in mine.items():
+        (user / name).write_bytes(content)
+    model = mh.hf.load(folder, offload_folder=user, **place)
+    got = [h.metrics for h in mh.analyze(model, [text], coreference=False, induction=False, progress=False).heads]
+    assert got == want  # the same weights read back
+    del model
+    gc.collect()
+    assert {p.name: p.read_bytes() for p in user.iterdir()} == mine  # untouched, and nothing left beside them
+
+
 def test_an_offloaded_modules_freed_weights_go_back_to_the_system_after_its_forward(offloaded, monkeypatch):
     """Each module whose weights accelerate swaps in gives the heap's freed pages back after its
     forward — once its hook has dropped the weights (every swapping module's are on meta when it

@@ -227,3 +227,31 @@ def test_device_and_dtype_on_the_command_line_replace_the_configs(tmp_path, caps
     assert run_cli(["train", str(path), "-q"], capsys)[0] == 0
     code, _, err = run_cli(["train", str(path), "--dtype", "bfloat16"], capsys)
     assert code == 2 and "its precision is 'float32', this config's 'bfloat16'" in err, err
+
+
+def test_a_run_logs_the_rate_each_step_used_and_says_what_a_rerun_trains(tmp_path, capsys):
+    """metrics.jsonl logged the rate after each step's update (step 0: the peak, not warm-up's
+    half; the last step 0.0); a finished run run again said "trained 6 steps"; a resumed run off a
+    terminal said nothing of resuming; raising `steps` changed the schedule without a word."""
+    from multihead.train import warmup_cosine
+
+    path = _config(tmp_path, "lr", steps=6, every=3)
+    path.write_text(path.read_text().replace("warmup = 5", "warmup = 2").replace("log_every = 5", "log_every = 1"))
+    code, out, err = run_cli(["train", str(path), "--device", "cpu"], capsys)
+    assert code == 0 and out.strip().splitlines()[-1].startswith("trained 6 steps: weights in "), out
+    logged = [json.loads(line) for line in (tmp_path / "lr" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == list(range(6))
+    for r in logged:
+        assert r["lr"] == pytest.approx(3e-3 * warmup_cosine(r["step"], 2, 6)), r
+    assert logged[0]["lr"] == pytest.approx(1.5e-3) and logged[-1]["lr"] > 0
+
+    code, out, err = run_cli(["train", str(path), "--device", "cpu"], capsys)
+    assert code == 0 and "nothing trained: " in out and "holds all 6 steps" in out, out
+    assert "holds all 6 steps: nothing to train" in err, err
+    path.write_text(path.read_text().replace("steps = 6", "steps = 10"))
+    code, out, err = run_cli(["train", str(path), "--device", "cpu"], capsys)
+    assert code == 0 and "trained steps 7-10 of 10 (resumed at step 6)" in out, out
+    assert "resuming " in err and "at step 6 of 10" in err, err
+    assert "was a run of 6 steps: its learning rate from step 6 on follows the schedule of 10 steps" in err, err
+    steps = [json.loads(line)["step"] for line in (tmp_path / "lr" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(10))

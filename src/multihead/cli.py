@@ -157,7 +157,7 @@ def _parser() -> argparse.ArgumentParser:
         where.add_argument("--max-memory", metavar="SPEC", help="with --device-map: memory per device, e.g. "
                            "'0=20GiB,cpu=60GiB'")
         where.add_argument("--offload-folder", metavar="DIR", help="with --device-map: where weights that fit "
-                           "nowhere else go")
+                           "nowhere else go (a folder of the run's own inside DIR, removed when it ends)")
 
     def out_flags(p: argparse.ArgumentParser, default: str, what: str = "an earlier result") -> None:
         p.add_argument("--out", default=default, help=f"output folder (default: ./{default})")
@@ -355,11 +355,18 @@ def _run_prune(args: argparse.Namespace) -> int:
 def _run_train(args: argparse.Namespace) -> int:
     from .jobs import train_job
 
-    config = train_job(args.config, force=args.force, device=args.device, dtype=args.dtype)
+    config, trained = train_job(args.config, force=args.force, device=args.device, dtype=args.dtype)
     if int(os.environ.get("RANK", "0")) == 0:  # one line for the run, not one a torchrun process
         weights = (f"weights in {config.out / 'checkpoint'}" if config.run.get("checkpoint_every", 0)
                    else "no checkpoint ([run] checkpoint_every = 0)")
-        print(f"trained {config.steps} steps: {weights}, loss and learning rate in {config.out / 'metrics.jsonl'}")
+        if not trained:
+            what = f"nothing trained: {config.out} holds all {config.steps} steps"
+        elif trained.start:
+            what = (f"trained steps {trained.start + 1}-{trained.stop} of {config.steps} (resumed at step "
+                    f"{trained.start})")
+        else:
+            what = f"trained {config.steps} steps"
+        print(f"{what}: {weights}, loss and learning rate in {config.out / 'metrics.jsonl'}")
     return 0
 
 

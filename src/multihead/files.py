@@ -11,6 +11,9 @@
   old or all new, and the temporary files of killed writers are removed.
 * A folder the writer created and could not fill (a full disk) is removed again: no empty or
   partial folder is left behind.
+* Scratch space inside a folder the user names (:func:`scratch_folder`: accelerate's offloaded
+  weights) is a new folder of this process's own, removed with what it made: a user's files there
+  are never written over.
 * Output folders are checked before the long work (:func:`check_output_folder`): ours, new or
   empty — anything else only with ``force`` — and really writable (a probe file is written and
   removed: ``/proc`` or a read-only mount fail at the door, not after an hour of analysis).
@@ -25,7 +28,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,7 +36,7 @@ from .jsonable import read_json
 from .stops import interrupted
 
 __all__ = ["MANIFEST", "OutputFolderError", "StagedFiles", "atomic_path", "check_output_folder", "check_writable",
-           "file_system", "recover", "umask_mode", "write_atomically"]
+           "file_system", "recover", "scratch_folder", "umask_mode", "write_atomically"]
 
 #: The commit manifest of a folder whose staged files are being renamed over their targets.
 MANIFEST = ".multihead-commit.json"
@@ -235,6 +238,31 @@ def check_writable(out: str | Path) -> None:
     finally:
         if probe_root is not None:
             shutil.rmtree(probe_root, ignore_errors=True)
+
+
+def scratch_folder(parent: str | Path, prefix: str) -> tuple[Path, Callable[[], None]]:
+    """A new, empty folder of this process's own inside ``parent`` (``parent`` and its missing
+    ancestors made), and the call that removes it with everything in it and the ancestors it made
+    that are empty then. What is written there can never meet a file the user keeps in ``parent``;
+    the call is safe to make twice."""
+    target = Path(os.path.abspath(parent))
+    made: list[Path] = []  # deepest first
+    missing = target
+    while not missing.exists() and missing != missing.parent:
+        made.append(missing)
+        missing = missing.parent
+    target.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=target))
+
+    def remove() -> None:
+        shutil.rmtree(scratch, ignore_errors=True)
+        for folder in made:
+            try:
+                folder.rmdir()  # only if empty: another process may have put something there since
+            except OSError:
+                break
+
+    return scratch, remove
 
 
 def recover(folder: str | Path) -> None:

@@ -36,7 +36,7 @@ from .io import (
     write_report_folder,
 )
 from .plotting import figure_png
-from .progress import step, warn
+from .progress import note, step, warn
 from .texts import InputError, check_texts, read_lines, read_text, readable_file
 from .train_config import TrainConfig, load_config
 
@@ -70,10 +70,26 @@ def load_model(name: str, placement: Placement | None = None) -> HFModel:
     # the imports' objects out of the full collections a load's allocations set off (four for SmolLM2)
     with step(f"loading {name}"), _named_by_flag(), old_objects_frozen():
         loaded = load(name, placement=placement)
+    if loaded.offloaded_to is not None:
+        note(offload_note(loaded))
     slow = slow_half_on_cpu(loaded)
     if slow:
         warn(slow)
     return loaded
+
+
+def offload_note(model: HFModel) -> str:
+    """Where a model loaded with an offload folder put its weights on disk, and that they go."""
+    folder = model.offloaded_to
+    assert folder is not None
+    written = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    if written:
+        return (f"{written / 2**20:,.1f} MiB of weights offloaded to {folder} (removed when the run ends; "
+                "nothing else in the folder is touched)")
+    if "disk" in (getattr(model.model, "hf_device_map", None) or {}).values():
+        return (f"the weights offloaded to disk are read in place from {model.name}'s own safetensors files: "
+                "nothing is written to --offload-folder")
+    return "no weight is offloaded to disk (the model fits in --max-memory): nothing is written to --offload-folder"
 
 
 def slow_half_on_cpu(model: HFModel) -> str:
@@ -97,12 +113,20 @@ def slow_half_on_cpu(model: HFModel) -> str:
             f"here")
 
 
-def check_placement(placement: Placement | None) -> None:
+def check_placement(placement: Placement | None, out: str | None = None) -> None:
     """What of ``placement`` is wrong on any machine (:meth:`~multihead.hf.placement.Placement.check`,
-    no torch), as an InputError naming the flag — asked before anything loads."""
-    if placement is not None:
-        with _named_by_flag():
-            placement.check()
+    no torch), as an InputError naming the flag — asked before anything loads. ``out``: the run's
+    output folder, which must not hold the offload folder (a report's folder holds the report alone:
+    weights in it would make the write refuse it after the whole run)."""
+    if placement is None:
+        return
+    with _named_by_flag():
+        placement.check()
+    if out is not None and placement.offload_folder is not None:
+        offload, report = Path(placement.offload_folder).resolve(), Path(out).resolve()
+        if offload == report or report in offload.parents:
+            raise InputError(f"--offload-folder {placement.offload_folder} is inside --out {out}, the folder the "
+                             "results go to: choose an offload folder outside it")
 
 
 def check_device(placement: Placement | None) -> None:
@@ -160,7 +184,7 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
     whose every head is ablated (default :data:`ABLATION_TEXTS`): exactly for the tested heads, by
     attribution for the others unless ``exact_ablation``."""
     ablation = ABLATION_TEXTS if ablation is None else ablation
-    check_placement(placement)
+    check_placement(placement, out)
     notes: list[str] = []
     parses: Any = None
     if what_if is not None:
@@ -325,7 +349,7 @@ def patch_job(*, model: str = "smollm2", example: str | None = None, clean: str 
               method: str = "exact", out: str = "multihead-patch", force: bool = False,
               placement: Placement | None = None) -> tuple[Patching, HFModel, Path, dict[str, str]]:
     """``multihead patch``: every head patched from the clean run into the corrupt one."""
-    check_placement(placement)
+    check_placement(placement, out)
     given = {"clean": clean, "corrupt": corrupt, "answer": answer, "wrong": wrong}
     if example:
         if any(v is not None for v in given.values()):
@@ -427,12 +451,15 @@ def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10
     return job
 
 
-def train_job(config: str, *, force: bool = False, device: str | None = None, dtype: str = "auto") -> TrainConfig:
+def train_job(config: str, *, force: bool = False, device: str | None = None,
+              dtype: str = "auto") -> tuple[TrainConfig, range]:
     """``multihead train``: the config checked (every section's keys; ``device`` and ``dtype``
     replacing its ``[run] device`` and ``precision``), the run's folder claimed before anything is
-    written, the run trained or resumed; returns the config it ran."""
+    written, the run trained or resumed; returns the config it ran and the steps this call trained
+    (empty for a run that had all its steps)."""
     config = load_config(config, force=force, device=device, dtype=dtype)
     from .train import train
 
-    train(config)
-    return config
+    done: list[int] = []  # the steps done after each step of this call (rank 0)
+    train(config, on_step=done.append)
+    return config, range(done[0] - 1, done[-1]) if done else range(0)

@@ -57,6 +57,7 @@ from .files import atomic_path, check_writable, umask_mode, write_atomically
 from .hf.placement import resolve_device
 from .jsonable import read_json
 from .models import DecoderLM, ModelConfig
+from .progress import bar, warn
 from .stops import end_rank
 from .train_config import TrainConfig, load_config
 
@@ -148,7 +149,12 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
         monitor = GradientMonitor(model, c.out / "grads.jsonl")
     if rank == 0:
         c.out.mkdir(parents=True, exist_ok=True)
+        planned = _recorded_steps(c.out) if start else None  # what the run was planned for, before the record
         _start_log(c, start)
+        if planned is not None and planned != c.steps and start < c.steps:
+            warn(f"train: {c.out} was a run of {planned} steps: its learning rate from step {start} on follows "
+                 f"the schedule of {c.steps} steps (warm-up, then cosine to 0 at step {c.steps}), not the one its "
+                 "first steps followed")
     writer = None
     if rank == 0 and c.run.get("tensorboard"):
         try:  # optional: TensorBoard when installed, JSONL always
@@ -159,11 +165,11 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
             writer = SummaryWriter(str(c.out / "tensorboard"))
     log_every, ckpt_every = int(c.run.get("log_every", 10)), int(c.run.get("checkpoint_every", 0))
     model.train()
-    from .progress import bar, note, warn
     from .stops import interrupted
 
-    if rank == 0 and start:
-        note(f"train: resuming {c.out} from its checkpoint at step {start} of {c.steps}")
+    if rank == 0 and start:  # said at once: a short run off a terminal would drop a held line
+        warn(f"train: resuming {c.out} from its checkpoint at step {start} of {c.steps}" if start < c.steps
+             else f"train: {c.out} holds all {c.steps} steps: nothing to train (raise steps to train on)")
     # rank 0's progress as every command's: a bar on a terminal, a line with the time left off one (--quiet: none)
     steps = bar(range(start, c.steps), desc="train", unit="step", initial=start, total=c.steps,
                 progress=None if rank == 0 else False)
@@ -178,15 +184,16 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
             loss.backward()
             if monitor is not None:
                 monitor.step(step)
+            lr = sched.get_last_lr()[0]  # the rate this step's update uses (sched.step() sets the next one's)
             opt.step()
             sched.step()
             if rank == 0 and (step % log_every == 0 or step == c.steps - 1):
                 with (c.out / "metrics.jsonl").open("a", encoding="utf-8") as f:
-                    record = {"step": step, "loss": round(loss.item(), 6), "lr": sched.get_last_lr()[0]}
+                    record = {"step": step, "loss": round(loss.item(), 6), "lr": lr}
                     f.write(json.dumps(record) + "\n")
                 if writer is not None:
                     writer.add_scalar("loss", loss.item(), step)
-                    writer.add_scalar("lr", sched.get_last_lr()[0], step)
+                    writer.add_scalar("lr", lr, step)
             if ckpt_every and ((step + 1) % ckpt_every == 0 or step + 1 == c.steps):
                 if fsdp:  # every rank takes part in gathering the full weights; rank 0 writes them
                     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -361,6 +368,15 @@ def _resume(ckpt: Path, model, opt, sched) -> int:
     except (EOFError, OSError, RuntimeError, ValueError, KeyError, TypeError, pickle.UnpicklingError) as err:
         refuse(ckpt / "state.pt", err)
     raise AssertionError("unreachable")
+
+
+def _recorded_steps(out: Path) -> int | None:
+    """The steps the run in ``out`` was started (or last resumed) for, from its record."""
+    try:
+        steps = read_json(out / RUN_FILE, "a multihead run's record").get("steps")
+    except (ValueError, OSError):
+        return None
+    return steps if isinstance(steps, int) else None
 
 
 def _start_log(c: TrainConfig, start: int) -> None:

@@ -7,11 +7,13 @@ import logging
 import os
 import pickle
 import warnings
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from ..files import scratch_folder
 from .halflinear import raise_half_linears
 from .model import HFModel
 from .paths import KNOWN_MODELS, model_path
@@ -69,12 +71,44 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
     where, _ = resolve(placement, config)
     if "max_memory" in where:
         _check_room(config, where, shown)
+    offloaded_to, remove_offloaded = None, None
+    if "offload_folder" in where:
+        # accelerate writes a weight's file over whatever of that name the folder holds: the weights
+        # go to a new folder of this process's own inside it, removed with the model (or at exit)
+        offloaded_to, remove_offloaded = scratch_folder(where["offload_folder"], "multihead-offload-")
+        where["offload_folder"] = str(offloaded_to)
+    try:
+        model = _from_pretrained(loader, path, where, placement, shown)
+    except BaseException:
+        if remove_offloaded is not None:
+            remove_offloaded()
+        raise
+    if remove_offloaded is not None:
+        # when the model goes, or at the interpreter's exit (the CLI leaves through it on a signal too)
+        weakref.finalize(model, remove_offloaded)
+    sites = find_sites(model)  # one line naming the architecture when its attention cannot be seen exactly
+    stack = _stack(model, sites)
+    tokenizer, processor = None, None
+    if stack == "vision":  # images in, through the folder's image processor
+        processor = _image_processor(path)
+    else:
+        _check_tokenizer(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if tokenizer.pad_token is None:  # decoders often ship without one; padding is masked anyway
+            tokenizer.pad_token = tokenizer.eos_token
+    loaded = _wrapped(model, tokenizer, sites, stack, name=shown, path=path, processor=processor)
+    loaded.offloaded_to = offloaded_to
+    return loaded
+
+
+def _from_pretrained(loader: Any, path: Path, where: dict[str, Any], placement: Placement, shown: str) -> Any:
+    """``loader.from_pretrained(path, **where)`` in eval mode, its failures as one ValueError line."""
     try:
         # torch's note on a pickle's protocol precedes our own line on it; accelerate's note that
         # offloaded weights sit on the meta device is what offloading means (the placement says so)
         with warnings.catch_warnings(), _quiet("accelerate.big_modeling"):
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            model = loader.from_pretrained(path, **where).eval()
+            return loader.from_pretrained(path, **where).eval()
     except ValueError as err:  # accelerate's word for a map that leaves weights nowhere
         if "offload" not in str(err):
             raise
@@ -86,17 +120,6 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
         if type(err).__name__ != "SafetensorError":
             raise
         raise ValueError(_weights_problem(path, err)) from err
-    sites = find_sites(model)  # one line naming the architecture when its attention cannot be seen exactly
-    stack = _stack(model, sites)
-    tokenizer, processor = None, None
-    if stack == "vision":  # images in, through the folder's image processor
-        processor = _image_processor(path)
-    else:
-        _check_tokenizer(path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        if tokenizer.pad_token is None:  # decoders often ship without one; padding is masked anyway
-            tokenizer.pad_token = tokenizer.eos_token
-    return _wrapped(model, tokenizer, sites, stack, name=shown, path=path, processor=processor)
 
 
 def wrap(model: Any, tokenizer: Any, *, name: str, path: Path | None = None, processor: Any = None) -> HFModel:

@@ -44,6 +44,9 @@ class HFModel:
     max_positions: int | None
     #: a vision model's image processor (its ``tokenizer`` is then None)
     processor: Any = None
+    #: the folder of this process's own where accelerate wrote the weights offloaded to disk (inside
+    #: the ``offload_folder`` the user named; removed with the model, or at exit); None without one
+    offloaded_to: Path | None = None
 
     @property
     def body(self) -> nn.Module:
