@@ -67,7 +67,8 @@ def test_auto_is_float32_on_the_cpu_and_a_missing_device_is_named():
     config.torch_dtype = torch.bfloat16  # a checkpoint saved in bfloat16: still float32 on a CPU
     assert resolve_dtype("auto", torch.device("cpu"), config) == torch.float32
     assert resolve_dtype("bfloat16", torch.device("cpu"), config) == torch.bfloat16
-    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("cpu") == resolve_device("cpu:0") == torch.device("cpu")  # torch's name for it too
+    assert resolve_dtype("float64", torch.device("cpu"), config) == torch.float64  # the reference, by name too
     if not torch.cuda.is_available():
         assert resolve_device("auto").type in ("cpu", "mps")
         with pytest.raises(PlacementError, match="sees no CUDA GPU on this machine; use cpu"):

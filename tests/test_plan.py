@@ -389,3 +389,20 @@ def test_a_long_texts_trace_runs_its_first_and_last_chunks_and_plans_as_the_whol
         assert (edges.end_of_batch, edges.chunk, edges.weights) == (whole.end_of_batch, whole.chunk, whole.weights)
         assert abs(edges.forward - whole.forward) <= 0.02 * whole.forward, (edges, whole)
         assert abs(edges.total - whole.total) <= 0.02 * whole.total, (edges, whole)
+
+
+def test_the_plan_takes_dtypes_and_devices_as_load_takes_them():
+    """plan(device="gpu") raised torch's "Expected one of cpu, cuda, ipu, xpu, …"; dtype=torch.int8
+    transformers' error ten frames deep; dtype="auto", which load takes, was refused; "cpu:0",
+    which plan took, load refused."""
+    config = LlamaConfig(**{**LLAMA_3_8B, "hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8,
+                            "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1000})
+    for wrong, words in (({"device": "gpu"}, "device 'gpu' is not a device: expected auto, cpu, cuda, cuda:N or mps"),
+                         ({"dtype": torch.int8}, "dtype torch.int8 is not one multihead runs models in"),
+                         ({"dtype": "bf16"}, "dtype 'bf16' is not one of auto, float32, bfloat16, float16")):
+        with pytest.raises(ValueError, match="^" + words.replace("(", r"\(").replace(")", r"\)")):
+            mh.analysis.plan(config, 256, **wrong)
+    assert mh.analysis.plan(config, 256, dtype="auto", device="cpu:0").dtype == "float32"
+    cpu = mh.analysis.plan(config, 256, dtype="float64", device="cpu:0")
+    assert cpu.device == "cpu" and cpu.dtype == "float64"
+    assert mh.analysis.plan(config, 256, dtype=torch.bfloat16, device="cuda", available="80GB").dtype == "bfloat16"

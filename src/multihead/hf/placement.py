@@ -113,7 +113,7 @@ class Placement:
 
 
 #: The devices a user may name (``cuda:N`` any index): what :func:`resolve_device` then looks for.
-_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+_DEVICE = re.compile(r"^(auto|cpu(:0)?|mps|cuda(:\d+)?)$")
 
 
 def _device_form(text: str) -> None:
@@ -137,6 +137,8 @@ def resolve_device(name: str | Any) -> Any:
             return torch.device("mps")
         return torch.device("cpu")
     device = torch.device(text)
+    if device.type == "cpu":
+        return torch.device("cpu")  # cpu:0 is the CPU (a model's tensors say "cpu")
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
@@ -181,6 +183,42 @@ def auto_dtype(config: Any, *, accelerated: bool) -> Any:
     return chosen if chosen in (torch.float32, torch.bfloat16, torch.float16) else torch.float32
 
 
+def dtype_named(dtype: Any, config: Any = None, *, accelerated: bool) -> Any:
+    """``dtype`` — one of :data:`DTYPES`, a ``torch.dtype``, or float64 (the reference precision, by
+    name or dtype) — as the ``torch.dtype`` it names, whatever device is there (:func:`resolve_dtype`
+    then asks the device); ``auto``/None: the config's own on an accelerator (``accelerated``),
+    float32 on a CPU. PlacementError naming the choices otherwise."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        chosen = dtype
+    elif dtype is None or dtype == "auto":
+        chosen = auto_dtype(config, accelerated=accelerated)
+    elif isinstance(dtype, str) and (dtype.removeprefix("torch.") in (*DTYPES, "float64")):
+        chosen = getattr(torch, dtype.removeprefix("torch."))
+    else:
+        raise PlacementError("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)} (or float64, the reference)")
+    if chosen not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise PlacementError("dtype", f"{chosen} is not one multihead runs models in: expected "
+                             f"{', '.join(DTYPES[1:])} (or float64, the reference)")
+    return chosen
+
+
+def device_named(device: Any) -> Any:
+    """``device`` (a name or a ``torch.device``) as a ``torch.device`` of a kind multihead runs models on,
+    whether or not this machine has it (a plan for a GPU elsewhere); PlacementError naming the forms."""
+    import torch
+
+    if isinstance(device, torch.device):
+        return device
+    text = str(device).strip()
+    _device_form(text)
+    if text == "auto":
+        return resolve_device(text)
+    device = torch.device(text)
+    return torch.device("cpu") if device.type == "cpu" else device  # cpu:0 is the CPU
+
+
 def resolve_dtype(dtype: Any, device: Any, config: Any = None, *, accelerated: bool | None = None) -> Any:
     """``dtype`` as a ``torch.dtype`` the device can run; ValueError naming the choices otherwise.
 
@@ -189,18 +227,7 @@ def resolve_dtype(dtype: Any, device: Any, config: Any = None, *, accelerated: b
     """
     import torch
 
-    on_accelerator = device.type != "cpu" if accelerated is None else accelerated
-    if isinstance(dtype, torch.dtype):
-        chosen = dtype
-    elif dtype is None or dtype == "auto":
-        chosen = auto_dtype(config, accelerated=on_accelerator)
-    elif isinstance(dtype, str) and dtype in DTYPES:
-        chosen = getattr(torch, dtype)
-    else:
-        raise PlacementError("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")
-    if chosen not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
-        raise PlacementError("dtype", f"{chosen} is not one multihead loads models in: expected "
-                             f"{', '.join(DTYPES[1:])}")
+    chosen = dtype_named(dtype, config, accelerated=device.type != "cpu" if accelerated is None else accelerated)
     if device.type == "cuda" and chosen == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         major, minor = torch.cuda.get_device_capability(device)
         raise PlacementError("dtype", "bfloat16 needs a GPU with bfloat16 units (compute capability 8.0, Ampere, or "
