@@ -1,6 +1,8 @@
 """Streaming capture: each layer's maps in chunks of query rows give the same per-head statistics
 as whole maps, for any chunk size and padding on either side, and the model's outputs do not change."""
 
+import re
+
 import hypothesis.strategies as st
 import pytest
 import torch
@@ -350,6 +352,7 @@ def test_cli_document_streams_one_long_text(tmp_path, capsys):
     code, out, err = run_cli(["analyze", "--file", str(doc), "--document", "--truncate", "--syntax", "off",
                               "--no-coreference", "--ablation", "0", "--out", str(tmp_path / "r")], capsys)
     assert code == 0 and "layer |" in out, err
+    assert re.search(r"1 text cut to the model's 512 positions \(text 1: [\d,]+ tokens, [\d,]+ dropped\)", err), err
     assert "Long context (512 tokens, streamed where a layer's map passes 24 MiB):" in out and "attention sinks" in out
     import json
 

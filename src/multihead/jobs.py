@@ -199,6 +199,9 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
         image_folder = None if images == "digits" else _folder(images, "--images")
     else:
         corpus, parses = _corpus(texts, file, document, conllu, sample)
+        if file and not document and not conllu and len(corpus) > len(texts) + 1:
+            # a long document's lines taken as texts run as many short passes, every text ablated and tested
+            note(f"--file: {len(corpus) - len(texts):,} texts, one a line (--document reads the file as one text)")
     refs: bool | list = not no_coreference
     examples = readable_file(coreference, "--coreference") if coreference else None
     targets = read_lines(target, "--target") if target else None
@@ -223,7 +226,7 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
 
         corpus = digit_images(sample) if image_folder is None else load_images(image_folder)
     from .analysis.pipelines.analyze import analyze
-    from .analysis.pipelines.common import process_group
+    from .analysis.pipelines.common import TooLongError, process_group
 
     with process_group() as rank:
         loaded = load_model(model, placement)
@@ -241,9 +244,12 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
             raise InputError(f"--target is for encoder-decoder models; {loaded.name} has one stack")
         if what_if and not loaded.is_causal:
             raise InputError(f"--what-if measures a causal language model's loss; {loaded.name} is not one")
-        report = analyze(loaded, corpus, batch_size=batch_size, truncate=truncate, parses=parses,
-                         coreference=refs, targets=targets, ablation=ablation, what_if=what_if, progress=None,
-                         exact_ablation=exact_ablation)
+        try:
+            report = analyze(loaded, corpus, batch_size=batch_size, truncate=truncate, parses=parses,
+                             coreference=refs, targets=targets, ablation=ablation, what_if=what_if, progress=None,
+                             exact_ablation=exact_ablation)
+        except TooLongError as err:
+            raise InputError(str(err.flagged("--truncate"))) from err
         if rank == 0:  # every rank holds the merged report; one writes it
             with step("writing the report and its page"):
                 write_report_folder(report, folder, force=force)

@@ -83,15 +83,19 @@ def bar(items: Iterable[T], *, desc: str, unit: str = "it", progress: bool | Non
         **options: Any) -> Iterable[T]:
     """``items``, with a tqdm bar on stderr while progress is shown on a terminal (``options`` go to
     tqdm), lines with the time left off one."""
+    weights = options.pop("weights", None)
     if enabled(progress) and not _state["terminal"]:
-        return _lines(items, desc, unit, options.get("total"), options.get("initial", 0))
+        return _lines(items, desc, unit, options.get("total"), options.get("initial", 0), weights)
     return tqdm(items, desc=desc, unit=unit, disable=not enabled(progress), file=sys.stderr, leave=False,
                 dynamic_ncols=True, **options)
 
 
-def _lines(items: Iterable[T], desc: str, unit: str, total: int | None, initial: int = 0) -> Iterator[T]:
+def _lines(items: Iterable[T], desc: str, unit: str, total: int | None, initial: int = 0,
+           weights: list[float] | None = None) -> Iterator[T]:
     """``items``, saying how far along they are in a line every :data:`EVERY` seconds, and when done;
-    ``initial``: how many of ``total`` were done before (a resumed run's steps)."""
+    ``initial``: how many of ``total`` were done before (a resumed run's steps); ``weights``: each
+    item's share of the work, where they differ (batches shortest first: a count's estimate of the
+    time left was half the time the longer last ones took)."""
     if total is None:
         total = len(items) if hasattr(items, "__len__") else None  # type: ignore[arg-type]
     start = last = time.perf_counter()
@@ -104,8 +108,12 @@ def _lines(items: Iterable[T], desc: str, unit: str, total: int | None, initial:
         done += 1
         now = time.perf_counter()
         if now - last >= EVERY and (total is None or done < total):
-            rate = (now - start) / (done - initial)  # seconds an item, of this run's
-            left = f", about {_duration(rate * (total - done))} left" if total else ""
+            if weights is not None and len(weights) == total and sum(weights[initial:done]) > 0:
+                rate = (now - start) / sum(weights[initial:done])  # seconds a unit of work
+                remaining = sum(weights[done:])
+            else:
+                rate, remaining = (now - start) / (done - initial), (total or 0) - done  # seconds an item
+            left = f", about {_duration(rate * remaining)} left" if total else ""
             _say(f"multihead: {desc}: {done}{of} {_plural(unit)} in {_duration(now - start)}{left}")
             last = now
     _say(f"multihead: {desc}: done in {_duration(time.perf_counter() - start)}")

@@ -59,6 +59,7 @@ from ..stats.syntax import SyntaxStatistics, relation_keys
 from ..stats.typical import TypicalTexts
 from .common import (
     all_ranks,
+    batch_work,
     check_finite,
     corpus_fingerprint,
     encode_corpus,
@@ -499,7 +500,8 @@ def collect_statistics(model: HFModel, texts: Sequence[str], *, batch_size: int 
         raise ValueError(f"parses must be a list of Parse or 'spacy'; got {parses!r}")
     if parses is not None and not isinstance(parses, str):
         parses = parses_for(texts, parses)
-    encoded = encode_corpus(model, texts, truncate=truncate, offsets=parses is not None)
+    encoded = encode_corpus(model, texts, truncate=truncate, offsets=parses is not None,
+                            say_cut=progress is not False)
     unknown = count_unknown_tokens(encoded.ids, model.tokenizer)
     with process_group():  # under torchrun: its ranks share the corpus (joined here when no group exists yet)
         return _collect(model, texts, encoded, unknown, batch_size=batch_size, progress=progress, parses=parses,
@@ -555,7 +557,8 @@ def _collect(model: HFModel, texts: list[str], encoded, unknown: UnknownTokens, 
         unknown=unknown, not_parsed=not_parsed)
     batches = text_batches(model, encoded, mine, batch_size, parses=parses)
     total = -(-len(mine) // batch_size)
-    run_pass(model, batches, corpus.reducers, budget=budget, chunk=chunk, progress=progress, total=total)
+    run_pass(model, batches, corpus.reducers, budget=budget, chunk=chunk, progress=progress, total=total,
+             work=batch_work(encoded, mine, batch_size))
     if sharded:
         merged = iter(all_ranks(corpus.reducers))
         for name in ("heads", "typical", "long", "redundancy", "syntax", "views"):

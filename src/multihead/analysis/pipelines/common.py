@@ -29,7 +29,7 @@ from ...hf.placement import NotFiniteError
 from ...hf.route import SummaryRequest, chunk_bytes
 from ...hf.sites import UnsupportedModelError
 from ...inputs import Batch, token_info
-from ...progress import bar, counted
+from ...progress import bar, counted, warn
 from ..stats import native, onepass
 from ..stats.base import Reducer, dispatch
 from ..stats.heads import kernel_key_sets
@@ -47,10 +47,23 @@ class Encoded:
     offsets: list[list[tuple[int, int]]] | None
 
 
+class TooLongError(ValueError):
+    """A text longer than the model's positions, read as one line: "text 3 has 12,000 tokens; …"."""
+
+    def __init__(self, what: str, index: int, tokens: int, limit: int, remedy: str = "truncate=True") -> None:
+        super().__init__(f"{what} {index + 1} has {tokens:,} tokens; the model takes at most {limit:,} (shorten it "
+                         f"or pass {remedy} to cut it there)")
+        self.what, self.index, self.tokens, self.limit = what, index, tokens, limit
+
+    def flagged(self, flag: str) -> TooLongError:
+        """The same error naming the command line's ``flag`` as the remedy."""
+        return TooLongError(self.what, self.index, self.tokens, self.limit, flag)
+
+
 def encode_corpus(model: HFModel, texts: Sequence[str], *, truncate: bool = False, offsets: bool = False,
-                  what: str = "text") -> Encoded:
-    """Token ids of every text; ValueError naming the first text longer than the model's positions
-    (unless ``truncate``: cut to them)."""
+                  what: str = "text", say_cut: bool = False) -> Encoded:
+    """Token ids of every text; :class:`TooLongError` naming the first text longer than the model's
+    positions (unless ``truncate``: cut to them, and with ``say_cut`` a line saying how much)."""
     tok = model.tokenizer
     limit = model.max_positions
     # verbose=False: transformers' own over-length notice would come before our one-line error.
@@ -60,10 +73,22 @@ def encode_corpus(model: HFModel, texts: Sequence[str], *, truncate: bool = Fals
     if limit and not truncate:
         for i, row in enumerate(ids):
             if len(row) > limit:
-                raise ValueError(f"{what} {i + 1} has {len(row)} tokens; the model takes at most {limit} "
-                                 "(shorten it or use truncate=True / --truncate)")
+                raise TooLongError(what, i, len(row), limit)
+    if limit and truncate and say_cut and any(len(row) == limit for row in ids):
+        _say_cut(tok, texts, limit, what)
     spans = [[tuple(o) for o in row] for row in encoding["offset_mapping"]] if offsets else None
     return Encoded(ids, spans)
+
+
+def _say_cut(tokenizer: Any, texts: Sequence[str], limit: int, what: str) -> None:
+    """One line on how much cutting texts to ``limit`` tokens dropped (whether a text at the limit was
+    longer, only its whole tokenization says)."""
+    lengths = [len(ids) for ids in tokenizer(list(texts), verbose=False)["input_ids"]]
+    cut = [(i, n) for i, n in enumerate(lengths) if n > limit]
+    if cut:
+        (i, n), more = cut[0], ", …" if len(cut) > 1 else ""
+        warn(f"{counted(len(cut), what)} cut to the model's {limit:,} positions ({what} {i + 1}: {n:,} tokens, "
+             f"{n - limit:,} dropped{more})")
 
 
 def _one_head_count(model: HFModel, capture: AttentionCapture) -> None:
@@ -133,11 +158,25 @@ def text_batches(model: HFModel, encoded: Encoded, indices: Sequence[int], batch
                     causal=model.is_causal)
 
 
+def batch_work(encoded: Encoded, indices: Sequence[int], batch_size: int) -> list[float]:
+    """Each of :func:`text_batches`' batches' share of a pass's work, roughly: its padded tokens, each
+    over a fixed cost and its keys (the projections and MLP per token, the attention per pair)."""
+    lengths = sorted(len(encoded.ids[i]) for i in indices)
+    return [float(len(rows) * rows[-1] * (rows[-1] + PAIR_WORK))
+            for rows in (lengths[s:s + batch_size] for s in range(0, len(lengths), batch_size))]
+
+
+#: A token's projections and MLP as the attention of this many keys, for :func:`batch_work`.
+PAIR_WORK = 1024
+
+
 def run_pass(model: HFModel, batches: Iterable[Batch], reducers: Sequence[Reducer], *,
              at: str | Sequence[str] | None = None, budget: int | None = None, chunk: int | None = None,
-             progress: bool | None = None, desc: str = "analyze", total: int | None = None) -> None:
+             progress: bool | None = None, desc: str = "analyze", total: int | None = None,
+             work: list[float] | None = None) -> None:
     """Run the model's base once over ``batches``, every chunk of every captured layer (``at``:
-    :func:`~multihead.hf.sites.select`) handed to every reducer."""
+    :func:`~multihead.hf.sites.select`) handed to every reducer; ``work``: each batch's share of it
+    (:func:`batch_work`), for the time left the progress lines estimate."""
     device = model.device
     if budget is None:  # maps above one chunk's bytes stream: on a CPU a larger one is slower, not faster
         budget = chunk_bytes(device)
@@ -146,7 +185,7 @@ def run_pass(model: HFModel, batches: Iterable[Batch], reducers: Sequence[Reduce
     capture = AttentionCapture(model.model, feed, at=at, chunk=chunk, budget=budget, transient=True)
     _one_head_count(model, capture)
     with capture, torch.inference_mode(), old_objects_frozen():
-        for batch in bar(batches, desc=desc, unit="batch", progress=progress, total=total):
+        for batch in bar(batches, desc=desc, unit="batch", progress=progress, total=total, weights=work):
             batch = batch.to(device)  # the maps are captured where the model runs: so are the tokens' flags
             for reducer in reducers:
                 reducer.begin_batch(batch)

@@ -50,8 +50,8 @@ def analyze_encoder_decoder(model: HFModel, texts: Sequence[str], targets: Seque
     shape = {stack: (len({s.layer for s in sites if s.stack == stack}),
                      max(s.num_heads for s in sites if s.stack == stack)) for stack in STACKS}
     tok = model.tokenizer
-    source = encode_corpus(model, texts, truncate=truncate).ids
-    target = encode_corpus(model, targets, truncate=truncate, what="target").ids
+    source = encode_corpus(model, texts, truncate=truncate, say_cut=True).ids
+    target = encode_corpus(model, targets, truncate=truncate, what="target", say_cut=True).ids
     unknown = count_unknown_tokens([*source, *target], tok)
     config = model.model.config
     start = next((t for t in (getattr(config, "decoder_start_token_id", None), tok.pad_token_id) if t is not None), 0)
