@@ -44,6 +44,8 @@ def test_max_memory_sizes_read_in_every_unit(number, unit):
     factor = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}[unit.lower()]
     assert parse_max_memory(f"cpu={number}{unit}") == {"cpu": number * factor}
     assert parse_max_memory({"cpu": f"{number} {unit}"}) == {"cpu": number * factor}
+    # bytes as a number, in the text form too (accelerate's dict takes them so)
+    assert parse_max_memory(f"cpu={number * factor}") == parse_max_memory({"cpu": number * factor})
 
 
 @pytest.mark.parametrize(("spec", "words"), [
@@ -52,6 +54,8 @@ def test_max_memory_sizes_read_in_every_unit(number, unit):
     ("0=1GiB", "names GPU 0, but this machine has no CUDA GPU"),
     ("tpu=1GiB", "cpu"),
     ("cpu=30MiB,cpu=40MiB", "gives 'cpu' a size twice"),  # once taken silently, the last one winning
+    ({"cpu": 0}, "max_memory cpu=0: a size must be a positive number of bytes; got 0"),
+    ("cpu=0", "a size must be a positive number of bytes; got 0"),
     ("1=2GiB,cuda:1=3GiB", "gives 'cuda:1' a size twice"),
 ])
 def test_a_wrong_max_memory_names_the_part_and_the_form(spec, words):
@@ -130,6 +134,18 @@ def test_a_device_maps_places_say_where_the_model_runs_when_every_weight_is_on_d
     assert mapped_places(SimpleNamespace(hf_device_map={"a": "cpu", "b": "disk"})) == "cpu + disk"
     assert mapped_places(SimpleNamespace(hf_device_map={"a": 0, "b": 1, "c": "cpu"})) == "cuda:0 + cuda:1 + cpu"
     assert mapped_places(SimpleNamespace(hf_device_map={"": "cpu"})) is None
+
+
+def test_a_device_map_dict_that_leaves_weights_out_or_names_no_module_is_refused(smollm2):
+    """transformers took {"model.layers.0": "cpu"} silently: the whole model on the CPU, no map."""
+    with pytest.raises(PlacementError, match=r"^device_map places no device for 263 of smollm2's weights "
+                                             r"\(model.embed_tokens.weight, …\): give every module a device \(such as "
+                                             r"\{'model': 'cpu', 'lm_head': 'cpu'\}\)"):
+        mh.hf.load("smollm2", device_map={"model.layers.0": "cpu"})
+    with pytest.raises(PlacementError, match=r"names 'model\.layer\.0', not a module of smollm2"):
+        mh.hf.load("smollm2", device_map={"model.layer.0": "cpu"})
+    whole = mh.hf.load("smollm2", device_map={"model": "cpu", "lm_head": "cpu"})
+    assert whole.placement == "float32 on cpu"  # every weight given a place (all the CPU: no dispatch)
 
 
 def test_conflicting_placements_are_refused_before_any_weight():

@@ -71,6 +71,8 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
     where, _ = resolve(placement, config)
     if "max_memory" in where:
         _check_room(config, where, shown)
+    if isinstance(where.get("device_map"), dict):
+        _check_covered(config, where, shown)
     offloaded_to, remove_offloaded = None, None
     if "offload_folder" in where:
         # accelerate writes a weight's file over whatever of that name the folder holds: the weights
@@ -201,6 +203,26 @@ def empty_model(config: Any, dtype: Any, *, base: bool = False) -> Any:
     with torch.device("meta"), warnings.catch_warnings(), _quiet("transformers.modeling_utils"):
         warnings.simplefilter("ignore")
         return auto.from_config(config, dtype=dtype).eval()
+
+
+def _check_covered(config: Any, where: dict, shown: str) -> None:
+    """One line when a device map given as a dict names no module of the model, or leaves some of
+    its weights without a device: transformers took such a map silently, the whole model on the CPU."""
+    empty = empty_model(config, where["dtype"])
+    modules = dict(empty.named_modules())
+    keys = [str(k) for k in where["device_map"]]
+    unknown = [k for k in keys if k and k not in modules]
+    if unknown:
+        raise PlacementError("device_map", f"names {', '.join(map(repr, unknown[:3]))}, not a module of {shown} "
+                             f"(its modules are named like {', '.join(repr(n) for n in list(modules)[1:3])}, …)")
+    if "" in keys:
+        return
+    left = [name for name, _ in empty.named_parameters()
+            if not any(name == k or name.startswith(k + ".") for k in keys)]
+    if left:
+        example = ", ".join(f"{name!r}: 'cpu'" for name, _ in empty.named_children())
+        raise PlacementError("device_map", f"places no device for {len(left):,} of {shown}'s weights ({left[0]}, …): "
+                             f"give every module a device (such as {{{example}}}), or use 'auto'")
 
 
 def _check_room(config: Any, where: dict, shown: str) -> None:

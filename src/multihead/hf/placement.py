@@ -298,12 +298,17 @@ def size_in_bytes(value: Any) -> int:
     """A size in bytes: a number of them (an int, or a float such as 24e9), or text such as ``"24GB"``,
     ``"20GiB"``, ``"500 MB"`` (units B, KB, MB, GB, TB in powers of 1,000, KiB … TiB in powers of 1,024);
     ValueError saying the form."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and 1 <= value < float("inf"):
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not 1 <= value < float("inf"):
+            raise ValueError(f"a size must be a positive number of bytes; got {value!r}")
         return int(value)  # 24e9 as well as 24 * 10**9
+    if isinstance(value, str) and value.strip().isdigit():  # "cpu=209715200": bytes, as the dict's 209715200
+        return size_in_bytes(int(value.strip()))
     match = _SIZE.match(str(value))
     unit = match["unit"].lower() if match else ""
     if match is None or unit not in _UNITS:
-        raise ValueError("expected a size such as 20GiB or 500MB (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+        raise ValueError("expected a size such as 20GiB or 500MB (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB) or a "
+                         "number of bytes")
     size = int(float(match["number"]) * _UNITS[unit])
     if size <= 0:
         raise ValueError("a size must be positive")
