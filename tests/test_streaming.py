@@ -123,6 +123,23 @@ def test_a_streamed_capture_equals_the_whole_maps_and_leaves_outputs_alone(name)
                 assert K == min(S, start + 3)
 
 
+def test_a_run_streams_every_chunk_however_many_a_plans_trace_would_leave_out():
+    """A plan's trace (meta) runs a layer's first and last TRACED_EDGE_CHUNKS chunks only; a run
+    on real tensors runs every one (once, for a day, it skipped those after the 48th)."""
+    from multihead.hf.route import TRACED_EDGE_CHUNKS
+
+    model = build("llama (GQA)")
+    batch = inputs("llama (GQA)", model, T=2 * TRACED_EDGE_CHUNKS + 24)  # that many chunks of one row
+    with mh.hf.AttentionCapture(model, lambda c: None), torch.no_grad():  # the layer whole
+        want = model(**batch).last_hidden_state
+    rows: dict[int, list[int]] = {}
+    with mh.hf.AttentionCapture(model, lambda c: rows.setdefault(c.layer, []).append(c.start), chunk=1), \
+            torch.no_grad():
+        got = model(**batch).last_hidden_state
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)  # float64
+    assert rows and all(starts == list(range(2 * TRACED_EDGE_CHUNKS + 24)) for starts in rows.values())
+
+
 @pytest.mark.parametrize("padded", [False, True])
 def test_a_causal_layers_chunks_take_as_many_rows_as_their_own_keys_fit(padded, monkeypatch):
     model = build("llama (GQA)")

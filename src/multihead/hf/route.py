@@ -824,7 +824,7 @@ def _chunks(site: AttentionSite, layer: int, readers: list[Attachment], query: T
         lasts = _row_last_keys(mask, T, S, query.device)
     start, done = 0, 0
     # on meta (a plan's trace) the chunks between the first and last TRACED_EDGE_CHUNKS are not run
-    between = T - TRACED_EDGE_CHUNKS * rows_per_chunk if query.device.type == "meta" else T
+    tracing, between = query.device.type == "meta", T - TRACED_EDGE_CHUNKS * rows_per_chunk
     while start < T:
         stop = min(T, start + rows_per_chunk)
         rows = None if mask is None else Rows(mask, start, T, S)  # this chunk's rows of the mask
@@ -842,7 +842,7 @@ def _chunks(site: AttentionSite, layer: int, readers: list[Attachment], query: T
                 break
             stop = start + fit
         done += 1
-        if done > TRACED_EDGE_CHUNKS and stop <= between:
+        if tracing and done > TRACED_EDGE_CHUNKS and stop <= between:  # never in a run: only meta has no values
             start = stop
             continue
         # the chunk's mask evaluated once, over its K keys: the kernel and the visible keys read the same tensor
