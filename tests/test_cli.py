@@ -393,10 +393,17 @@ def test_a_file_read_line_by_line_says_so_and_names_document(tmp_path, monkeypat
 
     monkeypatch.setattr(progress, "HOLD", 0.0)
     doc = tmp_path / "doc.txt"
-    doc.write_text("The cat sat on the mat.\nThe dog ran home.\n\nA bird flew by.\n", encoding="utf-8")
+    doc.write_text("The cat sat on the mat and\nlooked at the dog, which ran\nhome. A bird flew by\nand sang, then\n"
+                   "flew away.\n", encoding="utf-8")
     code, _, err = run_cli(["analyze", "--file", str(doc), "--ablation", "0", "--syntax", "off", "--no-coreference",
                             "--out", str(tmp_path / "r")], capsys)
-    assert code == 0 and "multihead: --file: 3 texts, one a line (--document reads the file as one text)" in err, err
+    assert code == 0 and ("multihead: --file: 5 texts, one a line, most of them ending mid-sentence (--document "
+                          "reads the file as one text)") in err, err
+    corpus = tmp_path / "corpus.txt"  # one sentence a line: the texts the user meant, nothing said
+    corpus.write_text("".join(f"Sentence number {i} ends here.\n" for i in range(6)), encoding="utf-8")
+    code, _, err = run_cli(["analyze", "--file", str(corpus), "--ablation", "0", "--syntax", "off",
+                            "--no-coreference", "--out", str(tmp_path / "c")], capsys)
+    assert code == 0 and "one a line" not in err, err
     code, _, err = run_cli(["analyze", "--file", str(doc), "--document", "--ablation", "0", "--syntax", "off",
                             "--no-coreference", "--out", str(tmp_path / "d")], capsys)
     assert code == 0 and "one a line" not in err, err

@@ -144,8 +144,21 @@ def test_a_device_map_dict_that_leaves_weights_out_or_names_no_module_is_refused
         mh.hf.load("smollm2", device_map={"model.layers.0": "cpu"})
     with pytest.raises(PlacementError, match=r"names 'model\.layer\.0', not a module of smollm2"):
         mh.hf.load("smollm2", device_map={"model.layer.0": "cpu"})
+    # a weight named by itself, as accelerate's own maps name those of a module it splits
+    named = {"model.embed_tokens.weight": "cpu", "model.layers": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu",
+             "lm_head": "cpu"}
+    assert mh.hf.load("smollm2", device_map=named).placement == "float32 on cpu"
     whole = mh.hf.load("smollm2", device_map={"model": "cpu", "lm_head": "cpu"})
     assert whole.placement == "float32 on cpu"  # every weight given a place (all the CPU: no dispatch)
+
+
+def test_an_offload_folder_that_is_a_broken_link_and_sizes_that_are_not_numbers_are_refused(tmp_path):
+    link = tmp_path / "off"
+    link.symlink_to(tmp_path / "gone")
+    with pytest.raises(PlacementError, match=r"offload_folder .*off is a link to .*gone, which is not there"):
+        Placement(device_map="auto", offload_folder=link).check()
+    with pytest.raises(PlacementError, match="expected a size such as 20GiB"):
+        parse_max_memory("cpu=²")  # a digit to str.isdigit, not a number
 
 
 def test_conflicting_placements_are_refused_before_any_weight():
@@ -309,6 +322,21 @@ def test_offloaded_weights_go_to_a_folder_of_their_own_and_go_with_the_model(tmp
     del model
     gc.collect()
     assert {p.name: p.read_bytes() for p in user.iterdir()} == mine  # untouched, and nothing left beside them
+
+    # a killed run's folder (SIGKILL, the OOM killer: no finalizer ran) is said, with its size, not removed
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = user / f"multihead-offload-{int(gone.stdout)}-abc"
+    stale.mkdir()
+    (stale / "w.safetensors").write_bytes(b"x" * 2**20)
+    model = mh.hf.load(folder, offload_folder=user, **place)
+    assert ("1 folder(s) of killed runs' offloaded weights (1.0 MiB) are left beside it, such as "
+            f"{stale}: remove them") in offload_note(model)
+    del model
+    gc.collect()
+    assert stale.is_dir() and set(p.name for p in user.iterdir()) == {*mine, stale.name}
 
 
 def test_an_offloaded_modules_freed_weights_go_back_to_the_system_after_its_forward(offloaded, monkeypatch):

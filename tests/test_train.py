@@ -247,11 +247,18 @@ def test_a_run_logs_the_rate_each_step_used_and_says_what_a_rerun_trains(tmp_pat
 
     code, out, err = run_cli(["train", str(path), "--device", "cpu"], capsys)
     assert code == 0 and "nothing trained: " in out and "holds all 6 steps" in out, out
-    assert "holds all 6 steps: nothing to train" in err, err
+    assert "holds 6 steps, all of the 6 this config asks for: nothing to train" in err, err
     path.write_text(path.read_text().replace("steps = 6", "steps = 10"))
     code, out, err = run_cli(["train", str(path), "--device", "cpu"], capsys)
     assert code == 0 and "trained steps 7-10 of 10 (resumed at step 6)" in out, out
     assert "resuming " in err and "at step 6 of 10" in err, err
     assert "was a run of 6 steps: its learning rate from step 6 on follows the schedule of 10 steps" in err, err
-    steps = [json.loads(line)["step"] for line in (tmp_path / "lr" / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(10))
+    logged = [json.loads(line) for line in (tmp_path / "lr" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == list(range(10))
+    for r in logged[6:]:  # the resumed steps at the 10-step schedule's rates, the first of them too (it was 0.0)
+        assert r["lr"] == pytest.approx(3e-3 * warmup_cosine(r["step"], 2, 10)), r
+    # fewer steps than the folder holds: nothing trained, and the record keeps its 10
+    path.write_text(path.read_text().replace("steps = 10", "steps = 4"))
+    code, out, err = run_cli(["train", str(path), "--device", "cpu"], capsys)
+    assert code == 0 and "holds 10 steps, all of the 4 this config asks for" in err, err
+    assert json.loads((tmp_path / "lr" / "run.json").read_text())["steps"] == 10

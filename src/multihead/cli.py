@@ -360,7 +360,7 @@ def _run_train(args: argparse.Namespace) -> int:
         weights = (f"weights in {config.out / 'checkpoint'}" if config.run.get("checkpoint_every", 0)
                    else "no checkpoint ([run] checkpoint_every = 0)")
         if not trained:
-            what = f"nothing trained: {config.out} holds all {config.steps} steps"
+            what = f"nothing trained: {config.out} holds all {config.steps} steps this config asks for"
         elif trained.start:
             what = (f"trained steps {trained.start + 1}-{trained.stop} of {config.steps} (resumed at step "
                     f"{trained.start})")

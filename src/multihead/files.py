@@ -36,7 +36,7 @@ from .jsonable import read_json
 from .stops import interrupted
 
 __all__ = ["MANIFEST", "OutputFolderError", "StagedFiles", "atomic_path", "check_output_folder", "check_writable",
-           "file_system", "recover", "scratch_folder", "umask_mode", "write_atomically"]
+           "file_system", "recover", "scratch_folder", "stale_scratch", "umask_mode", "write_atomically"]
 
 #: The commit manifest of a folder whose staged files are being renamed over their targets.
 MANIFEST = ".multihead-commit.json"
@@ -245,7 +245,7 @@ def scratch_folder(parent: str | Path, prefix: str) -> tuple[Path, Callable[[], 
     ancestors made), and the call that removes it with everything in it and the ancestors it made
     that are empty then. What is written there can never meet a file the user keeps in ``parent``;
     the call is safe to make twice."""
-    target = Path(os.path.abspath(parent))
+    target = Path(parent).resolve()  # as the checks saw it: a link's own folder, not a textual "link/.."
     made: list[Path] = []  # deepest first
     missing = target
     while not missing.exists() and missing != missing.parent:
@@ -263,6 +263,22 @@ def scratch_folder(parent: str | Path, prefix: str) -> tuple[Path, Callable[[], 
                 break
 
     return scratch, remove
+
+
+def stale_scratch(parent: str | Path, prefix: str) -> list[Path]:
+    """The folders :func:`scratch_folder` made in ``parent`` for processes of this machine that are gone
+    (killed before they could remove them: SIGKILL, the kernel's OOM killer). Said, not removed: a
+    folder on a shared disk may be another machine's process's of the same number."""
+    try:
+        found = list(Path(parent).glob(f"{prefix}*-*"))
+    except OSError:
+        return []
+    stale = []
+    for folder in found:
+        pid = folder.name.removeprefix(prefix).split("-", 1)[0]
+        if folder.is_dir() and pid.isascii() and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            stale.append(folder)
+    return stale
 
 
 def recover(folder: str | Path) -> None:

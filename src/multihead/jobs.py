@@ -25,8 +25,15 @@ from .analysis.probes.syntax import read_conllu, spacy_available
 from .analysis.report import Report
 from .collector import old_objects_frozen
 from .data import ARTICLE_SENTENCES, PATCHING_EXAMPLES, sample_sentences
-from .files import OutputFolderError, StagedFiles, check_output_folder, check_writable, write_atomically
-from .hf.placement import Placement, PlacementError, is_offloaded
+from .files import (
+    OutputFolderError,
+    StagedFiles,
+    check_output_folder,
+    check_writable,
+    stale_scratch,
+    write_atomically,
+)
+from .hf.placement import OFFLOAD_PREFIX, Placement, PlacementError, is_offloaded
 from .io import (
     check_compare_folder,
     check_patching_folder,
@@ -84,12 +91,19 @@ def offload_note(model: HFModel) -> str:
     assert folder is not None
     written = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
     if written:
-        return (f"{written / 2**20:,.1f} MiB of weights offloaded to {folder} (removed when the run ends; "
+        said = (f"{written / 2**20:,.1f} MiB of weights offloaded to {folder} (removed when the run ends; "
                 "nothing else in the folder is touched)")
-    if "disk" in (getattr(model.model, "hf_device_map", None) or {}).values():
-        return (f"the weights offloaded to disk are read in place from {model.name}'s own safetensors files: "
+    elif "disk" in (getattr(model.model, "hf_device_map", None) or {}).values():
+        said = (f"the weights offloaded to disk are read in place from {model.name}'s own safetensors files: "
                 "nothing is written to --offload-folder")
-    return "no weight is offloaded to disk (the model fits in --max-memory): nothing is written to --offload-folder"
+    else:
+        said = "no weight is offloaded to disk (the model fits in --max-memory): nothing is written to --offload-folder"
+    stale = stale_scratch(folder.parent, OFFLOAD_PREFIX)
+    if stale:
+        size = sum(f.stat().st_size for s in stale for f in s.rglob("*") if f.is_file())
+        said += (f"; {len(stale)} folder(s) of killed runs' offloaded weights ({size / 2**20:,.1f} MiB) are left "
+                 f"beside it, such as {stale[0]}: remove them")
+    return said
 
 
 def slow_half_on_cpu(model: HFModel) -> str:
@@ -199,9 +213,10 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
         image_folder = None if images == "digits" else _folder(images, "--images")
     else:
         corpus, parses = _corpus(texts, file, document, conllu, sample)
-        if file and not document and not conllu and len(corpus) > len(texts) + 1:
-            # a long document's lines taken as texts run as many short passes, every text ablated and tested
-            note(f"--file: {len(corpus) - len(texts):,} texts, one a line (--document reads the file as one text)")
+        if file and not document and not conllu and _wrapped(corpus[len(texts):]):
+            # a document's wrapped lines taken as texts: many short passes of broken sentences, each ablated and tested
+            note(f"--file: {len(corpus) - len(texts):,} texts, one a line, most of them ending mid-sentence "
+                 "(--document reads the file as one text)")
     refs: bool | list = not no_coreference
     examples = readable_file(coreference, "--coreference") if coreference else None
     targets = read_lines(target, "--target") if target else None
@@ -254,6 +269,19 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
             with step("writing the report and its page"):
                 write_report_folder(report, folder, force=force)
     return AnalyzeJob(report, loaded, folder, rank, notes)
+
+
+#: What a line that ends a sentence or a paragraph ends with (quotes and brackets after it aside).
+_SENTENCE_ENDS = tuple(".!?:;…。！？；：")
+
+
+def _wrapped(lines: Sequence[str]) -> bool:
+    """Whether ``lines`` look like a document's wrapped text rather than one text a line: five or more,
+    most of them ending mid-sentence."""
+    if len(lines) < 5:
+        return False
+    open_ended = sum(not line.rstrip().rstrip("\"'”’»)]").endswith(_SENTENCE_ENDS) for line in lines)
+    return open_ended > len(lines) / 2
 
 
 def _corpus(texts: Sequence[str], file: str | None, document: bool, conllu: str | None,

@@ -138,6 +138,12 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
     start = 0
     if resuming:
         start = _resume(ckpt, model, opt, sched)
+        # the rate of the step it resumes at, from this config's schedule: the checkpoint holds the rate its
+        # own schedule set (a run of more steps than the checkpoint's resumed at the old cosine's end, 0.0);
+        # for the same steps the same number, as LambdaLR forms it
+        for group, base in zip(opt.param_groups, sched.base_lrs, strict=True):
+            group["lr"] = base * sched.lr_lambdas[0](sched.last_epoch)
+        sched._last_lr = [group["lr"] for group in opt.param_groups]
     net = torch.nn.parallel.DistributedDataParallel(model) if distributed and not fsdp else model
     B = int(c.data["batch_size"])
     if B % world:
@@ -150,7 +156,8 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
     if rank == 0:
         c.out.mkdir(parents=True, exist_ok=True)
         planned = _recorded_steps(c.out) if start else None  # what the run was planned for, before the record
-        _start_log(c, start)
+        if start < c.steps:  # a run with nothing to train keeps its record (its steps) as it was
+            _start_log(c, start)
         if planned is not None and planned != c.steps and start < c.steps:
             warn(f"train: {c.out} was a run of {planned} steps: its learning rate from step {start} on follows "
                  f"the schedule of {c.steps} steps (warm-up, then cosine to 0 at step {c.steps}), not the one its "
@@ -169,7 +176,8 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
 
     if rank == 0 and start:  # said at once: a short run off a terminal would drop a held line
         warn(f"train: resuming {c.out} from its checkpoint at step {start} of {c.steps}" if start < c.steps
-             else f"train: {c.out} holds all {c.steps} steps: nothing to train (raise steps to train on)")
+             else f"train: {c.out} holds {start} steps, all of the {c.steps} this config asks for: nothing to train "
+             "(raise steps to train on)")
     # rank 0's progress as every command's: a bar on a terminal, a line with the time left off one (--quiet: none)
     steps = bar(range(start, c.steps), desc="train", unit="step", initial=start, total=c.steps,
                 progress=None if rank == 0 else False)

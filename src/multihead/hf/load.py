@@ -17,7 +17,7 @@ from ..files import scratch_folder
 from .halflinear import raise_half_linears
 from .model import HFModel
 from .paths import KNOWN_MODELS, model_path
-from .placement import Placement, PlacementError, give_back_swapped_weights, resolve
+from .placement import OFFLOAD_PREFIX, Placement, PlacementError, give_back_swapped_weights, resolve
 from .sites import find_sites, main_stack
 from .version import require_transformers
 
@@ -77,7 +77,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
     if "offload_folder" in where:
         # accelerate writes a weight's file over whatever of that name the folder holds: the weights
         # go to a new folder of this process's own inside it, removed with the model (or at exit)
-        offloaded_to, remove_offloaded = scratch_folder(where["offload_folder"], "multihead-offload-")
+        offloaded_to, remove_offloaded = scratch_folder(where["offload_folder"], OFFLOAD_PREFIX)
         where["offload_folder"] = str(offloaded_to)
     try:
         model = _from_pretrained(loader, path, where, placement, shown)
@@ -210,11 +210,13 @@ def _check_covered(config: Any, where: dict, shown: str) -> None:
     its weights without a device: transformers took such a map silently, the whole model on the CPU."""
     empty = empty_model(config, where["dtype"])
     modules = dict(empty.named_modules())
+    tensors = {name for name, _ in empty.state_dict(keep_vars=True).items()}  # accelerate's maps name some
     keys = [str(k) for k in where["device_map"]]
-    unknown = [k for k in keys if k and k not in modules]
+    unknown = [k for k in keys if k and k not in modules and k not in tensors]
     if unknown:
         raise PlacementError("device_map", f"names {', '.join(map(repr, unknown[:3]))}, not a module of {shown} "
-                             f"(its modules are named like {', '.join(repr(n) for n in list(modules)[1:3])}, …)")
+                             f"(its modules are named like {', '.join(repr(n) for n in list(modules)[1:3])}, …; "
+                             "a weight by its own name)")
     if "" in keys:
         return
     left = [name for name, _ in empty.named_parameters()

@@ -21,13 +21,17 @@ from typing import Any
 
 from ..files import check_writable
 
-__all__ = ["DEVICE_MAPS", "DTYPES", "NotFiniteError", "Placement", "PlacementError", "accelerate_device", "auto_dtype",
-           "execution_devices", "give_back_swapped_weights", "input_device", "is_offloaded", "mapped_places",
-           "mapped_weights", "memory_entries", "model_devices", "parse_max_memory", "resident_bytes", "resolve",
-           "resolve_device", "resolve_dtype", "swapped_weights_saved_by_name", "weights_of"]
+__all__ = ["DEVICE_MAPS", "DTYPES", "OFFLOAD_PREFIX", "NotFiniteError", "Placement", "PlacementError",
+           "accelerate_device", "auto_dtype", "device_named", "dtype_named", "execution_devices",
+           "give_back_swapped_weights", "input_device", "is_offloaded", "mapped_places", "mapped_weights",
+           "memory_entries", "model_devices", "parse_max_memory", "resident_bytes", "resolve", "resolve_device",
+           "resolve_dtype", "swapped_weights_saved_by_name", "weights_of"]
 
 #: The dtypes a model may be loaded in ("auto": see the module).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: The name of the folder of a process's own inside an ``offload_folder`` (then its pid and a random
+#: part): :func:`~multihead.files.scratch_folder`.
+OFFLOAD_PREFIX = "multihead-offload-"
 #: accelerate's strategies for a device map computed from the free memory.
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -104,6 +108,9 @@ class Placement:
         memory_entries(self.max_memory)
         if self.offload_folder is not None:
             folder = Path(self.offload_folder)
+            if folder.is_symlink() and not folder.exists():
+                raise PlacementError("offload_folder", f"{folder} is a link to {folder.readlink()}, which is not "
+                                     "there: give a folder")
             if folder.exists() and not folder.is_dir():
                 raise PlacementError("offload_folder", f"{folder} exists and is not a folder")
             try:
@@ -302,7 +309,7 @@ def size_in_bytes(value: Any) -> int:
         if not 1 <= value < float("inf"):
             raise ValueError(f"a size must be a positive number of bytes; got {value!r}")
         return int(value)  # 24e9 as well as 24 * 10**9
-    if isinstance(value, str) and value.strip().isdigit():  # "cpu=209715200": bytes, as the dict's 209715200
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():  # "cpu=209715200": bytes
         return size_in_bytes(int(value.strip()))
     match = _SIZE.match(str(value))
     unit = match["unit"].lower() if match else ""

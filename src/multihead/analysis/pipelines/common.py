@@ -35,8 +35,9 @@ from ..stats.base import Reducer, dispatch
 from ..stats.heads import kernel_key_sets
 from ..stats.longcontext import BINS
 
-__all__ = ["Encoded", "all_ranks", "check_finite", "corpus_fingerprint", "encode_corpus", "process_group",
-           "refuse_not_finite", "run_pass", "shard", "summary_request", "text_batches"]
+__all__ = ["Encoded", "TooLongError", "all_ranks", "batch_work", "check_finite", "corpus_fingerprint",
+           "encode_corpus", "process_group", "refuse_not_finite", "run_pass", "shard", "summary_request",
+           "text_batches"]
 
 
 @dataclass
@@ -74,20 +75,21 @@ def encode_corpus(model: HFModel, texts: Sequence[str], *, truncate: bool = Fals
         for i, row in enumerate(ids):
             if len(row) > limit:
                 raise TooLongError(what, i, len(row), limit)
-    if limit and truncate and say_cut and any(len(row) == limit for row in ids):
-        _say_cut(tok, texts, limit, what)
+    at_limit = [i for i, row in enumerate(ids) if len(row) == limit] if limit and truncate and say_cut else []
+    if at_limit:
+        _say_cut(tok, texts, at_limit, limit, what)
     spans = [[tuple(o) for o in row] for row in encoding["offset_mapping"]] if offsets else None
     return Encoded(ids, spans)
 
 
-def _say_cut(tokenizer: Any, texts: Sequence[str], limit: int, what: str) -> None:
-    """One line on how much cutting texts to ``limit`` tokens dropped (whether a text at the limit was
-    longer, only its whole tokenization says)."""
-    lengths = [len(ids) for ids in tokenizer(list(texts), verbose=False)["input_ids"]]
-    cut = [(i, n) for i, n in enumerate(lengths) if n > limit]
-    if cut:
-        (i, n), more = cut[0], ", …" if len(cut) > 1 else ""
-        warn(f"{counted(len(cut), what)} cut to the model's {limit:,} positions ({what} {i + 1}: {n:,} tokens, "
+def _say_cut(tokenizer: Any, texts: Sequence[str], cut: list[int], limit: int, what: str) -> None:
+    """One line on how much cutting texts ``cut`` (those at ``limit`` tokens) dropped: only their whole
+    tokenization says whether they were longer."""
+    longer = [(i, n) for i, n in zip(cut, map(len, tokenizer([texts[i] for i in cut], verbose=False)["input_ids"]),
+                                      strict=True) if n > limit]
+    if longer:
+        (i, n), more = longer[0], ", …" if len(longer) > 1 else ""
+        warn(f"{counted(len(longer), what)} cut to the model's {limit:,} positions ({what} {i + 1}: {n:,} tokens, "
              f"{n - limit:,} dropped{more})")
 
 
