@@ -159,6 +159,8 @@ CASES = [
     ("--file empty", ["analyze", "--file", "{tmp}/empty.txt"], "has no non-empty line"),
     ("--file huge", ["analyze", "--file", "{tmp}/huge.txt", "--out", "{tmp}/new"],
      "the model takes at most 512 (shorten it or pass --truncate to cut it there)"),
+    ("view --file huge", ["view", "--file", "{tmp}/huge.txt", "--out", "{tmp}/h.html"],
+     "the model takes at most 512 (view draws whole texts: shorten it)"),
     ("--out a file", ["analyze", "hi", "--out", "{tmp}/a-file"], "exists and is not a folder"),
     ("--out a foreign folder", ["analyze", "hi", "--out", "{tmp}/foreign"], "holds no earlier multihead report.json"),
     ("--out in /proc", ["analyze", "hi", "--out", "/proc/multihead-report"], "cannot be written"),
@@ -623,3 +625,16 @@ def test_files_a_library_writes_get_the_mode_every_other_output_gets(tmp_path):
         os.umask(old)
     for name in ("weights.bin", "record.json", "alone.bin"):
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o640, name
+
+
+def test_a_text_too_long_is_refused_with_the_remedy_the_caller_has(minilm):
+    """analyze can cut a text (truncate=True); text_views cannot, and once offered it anyway."""
+    import multihead as mh
+    from multihead.analysis.pipelines.common import TooLongError
+
+    long = "word " * 600
+    with pytest.raises(TooLongError, match=r"^text 1 has 602 tokens; the model takes at most 512 \(shorten it or "
+                                           r"pass truncate=True to cut it there\)$"):
+        mh.analyze(minilm, [long], coreference=False)
+    with pytest.raises(TooLongError, match=r"^text 1 has 602 tokens; the model takes at most 512 \(shorten it\)$"):
+        mh.analysis.text_views(minilm, [long])

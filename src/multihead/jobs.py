@@ -371,7 +371,8 @@ def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | No
     if loaded.max_positions:
         for i, n in enumerate(len(ids) for ids in encoded):
             if n > loaded.max_positions:
-                raise InputError(f"text {i + 1} has {n} tokens; the model takes at most {loaded.max_positions}")
+                raise InputError(f"text {i + 1} has {n:,} tokens; the model takes at most {loaded.max_positions:,} "
+                                 "(view draws whole texts: shorten it)")
     warn_unknown_tokens(count_unknown_tokens(encoded, loaded.tokenizer))  # as analyze does
     with step("drawing the page"):
         write_atomically(page, view_page(loaded, shown, found).rstrip("\n"))

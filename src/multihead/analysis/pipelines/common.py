@@ -51,9 +51,10 @@ class Encoded:
 class TooLongError(ValueError):
     """A text longer than the model's positions, read as one line: "text 3 has 12,000 tokens; …"."""
 
-    def __init__(self, what: str, index: int, tokens: int, limit: int, remedy: str = "truncate=True") -> None:
-        super().__init__(f"{what} {index + 1} has {tokens:,} tokens; the model takes at most {limit:,} (shorten it "
-                         f"or pass {remedy} to cut it there)")
+    def __init__(self, what: str, index: int, tokens: int, limit: int, remedy: str | None = "truncate=True") -> None:
+        cut = f" or pass {remedy} to cut it there" if remedy else ""
+        super().__init__(f"{what} {index + 1} has {tokens:,} tokens; the model takes at most {limit:,} (shorten "
+                         f"it{cut})")
         self.what, self.index, self.tokens, self.limit = what, index, tokens, limit
 
     def flagged(self, flag: str) -> TooLongError:
@@ -61,10 +62,11 @@ class TooLongError(ValueError):
         return TooLongError(self.what, self.index, self.tokens, self.limit, flag)
 
 
-def encode_corpus(model: HFModel, texts: Sequence[str], *, truncate: bool = False, offsets: bool = False,
+def encode_corpus(model: HFModel, texts: Sequence[str], *, truncate: bool | None = False, offsets: bool = False,
                   what: str = "text", say_cut: bool = False) -> Encoded:
     """Token ids of every text; :class:`TooLongError` naming the first text longer than the model's
-    positions (unless ``truncate``: cut to them, and with ``say_cut`` a line saying how much)."""
+    positions (unless ``truncate``: cut to them, and with ``say_cut`` a line saying how much; None: the
+    caller cannot cut, and the error does not offer it)."""
     tok = model.tokenizer
     limit = model.max_positions
     # verbose=False: transformers' own over-length notice would come before our one-line error.
@@ -74,7 +76,7 @@ def encode_corpus(model: HFModel, texts: Sequence[str], *, truncate: bool = Fals
     if limit and not truncate:
         for i, row in enumerate(ids):
             if len(row) > limit:
-                raise TooLongError(what, i, len(row), limit)
+                raise TooLongError(what, i, len(row), limit, None if truncate is None else "truncate=True")
     at_limit = [i for i, row in enumerate(ids) if len(row) == limit] if limit and truncate and say_cut else []
     if at_limit:
         _say_cut(tok, texts, at_limit, limit, what)

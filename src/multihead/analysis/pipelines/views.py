@@ -31,7 +31,7 @@ def text_views(model: HFModel, texts: Sequence[str], *, long: int = LONG_TEXT, t
     and flow for short ones, solved when asked). Texts longer than the model's positions are refused."""
     model = require_loaded(model, "text_views")
     texts = check_texts(texts)
-    encoded = encode_corpus(model, texts)
+    encoded = encode_corpus(model, texts, truncate=None)  # no cutting here: the error says shorten it
     views = TextViews(model.num_layers, model.num_heads, dict(enumerate(texts)), model.tokenizer, long=long,
                       top_k=top_k)
     run_pass(model, text_batches(model, encoded, range(len(texts)), 1), [views], chunk=chunk, desc="views",
