@@ -192,10 +192,10 @@ def test_cli_patch_writes_the_map_and_its_page(tmp_path, capsys):
     code, stdout, stderr = run_cli(["patch", "--example", "capital", "--method", "attribution", "--out", str(out)],
                                    capsys)
     assert code == 0, stderr
-    assert "share of the clean-vs-corrupt logit difference restored" in stdout and "top: L" in stdout
+    assert "share of the clean-vs-corrupt logit difference restored" in stdout and "restore most: L" in stdout
     assert "direct logit attribution" in stdout
     saved = json.loads((out / "patching.json").read_text())
-    assert saved["model"] == "smollm2" and len(saved["restored"]) == 30 and len(saved["restored"][0]) == 9
+    assert saved["model"] == "smollm2" and saved["placement"] == "float32 on cpu" and len(saved["restored"]) == 30 and len(saved["restored"][0]) == 9
     page = (out / "patching.html").read_text()
     assert "Content-Security-Policy" in page and "France" in page and "<script" not in page
     code, _, stderr = run_cli(["patch", "--clean", "<b>x</b> is", "--corrupt", "y is", "--answer", " a",
@@ -272,6 +272,15 @@ def test_changes_within_the_logits_rounding_are_drawn_as_nothing():
     page = patching_page(half, "smollm2")
     assert page.count(">·</td>") == 4 and ">+0.935</td>" in page and ">-0.052</td>" in page
     assert "(within rounding)" in page and "·: a change under ±0.62 logits, within bfloat16" in page
+    # the heads listed as restoring most: those the map shows, restoring (L1.H1's +0.022 is rounding,
+    # L1.H2 moves the other way); they were ranked over every cell, the hidden ones too
+    assert half.top() == [((0, 2), pytest.approx(12.5 / 13.375))]
+    assert "restore most: L0.H2 +0.935" in patching_table(half) or "restore most: L0.H2 +0.935" in \
+        patching_text(half, "smollm2", " Paris", " Rome")
+    assert "<p>Restore most: L0.H2 +0.935</p>" in page
+    against = torch.tensor([[0.0625, -0.0625, -12.5], [0.0, 0.3, -0.7]])  # beyond the rounding: away only
+    assert Patching(**{**given, "change": against}, resolution=0.62, dtype="bfloat16").top_words() == \
+        "restore most: no head restores a share beyond the logits' rounding"
     wide = Patching(**given)  # float32: its resolution 1e-4, every number its own
     rows = [line.split("|")[1].split() for line in patching_table(wide).splitlines() if line[:5].strip().isdigit()]
     assert rows == [["+0.005", "-0.005", "+0.935"], [".", "+0.022", "-0.052"]]

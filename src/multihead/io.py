@@ -69,15 +69,18 @@ def check_patching_folder(out: str | Path, *, force: bool = False) -> Path:
     return check_output_folder(out, schema=PATCHING_SCHEMA, marker="patching.json", force=force)
 
 
-def write_patching_folder(result: Patching, out: str | Path, *, model: str, force: bool = False) -> list[Path]:
+def write_patching_folder(result: Patching, out: str | Path, *, model: str, force: bool = False,
+                          placement: str | None = None) -> list[Path]:
     """Write ``patching.json`` and ``patching.html`` into ``out`` together (an earlier patching
-    folder is replaced; any other non-empty folder only with ``force``)."""
+    folder is replaced; any other non-empty folder only with ``force``); ``placement``: where and in
+    what precision the model ran ("bfloat16 on cpu + disk (device map)"), recorded as a report's is."""
     from .render.patching import patching_page  # its figures: matplotlib, when written
 
     folder = check_patching_folder(out, force=force)
     with StagedFiles() as staged:
         staged.folder(folder)
-        staged.stage(folder / "patching.json", json.dumps({**result.to_dict(), "model": model}, indent=1))
+        where = {"placement": placement} if placement else {}
+        staged.stage(folder / "patching.json", json.dumps({**result.to_dict(), "model": model, **where}, indent=1))
         staged.stage(folder / "patching.html", patching_page(result, model).rstrip("\n"))
         return staged.commit()
 

@@ -400,7 +400,7 @@ def patch_job(*, model: str = "smollm2", example: str | None = None, clean: str 
     loaded = load_model(model, placement)
     with step(f"patching every head of {loaded.name} ({method})"):
         result = patch(loaded, given["clean"], given["corrupt"], given["answer"], given["wrong"], method=method)
-    write_patching_folder(result, folder, model=loaded.name, force=force)
+    write_patching_folder(result, folder, model=loaded.name, force=force, placement=loaded.placement)
     return result, loaded, folder, given
 
 

@@ -94,8 +94,8 @@ def patching_page(result: Patching, model: str) -> str:
     if why is None:
         parts.append(_map(result.restored, f"Share of the gap restored {result.how()} (its output before W^O, "
                                            "every position)", noise, rounding, SHARE_COLOURS))
-        top = ", ".join(f"L{layer}.H{h} {v:+.3f}" for (layer, h), v in result.top(5))
-        parts.append(f"<p>Top 5: {escape(top)}</p>")
+        words = result.top_words(5)
+        parts.append(f"<p>{escape(words[:1].upper() + words[1:])}</p>")
         if result.small_gap() is not None:
             parts.append(f"<p><strong>Note:</strong> {escape(result.small_gap())}</p>")
     else:

@@ -338,7 +338,7 @@ def patching_table(result: Patching) -> str:
             f"{float(v):+.3f}" if abs(float(v)) >= 0.0005 and not quiet else "   .  "
             for v, quiet in zip(values[layer], noise[layer], strict=True)))
     if what.startswith("share"):
-        lines.append("top: " + ", ".join(f"L{layer}.H{h} {v:+.3f}" for (layer, h), v in result.top(5)))
+        lines.append(result.top_words(5))
     return "\n".join(lines)
 
 

@@ -108,7 +108,7 @@ class Patching:
         largest = float(self.change.abs().max()) if self.change.numel() else 0.0
         if largest <= 2 * abs(self.gap):
             return None
-        return (f"shares beyond ±1: the clean and corrupt runs' logit differences are only {abs(self.gap):.4f} apart "
+        return (f"shares beyond ±2: the clean and corrupt runs' logit differences are only {abs(self.gap):.4f} apart "
                 f"(gap {self.gap:+.4f}) while single heads move it by up to {largest:.4f} — the texts barely differ "
                 "for this model; read the changes (patching.json's \"change\") rather than the shares")
 
@@ -136,11 +136,21 @@ class Patching:
         return self.change / self.gap
 
     def top(self, n: int = 5) -> list[tuple[tuple[int, int], float]]:
-        """The n heads restoring the largest share, as ((layer, head), share)."""
-        share = self.restored
-        order = torch.argsort(share.flatten(), descending=True)[:n]
-        H = share.shape[1]
-        return [((int(i) // H, int(i) % H), float(share.flatten()[i])) for i in order]
+        """The (at most) n heads restoring the largest share toward the clean run's logit difference, as
+        ((layer, head), share): positive shares beyond the logits' rounding (:meth:`within_rounding`) only —
+        a head the map draws as nothing is no answer, nor one that moves the other way."""
+        share = self.restored.flatten()
+        kept = (share > 0) & ~self.within_rounding().flatten()
+        order = [int(i) for i in torch.argsort(share, descending=True) if kept[i]][:n]
+        H = self.restored.shape[1]
+        return [((i // H, i % H), float(share[i])) for i in order]
+
+    def top_words(self, n: int = 5) -> str:
+        """:meth:`top` as one line: "restore most: L9.H6 +0.412, …", or why no head is listed."""
+        found = self.top(n)
+        if not found:
+            return "restore most: no head restores a share beyond the logits' rounding"
+        return "restore most: " + ", ".join(f"L{layer}.H{h} {v:+.3f}" for (layer, h), v in found)
 
     def to_dict(self) -> dict:
         out = {"schema": SCHEMA, "tokens": self.tokens, "corrupt_tokens": self.corrupt_tokens, "answer": self.answer,
