@@ -195,7 +195,8 @@ def test_cli_patch_writes_the_map_and_its_page(tmp_path, capsys):
     assert "share of the clean-vs-corrupt logit difference restored" in stdout and "restore most: L" in stdout
     assert "direct logit attribution" in stdout
     saved = json.loads((out / "patching.json").read_text())
-    assert saved["model"] == "smollm2" and saved["placement"] == "float32 on cpu" and len(saved["restored"]) == 30 and len(saved["restored"][0]) == 9
+    assert saved["model"] == "smollm2" and saved["placement"] == "float32 on cpu"
+    assert len(saved["restored"]) == 30 and len(saved["restored"][0]) == 9
     page = (out / "patching.html").read_text()
     assert "Content-Security-Policy" in page and "France" in page and "<script" not in page
     code, _, stderr = run_cli(["patch", "--clean", "<b>x</b> is", "--corrupt", "y is", "--answer", " a",
