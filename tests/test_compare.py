@@ -178,3 +178,34 @@ def test_estimated_ablation_effects_are_not_compared_as_measured_ones():
     assert all(math.isfinite(d["spread_units"]) for d in result.metric_deltas())
     assert result.died() == [((0, 1), (0, 1))]  # not (0, 2): its 0.2 -> 0.0 were estimates
     assert result.appeared() == []
+
+
+def test_a_label_reordered_is_kept_and_a_head_whose_effect_may_be_zero_never_died():
+    """float32 against bfloat16 SmolLM2: "labels changed: 3 of 270", two of them self+sink -> sink+self
+    (self 0.457 against sink 0.455: the parts listed by strength swapped on rounding); "died": L23.H1,
+    whose effect in A was -0.0075 in [-0.019, +0.003] — removing it may have changed nothing there too."""
+    from multihead.analysis.report import HeadRecord
+    from multihead.analysis.sections import Ablation, Corpus
+    from multihead.render.compare import compare_page
+    from multihead.render.text import comparison_text
+
+    def report(labels: list[str], effects: list[float], spans: list[tuple[float, float] | None]) -> Report:
+        heads = [HeadRecord(0, h, label, [], {"entropy": 1.0, "zero_ablation": e},
+                            intervals={} if span is None else {"zero_ablation": span})
+                 for h, (label, e, span) in enumerate(zip(labels, effects, spans, strict=True))]
+        sections = Sections(corpus=Corpus(texts=4, sha256="x" * 64), ablation=Ablation(
+            "next-token loss", 3.0, 4, 40, ["zero"], unit="nats/token"))
+        return Report(model="m", causal=True, num_layers=1, num_heads=4, sentences=4, tokens=40, heads=heads,
+                      sections=sections)
+
+    a = report(["self+sink", "previous", "broad", "broad"], [0.5, -0.1, 0.2, 0.3],
+               [(0.4, 0.6), (-0.19, 0.03), (0.1, 0.3), None])
+    b = report(["sink+self", "mixed", "broad", "broad"], [0.5, 0.001, 0.001, 0.001], [None] * 4)
+    result = compare(a, b)
+    assert [(ca, la, lb) for ca, _, la, lb in result.label_changes()] == [((0, 1), "previous", "mixed")]
+    assert [(ca, la, lb) for ca, _, la, lb in result.reordered()] == [((0, 0), "self+sink", "sink+self")]
+    assert result.died() == [((0, 2), (0, 2)), ((0, 3), (0, 3))]  # not L0.H1: its interval holds zero
+    text = comparison_text(result)
+    assert "labels changed: 1 of 4 heads" in text and "labels reordered only" in text and "L0.H0 self+sink" in text
+    page = compare_page(result)
+    assert "Labels changed (1 of 4)" in page and "zeroing it changes nothing in B" in page

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..analysis.compare import ALIVE_SHARE, DEAD_SHARE, Comparison, pair_name
+from ..analysis.compare import ALIVE_SHARE, DEAD_SHARE, Comparison, pair_name, same_parts
 from .html import escape, static_document
 
 __all__ = ["compare_page"]
@@ -37,7 +37,7 @@ def compare_page(comparison: Comparison) -> str:
              f"({c.b.num_layers} × {c.b.num_heads}{ran_b}); heads matched by {escape(c.matching)}.</p>"]
     parts += [f'<p class="warning">Warning: {escape(w)}</p>' for w in c.warnings]
     parts.append('<p class="legend"><span>label kept</span><span class="changed">label changed</span>'
-                 '<span class="died">died (removing it changes nothing in B)</span>'
+                 '<span class="died">died (zeroing it changes nothing in B)</span>'
                  '<span class="appeared">appeared</span>'
                  + ('<span class="unmatched">unmatched (no head of B)</span>' if c.unmatched_a else "")
                  + ' — each cell: A\'s label → B\'s (B\'s head when matched by profile)</p>')
@@ -53,7 +53,8 @@ def compare_page(comparison: Comparison) -> str:
                            '<br>–</td>')
                 continue
             la, lb = c.a.head(*ca).label, c.b.head(*cb).label
-            kind = "died" if ca in died else "appeared" if ca in appeared else "changed" if la != lb else ""
+            kind = "died" if ca in died else "appeared" if ca in appeared else \
+                "changed" if not same_parts(la, lb) else ""  # the same parts reordered: kept
             where = "" if ca == cb else f"<br>({_cell(cb)})"
             text = escape(la) if la == lb else f"{escape(la)} →<br>{escape(lb)}"
             row.append(f'<td class="{kind}" title="{_cell(ca)} → {_cell(cb)}">{text}{where}</td>')
@@ -75,8 +76,9 @@ def compare_page(comparison: Comparison) -> str:
     else:
         parts.append("<p>died: " + escape(", ".join(pair_name(ca, cb) for ca, cb in c.died()) or "none")
                      + "; appeared: " + escape(", ".join(pair_name(ca, cb) for ca, cb in c.appeared()) or "none")
-                     + f" (died: removing it changed the objective by more than {ALIVE_SHARE:.0%} of A's largest "
-                     f"effect, and by at most {DEAD_SHARE:.0%} of B's; appeared: the reverse)</p>")
+                     + f" (died: zeroing it changed the objective by more than {ALIVE_SHARE:.0%} of A's largest "
+                     f"effect, its interval clear of zero, and by at most {DEAD_SHARE:.0%} of B's; appeared: the "
+                     "reverse)</p>")
     excluded = c.excluded()
     if excluded:
         parts.append("<h2>Not compared</h2><ul>" + "".join(f"<li>{escape(name)}: {escape(why)}</li>"

@@ -357,14 +357,19 @@ def comparison_text(c: Comparison, deltas: int = 10) -> str:
         lines.append(f"  {pair_name(ca, cb)}: {la} -> {lb}")
     if len(changes) > 30:
         lines.append(f"  ... and {len(changes) - 30} more (compare.json)")
+    reordered = c.reordered()
+    if reordered:
+        lines.append("labels reordered only (the same parts, listed by strength: near-equal ones swap): "
+                     + ", ".join(f"{pair_name(ca, cb)} {la} -> {lb}" for ca, cb, la, lb in reordered[:10])
+                     + (", …" if len(reordered) > 10 else ""))
     if dead_heads(c.a) is None or dead_heads(c.b) is None:
         unmeasured = [name for name, r in ((c.a_name, c.a), (c.b_name, c.b)) if measured_heads(r) == set()]
         lines.append(f"\nheads died / appeared: {', '.join(unmeasured)} measured no head's effect exactly (its "
                      "effects are estimates: analyze --exact-ablation)" if unmeasured else
                      "\nheads died / appeared: needs ablation effects in both reports (analyze --ablation N)")
     else:
-        lines.append(f"\nheads died (removing them changed the objective by more than {ALIVE_SHARE:.0%} of A's largest "
-                     f"effect, and by at most {DEAD_SHARE:.0%} of B's): "
+        lines.append(f"\nheads died (zeroing them changed the objective by more than {ALIVE_SHARE:.0%} of A's largest "
+                     f"effect, its interval clear of zero, and by at most {DEAD_SHARE:.0%} of B's): "
                      f"{', '.join(pair_name(ca, cb) for ca, cb in c.died()) or 'none'}")
         shown = ", ".join(pair_name(ca, cb) for ca, cb in c.appeared()) or "none"
         lines.append(f"heads appeared (the reverse): {shown}")
