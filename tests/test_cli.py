@@ -329,6 +329,28 @@ def test_view_says_what_it_wrote_in_one_line(tmp_path, capsys):
         page = tmp_path / f"{len(texts)}.html"
         code, out, err = run_cli(["view", *texts, "--out", str(page)], capsys)
         assert code == 0 and out.startswith(f"wrote {page} (") and out.rstrip().endswith(said), (out, err)
+        # the page says what its maps are of, and where and in what precision they were made
+        assert f"maps of {len(texts)} text" in page.read_text() and "; float32 on cpu</p>" in page.read_text()
+
+
+@pytest.mark.slow
+def test_view_with_a_report_of_another_run_says_whose_labels_the_page_shows(tmp_path, capsys):
+    """A bfloat16 page over a float32 report said "float32 on cpu" and "4 texts, 60 tokens" (the
+    report's run) with no word that its maps were of 1 text in bfloat16."""
+    from multihead import progress
+
+    code, _, err = run_cli(["analyze", "The cat sat on the mat.", "A dog ran home.", "--ablation", "0", "--syntax",
+                            "off", "--no-coreference", "--out", str(tmp_path / "r")], capsys)
+    assert code == 0, err
+    page = tmp_path / "v.html"
+    progress.set_enabled(True, terminal=False)
+    code, _, err = run_cli(["view", "The cat sat.", "--dtype", "bfloat16", "--report", str(tmp_path / "r"),
+                            "--out", str(page)], capsys)
+    assert code == 0, err
+    assert "--report ran in float32 on cpu, these maps in bfloat16 on cpu: the page's labels are of that run" in err
+    html = page.read_text()
+    assert ("maps of 1 text, 6 tokens; bfloat16 on cpu; labels, probes and the overview from the report (its own "
+            "texts and run)") in html
 
 
 def test_untested_flagged_heads_point_to_ablation_only_where_it_can_run(minilm):

@@ -292,6 +292,20 @@ def page_body(data: dict) -> str:
     return "".join(_body_pieces(data))
 
 
+def _shown(data: dict) -> str:
+    """The line saying what the page's maps are of — "maps of 1 text, 14 tokens; bfloat16 on cpu" — and,
+    where a report's labels sit beside them, that those are the report's (its own texts and precision)."""
+    shown = data.get("shown")
+    if not shown:
+        return ""
+    texts, tokens = shown["texts"], shown["tokens"]
+    line = (f"maps of {texts:,} text{'s' if texts != 1 else ''}, {tokens:,} token{'s' if tokens != 1 else ''}"
+            + (f"; {shown['placement']}" if shown.get("placement") else ""))
+    if data.get("overview"):
+        line += "; labels, probes and the overview from the report (its own texts and run)"
+    return f'<p class="mh-meta mh-shown">{html.escape(line)}</p>'
+
+
 def _body_pieces(data: dict) -> tuple[str, str, str]:
     """:func:`page_body` in three pieces: the markup before the data, the data (ASCII JSON: most of
     the page), the markup after it — joined only as bytes when the page is written (:func:`page_bytes`)."""
@@ -300,7 +314,7 @@ def _body_pieces(data: dict) -> tuple[str, str, str]:
     title = html.escape(str(data.get("model", "attention")))
     glyphs = embedded_font_css(t for s in data["sentences"] for t in (s["text"], *s["tokens"]))
     return (f'<div class="mh-page" id="{root}"><style>{glyphs}{_CSS}</style>'
-            f"<h2>{title}: {data['num_layers']} layers × {data['num_heads']} heads</h2>"
+            f"<h2>{title}: {data['num_layers']} layers × {data['num_heads']} heads</h2>" + _shown(data) +
             '<div class="mh-controls"></div>'
             '<div class="mh-tabs">'
             + ('<button class="mh-tab" data-view="overview">overview</button>' if data.get("overview") else "") +

@@ -36,6 +36,9 @@ def attention_page(model: HFModel, texts: Sequence[str], report: Report | None =
     pooled; display it in Jupyter, or ``.save(path)``)."""
     data = page_data(text_views(model, texts), report, model.num_layers, model.num_heads)
     data.setdefault("model", model.name)
+    # what these maps are of, beside a report's own run (its texts, its precision): the page says both
+    data["shown"] = {"texts": len(data["sentences"]), "tokens": sum(len(s["tokens"]) for s in data["sentences"]),
+                     "placement": model.placement}
     return AttentionPage(data)
 
 

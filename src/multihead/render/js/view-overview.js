@@ -29,7 +29,7 @@ export function overviewView(page) {
     overviewBuilt = true;
     const o = data.overview, box = q(".mh-overview");
     const corpus = o.corpus ? ", corpus " + o.corpus.sha256.slice(0, 12) : "";
-    box.appendChild(el("p", { "class": "mh-meta" }, o.model + ": " + L + " layers × " + H + " heads" + (o.causal ? " (causal)" : "") +
+    box.appendChild(el("p", { "class": "mh-meta" }, (data.shown ? "the report: " : "") + o.model + ": " + L + " layers × " + H + " heads" + (o.causal ? " (causal)" : "") +
       "; " + counted(o.sentences, "text") + ", " + counted(o.tokens, "token") + corpus + (o.placement ? "; " + o.placement : "") +
       "; page written " + o.written + " by multihead " + o.version));
     box.appendChild(el("h3", {}, "Heads by label (click a head to open it)"));
