@@ -24,8 +24,11 @@ export function matrixView(page) {
     q(".mh-pool-mode").style.display = pool && region().n === T ? "" : "none";
     const tested = evidence(state.layer, state.head);
     const me = data.heads.length ? data.heads[state.layer * H + state.head] : null;  // the label with its defining value
-    const title = "layer " + state.layer + ", head " + state.head + ": " + (me && me.describe ? me.describe : label(state.layer, state.head)) +
-      (tested ? " (" + tested + " by ablation)" : "");
+    // the label with its value, and what ablation said of the label (not of a trait beside it); a page
+    // without a report has no label, and its title no dangling colon
+    const named = me && me.describe ? me.describe : label(state.layer, state.head);
+    const title = "layer " + state.layer + ", head " + state.head + (named ? ": " + named : "") +
+      (tested ? " — its label " + tested + " by ablation" : "");
     const stored = k < T ? " — each row stores its " + k + " largest weights; the rest are not stored" : "";
     const ctx = canvas.getContext("2d");
     if (pool && region().n === T) {  // the whole map, block by block
