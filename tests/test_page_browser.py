@@ -398,7 +398,11 @@ def test_overview_first_with_legend_probes_and_links_to_heads(browser, page):
     overview = root.find_element("css selector", '.mh-view[data-view="overview"]')
     assert overview.is_displayed()  # the first view of a page with a report
     meta = overview.find_element("css selector", ".mh-meta").text
-    assert meta.startswith("minilm: 6 layers × 12 heads") and "3 texts" in meta and "multihead" in meta
+    # the report's run, said to be the report's: the page's own maps are said under its title
+    assert meta.startswith("the report: minilm: 6 layers × 12 heads") and "3 texts" in meta and "multihead" in meta
+    shown = root.find_element("css selector", ".mh-shown").text
+    assert re.match(r"maps of \d+ texts?, \d+ tokens; float32 on cpu; labels, probes and the overview from the "
+                    r"report", shown), shown
     # where and in what precision it ran
     assert re.search(r"3 texts, 45 tokens, corpus [0-9a-f]{12}; float32 on cpu; page written", meta), meta
     cells = overview.find_elements("css selector", "td.mh-mapcell")

@@ -350,5 +350,5 @@ def test_a_head_at_the_dead_floor_does_not_die_or_appear_on_rounding():
     c = compare(a, b)
     assert c.died() == [((0, 3), (0, 3))] and c.appeared() == [((0, 4), (0, 4))]
     text = comparison_text(c)
-    assert "heads died (removing them changed the objective by more than 2% of A's largest effect, and by at " \
-           "most 1% of B's): L0.H3" in text and "heads appeared (the reverse): L0.H4" in text
+    assert "heads died (zeroing them changed the objective by more than 2% of A's largest effect, its interval " \
+           "clear of zero, and by at most 1% of B's): L0.H3" in text and "heads appeared (the reverse): L0.H4" in text
