@@ -143,7 +143,6 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
         # for the same steps the same number, as LambdaLR forms it
         for group, base in zip(opt.param_groups, sched.base_lrs, strict=True):
             group["lr"] = base * sched.lr_lambdas[0](sched.last_epoch)
-        sched._last_lr = [group["lr"] for group in opt.param_groups]
     net = torch.nn.parallel.DistributedDataParallel(model) if distributed and not fsdp else model
     B = int(c.data["batch_size"])
     if B % world:
@@ -192,7 +191,7 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
             loss.backward()
             if monitor is not None:
                 monitor.step(step)
-            lr = sched.get_last_lr()[0]  # the rate this step's update uses (sched.step() sets the next one's)
+            lr = opt.param_groups[0]["lr"]  # the rate this step's update uses (sched.step() sets the next one's)
             opt.step()
             sched.step()
             if rank == 0 and (step % log_every == 0 or step == c.steps - 1):

@@ -136,16 +136,13 @@ def resolve_device(name: str | Any) -> Any:
     import torch
 
     text = str(name).strip()
-    _device_form(text)
     if text == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", torch.cuda.current_device())
         if _mps_available():
             return torch.device("mps")
         return torch.device("cpu")
-    device = torch.device(text)
-    if device.type == "cpu":
-        return torch.device("cpu")  # cpu:0 is the CPU (a model's tensors say "cpu")
+    device = device_named(text)
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
@@ -223,7 +220,7 @@ def device_named(device: Any) -> Any:
     if text == "auto":
         return resolve_device(text)
     device = torch.device(text)
-    return torch.device("cpu") if device.type == "cpu" else device  # cpu:0 is the CPU
+    return torch.device("cpu") if device.type == "cpu" else device  # cpu:0 is the CPU (a model's tensors say "cpu")
 
 
 def resolve_dtype(dtype: Any, device: Any, config: Any = None, *, accelerated: bool | None = None) -> Any:

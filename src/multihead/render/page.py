@@ -40,6 +40,7 @@ from ..analysis.report import Report
 from ..analysis.stats.maps import LONG_TEXT, TOP_K_BYTES, Pooled, TextView, stored_bytes
 from ..files import write_atomically
 from ..jsonable import json_number, json_value
+from ..progress import counted
 from .glyphs import embedded_font_css
 from .js import page_script
 
@@ -298,8 +299,7 @@ def _shown(data: dict) -> str:
     shown = data.get("shown")
     if not shown:
         return ""
-    texts, tokens = shown["texts"], shown["tokens"]
-    line = (f"maps of {texts:,} text{'s' if texts != 1 else ''}, {tokens:,} token{'s' if tokens != 1 else ''}"
+    line = (f"maps of {counted(shown['texts'], 'text')}, {counted(shown['tokens'], 'token')}"
             + (f"; {shown['placement']}" if shown.get("placement") else ""))
     if data.get("overview"):
         line += "; labels, probes and the overview from the report (its own texts and run)"

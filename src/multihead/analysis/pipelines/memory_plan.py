@@ -59,7 +59,6 @@ from ...hf.load import empty_model, max_positions
 from ...hf.model import HFModel, takes
 from ...hf.paths import model_path
 from ...hf.placement import (
-    PlacementError,
     accelerate_device,
     device_named,
     dtype_named,
@@ -232,13 +231,11 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     if limit and tokens > limit:  # analyze refuses such a text (or cuts it, --truncate): no run to plan
         raise ValueError(f"{tokens:,} tokens is more than the {limit:,} positions the model reads; plan for at "
                          f"most {limit:,} tokens (what analyze --truncate keeps), or for a config with more positions")
-    try:
-        device = device_named(device if device is not None else (loaded.device if loaded else "cpu"))
-    except PlacementError as err:
-        raise ValueError(str(err)) from None
+    # as load reads them: one line (a PlacementError, a ValueError) for a device or dtype that is none
+    device = device_named(device if device is not None else (loaded.device if loaded else "cpu"))
     if dtype is None and loaded is not None:
         dtype = loaded.dtype
-    dtype = _dtype(dtype, config, accelerated=device.type != "cpu")
+    dtype = dtype_named(dtype, config, accelerated=device.type != "cpu")
     name = loaded.name if loaded else str(model) if isinstance(model, (str, Path)) else \
         f"a {config.model_type} config"
     # a device-mapped model: only its weights on this device (kept there, or swapped in one module at a time)
@@ -342,7 +339,7 @@ def plan_devices(model: HFModel | Any, tokens: int, *, device_map: str | dict | 
     if loaded is not None:  # the weights its hooks keep (or swap in) on each device
         weights = {d: resident_bytes(loaded.model, d) for d in devices}
     else:
-        weights = mapped_weights(empty_model(config, _dtype(dtype, config, accelerated=True)), mapping)
+        weights = mapped_weights(empty_model(config, dtype_named(dtype, config, accelerated=True)), mapping)
     rooms = {d: _room(available, d) for d in devices}  # for a loaded model, None: plan() measures it
     free = rooms
     if loaded is not None:  # as plan() counts it: what is free now beside the weights already there
@@ -374,7 +371,7 @@ def _inferred_map(config: Any, dtype: Any, device_map: str | dict, max_memory: s
     from accelerate import infer_auto_device_map
     from accelerate.utils import get_balanced_memory
 
-    dtype = _dtype(dtype, config, accelerated=True)
+    dtype = dtype_named(dtype, config, accelerated=True)
     empty = empty_model(config, dtype)
     limits = memory_entries(max_memory)  # GPUs this machine may not have: planned for
     if limits is None:
@@ -541,15 +538,6 @@ def _config(model: Any) -> Any:
     if hasattr(model, "model_type") and hasattr(model, "to_dict"):
         return model
     raise TypeError(f"plan reads a loaded model, a transformers config or a model folder; got {type(model).__name__}")
-
-
-def _dtype(dtype: Any, config: Any, accelerated: bool) -> torch.dtype:
-    """``dtype`` as :func:`~multihead.hf.load` takes it (``auto``/None: the config's own on an
-    accelerator, float32 on a CPU); ValueError in one line otherwise."""
-    try:
-        return dtype_named(dtype, config, accelerated=accelerated)
-    except PlacementError as err:
-        raise ValueError(str(err)) from None
 
 
 def _tensors(model: Any) -> list[torch.Tensor]:
