@@ -413,7 +413,7 @@ def _generation(folder: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM", "SIGHUP", "SIGKILL"])
 def test_a_result_folder_ends_all_old_or_all_new_whatever_stops_its_commit(stop, tmp_path):
     for name in ("old-a.json", "new-a.json", "b.json"):
         (tmp_path / name).write_text(json.dumps(_report()))
@@ -433,9 +433,9 @@ def test_a_result_folder_ends_all_old_or_all_new_whatever_stops_its_commit(stop,
 
             recover(tmp_path / "c")  # what the next writer or reader of the folder does first
         else:
-            assert done.returncode == {"SIGINT": 130, "SIGTERM": 143}[stop], (step, done.stderr)
-            assert done.stderr.strip().splitlines() == [
-                "multihead compare: " + ("interrupted" if stop == "SIGINT" else "terminated (SIGTERM)")]
+            assert done.returncode == {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129}[stop], (step, done.stderr)
+            words = {"SIGINT": "interrupted", "SIGTERM": "terminated (SIGTERM)", "SIGHUP": "hung up (SIGHUP)"}[stop]
+            assert done.stderr.strip().splitlines() == ["multihead compare: " + words]
         want = {"old"} if step == 1 else {"new"}  # before the commit point: the old; after: the new, whole
         assert _generation(tmp_path / "c") == want, (stop, step)
         assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["compare.html", "compare.json"], step

@@ -120,14 +120,16 @@ def test_the_head_map_prints_a_legend_for_what_it_abbreviates():
     assert "REL>: the governor attends to its REL dependents" in legend
 
 
-def _interrupt_when(tmp_path, words: str, stop: int = signal.SIGINT) -> tuple[int, str]:
+def _interrupt_when(tmp_path, words: str, stop: int = signal.SIGINT, ignored: bool = False) -> tuple[int, str]:
     """Run `multihead analyze` with stderr on a terminal (so it reports its steps) and send ``stop``
-    (Ctrl-C's SIGINT, or SIGTERM) when a line containing ``words`` appears; returns (exit status,
-    what it printed on stderr)."""
+    (Ctrl-C's SIGINT, SIGTERM or SIGHUP) when a line containing ``words`` appears — started with
+    ``stop`` ignored where ``ignored`` (as ``nohup`` starts it); returns (exit status, what it printed
+    on stderr)."""
     main, follower = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "multihead.cli", "analyze", "--sample", "40", "--out",
                              str(tmp_path / "rep")], stdout=subprocess.DEVNULL, stderr=follower,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+                            env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            preexec_fn=(lambda: signal.signal(stop, signal.SIG_IGN)) if ignored else None)
     os.close(follower)
     seen = b""
     try:
@@ -152,18 +154,29 @@ def _interrupt_when(tmp_path, words: str, stop: int = signal.SIGINT) -> tuple[in
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("moment", "stop"), [("loading minilm", signal.SIGINT), ("parsing", signal.SIGINT),
-                                              ("loading minilm", signal.SIGTERM), ("parsing", signal.SIGTERM)])
-def test_a_stop_at_any_step_exits_130_or_143_and_keeps_the_earlier_report(tmp_path, moment, stop):
+                                              ("loading minilm", signal.SIGTERM), ("parsing", signal.SIGTERM),
+                                              ("parsing", signal.SIGHUP)])
+def test_a_stop_at_any_step_exits_130_143_or_129_and_keeps_the_earlier_report(tmp_path, moment, stop):
     out = tmp_path / "rep"
     out.mkdir()
     earlier = '{"schema": "multihead.report/1", "note": "the earlier report"}\n'
     (out / "report.json").write_text(earlier)
     code, printed = _interrupt_when(tmp_path, moment, stop)
-    words, status = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated (SIGTERM)", 143)}[stop]
+    words, status = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated (SIGTERM)", 143),
+                     signal.SIGHUP: ("hung up (SIGHUP)", 129)}[stop]
     assert code == status, printed
     assert f"multihead analyze: {words}" in printed and "Traceback" not in printed, printed
     assert (out / "report.json").read_text() == earlier
     assert sorted(p.name for p in out.iterdir()) == ["report.json"]  # no temporary file left behind
+
+
+@pytest.mark.slow
+def test_a_run_started_with_sighup_ignored_goes_on_when_its_terminal_hangs_up(tmp_path):
+    """``nohup multihead analyze …``: the hang-up it was started to survive does not stop it."""
+    code, printed = _interrupt_when(tmp_path, "parsing", signal.SIGHUP, ignored=True)
+    assert code == 0, printed
+    assert "hung up" not in printed and "Traceback" not in printed, printed
+    assert json.loads((tmp_path / "rep" / "report.json").read_text())["num_heads"] == 12
 
 
 def test_progress_off_a_terminal_is_lines_with_the_time_left(monkeypatch, capsys):

@@ -99,7 +99,10 @@ def _main(argv: list[str] | None) -> tuple[int, str | None]:
         finally:
             warnings.showwarning = previous
         words, status = stopped()
-        print(f"{name[0]}: {words}", file=sys.stderr)
+        try:
+            print(f"{name[0]}: {words}", file=sys.stderr)
+        except OSError:  # SIGHUP: the terminal the line was for is gone
+            pass
         return status, command
 
 

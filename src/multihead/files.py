@@ -3,7 +3,7 @@
 * One file: written beside its target and renamed over it (:func:`atomic_path`,
   :func:`write_atomically`), so an interrupted write leaves the earlier file whole.
 * Several files that belong together (a report's JSON, CSV and page): :class:`StagedFiles`. Each
-  is written beside its target; then, with SIGINT and SIGTERM held back, a *commit manifest*
+  is written beside its target; then, with SIGINT, SIGTERM and SIGHUP held back, a *commit manifest*
   (``.multihead-commit.json``: which staged file replaces which target) is written — the commit
   point — the renames are done and the manifest removed. A kill (even SIGKILL) before the commit
   point leaves every target as it was; after it, the next :func:`recover` of the folder (every
@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .jsonable import read_json
-from .stops import interrupted
+from .stops import STOPS, interrupted
 
 __all__ = ["MANIFEST", "OutputFolderError", "StagedFiles", "atomic_path", "check_output_folder", "check_writable",
            "file_system", "recover", "scratch_folder", "stale_scratch", "umask_mode", "write_atomically"]
@@ -405,15 +405,16 @@ class StagedFiles:
 
 @contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back while a commit renames: they take effect once it is complete,
-    so an interrupt never stops it halfway. Python-level handlers, not a thread's signal mask: the
+    """The stopping signals (SIGINT, SIGTERM, SIGHUP: :data:`~multihead.stops.STOPS`) held back
+    while a commit renames: they take effect once it is complete, so an interrupt never stops it
+    halfway. Python-level handlers, not a thread's signal mask: the
     kernel may deliver a process signal to any thread (torch's workers), while Python handlers
     always run in the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     pending: list[int] = []
-    held = (signal.SIGINT, signal.SIGTERM)
+    held = tuple(STOPS)
     previous = {sig: signal.signal(sig, lambda sig, _frame: pending.append(sig)) for sig in held}
     try:
         yield

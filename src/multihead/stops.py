@@ -1,9 +1,11 @@
-"""Stopping a run: SIGINT (Ctrl-C) and SIGTERM (a scheduler, ``kill``) end it the same way.
+"""Stopping a run: SIGINT (Ctrl-C), SIGTERM (a scheduler, ``kill``) and SIGHUP (the terminal or
+the SSH session closed) end it the same way.
 
-Either signal raises :class:`KeyboardInterrupt` in the main thread and sets :data:`interrupted`,
+Each signal raises :class:`KeyboardInterrupt` in the main thread and sets :data:`interrupted`,
 so staged results are never committed (:mod:`multihead.files`) — even when a library swallows
 the KeyboardInterrupt on its way up — and the command ends with one line and the exit status a
-shell gives that signal (:func:`stopped`).
+shell gives that signal (:func:`stopped`). A signal the run was started with ignored stays
+ignored: ``nohup multihead analyze …`` goes on when its terminal closes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from contextlib import contextmanager
 __all__ = ["STOPS", "end_rank", "interrupted", "stopped", "stopping_on_signals"]
 
 #: What each stopping signal is called, and the exit status it gives (128 + its number, as a shell says).
-STOPS = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated (SIGTERM)", 143)}
+STOPS = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated (SIGTERM)", 143),
+         signal.SIGHUP: ("hung up (SIGHUP)", 129)}
 
 #: Set when the user asked to stop.
 interrupted = threading.Event()
@@ -35,11 +38,12 @@ def _on_stop(signum: int, frame: object) -> None:
 
 @contextmanager
 def stopping_on_signals() -> Iterator[None]:
-    """SIGINT and SIGTERM stop the block (main thread only; elsewhere the block runs as it is);
-    the previous handlers, and a clear :data:`interrupted`, afterwards."""
+    """SIGINT, SIGTERM and SIGHUP stop the block (main thread only; elsewhere the block runs as it
+    is), each one not ignored when the block starts (``nohup``, a shell's background job); the
+    previous handlers, and a clear :data:`interrupted`, afterwards."""
     handlers = {}
     if threading.current_thread() is threading.main_thread():
-        handlers = {sig: signal.signal(sig, _on_stop) for sig in STOPS}
+        handlers = {sig: signal.signal(sig, _on_stop) for sig in STOPS if signal.getsignal(sig) != signal.SIG_IGN}
     try:
         yield
     finally:
