@@ -228,6 +228,24 @@ def test_sentiment_task_importance_ablation_and_a_short_curve(minilm):
     assert minilm.model.config._attn_implementation != "multihead_capture"  # gates taken off
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_sentiment_task_on_a_half_precision_encoder_agrees_with_float32(dtype, minilm):
+    """The float32 classifier met a bfloat16 model's embeddings: `mat1 and mat2 must have the
+    same dtype` (prune --task sentiment --dtype bfloat16 ended in a traceback)."""
+    from multihead.heads import SentimentTask
+
+    half = mh.hf.load("minilm", dtype=dtype)
+    sizes = dict(train_size=128, test_size=64, batch_size=64)
+    task, full = SentimentTask(half, **sizes), SentimentTask(minilm, **sizes)
+    assert task.classifier.weight.dtype == torch.float32
+    assert abs(task.evaluate() - full.evaluate()) <= 4 / 64
+    got = head_importance(half.model, task.batches("train"), task.loss)
+    want = head_importance(minilm.model, full.batches("train"), full.loss)
+    assert got.raw.isfinite().all() and (got.raw > 0).all()
+    assert torch.corrcoef(torch.stack([got.raw.flatten(), want.raw.flatten()]))[0, 1] > 0.95
+
+
 def test_a_model_that_scores_nothing_is_not_pruned_against_nothing():
     """A random-weight decoder scores 0 next-token accuracy: every step's share of the unpruned
     metric is 0/0, and "prunable within 99%" would hold at any fraction (once printed as nan and

@@ -339,6 +339,24 @@ def test_offloaded_weights_go_to_a_folder_of_their_own_and_go_with_the_model(tmp
     assert stale.is_dir() and set(p.name for p in user.iterdir()) == {*mine, stale.name}
 
 
+def test_weights_a_checkpoint_lacks_are_said_and_never_offloaded(tmp_path):
+    """A checkpoint without some of the model's weights: transformers made them up (its report of
+    them a table in the log), and an offloaded one stopped the forward on a KeyError mid-run."""
+    from safetensors.torch import load_file, save_file
+
+    folder = _tiny_mixtral(tmp_path / "mix")
+    weights = load_file(folder / "model.safetensors")
+    gone = "model.layers.1.self_attn.o_proj.weight"
+    del weights[gone]
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.warns(UserWarning, match=rf"mix: 1 weight the checkpoint does not hold is newly initialised "
+                                         rf"\(random\): {gone}"):
+        mh.hf.load(folder)
+    with pytest.raises(PlacementError, match=rf"offloads weights mix's checkpoint does not hold \({gone}, …") as err:
+        mh.hf.load(folder, device_map="auto", max_memory={"cpu": "70KB"}, offload_folder=tmp_path / "off")
+    assert "\n" not in str(err.value) and not (tmp_path / "off").exists()  # the folder it made: gone again
+
+
 def test_an_offloaded_modules_freed_weights_go_back_to_the_system_after_its_forward(offloaded, monkeypatch):
     """Each module whose weights accelerate swaps in gives the heap's freed pages back after its
     forward — once its hook has dropped the weights (every swapping module's are on meta when it

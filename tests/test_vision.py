@@ -104,6 +104,44 @@ def test_a_vit_folder_is_analysed_on_images(tmp_path, capsys):
     assert json.loads((tmp_path / "r2" / "report.json").read_text())["sections"]["images"]["count"] == 3
 
 
+def test_an_image_classifiers_checkpoint_offloaded_gives_what_it_gives_in_memory(tmp_path):
+    """A ViT saved with its classifier (most published ViT / DeiT checkpoints) holds no pooler; the
+    base model built from it made a random one, which accelerate then could not read back from
+    disk: the offloaded run stopped in its first forward on KeyError 'pooler.dense.weight'."""
+    import warnings
+
+    config = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=64, num_labels=10)
+    torch.manual_seed(0)
+    transformers.ViTForImageClassification(config).save_pretrained(tmp_path / "vit")
+    transformers.ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(tmp_path / "vit")
+    images = digit_images(6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is newly initialised: no pooler to make
+        in_memory = mh.hf.load(tmp_path / "vit")
+    assert getattr(in_memory.body, "pooler", None) is None
+    want = [h.metrics for h in mh.analyze(in_memory, images, progress=False).heads]
+    offloaded = mh.hf.load(tmp_path / "vit", device_map="auto", max_memory={"cpu": "60KB"},
+                           offload_folder=tmp_path / "off")
+    assert "disk" in offloaded.model.hf_device_map.values()
+    got = [h.metrics for h in mh.analyze(offloaded, images, progress=False).heads]
+    assert got == want
+
+
+def test_gradient_importance_reads_a_vision_models_pixels(tmp_path):
+    """head_importance took a batch's size from its input_ids: KeyError 'input_ids' on a ViT."""
+    model = mh.hf.load(_tiny_vit(tmp_path / "vit"))
+    pixels = model.processor(images=digit_images(4), return_tensors="pt")["pixel_values"]
+
+    def loss(outputs, batch):  # the [CLS] state's squared size, one value an image
+        return outputs.last_hidden_state[:, 0].square().sum(-1)  # (B,)
+
+    got = mh.heads.head_importance(model, [{"pixel_values": pixels[:2]}, {"pixel_values": pixels[2:]}], loss)
+    assert got.examples == 4 and got.raw.shape == (2, 4) and (got.raw > 0).all()
+    with pytest.raises(ValueError, match=r"a batch holds none of the model's inputs \(input_ids, .*got 'images'"):
+        mh.heads.head_importance(model, [{"images": pixels}], loss)
+
+
 def test_images_with_the_wrong_model_or_folder_fail_in_one_line(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -51,16 +51,32 @@ class HeadImportance:
         return "\n".join(lines)
 
 
+#: What a batch may hand the model (the rest is the loss's): text ids and masks, a vision model's
+#: pixels, a speech model's samples or features, an encoder-decoder's decoder side.
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "pixel_values", "input_values", "input_features",
+                "decoder_input_ids", "decoder_attention_mask")
+
+
 def _model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    return {k: v for k, v in batch.items() if k in MODEL_INPUTS}
+
+
+def _examples(batch: dict[str, Any]) -> int:
+    """How many examples the batch holds: its first model input's leading size."""
+    for key in MODEL_INPUTS:
+        if isinstance(batch.get(key), Tensor):
+            return int(batch[key].shape[0])
+    raise ValueError(f"a batch holds none of the model's inputs ({', '.join(MODEL_INPUTS[:5])}, …); "
+                     f"got {', '.join(map(repr, batch)) or 'nothing'}")
 
 
 def head_importance(model: ModelLike, batches: Iterable[dict[str, Tensor]], loss_fn: LossFn, *,
                     normalize: bool = True, gates: Tensor | None = None) -> HeadImportance:
     """Gradient importance of every head of a transformers ``model`` over ``batches``.
 
-    ``batches`` yield dicts with the model's inputs (``input_ids``, ``attention_mask``) and
-    whatever ``loss_fn`` needs; ``loss_fn(outputs, batch)`` returns per-example losses (B,).
+    ``batches`` yield dicts with the model's inputs (``input_ids``, ``attention_mask``; a vision
+    model's ``pixel_values``: :data:`MODEL_INPUTS`) and whatever ``loss_fn`` needs;
+    ``loss_fn(outputs, batch)`` returns per-example losses (B,).
     ``gates`` (L, H): the gate values to take gradients at (default all ones; pruned heads 0).
     The model's parameters get no gradient (only the gates do). ``model``: what
     :func:`multihead.hf.load` returns, or a bare module.
@@ -81,7 +97,7 @@ def head_importance(model: ModelLike, batches: Iterable[dict[str, Tensor]], loss
                                  f"got {tuple(start.shape)}")
             for batch in batches:
                 batch = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
-                B = int(batch["input_ids"].shape[0])
+                B = _examples(batch)
                 values = start[:, None, :].expand(-1, B, -1).clone().requires_grad_(True)  # (L, B, H)
                 installed.values = values
                 losses = loss_fn(model(**_model_inputs(batch)), batch)

@@ -97,9 +97,14 @@ class SentimentTask(Task):
                        {"labels": [y for _, y in rows]})
 
     def _embed(self, batch: dict[str, Tensor], outputs=None) -> Tensor:
+        """(B, D) float32 sentence embeddings on the CPU, where the classifier is: a bfloat16 or
+        float16 model's hidden states pooled in float32 (the mean of up to 256 half values)."""
         if outputs is None:
-            outputs = self.model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        return _mean_pool(outputs.last_hidden_state, batch["attention_mask"])  # (B, D)
+            device = self.model.device
+            outputs = self.model.model(input_ids=batch["input_ids"].to(device),
+                                       attention_mask=batch["attention_mask"].to(device))
+        hidden = outputs.last_hidden_state.float().cpu()  # (B, T, D)
+        return _mean_pool(hidden, batch["attention_mask"].cpu())  # (B, D)
 
     def _fit(self) -> torch.nn.Linear:
         feats, labels = [], []
@@ -127,7 +132,7 @@ class SentimentTask(Task):
     def loss(self, outputs, batch: dict[str, Tensor]) -> Tensor:
         assert self.classifier is not None
         logits = self.classifier(self._embed(batch, outputs))
-        return F.cross_entropy(logits, batch["labels"], reduction="none")  # (B,)
+        return F.cross_entropy(logits, batch["labels"].cpu(), reduction="none")  # (B,)
 
     def evaluate(self, split: str = "test") -> float:
         assert self.classifier is not None

@@ -79,6 +79,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
         # go to a new folder of this process's own inside it, removed with the model (or at exit)
         offloaded_to, remove_offloaded = scratch_folder(where["offload_folder"], OFFLOAD_PREFIX)
         where["offload_folder"] = str(offloaded_to)
+    where.update(_base_without_pooler(loader, config, path))
     try:
         model = _from_pretrained(loader, path, where, placement, shown)
     except BaseException:
@@ -108,9 +109,12 @@ def _from_pretrained(loader: Any, path: Path, where: dict[str, Any], placement: 
     try:
         # torch's note on a pickle's protocol precedes our own line on it; accelerate's note that
         # offloaded weights sit on the meta device is what offloading means (the placement says so)
-        with warnings.catch_warnings(), _quiet("accelerate.big_modeling"):
+        # transformers' load report lists a task checkpoint's heads the base model leaves out (a
+        # classifier: what loading the base means); weights it lacks are said below, in one line
+        with warnings.catch_warnings(), _quiet("accelerate.big_modeling"), \
+                _dropped("transformers.modeling_utils", "LOAD REPORT"):
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            return loader.from_pretrained(path, **where).eval()
+            model, info = loader.from_pretrained(path, output_loading_info=True, **where)
     except ValueError as err:  # accelerate's word for a map that leaves weights nowhere
         if "offload" not in str(err):
             raise
@@ -122,6 +126,69 @@ def _from_pretrained(loader: Any, path: Path, where: dict[str, Any], placement: 
         if type(err).__name__ != "SafetensorError":
             raise
         raise ValueError(_weights_problem(path, err)) from err
+    missing = sorted(info.get("missing_keys") or ())
+    _check_offloaded_are_stored(model, missing, shown)
+    if missing:
+        warnings.warn(f"{shown}: {len(missing)} weight{'s' if len(missing) > 1 else ''} the checkpoint does not "
+                      f"hold {'are' if len(missing) > 1 else 'is'} newly initialised (random): "
+                      f"{', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}", stacklevel=3)
+    return model.eval()
+
+
+def _check_offloaded_are_stored(model: Any, missing: Any, shown: str) -> None:
+    """One line when a weight the checkpoint lacks (newly initialised) was offloaded to disk:
+    accelerate reads an offloaded weight back from the checkpoint's files, so the forward would
+    stop on it — raised at load, not a KeyError in the middle of a run."""
+    on_disk = [name for name, device in (getattr(model, "hf_device_map", None) or {}).items() if device == "disk"]
+    lost = [key for key in missing if any(key == name or key.startswith(name + ".") or not name for name in on_disk)]
+    if lost:
+        raise PlacementError("max_memory", f"offloads weights {shown}'s checkpoint does not hold ({lost[0]}, …: "
+                             "newly initialised, so never written to disk): give the model more memory "
+                             "(--max-memory) so that they stay in it")
+
+
+def _base_without_pooler(loader: Any, config: Any, path: Path) -> dict[str, Any]:
+    """``{"add_pooling_layer": False}`` where ``loader`` builds a base model with a pooler (BERT, ViT,
+    DeiT…) from a checkpoint that holds none (saved with a task head without one: an image or token
+    classifier): the pooler reads no attention, and a new one would be random weights — which
+    accelerate cannot offload (it reads offloaded weights back from the checkpoint). Else ``{}``."""
+    import inspect
+
+    from transformers import AutoModel
+
+    if loader is not AutoModel:
+        return {}
+    try:
+        built = AutoModel._model_mapping[type(config)]
+    except (KeyError, ValueError):
+        return {}
+    if "add_pooling_layer" not in inspect.signature(built.__init__).parameters:
+        return {}
+    names = checkpoint_names(path)
+    if names is None or any(".pooler." in f".{name}" for name in names):
+        return {}
+    return {"add_pooling_layer": False}
+
+
+def checkpoint_names(path: Path) -> list[str] | None:
+    """The weight names a model folder's safetensors hold (their headers only, or the index's
+    weight map); None for a pickled checkpoint (its names would mean reading it)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            return list(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}))
+        except (OSError, ValueError, AttributeError):
+            return None
+    single = path / "model.safetensors"
+    if not single.is_file():
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(single), framework="pt") as stored:
+            return list(stored.keys())
+    except Exception:  # a truncated or foreign file: the load itself says so in one line
+        return None
 
 
 def wrap(model: Any, tokenizer: Any, *, name: str, path: Path | None = None, processor: Any = None) -> HFModel:
@@ -178,6 +245,22 @@ def _quiet(logger_name: str) -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+@contextmanager
+def _dropped(logger_name: str, words: str) -> Iterator[None]:
+    """Inside, the named logger's records containing ``words`` are dropped — a filter, not a level:
+    transformers 5 runs a tensor-parallel check whose notes go to another logger when its
+    modeling logger's level is raised."""
+    def keep(record: logging.LogRecord) -> bool:
+        return words not in record.getMessage()
+
+    logger = logging.getLogger(logger_name)
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
 
 
 def model_class(config: Any) -> Any:
