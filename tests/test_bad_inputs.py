@@ -394,6 +394,20 @@ def test_train_owns_only_what_it_made(tmp_path):
         assert f"{path} cannot be resumed from" in lines[0], lines[0]
         assert snapshot(tmp_path) == before
         path.write_bytes(whole)
+    # a state that pickles objects: refused unread, its reason ours (torch's was ANSI-coloured advice on
+    # how to load it unsafely, cut mid-sentence)
+    import torch
+
+    whole = state.read_bytes()
+    torch.save({"step": Payload(str(tmp_path / "PWNED"))}, state)
+    before = snapshot(tmp_path)
+    done = console(["train", str(config)], cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        f"multihead train: error: {state} cannot be resumed from: it is truncated or not a multihead checkpoint (it "
+        "pickles objects beyond tensors and numbers, which a safe load (weights_only) refuses); move the checkpoint "
+        "away or start a new folder"], done.stderr
+    assert snapshot(tmp_path) == before and not (tmp_path / "PWNED").exists()
+    state.write_bytes(whole)
 
 
 # --- the commit of a result folder, stopped at each of its steps ---------------------------------

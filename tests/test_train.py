@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -262,3 +263,22 @@ def test_a_run_logs_the_rate_each_step_used_and_says_what_a_rerun_trains(tmp_pat
     code, out, err = run_cli(["train", str(path), "--device", "cpu"], capsys)
     assert code == 0 and "holds 10 steps, all of the 4 this config asks for" in err, err
     assert json.loads((tmp_path / "lr" / "run.json").read_text())["steps"] == 10
+
+
+def test_a_checkpoint_without_its_state_is_never_trained_over(tmp_path, capsys):
+    """checkpoint/state.pt gone (deleted, an FSDP run's): the run started over in silence and wrote
+    a fresh model over the trained one, and a fresh log over its metrics."""
+    path = _config(tmp_path, "lost", steps=4, every=2)
+    assert run_cli(["train", str(path), "--device", "cpu"], capsys)[0] == 0
+    (tmp_path / "lost" / "checkpoint" / "state.pt").unlink()
+    before = {p: p.read_bytes() for p in (tmp_path / "lost").rglob("*") if p.is_file()}
+    path.write_text(path.read_text().replace("steps = 4", "steps = 6"))
+    code, _, err = run_cli(["train", str(path), "--device", "cpu"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "checkpoint holds a checkpoint (complete, model.safetensors) without state.pt" in err, err
+    assert "train into a new folder" in err and "Traceback" not in err
+    assert {p: p.read_bytes() for p in (tmp_path / "lost").rglob("*") if p.is_file()} == before
+    # a run that saved no checkpoint at all starts over, and says so
+    shutil.rmtree(tmp_path / "lost" / "checkpoint")
+    code, _, err = run_cli(["train", str(path), "--device", "cpu"], capsys)
+    assert code == 0 and "holds a run that saved no checkpoint: starting it over from step 0" in err, err

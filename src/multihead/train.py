@@ -112,13 +112,18 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
                          dropout=float(c.model.get("dropout", 0.0)), eps=1e-5)
     model = DecoderLM(config).to(device)
     precision = getattr(torch, c.run.get("precision", "float32"))
+    claimed = False
     if rank == 0:  # one rank judges the folder (the others would see its probe file) and repairs it
-        claim_folder(c)  # before anything is written: a folder of another origin is refused
+        claimed = claim_folder(c)  # before anything is written: a folder of another origin is refused
         _recover_checkpoint(c.out)
     if distributed:
         torch.distributed.barrier()
     ckpt = c.out / "checkpoint"
     resuming = (ckpt / "state.pt").is_file()
+    if not resuming:
+        _check_nothing_to_lose(ckpt)
+        if claimed:
+            warn(f"train: {c.out} holds a run that saved no checkpoint: starting it over from step 0")
     fsdp = bool(c.run.get("fsdp")) and distributed
     if fsdp:  # shard every block's and the rest's parameters, gradients and optimiser state across ranks
         if resuming:
@@ -332,6 +337,17 @@ def _value(identity: dict, section: str, key: str | None):
     return value.get(key) if key is not None and isinstance(value, dict) else value
 
 
+def _check_nothing_to_lose(ckpt: Path) -> None:
+    """One line when a run would start over a checkpoint it cannot resume from: its weights without
+    ``state.pt`` (the optimiser's state and the step a resume needs — lost, or an FSDP run's, which
+    saves none yet). Starting over would write over the trained weights."""
+    held = sorted(p.name for p in ckpt.iterdir()) if ckpt.is_dir() else []
+    if held:
+        raise ValueError(f"{ckpt} holds a checkpoint ({', '.join(held[:3])}) without state.pt, the optimiser's "
+                         "state and step a resume needs (an FSDP run saves none yet): restore state.pt to resume, "
+                         "or train into a new folder; nothing was changed")
+
+
 def _recover_checkpoint(out: Path) -> None:
     """A kill between the two renames of :func:`_save`: the complete checkpoint back in place; an
     incomplete new one removed."""
@@ -356,9 +372,11 @@ def _resume(ckpt: Path, model, opt, sched) -> int:
     from safetensors.torch import load_file
 
     def refuse(path: Path, err: BaseException):
-        raise ValueError(f"{path} cannot be resumed from: it is truncated or not a multihead checkpoint "
-                         f"({' '.join(str(err).split())[:160] or type(err).__name__}); move the checkpoint away or "
-                         "start a new folder") from err
+        # torch's refusal of a pickle's objects is paragraphs of advice on loading it unsafely: ours is the reason
+        why = ("it pickles objects beyond tensors and numbers, which a safe load (weights_only) refuses"
+               if isinstance(err, pickle.UnpicklingError) else ' '.join(str(err).split())[:160] or type(err).__name__)
+        raise ValueError(f"{path} cannot be resumed from: it is truncated or not a multihead checkpoint ({why}); "
+                         "move the checkpoint away or start a new folder") from err
 
     try:
         model.load_state_dict(load_file(str(ckpt / "model.safetensors")))
