@@ -67,6 +67,8 @@ ARCHITECTURES: dict[str, tuple[str, dict, str]] = {
     "deberta-v2": ("deberta-v2", {}, "refused"),
     "falcon": ("falcon", {}, _since("falcon")),  # its fused Q/K/V: gated, not pruned
     "bloom": ("bloom", dict(n_embed=32, n_layer=2, n_head=4), "refused"),
+    "swin (windows of patches)": ("swin", dict(image_size=16, patch_size=2, embed_dim=16, depths=[1, 1],
+                                              num_attention_heads=[2, 4], window_size=2), "refused"),
 }
 
 

@@ -142,6 +142,20 @@ def test_gradient_importance_reads_a_vision_models_pixels(tmp_path):
         mh.heads.head_importance(model, [{"images": pixels}], loss)
 
 
+@pytest.mark.parametrize("heads", [[4, 4], [2, 4]])
+def test_a_model_that_attends_within_windows_is_refused_in_one_line(heads):
+    """Swin's attention runs over windows of patches, each window a batch row: it was analysed as
+    if each window were an image (max_weight 0.016 over 16 keys, '128 patch rows' for 2 images),
+    or refused as 'pruned?' where its stages have different head counts."""
+    config = transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=heads,
+                                     window_size=4)
+    with pytest.raises(mh.hf.UnsupportedModelError) as refused:
+        mh.hf.wrap(transformers.SwinModel(config), None, name="swin")
+    message = str(refused.value)
+    assert message.startswith("SwinModel (swin): its attention runs within windows of patches") and "\n" not in message
+    assert "pruned" not in message
+
+
 def test_images_with_the_wrong_model_or_folder_fail_in_one_line(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()

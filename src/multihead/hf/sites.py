@@ -138,6 +138,13 @@ def find_sites(model: ModelLike) -> list[AttentionSite]:
             "and models built from multihead's own layer")
     if not found:
         raise UnsupportedModelError(f"{type(module).__name__} has no attention layer multihead can find")
+    windowed = _windowed_type(config)
+    if windowed:
+        raise UnsupportedModelError(
+            f"{type(module).__name__} ({windowed}): its attention runs within windows of patches — each call a "
+            "batch of windows, each its own small map — not over the image, so its heads cannot be read as "
+            "attention over the image's patches; supported are vision models that attend over all of them (ViT, "
+            "DeiT, BEiT, DINOv2, ...)")
     encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
     vision = "pixel_values" in _forward_inputs(type(module)) and not encoder_decoder
     sites: list[AttentionSite] = []
@@ -158,6 +165,26 @@ def find_sites(model: ModelLike) -> list[AttentionSite]:
         sites.append(_hf_site(module, name, m, stack, layer, kind, causal, config))
     _shared_layers(sites, config)
     return sites
+
+
+#: Model types whose attention runs over windows of an image's patches (a shifted grid of them,
+#: or a neighbourhood), each window a batch row of its own: their maps are the windows', not the image's.
+WINDOWED_TYPES = frozenset({"swin", "swinv2", "donut-swin", "maskformer-swin", "swin2sr", "dinat", "nat", "hiera",
+                            "vitdet"})
+
+
+def _windowed_type(config: object) -> str | None:
+    """The model type of ``config``, or of a config inside it (an encoder's, a vision tower's), that
+    attends within windows (:data:`WINDOWED_TYPES`); None when none does."""
+    seen = [config]
+    while seen:
+        each = seen.pop()
+        kind = getattr(each, "model_type", None)
+        if kind in WINDOWED_TYPES:
+            return kind
+        seen += [v for k, v in vars(each).items() if k.endswith("config") and hasattr(v, "model_type")] \
+            if hasattr(each, "__dict__") else []
+    return None
 
 
 def _shared_layers(sites: list[AttentionSite], config) -> None:

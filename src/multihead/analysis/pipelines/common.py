@@ -106,9 +106,9 @@ def _one_head_count(model: HFModel, capture: AttentionCapture) -> None:
         most = max(counts, key=lambda n: (len(counts[n]), n))  # a tie: the larger count is the unpruned one
         fewer = ", ".join(f"{n} in {_layers_named(layers)}" for n, layers in sorted(counts.items()) if n != most)
         raise UnsupportedModelError(
-            f"{model.name}'s layers have different numbers of heads ({most} in most, {fewer}: pruned?); its heads "
-            "are analysed as one grid of layers x heads — analyse the unpruned model, with the heads gated off "
-            "(mh.hf.HeadGates) where their removal is the question")
+            f"{model.name}'s layers have different numbers of heads ({most} in most, {fewer}: pruned, or so built); "
+            "its heads are analysed as one grid of layers x heads — analyse the unpruned model, with the heads "
+            "gated off (mh.hf.HeadGates) where their removal is the question")
 
 
 def check_finite(stats: Any, dtype: Any, *, stack: str | None = None) -> None:
