@@ -166,6 +166,13 @@ def test_images_with_the_wrong_model_or_folder_fail_in_one_line(tmp_path, capsys
         code, _, err = run_cli(["analyze", *args, "--out", str(tmp_path / "o")], capsys)
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (args, err)
     assert not (tmp_path / "o").exists()
+    # view draws texts: a vision model said in one line ('NoneType' object is not callable, from its tokenizer)
+    folder = _tiny_vit(tmp_path / "vit")
+    code, _, err = run_cli(["view", "--model", str(folder), "--out", str(tmp_path / "v.html")], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        f"multihead view: error: view draws texts; vit is a vision model: its heads over images are on the page "
+        f"`multihead analyze --model {folder} --images FOLDER` writes (report.html)"], err
+    assert not (tmp_path / "v.html").exists()
 
 
 def test_a_vit_folder_loads_where_the_auto_image_processor_needs_torchvision(tmp_path, monkeypatch):

@@ -365,6 +365,9 @@ def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | No
     from .viz import view_page
 
     loaded = load_model(model, placement)
+    if loaded.processor is not None:  # no tokenizer to draw texts with
+        raise InputError(f"view draws texts; {loaded.name} is a vision model: its heads over images are on the page "
+                         f"`multihead analyze --model {model} --images FOLDER` writes (report.html)")
     if found is not None:
         _check_report_fits(found, loaded)
         if found.placement and found.placement != loaded.placement:  # its labels read from other numbers
