@@ -297,6 +297,12 @@ def test_the_cli_on_local_folders_of_other_architectures(tmp_path, capsys):
                               "--out", str(tmp_path / "t5r"), "--syntax", "off"], capsys)
     assert code == 0, err
     assert "encoder stack:" in out and "decoder stack:" in out and "cross stack:" in out
+    assert "Degenerate heads (input-independent attention whose removal changes nothing): not tested" in out
+    code, _, err = run_cli(["analyze", "w5 w6 w7 w8", "w9 w10", "--model", str(t5), "--target", str(target),
+                            "--ablation", "2", "--out", str(tmp_path / "t5a"), "--syntax", "off"], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        "multihead analyze: error: --ablation measures each head against a one-stack text model's own objective; "
+        "t5 is an encoder-decoder model (its heads are gated in Python: mh.hf.HeadGates)"], err
     report = json.loads((tmp_path / "t5r" / "report.json").read_text())
     assert report["stack"] == "encoder" and set(report["stacks"]) == {"decoder", "cross"}
     assert report["stacks"]["cross"]["heads"][0]["stack"] == "cross"

@@ -166,8 +166,20 @@ def test_images_with_the_wrong_model_or_folder_fail_in_one_line(tmp_path, capsys
         code, _, err = run_cli(["analyze", *args, "--out", str(tmp_path / "o")], capsys)
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (args, err)
     assert not (tmp_path / "o").exists()
+    # what measures heads against a text model's objective, asked of a vision model: one line, not silently skipped
+    vit = _tiny_vit(tmp_path / "vit")
+    for args, words in ((["--ablation", "4"], "--ablation measures each head against a one-stack text model's own "
+                                              "objective; vit is a vision model"),
+                        (["--exact-ablation"], "--ablation measures"),
+                        (["--syntax", "spacy"], "--syntax spacy parses texts; --images gives images")):
+        code, _, err = run_cli(["analyze", "--model", str(vit), "--images", "digits", "--sample", "4", *args,
+                                "--out", str(tmp_path / "o")], capsys)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (args, err)
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ValueError, match="ablation measures heads against a one-stack text model's own objective"):
+        mh.analyze(mh.hf.load(vit), digit_images(2), ablation=2)
     # view draws texts: a vision model said in one line ('NoneType' object is not callable, from its tokenizer)
-    folder = _tiny_vit(tmp_path / "vit")
+    folder = vit
     code, _, err = run_cli(["view", "--model", str(folder), "--out", str(tmp_path / "v.html")], capsys)
     assert code == 2 and err.strip().splitlines() == [
         f"multihead view: error: view draws texts; vit is a vision model: its heads over images are on the page "

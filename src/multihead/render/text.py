@@ -117,10 +117,14 @@ def _roles(report: Report) -> str:
 
 def _flags_and_redundancy(report: Report) -> str:
     flagged = report.flagged()
-    unit = (report.sections.ablation.unit or "") if report.sections.ablation is not None else ""
+    ablation = report.sections.ablation
+    unit = (ablation.unit or "") if ablation is not None else ""
+    ablated = ablation is not None and not ablation.skipped
     lines = [f"\nDegenerate heads ({len(flagged)}: attention input-independent and removing the head changes "
              f"nothing):" if flagged else "\nNo degenerate heads (input-independent attention whose removal changes "
-                                          "nothing)."]
+                                          "nothing)." if ablated else
+             "\nDegenerate heads (input-independent attention whose removal changes nothing): not tested, no head "
+             "was ablated."]
     for r in flagged:
         effect = r.metrics.get("zero_ablation", float("nan"))
         band = r.intervals.get("zero_ablation")
