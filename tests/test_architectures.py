@@ -298,6 +298,12 @@ def test_the_cli_on_local_folders_of_other_architectures(tmp_path, capsys):
     assert code == 0, err
     assert "encoder stack:" in out and "decoder stack:" in out and "cross stack:" in out
     assert "Degenerate heads (input-independent attention whose removal changes nothing): not tested" in out
+    page = (tmp_path / "t5r" / "report.html").read_text()
+    assert all(f"t5 — {stack} stack: 2 layers × 4 heads" in page for stack in ("encoder", "decoder", "cross"))
+    code, out, err = run_cli(["compare", str(tmp_path / "t5r"), str(tmp_path / "t5r"), "--out",
+                              str(tmp_path / "t5c")], capsys)
+    assert code == 0 and "only the encoder stacks are compared: the reports' cross and decoder stacks are left out" \
+        in out + err, out + err
     code, _, err = run_cli(["analyze", "w5 w6 w7 w8", "w9 w10", "--model", str(t5), "--target", str(target),
                             "--ablation", "2", "--out", str(tmp_path / "t5a"), "--syntax", "off"], capsys)
     assert code == 2 and err.strip().splitlines() == [

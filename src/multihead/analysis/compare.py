@@ -227,6 +227,10 @@ def compare(a: Report | str | Path, b: Report | str | Path, *, different_corpora
         # a dtype apart: every metric moves by its rounding (SmolLM2 bfloat16 against float32: entropy up to 0.024)
         warnings.append(f"different precisions ({ra.placement} against {rb.placement}): differences include the "
                         "lower one's rounding")
+    others = sorted(set(ra.stacks) | set(rb.stacks))
+    if others:  # an encoder-decoder's decoder and cross stacks: not compared yet, and said so
+        warnings.append(f"only the {ra.stack} stacks are compared: the reports' {' and '.join(others)} stacks are "
+                        "left out")
     for name, report in ((na, ra), (nb, rb)):
         measured = measured_heads(report)
         if measured is not None:

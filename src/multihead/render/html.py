@@ -36,9 +36,10 @@ def _num(value: float | None, digits: int = 3) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
-def report_body(report: Report) -> str:
-    """The report as an HTML fragment (a ``<div class="mh-report">``), safe to embed anywhere."""
-    stack = f" — {escape(report.stack)} stack" if report.stacks else ""
+def report_body(report: Report, *, one_of_stacks: bool = False) -> str:
+    """The report as an HTML fragment (a ``<div class="mh-report">``), safe to embed anywhere;
+    ``one_of_stacks``: it is an encoder-decoder's decoder or cross stack (its title names it)."""
+    stack = f" — {escape(report.stack)} stack" if report.stacks or one_of_stacks else ""
     parts = [f'<div class="mh-report"><style>{_STYLE}</style>',
              f"<h2>{escape(report.model)}{stack}: {report.num_layers} layers × {report.num_heads} heads"
              f"{' (causal)' if report.causal else ''}</h2>",
@@ -117,7 +118,7 @@ def report_body(report: Report) -> str:
         parts.append(f"<p>Coreference: {coref.examples} pronoun examples; nearest-mention baseline "
                      f"{_num(coref.baseline_nearest)}.</p>")
     parts.append("</div>")
-    parts += [report_body(sub) for sub in report.stacks.values()]  # an encoder-decoder's other stacks
+    parts += [report_body(sub, one_of_stacks=True) for sub in report.stacks.values()]  # an encoder-decoder's others
     return "".join(parts)
 
 
