@@ -115,6 +115,14 @@ def _setup(tmp: Path) -> dict[str, Path]:
     (tmp / "decoder.json").write_text(json.dumps(_report(causal=True)))  # MiniLM's shape, a decoder's heads
     (tmp / "latin1.conllu").write_bytes("1\tcaf\xe9\t_\t_\t_\t_\t0\troot\t_\t_\n\n".encode("latin-1"))
     _model(tmp / "notokenizer", tokenizer=False)
+    novocab = _model(tmp / "novocab", tokenizer=False)  # its tokenizer's config alone: BERT's gives 5 tokens
+    (novocab / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+                                                  *(f"w{i}" for i in range(5, 120))]) + "\n")
+    import transformers
+
+    transformers.BertTokenizerFast(str(novocab / "vocab.txt")).save_pretrained(novocab)
+    (novocab / "tokenizer.json").unlink()
+    (novocab / "vocab.txt").unlink()
     truncated = _model(tmp / "truncated")
     weights = truncated / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:5000])
@@ -179,6 +187,8 @@ CASES = [
      "has no config.json"),
     ("--model without tokenizer", ["analyze", "w5 w6", "--model", "{tmp}/notokenizer", "--out", "{tmp}/new"],
      "no tokenizer in {tmp}/notokenizer"),
+    ("--model without a vocabulary", ["prune", "--model", "{tmp}/novocab", "--out", "{tmp}/new"],
+     "the tokenizer in {tmp}/novocab knows 5 tokens of the model's 120: its vocabulary file is missing"),
     ("--model truncated weights", ["analyze", "w5 w6", "--model", "{tmp}/truncated", "--out", "{tmp}/new"],
      "model.safetensors cannot be read"),
     ("--model unsafe pickle", ["analyze", "w5 w6", "--model", "{tmp}/unsafe", "--out", "{tmp}/new"],

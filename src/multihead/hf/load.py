@@ -97,6 +97,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
     else:
         _check_tokenizer(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
+        _check_vocabulary(tokenizer, model.config, path)
         if tokenizer.pad_token is None:  # decoders often ship without one; padding is masked anyway
             tokenizer.pad_token = tokenizer.eos_token
     loaded = _wrapped(model, tokenizer, sites, stack, name=shown, path=path, processor=processor)
@@ -361,6 +362,18 @@ def _check_tokenizer(path: Path) -> None:
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ValueError(f"no tokenizer in {path}: a text model's folder needs its tokenizer's files "
                          "(tokenizer.json, or vocab.txt / vocab.json and merges.txt / a SentencePiece model)")
+
+
+def _check_vocabulary(tokenizer: Any, config: Any, path: Path) -> None:
+    """One line for a tokenizer that knows under half of the model's vocabulary: its vocabulary file
+    is missing (a folder with only ``tokenizer_config.json`` gave BERT a tokenizer of 5 tokens, every
+    word [UNK], and `prune` ran to the end at chance). A vocabulary padded for speed stays above half."""
+    vocab = getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size", None)
+    known = len(tokenizer)
+    if isinstance(vocab, int) and vocab > 0 and known < vocab / 2:
+        raise ValueError(f"the tokenizer in {path} knows {known:,} tokens of the model's {vocab:,}: its vocabulary "
+                         "file is missing (tokenizer.json, or vocab.txt / vocab.json and merges.txt / a "
+                         "SentencePiece model)")
 
 
 def _weights_problem(path: Path, err: BaseException) -> str:
