@@ -282,3 +282,28 @@ def test_a_checkpoint_without_its_state_is_never_trained_over(tmp_path, capsys):
     shutil.rmtree(tmp_path / "lost" / "checkpoint")
     code, _, err = run_cli(["train", str(path), "--device", "cpu"], capsys)
     assert code == 0 and "holds a run that saved no checkpoint: starting it over from step 0" in err, err
+
+
+def test_a_runs_model_loads_from_its_folder_and_the_commands_say_how(tmp_path, capsys):
+    """`analyze --model RUN` said only 'has no config.json'; rebuilding the model by hand was the way."""
+    import multihead as mh
+
+    path = _config(tmp_path, "own", steps=2, every=2)
+    assert run_cli(["train", str(path), "--device", "cpu"], capsys)[0] == 0
+    model = mh.train.load_run(tmp_path / "own")
+    saved = _weights(tmp_path, "own")
+    assert all(torch.equal(value, saved[name]) for name, value in model.state_dict().items())
+    assert not model.training and mh.train.load_run(tmp_path / "own" / "checkpoint").state_dict().keys() == saved.keys()
+    maps = []
+    with mh.hf.AttentionCapture(model, lambda chunk: maps.append(chunk.weights.clone())), torch.no_grad():
+        model(torch.randint(0, 20, (1, 12)))
+    assert [tuple(m.shape) for m in maps] == [(1, 4, 12, 12)]
+    torch.testing.assert_close(maps[0].sum(-1), torch.ones(1, 4, 12))
+    for where in (tmp_path / "own", tmp_path / "own" / "checkpoint"):
+        code, _, err = run_cli(["analyze", "hi", "--model", str(where), "--out", str(tmp_path / "r")], capsys)
+        assert code == 2 and err.strip().splitlines() == [
+            f"multihead analyze: error: {where} holds a multihead train run, not a Hugging Face model folder (the "
+            f"commands read those): load its model in Python, mh.train.load_run({str(where)!r}), and read its "
+            "heads with mh.hf.AttentionCapture (docs/training.md)"], err
+    with pytest.raises(ValueError, match="holds no multihead train run"):
+        mh.train.load_run(tmp_path)

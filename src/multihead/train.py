@@ -61,7 +61,8 @@ from .progress import bar, warn
 from .stops import end_rank
 from .train_config import TrainConfig, load_config
 
-__all__ = ["CharData", "TrainConfig", "end_rank", "load_config", "main", "step_generator", "train", "warmup_cosine"]
+__all__ = ["CharData", "TrainConfig", "end_rank", "load_config", "load_run", "main", "step_generator", "train",
+           "warmup_cosine"]
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -83,6 +84,45 @@ class CharData:
     def batch(self, step: int, size: int) -> torch.Tensor:
         starts = torch.randint(0, len(self.ids) - self.seq_len - 1, (size,), generator=step_generator(self.seed, step))
         return torch.stack([self.ids[s:s + self.seq_len + 1] for s in starts.tolist()])  # (B, T+1)
+
+
+def _model_config(model: dict, data: dict, vocab: int) -> ModelConfig:
+    """The decoder a run's ``[model]`` and ``[data]`` sections describe, over ``vocab`` characters."""
+    return ModelConfig("decoder", int(model["layers"]), int(model["heads"]), int(model["dim"]), int(model["hidden"]),
+                       vocab=vocab, max_len=int(data["seq_len"]), norm_first=True,
+                       dropout=float(model.get("dropout", 0.0)), eps=1e-5)
+
+
+def load_run(folder: str | Path) -> DecoderLM:
+    """The model a ``multihead train`` run's folder holds: its decoder (from ``run.json``) with the
+    weights of its last checkpoint (``checkpoint/model.safetensors``), in eval mode, float32, on
+    the CPU. ValueError (one line) for a folder that holds no run or no checkpoint."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if folder.name == "checkpoint" and (folder.parent / RUN_FILE).is_file():
+        folder = folder.parent  # the checkpoint named: its run
+    record = folder / RUN_FILE
+    if not record.is_file():
+        raise ValueError(f"{folder} holds no multihead train run (no {RUN_FILE})")
+    data = read_json(record, "a multihead run's record")
+    identity = data.get("identity") if isinstance(data, dict) else None
+    if data.get("schema") != RUN_SCHEMA or not isinstance(identity, dict):
+        raise ValueError(f"{record} is not a multihead run's record")
+    weights = folder / "checkpoint" / "model.safetensors"
+    if not weights.is_file():
+        raise ValueError(f"{folder}'s run saved no checkpoint ({weights} is not there)")
+    try:
+        chars = CharData(identity["data"]["source"], int(identity["data"]["seq_len"]), int(identity["seed"]))
+        model = DecoderLM(_model_config(identity["model"], identity["data"], chars.vocab))
+        model.load_state_dict(load_file(str(weights)))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{record} does not describe a model ({' '.join(str(err).split())[:160]})") from err
+    except (SafetensorError, OSError, RuntimeError) as err:
+        raise ValueError(f"{weights} cannot be read as this run's weights ({' '.join(str(err).split())[:160]})") \
+            from err
+    return model.eval()
 
 
 def warmup_cosine(step: int, warmup: int, total: int) -> float:
@@ -107,10 +147,7 @@ def train(c: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> De
     world = torch.distributed.get_world_size() if distributed else 1
     torch.manual_seed(c.seed)
     data = CharData(c.data["source"], int(c.data["seq_len"]), c.seed)
-    config = ModelConfig("decoder", int(c.model["layers"]), int(c.model["heads"]), int(c.model["dim"]),
-                         int(c.model["hidden"]), vocab=data.vocab, max_len=int(c.data["seq_len"]), norm_first=True,
-                         dropout=float(c.model.get("dropout", 0.0)), eps=1e-5)
-    model = DecoderLM(config).to(device)
+    model = DecoderLM(_model_config(c.model, c.data, data.vocab)).to(device)
     precision = getattr(torch, c.run.get("precision", "float32"))
     claimed = False
     if rank == 0:  # one rank judges the folder (the others would see its probe file) and repairs it

@@ -71,6 +71,11 @@ def model_path(name_or_path: str | Path = "minilm") -> Path:
                 f"{path} holds a model pruned by multihead prune (weights and pruned_heads.json), not a Hugging "
                 f"Face folder: load it in Python onto its base, mh.heads.load_pruned(mh.hf.load({_base_of(path)!r}), "
                 f"{str(path)!r}) (docs/heads.md); the per-head analyses read the base model with those heads gated off")
+        if (path / "run.json").is_file() or (path.name == "checkpoint" and (path.parent / "run.json").is_file()):
+            raise FileNotFoundError(  # `multihead train`'s folder (train.RUN_FILE), or its checkpoint
+                f"{path} holds a multihead train run, not a Hugging Face model folder (the commands read those): "
+                f"load its model in Python, mh.train.load_run({str(path)!r}), and read its heads with "
+                "mh.hf.AttentionCapture (docs/training.md)")
         raise FileNotFoundError(f"{path} is not a Hugging Face model folder: it has no config.json")
     return path
 
