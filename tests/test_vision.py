@@ -92,6 +92,7 @@ def test_a_vit_folder_is_analysed_on_images(tmp_path, capsys):
     data = json.loads((tmp_path / "r" / "report.json").read_text())
     assert data["stack"] == "vision" and data["sections"]["images"]["count"] == 10 and "layer |" in out
     page = (tmp_path / "r" / "report.html").read_text()
+    assert "<p>10 images, 160 patches; float32 on cpu." in page  # not 'texts' and 'tokens'
     assert page.count("<table>") >= 2 and 'src="data:image/png;base64,' in page  # heads over the first image
     assert "img-src data:" in page and "http" not in page.replace("http-equiv", "")
     pictures = tmp_path / "pictures"
@@ -161,7 +162,9 @@ def test_images_with_the_wrong_model_or_folder_fail_in_one_line(tmp_path, capsys
     empty.mkdir()
     cases = [(["--images", str(tmp_path / "none")], "no such folder"),
              (["--images", str(empty)], "holds no image"),
-             (["--images", "digits", "some text"], "do not add TEXT")]
+             (["--images", "digits", "some text"], "do not add TEXT"),
+             (["--images", "digits", "--sample", "0"], "--sample: --images digits takes 1 to 1,797"),
+             (["--images", "digits", "--sample", "5000"], "of scikit-learn's digits; got 5,000")]
     for args, words in cases:
         code, _, err = run_cli(["analyze", *args, "--out", str(tmp_path / "o")], capsys)
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (args, err)
@@ -176,6 +179,8 @@ def test_images_with_the_wrong_model_or_folder_fail_in_one_line(tmp_path, capsys
                                 "--out", str(tmp_path / "o")], capsys)
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (args, err)
     assert not (tmp_path / "o").exists()
+    with pytest.raises(TypeError, match=r"vit is a vision model: give it images \(PIL images or arrays\), not texts"):
+        mh.analyze(mh.hf.load(vit), ["hello world"])
     with pytest.raises(ValueError, match="ablation measures heads against a one-stack text model's own objective"):
         mh.analyze(mh.hf.load(vit), digit_images(2), ablation=2)
     # view draws texts: a vision model said in one line ('NoneType' object is not callable, from its tokenizer)

@@ -183,7 +183,8 @@ def _parser() -> argparse.ArgumentParser:
     an.add_argument("--batch-size", type=_count(1), default=32, help="sentences per batch (default 32)")
     an.add_argument("--truncate", action="store_true", help="cut texts longer than the model's positions")
     an.add_argument("--sample", type=_count(0), default=300,
-                    help="with no text: how many Rotten Tomatoes sentences join the articles' examples (default 300)")
+                    help="with no text: how many Rotten Tomatoes sentences join the articles' examples (default "
+                         "300); with --images digits: how many digits (1 to 1,797)")
     an.add_argument("--syntax", choices=("auto", "spacy", "off"), default="auto",
                     help="dependency-syntax scores from spaCy parses: auto (when spaCy and en_core_web_sm are "
                          "installed), spacy (required), off")

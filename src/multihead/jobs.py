@@ -24,7 +24,7 @@ from .analysis.interventions.whatif_spec import read_what_if
 from .analysis.probes.syntax import read_conllu, spacy_available
 from .analysis.report import Report
 from .collector import old_objects_frozen
-from .data import ARTICLE_SENTENCES, PATCHING_EXAMPLES, sample_sentences
+from .data import ARTICLE_SENTENCES, DIGITS, PATCHING_EXAMPLES, sample_sentences
 from .files import (
     OutputFolderError,
     StagedFiles,
@@ -214,6 +214,9 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
         if texts or file or conllu or target:
             raise InputError("--images gives the corpus itself: do not add TEXT, --file, --conllu or --target")
         image_folder = None if images == "digits" else _folder(images, "--images")
+        if image_folder is None and not 1 <= sample <= DIGITS:
+            raise InputError(f"--sample: --images digits takes 1 to {DIGITS:,} of scikit-learn's digits; "
+                             f"got {sample:,}")
     else:
         corpus, parses = _corpus(texts, file, document, conllu, sample)
         if file and not document and not conllu and _wrapped(corpus[len(texts):]):

@@ -157,7 +157,7 @@ def _stop_if_interrupted() -> None:
 
 
 def _plural(unit: str) -> str:
-    return {"batch": "batches", "it": "items"}.get(unit, unit + "s")
+    return {"batch": "batches", "patch": "patches", "it": "items"}.get(unit, unit + "s")
 
 
 def counted(n: int, noun: str) -> str:

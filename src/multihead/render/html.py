@@ -40,10 +40,12 @@ def report_body(report: Report, *, one_of_stacks: bool = False) -> str:
     """The report as an HTML fragment (a ``<div class="mh-report">``), safe to embed anywhere;
     ``one_of_stacks``: it is an encoder-decoder's decoder or cross stack (its title names it)."""
     stack = f" — {escape(report.stack)} stack" if report.stacks or one_of_stacks else ""
+    images = report.sections.images is not None
     parts = [f'<div class="mh-report"><style>{_STYLE}</style>',
              f"<h2>{escape(report.model)}{stack}: {report.num_layers} layers × {report.num_heads} heads"
              f"{' (causal)' if report.causal else ''}</h2>",
-             f"<p>{counted(report.sentences, 'text')}, {counted(report.tokens, 'token')}"
+             f"<p>{counted(report.sentences, 'image' if images else 'text')}, "
+             f"{counted(report.tokens, 'patch' if images else 'token')}"
              f"{'; ' + escape(report.placement) if report.placement else ''}.</p>",
              "<h3>Head map</h3><table><tr><th>layer</th>"]
     parts += [f"<th>h{h}</th>" for h in range(report.num_heads)]

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ...data import DIGITS
 from ...hf.model import HFModel
 from ...inputs import Batch, TokenInfo
 from .. import sections as S
@@ -58,8 +59,8 @@ def digit_images(n: int = 300, size: int = 32) -> list[Any]:
     from PIL import Image
     from sklearn.datasets import load_digits
 
-    if n < 1:
-        raise ValueError(f"n must be a positive integer; got {n}")
+    if not 1 <= n <= DIGITS:
+        raise ValueError(f"n must be 1 to {DIGITS:,} (the digits scikit-learn ships); got {n}")
     pixels = load_digits().images[:n]  # (n, 8, 8) values 0..16
     return [Image.fromarray((255 - p * 255 / 16).astype("uint8")).convert("RGB").resize((size, size), Image.NEAREST)
             for p in pixels]
@@ -87,9 +88,13 @@ def analyze_images(model: HFModel, images: Sequence[Any], *, batch_size: int = 3
     arrays), in one pass that also keeps the first image's maps for the page."""
     if model.processor is None:
         raise TypeError(f"{model.name} has no image processor: analyze_images needs a vision model")
-    images = list(images)
+    images = [images] if isinstance(images, str) else list(images)
     if not images:
         raise ValueError("no image to analyze")
+    texts = [i for i, item in enumerate(images) if isinstance(item, str | bytes)]
+    if texts:  # transformers would take a string for a URL or base64 and say so, deep inside its processor
+        raise TypeError(f"{model.name} is a vision model: give it images (PIL images or arrays), not texts "
+                        f"(item {texts[0] + 1} is text)")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
     stats = PatchStatistics(model.num_layers, model.num_heads)
