@@ -371,3 +371,14 @@ def test_every_site_has_a_name_people_can_guess_for_our_layers_and_transformers_
     with torch.no_grad(), mh.hf.AttentionCapture(model, lambda c: seen.append(c.name), at="decoder.1"):
         model(**inputs("llama (GQA)", model))
     assert seen == ["decoder.1"]  # a reader attached at one name reads that layer only
+
+
+def test_heads_left_are_counted_per_stack_of_an_encoder_decoder():
+    """count_heads gave [] for a pruned BART (its two stacks' error swallowed as 'every layer pruned')."""
+    model = build("bart")
+    mh.prune_heads(model, {0: [1]}, stack="encoder")
+    mh.prune_heads(model, {1: [0, 1, 2, 3]}, stack="decoder")
+    assert mh.heads.count_heads(model, stack="encoder") == [3, 4]
+    assert mh.heads.count_heads(model, stack="decoder") == [4, 0]
+    with pytest.raises(ValueError, match=r"the model has 2 self-attention stacks \(encoder, decoder\)"):
+        mh.heads.count_heads(model)

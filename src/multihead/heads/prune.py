@@ -35,7 +35,7 @@ from ..hf.halflinear import RaisedHalfLinear
 from ..hf.interventions import self_attention_sites
 from ..hf.model import ModelLike, as_module
 from ..hf.placement import is_offloaded
-from ..hf.sites import AttentionSite
+from ..hf.sites import AttentionSite, UnsupportedModelError, find_sites
 
 __all__ = ["PRUNED_FILE", "count_heads", "load_pruned", "prune_heads", "save_pruned"]
 
@@ -212,27 +212,32 @@ def prune_heads(model: ModelLike, heads: Mapping[int, Iterable[int]], *, stack: 
     return model
 
 
-def count_heads(model: ModelLike) -> list[int]:
-    """Heads left in each attention layer of the model's self-attention stack."""
+def count_heads(model: ModelLike, *, stack: str | None = None) -> list[int]:
+    """Heads left in each attention layer of one self-attention stack (default: the model's only
+    one; an encoder-decoder's ``"encoder"`` or ``"decoder"``, else ValueError naming its stacks)."""
     model = as_module(model)
     if any(isinstance(m, MultiHeadAttention) for m in model.modules()):
         return [m.num_heads for m in model.modules() if isinstance(m, MultiHeadAttention)]
     counts = []
     names = {id(m): n for n, m in model.named_modules()}
-    live = {names[id(s.module)]: s.num_heads for s in self_attention_sites_or_empty(model)}
+    live = {names[id(s.module)]: s.num_heads for s in self_attention_sites_or_empty(model, stack)}
     for name, module in model.named_modules():
-        if isinstance(module, _NoHeads):
+        if isinstance(module, _NoHeads) and (stack is None or stack in name.split(".")):
             counts.append((name, 0))
         elif name in live:
             counts.append((name, live[name]))
     return [n for _, n in counts]
 
 
-def self_attention_sites_or_empty(model: nn.Module) -> list[AttentionSite]:
+def self_attention_sites_or_empty(model: nn.Module, stack: str | None = None) -> list[AttentionSite]:
+    """The stack's sites; none where every layer is pruned away (the model has no attention left)."""
     try:
-        return self_attention_sites(model)
-    except ValueError:  # every layer pruned away
-        return []
+        sites = find_sites(model)
+    except UnsupportedModelError:
+        if any(isinstance(m, _NoHeads) for m in model.modules()):
+            return []  # every layer pruned away
+        raise
+    return self_attention_sites(model, stack, sites=sites)
 
 
 def save_pruned(model: ModelLike, folder: str | Path, heads: Mapping[int, Iterable[int]], *,

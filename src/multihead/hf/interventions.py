@@ -33,9 +33,11 @@ from .sites import AttentionSite, find_sites, main_stack, select
 __all__ = ["HeadGates", "gate_gradients_only", "replace_attention", "replica_gates", "self_attention_sites"]
 
 
-def self_attention_sites(model: ModelLike, stack: str | None = None) -> list[AttentionSite]:
-    """The sites of one self-attention stack (default: the model's only one), in layer order."""
-    sites = find_sites(model)
+def self_attention_sites(model: ModelLike, stack: str | None = None, *,
+                         sites: list[AttentionSite] | None = None) -> list[AttentionSite]:
+    """The sites of one self-attention stack (default: the model's only one), in layer order;
+    ``sites``: the model's (:func:`~multihead.hf.sites.find_sites`), where already found."""
+    sites = find_sites(model) if sites is None else sites
     stack = stack if stack is not None else main_stack(sites)
     return [s for s in sites if s.stack == stack]
 
