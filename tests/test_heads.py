@@ -303,6 +303,7 @@ def test_cli_prune_on_minilm_writes_the_curve(tmp_path):
     else:
         assert "No step kept accuracy within 99%" in done.stdout, done.stdout
     assert curve["schema"] == "multihead.pruning/1" and [s["heads_pruned"] for s in curve["steps"]] == [36, 54]
+    assert curve["placement"] == "float32 on cpu"  # a bfloat16 curve is told apart
     png = (out / "curve.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     # run again into it without --save-model: its pruned model would sit beside a curve it is not of —

@@ -45,6 +45,9 @@ class PruningCurve:
     total_heads: int
     baseline: float
     steps: list[PruningStep] = field(default_factory=list)
+    #: where and in what precision the model ran (``bfloat16 on cpu``): a bfloat16 curve and a
+    #: float32 one differ in their last digits and sometimes in the heads pruned
+    placement: str | None = None
 
     def prunable_within(self, tolerance: float = 0.01) -> PruningStep | None:
         """The step with the largest fraction pruned whose metric is ≥ (1 - tolerance) × baseline."""
@@ -100,7 +103,8 @@ def pruning_curve(task: Task, *, steps: int = 10, per_step: float = 0.1, reestim
     with HeadGates(model) as gates:
         L, H = gates.num_layers, gates.num_heads
         mask = torch.ones(L, H)
-        curve = PruningCurve(task.name, task.metric_name, task.model.name, L * H, task.evaluate())
+        curve = PruningCurve(task.name, task.metric_name, task.model.name, L * H, task.evaluate(),
+                             placement=getattr(task.model, "placement", None))
     if not curve.baseline > 0:  # every step is read as a share of it: of nothing, nothing is kept
         raise ValueError(f"the unpruned {task.model.name} scores {curve.baseline:.4f} {task.metric_name} on the "
                          f"{task.name} task's held-out texts, so no pruning fraction keeps a share of it (an "
