@@ -1,6 +1,7 @@
 """Compare two report.json files metric by metric: the before/after check of a redesign.
 
-``python tools/compare_reports.py BEFORE AFTER [--tolerance 1e-6]`` prints the worst absolute
+``python tools/compare_reports.py BEFORE AFTER [--tolerance 1e-6]`` (each a report.json or the
+report folder holding it) prints the worst absolute
 difference per metric and every label, flag or evidence mark that differs; exit 1 when any does.
 """
 
@@ -14,7 +15,8 @@ from pathlib import Path
 
 
 def load(path: str) -> dict:
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    found = Path(path) / "report.json" if Path(path).is_dir() else Path(path)
+    data = json.loads(found.read_text(encoding="utf-8"))
     sections = data.get("sections", data)  # schema 2 nests the sections; schema 1 had them at the top
     marks = {(e["layer"], e["head"]): e["mark"] for e in (sections.get("evidence") or {}).get("heads", [])}
     heads = {(h["layer"], h["head"]): h for h in data["heads"]}
