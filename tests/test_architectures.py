@@ -382,3 +382,6 @@ def test_heads_left_are_counted_per_stack_of_an_encoder_decoder():
     assert mh.heads.count_heads(model, stack="decoder") == [4, 0]
     with pytest.raises(ValueError, match=r"the model has 2 self-attention stacks \(encoder, decoder\)"):
         mh.heads.count_heads(model)
+    llama = build("llama (GQA)")  # its stack 'decoder', its layers model.layers.N: a layer pruned away still counts
+    mh.prune_heads(llama, {1: [0, 1, 2, 3]})
+    assert mh.heads.count_heads(llama, stack="decoder") == mh.heads.count_heads(llama) == [4, 0]

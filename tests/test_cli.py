@@ -179,6 +179,25 @@ def test_a_run_started_with_sighup_ignored_goes_on_when_its_terminal_hangs_up(tm
     assert json.loads((tmp_path / "rep" / "report.json").read_text())["num_heads"] == 12
 
 
+@pytest.mark.slow
+def test_a_run_whose_terminal_is_gone_writes_its_report_without_a_traceback(tmp_path):
+    """The terminal closed (EIO on every write) before a hang-up is handled, or without one: a
+    progress line's failed write ended the run in a traceback (exit 1), its report never written."""
+    main, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "multihead.cli", "analyze", "--sample", "40", "--syntax", "off",
+                             "--out", str(tmp_path / "rep")], stdout=follower, stderr=follower,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    os.close(follower)
+    seen = b""
+    while b"loading minilm" not in seen:
+        chunk = os.read(main, 4096)
+        assert chunk, seen.decode(errors="replace")
+        seen += chunk
+    os.close(main)  # the terminal gone: every later write fails
+    assert proc.wait(timeout=600) == 2  # its summary could not be printed: said by the status alone
+    assert json.loads((tmp_path / "rep" / "report.json").read_text())["num_heads"] == 12
+
+
 def test_progress_off_a_terminal_is_lines_with_the_time_left(monkeypatch, capsys):
     from multihead import progress
 

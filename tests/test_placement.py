@@ -357,6 +357,29 @@ def test_weights_a_checkpoint_lacks_are_said_and_never_offloaded(tmp_path):
     assert "\n" not in str(err.value) and not (tmp_path / "off").exists()  # the folder it made: gone again
 
 
+def test_transformers_report_of_weights_it_raises_on_is_kept(tmp_path):
+    """Its load report of a task head left out is dropped; the one its error points to ("look at the
+    above report!": weights of the wrong shape) is not."""
+    import json
+    import logging
+
+    folder = _tiny_mixtral(tmp_path / "mix")
+    config = json.loads((folder / "config.json").read_text())
+    config["intermediate_size"] = 48  # the checkpoint's MLP weights are 64 wide
+    (folder / "config.json").write_text(json.dumps(config))
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = logging.getLogger("transformers.modeling_utils")
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(ValueError, match="look at the above report"):
+            mh.hf.load(folder)
+    finally:
+        logger.removeHandler(handler)
+    assert any("LOAD REPORT" in line and "MISMATCH" in line for line in seen), seen
+
+
 def test_an_offloaded_modules_freed_weights_go_back_to_the_system_after_its_forward(offloaded, monkeypatch):
     """Each module whose weights accelerate swaps in gives the heap's freed pages back after its
     forward — once its hook has dropped the weights (every swapping module's are on meta when it

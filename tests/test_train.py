@@ -290,20 +290,29 @@ def test_a_runs_model_loads_from_its_folder_and_the_commands_say_how(tmp_path, c
 
     path = _config(tmp_path, "own", steps=2, every=2)
     assert run_cli(["train", str(path), "--device", "cpu"], capsys)[0] == 0
-    model = mh.train.load_run(tmp_path / "own")
-    saved = _weights(tmp_path, "own")
+    run = mh.train.load_run(tmp_path / "own")
+    model, saved = run.model, _weights(tmp_path, "own")
     assert all(torch.equal(value, saved[name]) for name, value in model.state_dict().items())
-    assert not model.training and mh.train.load_run(tmp_path / "own" / "checkpoint").state_dict().keys() == saved.keys()
+    assert not model.training
+    assert mh.train.load_run(tmp_path / "own" / "checkpoint").model.state_dict().keys() == saved.keys()
+    ids = run.encode("To be, or not")
+    assert ids.shape == (1, 13) and run.decode(ids) == "To be, or not"
+    with pytest.raises(ValueError, match=r"'€' is not among the \d+ characters this run trained on"):
+        run.encode("€")
     maps = []
     with mh.hf.AttentionCapture(model, lambda chunk: maps.append(chunk.weights.clone())), torch.no_grad():
-        model(torch.randint(0, 20, (1, 12)))
-    assert [tuple(m.shape) for m in maps] == [(1, 4, 12, 12)]
-    torch.testing.assert_close(maps[0].sum(-1), torch.ones(1, 4, 12))
+        model(ids)
+    assert [tuple(m.shape) for m in maps] == [(1, 4, 13, 13)]
+    torch.testing.assert_close(maps[0].sum(-1), torch.ones(1, 4, 13))
     for where in (tmp_path / "own", tmp_path / "own" / "checkpoint"):
         code, _, err = run_cli(["analyze", "hi", "--model", str(where), "--out", str(tmp_path / "r")], capsys)
         assert code == 2 and err.strip().splitlines() == [
             f"multihead analyze: error: {where} holds a multihead train run, not a Hugging Face model folder (the "
-            f"commands read those): load its model in Python, mh.train.load_run({str(where)!r}), and read its "
-            "heads with mh.hf.AttentionCapture (docs/training.md)"], err
+            f"commands read those): load it in Python, mh.train.load_run({str(where)!r}) (its model and its "
+            "characters), and read its heads with mh.hf.AttentionCapture (docs/training.md)"], err
     with pytest.raises(ValueError, match="holds no multihead train run"):
         mh.train.load_run(tmp_path)
+    (tmp_path / "listed").mkdir()
+    (tmp_path / "listed" / "run.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"run\.json is not a multihead run's record"):
+        mh.train.load_run(tmp_path / "listed")

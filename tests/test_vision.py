@@ -127,6 +127,15 @@ def test_an_image_classifiers_checkpoint_offloaded_gives_what_it_gives_in_memory
     assert "disk" in offloaded.model.hf_device_map.values()
     got = [h.metrics for h in mh.analyze(offloaded, images, progress=False).heads]
     assert got == want
+    # a model pruned and saved from the base with its made-up pooler (as loaded before): loads onto today's
+    with_pooler = transformers.ViTModel.from_pretrained(tmp_path / "vit")
+    assert with_pooler.pooler is not None
+    mh.heads.prune_heads(with_pooler, {0: [1]})
+    mh.heads.save_pruned(with_pooler, tmp_path / "pruned", {0: [1]}, base=str(tmp_path / "vit"))
+    pruned = mh.heads.load_pruned(mh.hf.load(tmp_path / "vit"), tmp_path / "pruned")
+    assert mh.heads.count_heads(pruned) == [3, 4]
+    saved = with_pooler.state_dict()
+    assert all(torch.equal(value, saved[name]) for name, value in pruned.state_dict().items())
 
 
 def test_gradient_importance_reads_a_vision_models_pixels(tmp_path):
@@ -155,6 +164,12 @@ def test_a_model_that_attends_within_windows_is_refused_in_one_line(heads):
     message = str(refused.value)
     assert message.startswith("SwinModel (swin): its attention runs within windows of patches") and "\n" not in message
     assert "pruned" not in message
+    # a Swin inside: a vision encoder-decoder (Donut's shape) keeps its parts' configs as .encoder / .decoder
+    decoder = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                                      vocab_size=120, is_decoder=True, add_cross_attention=True)
+    both = transformers.VisionEncoderDecoderConfig.from_encoder_decoder_configs(config, decoder)
+    with pytest.raises(mh.hf.UnsupportedModelError, match=r"^VisionEncoderDecoderModel \(swin\): its attention runs"):
+        mh.hf.wrap(transformers.VisionEncoderDecoderModel(both), None, name="donut")
 
 
 def test_images_with_the_wrong_model_or_folder_fail_in_one_line(tmp_path, capsys):
@@ -173,7 +188,7 @@ def test_images_with_the_wrong_model_or_folder_fail_in_one_line(tmp_path, capsys
     vit = _tiny_vit(tmp_path / "vit")
     for args, words in ((["--ablation", "4"], "--ablation measures each head against a one-stack text model's own "
                                               "objective; vit is a vision model"),
-                        (["--exact-ablation"], "--ablation measures"),
+                        (["--exact-ablation"], "--exact-ablation measures each head"),
                         (["--syntax", "spacy"], "--syntax spacy parses texts; --images gives images")):
         code, _, err = run_cli(["analyze", "--model", str(vit), "--images", "digits", "--sample", "4", *args,
                                 "--out", str(tmp_path / "o")], capsys)

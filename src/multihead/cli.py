@@ -7,6 +7,7 @@ Every user error exits with status 2 and a one-line message, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import warnings
@@ -91,7 +92,8 @@ def _main(argv: list[str] | None) -> tuple[int, str | None]:
                 return int(args.run(args) or 0), command
         except (ValueError, TypeError, OSError, ImportError, MemoryError) as err:  # MemoryError: a plan refused
             if not interrupted.is_set():
-                print(f"{name[0]}: error: {_one_line(err)}", file=sys.stderr)
+                with contextlib.suppress(OSError):  # stderr gone (a closed terminal): the status says it
+                    print(f"{name[0]}: error: {_one_line(err)}", file=sys.stderr)
                 return 2, command
             # else: a library turned our interrupt into another error
         except KeyboardInterrupt:
@@ -99,10 +101,8 @@ def _main(argv: list[str] | None) -> tuple[int, str | None]:
         finally:
             warnings.showwarning = previous
         words, status = stopped()
-        try:
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal the line was for is gone
             print(f"{name[0]}: {words}", file=sys.stderr)
-        except OSError:  # SIGHUP: the terminal the line was for is gone
-            pass
         return status, command
 
 
@@ -119,8 +119,9 @@ def _one_line_warnings(name: list[str]):
     previous = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
-        print(f"{name[0]}: warning: {_one_line(message if isinstance(message, Warning) else Warning(message))}",
-              file=sys.stderr)
+        with contextlib.suppress(OSError):  # stderr gone (a closed terminal): the run goes on
+            print(f"{name[0]}: warning: {_one_line(message if isinstance(message, Warning) else Warning(message))}",
+                  file=sys.stderr)
 
     warnings.showwarning = show
     return previous

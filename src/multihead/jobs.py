@@ -197,7 +197,8 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
     analysis (sharded under torchrun); the report folder, written by rank 0. ``ablation``: texts
     whose every head is ablated (default :data:`ABLATION_TEXTS`): exactly for the tested heads, by
     attribution for the others unless ``exact_ablation``."""
-    asked_ablation = bool(ablation) or exact_ablation  # said on the command line: refused where it cannot run
+    # said on the command line: refused where it cannot run, by the flag given
+    asked_ablation = "--ablation" if ablation else "--exact-ablation" if exact_ablation else None
     ablation = ABLATION_TEXTS if ablation is None else ablation
     check_placement(placement, out)
     if images and syntax == "spacy":
@@ -258,7 +259,7 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
             raise InputError(f"{loaded.name} is a vision model: give it --images FOLDER (or --images digits)")
         if asked_ablation and (loaded.is_encoder_decoder or loaded.processor is not None):
             kind = "an encoder-decoder" if loaded.is_encoder_decoder else "a vision"
-            raise InputError(f"--ablation measures each head against a one-stack text model's own objective; "
+            raise InputError(f"{asked_ablation} measures each head against a one-stack text model's own objective; "
                              f"{loaded.name} is {kind} model (its heads are gated in Python: mh.hf.HeadGates)")
         if not asked_ablation and (loaded.is_encoder_decoder or loaded.processor is not None):
             ablation = 0  # the default's texts: nothing to measure them against

@@ -56,7 +56,7 @@ def _say(line: str, *, hold: bool = True) -> None:
                 _state["release"].start()
             return
         _write_held()
-        print(line, file=sys.stderr, flush=True)
+        _print_err(line)
 
 
 def _release() -> None:
@@ -66,8 +66,17 @@ def _release() -> None:
 
 def _write_held() -> None:
     for earlier in _state["held"]:
-        print(earlier, file=sys.stderr, flush=True)
+        _print_err(earlier)
     _state["held"] = []
+
+
+def _print_err(line: str) -> None:
+    """One line on stderr; none where stderr is gone (its terminal closed: EIO, before the SIGHUP
+    that stops the run is handled) — a progress line lost never stops the run."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _duration(seconds: float) -> str:

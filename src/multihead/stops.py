@@ -20,8 +20,9 @@ from contextlib import contextmanager
 __all__ = ["STOPS", "end_rank", "interrupted", "stopped", "stopping_on_signals"]
 
 #: What each stopping signal is called, and the exit status it gives (128 + its number, as a shell says).
-STOPS = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated (SIGTERM)", 143),
-         signal.SIGHUP: ("hung up (SIGHUP)", 129)}
+STOPS = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated (SIGTERM)", 143)}
+if hasattr(signal, "SIGHUP"):  # POSIX (Windows has none)
+    STOPS[signal.SIGHUP] = ("hung up (SIGHUP)", 129)
 
 #: Set when the user asked to stop.
 interrupted = threading.Event()

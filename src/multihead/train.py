@@ -47,6 +47,7 @@ import pickle
 import shutil
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -61,8 +62,8 @@ from .progress import bar, warn
 from .stops import end_rank
 from .train_config import TrainConfig, load_config
 
-__all__ = ["CharData", "TrainConfig", "end_rank", "load_config", "load_run", "main", "step_generator", "train",
-           "warmup_cosine"]
+__all__ = ["CharData", "TrainConfig", "TrainedRun", "end_rank", "load_config", "load_run", "main", "step_generator",
+           "train", "warmup_cosine"]
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -75,10 +76,10 @@ class CharData:
 
     def __init__(self, source: str, seq_len: int, seed: int) -> None:
         text = source_text(source)
-        chars = sorted(set(text))
-        self.vocab = len(chars)
-        lookup = {ch: i for i, ch in enumerate(chars)}
-        self.ids = torch.tensor([lookup[ch] for ch in text], dtype=torch.long)
+        self.chars = sorted(set(text))  # id -> character
+        self.vocab = len(self.chars)
+        self.lookup = {ch: i for i, ch in enumerate(self.chars)}
+        self.ids = torch.tensor([self.lookup[ch] for ch in text], dtype=torch.long)
         self.seq_len, self.seed = seq_len, seed
 
     def batch(self, step: int, size: int) -> torch.Tensor:
@@ -93,10 +94,31 @@ def _model_config(model: dict, data: dict, vocab: int) -> ModelConfig:
                        dropout=float(model.get("dropout", 0.0)), eps=1e-5)
 
 
-def load_run(folder: str | Path) -> DecoderLM:
-    """The model a ``multihead train`` run's folder holds: its decoder (from ``run.json``) with the
-    weights of its last checkpoint (``checkpoint/model.safetensors``), in eval mode, float32, on
-    the CPU. ValueError (one line) for a folder that holds no run or no checkpoint."""
+@dataclass
+class TrainedRun:
+    """A ``multihead train`` run's model and the characters it reads (:func:`load_run`)."""
+
+    model: DecoderLM
+    data: CharData
+
+    def encode(self, text: str) -> torch.Tensor:
+        """(1, T) the text's character ids, as the run trained on them; ValueError naming a character
+        its text never held."""
+        unknown = next((ch for ch in text if ch not in self.data.lookup), None)
+        if unknown is not None:
+            raise ValueError(f"{unknown!r} is not among the {self.data.vocab} characters this run trained on")
+        return torch.tensor([[self.data.lookup[ch] for ch in text]], dtype=torch.long)  # (1, T)
+
+    def decode(self, ids: torch.Tensor) -> str:
+        """The characters of ``ids`` (any shape: read in order)."""
+        return "".join(self.data.chars[i] for i in ids.flatten().tolist())
+
+
+def load_run(folder: str | Path) -> TrainedRun:
+    """What a ``multihead train`` run's folder holds: its decoder (from ``run.json``) with the
+    weights of its last checkpoint (``checkpoint/model.safetensors``), in eval mode, float32, on the
+    CPU, and its characters (``encode`` / ``decode``). ``folder``: the run's, or its ``checkpoint``.
+    ValueError (one line) for a folder that holds no run, no checkpoint, or another model's weights."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -108,21 +130,23 @@ def load_run(folder: str | Path) -> DecoderLM:
         raise ValueError(f"{folder} holds no multihead train run (no {RUN_FILE})")
     data = read_json(record, "a multihead run's record")
     identity = data.get("identity") if isinstance(data, dict) else None
-    if data.get("schema") != RUN_SCHEMA or not isinstance(identity, dict):
+    if not isinstance(data, dict) or data.get("schema") != RUN_SCHEMA or not isinstance(identity, dict):
         raise ValueError(f"{record} is not a multihead run's record")
     weights = folder / "checkpoint" / "model.safetensors"
     if not weights.is_file():
         raise ValueError(f"{folder}'s run saved no checkpoint ({weights} is not there)")
     try:
-        chars = CharData(identity["data"]["source"], int(identity["data"]["seq_len"]), int(identity["seed"]))
+        source, seq_len, seed = identity["data"]["source"], int(identity["data"]["seq_len"]), int(identity["seed"])
+        chars = CharData(source, seq_len, seed)
         model = DecoderLM(_model_config(identity["model"], identity["data"], chars.vocab))
-        model.load_state_dict(load_file(str(weights)))
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise ValueError(f"{record} does not describe a model ({' '.join(str(err).split())[:160]})") from err
+    try:
+        model.load_state_dict(load_file(str(weights)))
     except (SafetensorError, OSError, RuntimeError) as err:
         raise ValueError(f"{weights} cannot be read as this run's weights ({' '.join(str(err).split())[:160]})") \
             from err
-    return model.eval()
+    return TrainedRun(model.eval(), chars)
 
 
 def warmup_cosine(step: int, warmup: int, total: int) -> float:

@@ -221,12 +221,21 @@ def count_heads(model: ModelLike, *, stack: str | None = None) -> list[int]:
     counts = []
     names = {id(m): n for n, m in model.named_modules()}
     live = {names[id(s.module)]: s.num_heads for s in self_attention_sites_or_empty(model, stack)}
+    # a layer pruned away is the stack's where its name is a live layer's but for the layer number
+    # (`model.layers.N.self_attn`); with no live layer left, where its name holds the stack's
+    patterns = {_layer_pattern(name) for name in live}
     for name, module in model.named_modules():
-        if isinstance(module, _NoHeads) and (stack is None or stack in name.split(".")):
+        if isinstance(module, _NoHeads) and (stack is None or (_layer_pattern(name) in patterns if patterns
+                                                               else stack in name.split("."))):
             counts.append((name, 0))
         elif name in live:
             counts.append((name, live[name]))
     return [n for _, n in counts]
+
+
+def _layer_pattern(name: str) -> str:
+    """A module's name with its layer numbers as ``#``: the same for every layer of one stack."""
+    return ".".join("#" if part.isdigit() else part for part in name.split("."))
 
 
 def self_attention_sites_or_empty(model: nn.Module, stack: str | None = None) -> list[AttentionSite]:
@@ -271,5 +280,15 @@ def load_pruned(model: ModelLike, folder: str | Path) -> nn.Module:
         raise FileNotFoundError(f"{folder} holds no pruned model ({PRUNED_FILE} is missing)")
     record = json.loads((folder / PRUNED_FILE).read_text(encoding="utf-8"))
     prune_heads(model, {int(k): v for k, v in record["pruned_heads"].items()})
-    load_model(model, folder / "model.safetensors", strict=True)  # every weight, tied ones from the one saved
+    # every weight, tied ones from the one saved
+    missing, unexpected = load_model(model, folder / "model.safetensors", strict=False)
+    # a pooler saved before `mh.hf.load` left out the random one of a checkpoint without one (an image
+    # or token classifier's): never read, nothing to load it into
+    pooler_left_out = getattr(model, "pooler", None) is None
+    unexpected = [key for key in unexpected if not (key.startswith("pooler.") and pooler_left_out)]
+    if missing or unexpected:
+        raise ValueError(f"{folder / 'model.safetensors'} does not fit the base model pruned as {PRUNED_FILE} says "
+                         f"({len(missing)} weights missing, such as {', '.join(sorted(missing)[:2]) or '-'}; "
+                         f"{len(unexpected)} unexpected, such as {', '.join(sorted(unexpected)[:2]) or '-'}): "
+                         "load it onto the base it was pruned from")
     return model

@@ -65,10 +65,15 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
         raise ValueError(_config_problem(path, err)) from err
     loader = model_class(config)
     _check_weights(path)
+    tokenizer = None
+    if not (path / "preprocessor_config.json").is_file() and any((path / n).is_file() for n in TOKENIZER_FILES):
+        tokenizer = AutoTokenizer.from_pretrained(path)  # a text model's: checked before a weight is read
+        _check_vocabulary(tokenizer, config, path)
     if placement is None:
         placement = Placement(dtype="auto" if dtype is None else dtype, device=device, device_map=device_map,
                               max_memory=max_memory, offload_folder=offload_folder)
     where, _ = resolve(placement, config)
+    where.update(_base_without_pooler(loader, config, path))  # the model the checks below measure, too
     if "max_memory" in where:
         _check_room(config, where, shown)
     if isinstance(where.get("device_map"), dict):
@@ -79,7 +84,6 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
         # go to a new folder of this process's own inside it, removed with the model (or at exit)
         offloaded_to, remove_offloaded = scratch_folder(where["offload_folder"], OFFLOAD_PREFIX)
         where["offload_folder"] = str(offloaded_to)
-    where.update(_base_without_pooler(loader, config, path))
     try:
         model = _from_pretrained(loader, path, where, placement, shown)
     except BaseException:
@@ -91,13 +95,14 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
         weakref.finalize(model, remove_offloaded)
     sites = find_sites(model)  # one line naming the architecture when its attention cannot be seen exactly
     stack = _stack(model, sites)
-    tokenizer, processor = None, None
+    processor = None
     if stack == "vision":  # images in, through the folder's image processor
-        processor = _image_processor(path)
+        tokenizer, processor = None, _image_processor(path)
     else:
         _check_tokenizer(path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        _check_vocabulary(tokenizer, model.config, path)
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            _check_vocabulary(tokenizer, model.config, path)
         if tokenizer.pad_token is None:  # decoders often ship without one; padding is masked anyway
             tokenizer.pad_token = tokenizer.eos_token
     loaded = _wrapped(model, tokenizer, sites, stack, name=shown, path=path, processor=processor)
@@ -250,11 +255,14 @@ def _quiet(logger_name: str) -> Iterator[None]:
 
 @contextmanager
 def _dropped(logger_name: str, words: str) -> Iterator[None]:
-    """Inside, the named logger's records containing ``words`` are dropped — a filter, not a level:
+    """Inside, the named logger's records containing ``words`` are dropped (but for a report of
+    mismatched or unconverted weights, which transformers raises on) — a filter, not a level:
     transformers 5 runs a tensor-parallel check whose notes go to another logger when its
     modeling logger's level is raised."""
     def keep(record: logging.LogRecord) -> bool:
-        return words not in record.getMessage()
+        message = record.getMessage()
+        # a report transformers raises after ("look at the above report!") is the error's detail: kept
+        return words not in message or "MISMATCH" in message or "CONVERSION" in message
 
     logger = logging.getLogger(logger_name)
     logger.addFilter(keep)
@@ -273,9 +281,10 @@ def model_class(config: Any) -> Any:
         AutoModelForMaskedLM if _is_masked_language_model(config) else AutoModel
 
 
-def empty_model(config: Any, dtype: Any, *, base: bool = False) -> Any:
+def empty_model(config: Any, dtype: Any, *, base: bool = False, **built: Any) -> Any:
     """A model of ``config`` on the ``meta`` device, in ``dtype`` — shapes without weights (what
-    plans and checks measure); ``base``: the base model only (no LM head)."""
+    plans and checks measure); ``base``: the base model only (no LM head); ``built``: what its
+    class takes beside the config (``add_pooling_layer=False``: as :func:`load` builds it)."""
     import torch
     from transformers import AutoModel
 
@@ -286,13 +295,18 @@ def empty_model(config: Any, dtype: Any, *, base: bool = False) -> Any:
         auto._model_mapping[type(config)]
     with torch.device("meta"), warnings.catch_warnings(), _quiet("transformers.modeling_utils"):
         warnings.simplefilter("ignore")
-        return auto.from_config(config, dtype=dtype).eval()
+        return auto.from_config(config, dtype=dtype, **built).eval()
+
+
+def _built(where: dict[str, Any]) -> dict[str, Any]:
+    """What of ``where`` (``from_pretrained``'s keywords) the model's class takes beside its config."""
+    return {key: where[key] for key in ("add_pooling_layer",) if key in where}
 
 
 def _check_covered(config: Any, where: dict, shown: str) -> None:
     """One line when a device map given as a dict names no module of the model, or leaves some of
     its weights without a device: transformers took such a map silently, the whole model on the CPU."""
-    empty = empty_model(config, where["dtype"])
+    empty = empty_model(config, where["dtype"], **_built(where))
     modules = dict(empty.named_modules())
     tensors = {name for name, _ in empty.state_dict(keep_vars=True).items()}  # accelerate's maps name some
     keys = [str(k) for k in where["device_map"]]
@@ -316,7 +330,7 @@ def _check_room(config: Any, where: dict, shown: str) -> None:
     blocks (accelerate never splits one): the model is built on the meta device to measure them."""
     from accelerate.utils import compute_module_sizes
 
-    empty = empty_model(config, where["dtype"])
+    empty = empty_model(config, where["dtype"], **_built(where))
     blocks = set(getattr(empty, "_no_split_modules", None) or ())
     sizes = compute_module_sizes(empty, dtype=where["dtype"])
     candidates = [(sizes[name], type(m).__name__) for name, m in empty.named_modules() if type(m).__name__ in blocks]
@@ -373,7 +387,7 @@ def _check_vocabulary(tokenizer: Any, config: Any, path: Path) -> None:
     if isinstance(vocab, int) and vocab > 0 and known < vocab / 2:
         raise ValueError(f"the tokenizer in {path} knows {known:,} tokens of the model's {vocab:,}: its vocabulary "
                          "file is missing (tokenizer.json, or vocab.txt / vocab.json and merges.txt / a "
-                         "SentencePiece model)")
+                         "SentencePiece model), or it is another model's tokenizer")
 
 
 def _weights_problem(path: Path, err: BaseException) -> str:

@@ -74,8 +74,8 @@ def model_path(name_or_path: str | Path = "minilm") -> Path:
         if (path / "run.json").is_file() or (path.name == "checkpoint" and (path.parent / "run.json").is_file()):
             raise FileNotFoundError(  # `multihead train`'s folder (train.RUN_FILE), or its checkpoint
                 f"{path} holds a multihead train run, not a Hugging Face model folder (the commands read those): "
-                f"load its model in Python, mh.train.load_run({str(path)!r}), and read its heads with "
-                "mh.hf.AttentionCapture (docs/training.md)")
+                f"load it in Python, mh.train.load_run({str(path)!r}) (its model and its characters), and read "
+                "its heads with mh.hf.AttentionCapture (docs/training.md)")
         raise FileNotFoundError(f"{path} is not a Hugging Face model folder: it has no config.json")
     return path
 

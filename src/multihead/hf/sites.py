@@ -174,16 +174,21 @@ WINDOWED_TYPES = frozenset({"swin", "swinv2", "donut-swin", "maskformer-swin", "
 
 
 def _windowed_type(config: object) -> str | None:
-    """The model type of ``config``, or of a config inside it (an encoder's, a vision tower's), that
-    attends within windows (:data:`WINDOWED_TYPES`); None when none does."""
-    seen = [config]
-    while seen:
-        each = seen.pop()
+    """The model type of ``config``, or of a config inside it (a vision-encoder-decoder's
+    ``encoder``, a vision tower's ``vision_config``), that attends within windows
+    (:data:`WINDOWED_TYPES`); None when none does."""
+    from transformers import PretrainedConfig
+
+    waiting, seen = [config], set()
+    while waiting:
+        each = waiting.pop()
+        if id(each) in seen:
+            continue
+        seen.add(id(each))
         kind = getattr(each, "model_type", None)
         if kind in WINDOWED_TYPES:
             return kind
-        seen += [v for k, v in vars(each).items() if k.endswith("config") and hasattr(v, "model_type")] \
-            if hasattr(each, "__dict__") else []
+        waiting += [value for value in getattr(each, "__dict__", {}).values() if isinstance(value, PretrainedConfig)]
     return None
 
 
