@@ -163,9 +163,17 @@ def test_every_quick_experiment_writes_json_markdown_and_plots(tmp_path, capsys)
 
 def test_experiment_cli_rejects_bad_input(tmp_path, cli_rejects, capsys):
     cases = [(["heads", "--quick", "--heads", "3"], "does not divide"), (["heads", "--quick", "--seeds", "0"], "seeds"),
-             (["bogus"], "invalid choice")]
+             (["bogus"], "invalid choice"),
+             # a flag the experiment does not read (it ran with its own settings, exit 0, not a word)
+             (["induction", "--quick", "--heads", "2", "--seeds", "1"], "--seeds and --heads: induction does not "
+                                                                        "read them"),
+             (["specialise", "--quick", "--tasks", "sentiment"], "--tasks: specialise does not read it"),
+             (["prune-trained", "--quick", "--seeds", "2"], "it reads --tasks, --heads"),
+             # no device: one line, not torch's RuntimeError (or a meta tensor's .item() later)
+             (["heads", "--quick", "--device", "gpu"], "--device 'gpu' is not a device: expected auto, cpu"),
+             (["heads", "--quick", "--device", "meta"], "--device 'meta' is not a device")]
     if not torch.cuda.is_available():
-        cases.append((["heads", "--quick", "--device", "cuda"], "no CUDA device"))
+        cases.append((["heads", "--quick", "--device", "cuda"], "sees no CUDA GPU on this machine"))
     cli_rejects("experiment", cases)
     foreign = tmp_path / "mine"
     (foreign / "heads").mkdir(parents=True)

@@ -79,6 +79,12 @@ def run_experiment(name: str, out: str | Path, *, setting: Setting | None = None
     raise ValueError(f"unknown experiment {name!r}: expected one of {', '.join(EXPERIMENTS)}")
 
 
+#: The sweep's flags each experiment reads (the others' settings are their own).
+READS: dict[str, tuple[str, ...]] = {"heads": ("--tasks", "--seeds", "--heads"),
+                                     "one-vs-many": ("--tasks", "--seeds", "--heads"),
+                                     "induction": (), "specialise": (), "prune-trained": ("--tasks", "--heads")}
+
+
 def run_experiments(name: str, out: str | Path, *, quick: bool = False, tasks: list[str] | None = None,
                     seeds: int | None = None, heads: list[int] | None = None, device: str = "auto",
                     force: bool = False) -> Iterator[Path]:
@@ -87,6 +93,13 @@ def run_experiments(name: str, out: str | Path, *, quick: bool = False, tasks: l
     from ..files import OutputFolderError, check_output_folder
     from .common import SCHEMA, pick_device
 
+    if name != "all":  # a flag the experiment does not read is said, not silently dropped
+        given = [flag for flag, value in (("--tasks", tasks), ("--seeds", seeds), ("--heads", heads))
+                 if value is not None and flag not in READS[name]]
+        if given:
+            reads = ", ".join(READS[name]) or "none of --tasks, --seeds, --heads"
+            raise ValueError(f"{' and '.join(given)}: {name} does not read {'it' if len(given) == 1 else 'them'} "
+                             f"(its settings are fixed; docs/experiments.md); it reads {reads}")
     setting = setting_for(quick, tasks=tasks, seeds=seeds, heads=heads)
     pick_device(device)  # a bad device fails before any training
     out = Path(out)

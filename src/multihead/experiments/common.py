@@ -26,6 +26,7 @@ from ..analysis.stats import HeadStatistics, RedundancyStatistics, dispatch
 from ..attn.layer import MultiHeadAttention
 from ..files import StagedFiles, atomic_path, write_atomically
 from ..hf.capture import AttentionCapture
+from ..hf.placement import PlacementError, resolve_device
 from ..inputs import Batch, TokenInfo
 from ..plotting import figure_png
 from ..train import warmup_cosine
@@ -60,11 +61,17 @@ SETTINGS = {
 
 
 def pick_device(name: str = "auto") -> torch.device:
+    """``auto``: the first CUDA GPU, else the CPU; else the device named, where it is there.
+    ValueError naming ``--device`` for a name that is no device (``gpu``, ``meta``) or one not here."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: no CUDA device is available here (use cpu or auto)")
-    return torch.device(name)
+    try:
+        device = resolve_device(name)
+    except PlacementError as err:
+        raise ValueError(f"--device {err.detail}") from err
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name!r}: the experiments train on cpu or cuda[:N] (or auto)")
+    return device
 
 
 def log(message: str) -> None:
