@@ -662,3 +662,16 @@ def test_a_text_too_long_is_refused_with_the_remedy_the_caller_has(minilm):
         mh.analyze(minilm, [long], coreference=False)
     with pytest.raises(TooLongError, match=r"^text 1 has 602 tokens; the model takes at most 512 \(shorten it\)$"):
         mh.analysis.text_views(minilm, [long])
+
+
+def test_a_reader_that_leaves_the_pipe_is_not_an_error(tmp_path):
+    """`multihead compare A B | head`: 'error: [Errno 32] Broken pipe', exit 2, its results written."""
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text(json.dumps(_report()))
+    proc = subprocess.Popen([sys.executable, "-m", "multihead.cli", "compare", str(tmp_path / "a.json"),
+                             str(tmp_path / "b.json"), "--out", str(tmp_path / "c")], cwd=tmp_path, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader gone before a line is printed
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141 and err == "", err  # a pipe writer's SIGPIPE status, and not a word
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["compare.html", "compare.json"]

@@ -90,6 +90,13 @@ def _main(argv: list[str] | None) -> tuple[int, str | None]:
             # the collector's full scans leave out what is alive as the job goes on (its imports, its model)
             with old_objects_frozen():
                 return int(args.run(args) or 0), command
+        except BrokenPipeError:
+            # stdout's reader left (`multihead compare … | head`): the results are written; stdout goes
+            # nowhere from here (the interpreter's last flush into the pipe would fail again), and the
+            # exit status is the one a pipe's writer gets from SIGPIPE, as `cat` and `grep` end
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 128 + 13, command
         except (ValueError, TypeError, OSError, ImportError, MemoryError) as err:  # MemoryError: a plan refused
             if not interrupted.is_set():
                 with contextlib.suppress(OSError):  # stderr gone (a closed terminal): the status says it
