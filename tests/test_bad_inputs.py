@@ -608,6 +608,7 @@ def test_view_warns_on_unknown_tokens_as_analyze_does(tmp_path):
     assert done.returncode == 0 and (tmp_path / "page.html").is_file(), done.stderr[-2000:]
     warned = [line for line in done.stderr.splitlines() if "warning:" in line]
     assert len(warned) == 1 and warned[0].startswith("multihead view: warning: 79% of the 14 tokens are unknown")
+    assert "above 5% the page's maps show how the model treats [UNK]" in warned[0]  # view computes no statistics
 
 
 def test_a_transformers_older_than_the_tested_floor_is_one_line(monkeypatch, cli_rejects):

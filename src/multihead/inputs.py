@@ -162,12 +162,13 @@ class UnknownTokens:
 UNKNOWN_WARN = 0.05
 
 
-def warn_unknown_tokens(found: Any) -> None:
+def warn_unknown_tokens(found: Any, shown: str = "the heads' statistics describe") -> None:
     """A warning when more than :data:`UNKNOWN_WARN` of the tokens are unknown (``found``: an
-    :class:`UnknownTokens` or the report section of the same fields; None: nothing to say)."""
+    :class:`UnknownTokens` or the report section of the same fields; None: nothing to say);
+    ``shown``: what of the command's output they mislead, as the warning's subject and verb."""
     if found is not None and found.share > UNKNOWN_WARN:
         warnings.warn(f"{found.share:.0%} of the {found.total} tokens are unknown to the tokenizer "
-                      f"({found.token}); above {UNKNOWN_WARN:.0%} the heads' statistics describe how the model "
+                      f"({found.token}); above {UNKNOWN_WARN:.0%} {shown} how the model "
                       f"treats {found.token} more than how it reads the texts", stacklevel=3)
 
 

@@ -392,7 +392,7 @@ def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | No
             if n > loaded.max_positions:
                 raise InputError(f"text {i + 1} has {n:,} tokens; the model takes at most {loaded.max_positions:,} "
                                  "(view draws whole texts: shorten it)")
-    warn_unknown_tokens(count_unknown_tokens(encoded, loaded.tokenizer))  # as analyze does
+    warn_unknown_tokens(count_unknown_tokens(encoded, loaded.tokenizer), "the page's maps show")  # as analyze does
     with step("drawing the page"):
         write_atomically(page, view_page(loaded, shown, found).rstrip("\n"))
     return page, loaded, len(shown)
