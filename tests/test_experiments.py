@@ -146,6 +146,7 @@ def test_every_quick_experiment_writes_json_markdown_and_plots(tmp_path, capsys)
     assert sum(spec["checkpoints"][-1]["counts"].values()) == 8
     reports = out / "specialise" / "reports"  # every checkpoint's report: two of them side by side
     assert sorted(p.name for p in reports.iterdir()) == ["step-00000", "step-00004", "step-00008"]
+    assert json.loads((reports / "step-00008" / "report.json").read_text())["placement"] == "float32 on cpu"
     capsys.readouterr()
     assert main(["compare", str(reports / "step-00000"), str(reports / "step-00008"), "--out",
                  str(out / "cmp")]) == 0
