@@ -361,3 +361,12 @@ def test_a_model_pruned_in_place_or_saved_pruned_is_told_how_to_analyse_it(tmp_p
     with pytest.raises(FileNotFoundError, match=r"holds a model pruned by multihead prune .* "
                                                 r"mh\.heads\.load_pruned\(mh\.hf\.load\('minilm'\), "):
         mh.hf.load(tmp_path / "p")
+
+
+def test_the_pruning_steps_said_are_those_that_run():
+    """'pruning step 8/12' for an 8-head model whose heads ran out at step 8: the count is the steps run."""
+    from multihead.heads.curve import _steps_run
+
+    assert _steps_run(8, 0.1, 12) == 8  # one head a step (10 % of fewer than 10 rounds to 0: one at least)
+    assert _steps_run(72, 0.25, 2) == 2 and _steps_run(72, 0.5, 20) == 7  # pruning 36, 18, 9, 4 (4.5 to even), 2, 2, 1
+    assert _steps_run(0, 0.1, 5) == 0

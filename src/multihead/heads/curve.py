@@ -90,6 +90,15 @@ class PruningCurve:
         return fig
 
 
+def _steps_run(heads: int, per_step: float, steps: int) -> int:
+    """How many of ``steps`` run before ``heads`` run out, each pruning ``per_step`` of those left (one at least)."""
+    run = 0
+    while run < steps and heads > 0:
+        heads -= max(1, round(per_step * heads))
+        run += 1
+    return run
+
+
 def pruning_curve(task: Task, *, steps: int = 10, per_step: float = 0.1, reestimate: bool = True,
                   stop_below: float | None = None, progress: bool | None = None) -> PruningCurve:
     """Prune ``task.model`` iteratively by gradient importance; the model is left unchanged."""
@@ -110,6 +119,7 @@ def pruning_curve(task: Task, *, steps: int = 10, per_step: float = 0.1, reestim
                          f"{task.name} task's held-out texts, so no pruning fraction keeps a share of it (an "
                          "untrained or random-weight model?); prune a trained model or choose another --task")
     ranking = None
+    runs = _steps_run(L * H, per_step, steps)  # fewer than asked where the heads run out first
     for step in range(1, steps + 1):
         remaining = int(mask.sum())
         if remaining == 0:
@@ -125,7 +135,8 @@ def pruning_curve(task: Task, *, steps: int = 10, per_step: float = 0.1, reestim
         pruned = [(layer, h) for layer in range(L) for h in range(H) if mask[layer, h] == 0]
         curve.steps.append(PruningStep(step, len(pruned) / (L * H), len(pruned), metric, pruned))
         # a progress line like the load's before it (held with them in a quick run off a terminal: in order)
-        note(f"pruning step {step}/{steps}: {counted(len(pruned), 'head')} pruned, {task.metric_name} {metric:.4f}",
+        of = f"{step} of at most {runs}" if stop_below is not None else f"{step}/{runs}"
+        note(f"pruning step {of}: {counted(len(pruned), 'head')} pruned, {task.metric_name} {metric:.4f}",
              progress=progress)
         if stop_below is not None and metric < stop_below * curve.baseline:
             break
