@@ -79,6 +79,14 @@ def test_a_model_spread_over_two_gpus_is_planned_device_by_device():
     assert offloaded.statistics == whole.statistics
     # a model on one device: the plan it always had
     assert mh.analysis.plan_devices(config, 8192, dtype="bfloat16", device="cuda", available=24 * 10**9) == [whole]
+    # no `available`: each GPU's max_memory share is what the run may take there (the plans said fits over it)
+    shares = mh.analysis.plan_devices(config, 8192, **gpus)
+    assert [p.available for p in shares] == [10 * 2**30, 10 * 2**30]
+    assert [p.fits for p in shares] == [p.total <= 10 * 2**30 for p in shares]
+    # a share too small for one decoder layer: refused as load refuses it (it was a CPU plan of the whole model)
+    with pytest.raises(ValueError, match=r"max_memory gives no device room for the largest block of a llama config "
+                                         r"that accelerate never splits \(LlamaDecoderLayer: 416\.0 MiB"):
+        mh.analysis.plan_devices(config, 8192, device_map="auto", max_memory={0: "200MiB"}, dtype="bfloat16")
 
 
 def test_the_plan_counts_the_weights_of_a_loaded_model_exactly(smollm2):

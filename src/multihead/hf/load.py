@@ -21,7 +21,7 @@ from .placement import OFFLOAD_PREFIX, Placement, PlacementError, give_back_swap
 from .sites import find_sites, main_stack
 from .version import require_transformers
 
-__all__ = ["empty_model", "load", "max_positions", "model_class", "wrap"]
+__all__ = ["check_room", "empty_model", "load", "max_positions", "model_class", "wrap"]
 
 
 def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: str = "auto",
@@ -75,7 +75,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
     where, _ = resolve(placement, config)
     where.update(_base_without_pooler(loader, config, path))  # the model the checks below measure, too
     if "max_memory" in where:
-        _check_room(config, where, shown)
+        check_room(config, where, shown)
     if isinstance(where.get("device_map"), dict):
         _check_covered(config, where, shown)
     offloaded_to, remove_offloaded = None, None
@@ -325,7 +325,7 @@ def _check_covered(config: Any, where: dict, shown: str) -> None:
                              f"give every module a device (such as {{{example}}}), or use 'auto'")
 
 
-def _check_room(config: Any, where: dict, shown: str) -> None:
+def check_room(config: Any, where: dict, shown: str) -> None:
     """One line when ``max_memory`` leaves no device (disk aside) room for even one of the model's
     blocks (accelerate never splits one): the model is built on the meta device to measure them."""
     from accelerate.utils import compute_module_sizes

@@ -55,7 +55,7 @@ from ...attn.cpu_trace import traced_as_cpu
 from ...attn.heap import HeapRules, heap_rules, replay
 from ...attn.memory import LiveBytes, available_memory, pages_in_memory, process_resident
 from ...hf.capture import AttentionCapture
-from ...hf.load import empty_model, max_positions
+from ...hf.load import check_room, empty_model, max_positions
 from ...hf.model import HFModel, takes
 from ...hf.paths import model_path
 from ...hf.placement import (
@@ -331,6 +331,8 @@ def plan_devices(model: HFModel | Any, tokens: int, *, device_map: str | dict | 
     mapping = getattr(loaded.model, "hf_device_map", None) if loaded else None
     if loaded is None and device_map is not None:
         mapping = _inferred_map(config, dtype, device_map, max_memory)
+        if available is None and max_memory is not None:  # each device's share is what the run may take there
+            available = memory_entries(max_memory)
     if not mapping:
         return [plan(model, tokens, dtype=dtype, available=_room(available, options.get("device")), **options)]
     options.pop("device", None)  # the map's devices
@@ -376,9 +378,15 @@ def _inferred_map(config: Any, dtype: Any, device_map: str | dict, max_memory: s
     limits = memory_entries(max_memory)  # GPUs this machine may not have: planned for
     if limits is None:
         raise ValueError("a device map planned without the devices needs max_memory (e.g. 0=80GiB,1=80GiB)")
+    # as load refuses it: a share too small for one block leaves the map nothing but the host or disk
+    check_room(config, {"max_memory": limits, "dtype": dtype}, f"a {config.model_type} config")
     quiet = logging.getLogger("accelerate.utils.modeling")  # "Device 0 is not available": it is planned for
     level = quiet.level
     quiet.setLevel(logging.ERROR)
+    # transformers' note on a buffer for offloaded layers: what the plan's own weights line says
+    hushed = logging.getLogger("transformers.integrations.accelerate")
+    hushed_level = hushed.level
+    hushed.setLevel(logging.ERROR)
     try:
         try:  # what from_pretrained itself calls (its own sizes and buffers, not accelerate's)
             from transformers.integrations.accelerate import _get_device_map
@@ -393,6 +401,7 @@ def _inferred_map(config: Any, dtype: Any, device_map: str | dict, max_memory: s
         return infer_auto_device_map(empty, max_memory=limits, no_split_module_classes=blocks, dtype=dtype)
     finally:
         quiet.setLevel(level)
+        hushed.setLevel(hushed_level)
 
 
 def _room(available: int | str | dict | None, device: Any) -> int | None:
