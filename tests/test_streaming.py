@@ -501,6 +501,21 @@ def test_what_if_on_single_token_texts_is_refused_before_any_pass(smollm2, tmp_p
         mh.analysis.what_if(smollm2, [], "window=4", per_layer=False)
     found = mh.analysis.what_if(smollm2, ["hello there", "world"], "window=4", per_layer=False)
     assert found.tokens == 1 and found.loss > 0
+    # its forwards said as they go (a long text's 32 of them ran minutes without a line)
+    from multihead import progress
+
+    with monkeypatch.context() as patched:
+        patched.setattr(progress, "HOLD", 0.0)
+        progress.set_enabled(True, terminal=False)
+        capsys.readouterr()
+        try:
+            again = mh.analysis.what_if(smollm2, ["hello there"], "window=4", per_layer=False, progress=True)
+        finally:
+            progress.set_enabled(False)
+    assert (again.loss, again.replaced) == (found.loss, found.replaced)
+    said = capsys.readouterr().err.splitlines()
+    assert said[0] == "multihead: what if: the loss: 2 forwards …" and said[-1].startswith("multihead: what if: the "
+                                                                                         "loss: done in"), said
     passes = []
     monkeypatch.setattr(pipeline, "collect_statistics", lambda *a, **k: passes.append(1))
     with pytest.raises(ValueError, match="single token"):

@@ -17,6 +17,7 @@ from ...hf.interventions import replace_attention
 from ...hf.logits import on_rows, token_losses
 from ...hf.model import HFModel, right_padding
 from ...masks import Mask, global_tokens, window
+from ...progress import bar
 from ..sections import WhatIf as WhatIfSection
 from .whatif_spec import read_what_if
 
@@ -62,8 +63,10 @@ def check_what_if(model: HFModel, texts: Sequence[str], spec: str) -> None:
                          "single token; give texts of two tokens or more")
 
 
-def what_if(model: HFModel, texts: Sequence[str], spec: str, *, per_layer: bool = True) -> WhatIf:
-    """The change in ``model``'s loss on ``texts`` when its layers attend with the ``spec`` mask."""
+def what_if(model: HFModel, texts: Sequence[str], spec: str, *, per_layer: bool = True,
+            progress: bool | None = False) -> WhatIf:
+    """The change in ``model``'s loss on ``texts`` when its layers attend with the ``spec`` mask;
+    ``progress``: a line with the time left as its forwards go (2 + one a layer: minutes on a long text)."""
     check_what_if(model, texts, spec)
     mask, name = parse_what_if(spec)
     lm = model.model
@@ -90,12 +93,14 @@ def what_if(model: HFModel, texts: Sequence[str], spec: str, *, per_layer: bool 
                 count += int(target.numel())
         return total / max(count, 1), count
 
-    intact, count = loss()
-    with replace_attention(lm, mask):
-        replaced, _ = loss()
-    layers = []
-    if per_layer:
-        for layer in range(model.num_layers):
-            with replace_attention(lm, mask, layers=[layer]):
-                layers.append(loss()[0])
-    return WhatIf(name, count, intact, replaced, layers)
+    # the intact model, every layer replaced, then each layer alone: one forward over the texts each
+    passes: list[list[int] | None] = [[], None, *([[layer] for layer in range(model.num_layers)] if per_layer else [])]
+    losses, count = [], 0
+    for layers in bar(passes, desc="what if: the loss", unit="forward", progress=progress):
+        if layers == []:
+            value, count = loss()
+        else:
+            with replace_attention(lm, mask, layers=layers):
+                value = loss()[0]
+        losses.append(value)
+    return WhatIf(name, count, losses[0], losses[1], losses[2:])

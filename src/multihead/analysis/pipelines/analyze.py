@@ -264,7 +264,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
                                        [e.record() for e in found])
     if what_if is not None:
         with step(f"what if: {what_if}, every layer and each alone", progress=progress):
-            sections.what_if = what_if_loss(model, texts, what_if).section()
+            sections.what_if = what_if_loss(model, texts, what_if, progress=progress).section()
     if corpus.redundancy is not None:
         sinks = {(r.layer, r.head) for r in heads if "sink" in r.label.split("+") or "sink" in r.traits}
         sections.redundancy = redundancy_section(corpus.redundancy.result(), model.num_heads, sinks=sinks)
