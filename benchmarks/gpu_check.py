@@ -265,6 +265,11 @@ def rehearse() -> int:
     return 0
 
 
+#: The exit status of a check that checked nothing (no PyTorch, no GPU): not a pass — automake's
+#: and pytest-style runners' "skipped" code, which no failure uses either.
+NOTHING_CHECKED = 77
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rehearse", action="store_true", help="the benchmark's code on the CPU, small")
@@ -273,12 +278,12 @@ def main(argv: list[str] | None = None) -> int:
         import torch
     except ImportError:
         print(f"gpu-check: no PyTorch in {sys.executable}; run it on the GPU machine with its own Python")
-        return 0
+        return NOTHING_CHECKED
     if args.rehearse:
         return rehearse()
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA GPU on this machine; nothing to check")
-        return 0
+        return NOTHING_CHECKED
     print(f"{torch.cuda.get_device_name()} · torch {torch.__version__}", flush=True)
     status = 0
     if importlib.util.find_spec("pytest") and importlib.util.find_spec("hypothesis"):

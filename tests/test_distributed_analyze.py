@@ -28,6 +28,7 @@ def test_two_ranks_under_torchrun_give_the_one_process_report(tmp_path, capsys):
                           capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("wrote ") == 1 and done.stdout.count("layer |") == 1  # rank 0 alone printed
+    assert done.stderr.count("multihead: loading minilm …") == 1  # and said how the run went (each rank did)
     code, _, err = run_cli([*args, "--batch-size", "3", "--out", str(tmp_path / "one")], capsys)
     assert code == 0, err
     one = json.loads((tmp_path / "one" / "report.json").read_text())

@@ -86,7 +86,8 @@ def _main(argv: list[str] | None) -> tuple[int, str | None]:
             name[0] = f"multihead {command}"
             from . import progress
 
-            progress.set_enabled(not getattr(args, "quiet", False))
+            # under torchrun one rank says how the run goes (each said every line, with its own estimates)
+            progress.set_enabled(not getattr(args, "quiet", False) and os.environ.get("RANK", "0") == "0")
             # the collector's full scans leave out what is alive as the job goes on (its imports, its model)
             with old_objects_frozen():
                 return int(args.run(args) or 0), command
