@@ -746,3 +746,25 @@ def test_a_pass_gives_its_free_heap_back_before_the_reducers_end_of_batch_work(m
     batches = common.text_batches(minilm, common.encode_corpus(minilm, texts), range(3), 2)
     common.run_pass(minilm, batches, [Watch()], progress=False)
     assert calls == ["begin", "chunk", "given back", "end", "given back"] * 2
+
+
+def test_an_ablation_its_texts_are_too_long_for_is_said_before_the_pass(minilm, monkeypatch, capsys):
+    """`--ablation 2` on a 3,848-token document: accepted, then skipped; the user learned it from the
+    report after a 10-minute run. Said in a line before the pass now (the report says it too)."""
+    import importlib
+
+    from multihead import progress
+
+    pipeline = importlib.import_module("multihead.analysis.pipelines.analyze")
+    monkeypatch.setattr(pipeline, "LONG_TEXT", 8)  # the texts below pass it
+    monkeypatch.setattr(progress, "HOLD", 0.0)
+    progress.set_enabled(True, terminal=False)
+    try:
+        report = mh.analyze(minilm, ["the cat sat on the mat and looked at the dog"], ablation=1, coreference=False,
+                            views=(), progress=True)
+    finally:
+        progress.set_enabled(False)
+    said = capsys.readouterr().err.splitlines()
+    note = next(i for i, line in enumerate(said) if "ablation: skipped — the ablated texts reach" in line)
+    assert note < next(i for i, line in enumerate(said) if "analyze: 1 batch" in line), said
+    assert report.sections.ablation.skipped.startswith("the ablated texts reach")

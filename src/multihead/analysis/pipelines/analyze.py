@@ -184,6 +184,12 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
         budget = chunk_bytes(model.device)
     # the page's views (of some texts) hold the probes' inputs too: read in the probes' own passes
     page, probe_views = bool(chosen), {}  # {probe: its views, or None where reading them failed}
+    ablated = texts[:ablation]
+    longest_ablated = max((len(ids) for ids in encode_corpus(model, ablated, truncate=True).ids), default=0) \
+        if ablated else 0
+    if ablated and longest_ablated > LONG_TEXT:  # said before the pass, not found in the report after it
+        note(f"ablation: skipped — the ablated texts reach {longest_ablated:,} tokens, and it reads texts of at most "
+             f"{LONG_TEXT} (the report says so)", progress=progress)
     corpus = collect_statistics(model, texts, batch_size=batch_size, truncate=truncate, progress=progress,
                                 parses=parses, redundancy=redundancy, chunk=chunk, views=chosen,
                                 long_context=long_context, budget=budget,
@@ -230,9 +236,6 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
             for rel in (syntax.accuracy if syntax is not None else ())}, not_parsed=corpus.not_parsed)
     heads = _records(model, means, syntax, coref_baseline)
     labels = {(r.layer, r.head): r.label for r in heads}
-    ablated = texts[:ablation]
-    longest_ablated = max((len(ids) for ids in encode_corpus(model, ablated, truncate=True).ids), default=0) \
-        if ablated else 0
     if ablated and longest_ablated > LONG_TEXT:
         sections.ablation = _skipped_ablation(model, f"the ablated texts reach {longest_ablated:,} tokens; each of "
                                                      f"{model.num_layers * model.num_heads} heads removed alone would "
