@@ -2,7 +2,8 @@
 
 ``python tools/compare_reports.py BEFORE AFTER [--tolerance 1e-6]`` (each a report.json or the
 report folder holding it) prints the worst absolute
-difference per metric and every label, flag or evidence mark that differs; exit 1 when any does.
+difference per metric (and of the redundancy's matrices) and every label, flag, evidence mark, row
+count or cluster that differs; exit 1 when any does.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ def load(path: str) -> dict:
     sections = data.get("sections", data)  # schema 2 nests the sections; schema 1 had them at the top
     marks = {(e["layer"], e["head"]): e["mark"] for e in (sections.get("evidence") or {}).get("heads", [])}
     heads = {(h["layer"], h["head"]): h for h in data["heads"]}
-    return {"heads": heads, "marks": marks}
+    redundancy = sections.get("redundancy") or {}
+    return {"heads": heads, "marks": marks, "redundancy": redundancy}
 
 
 def compare(before: dict, after: dict, tolerance: float) -> tuple[dict[str, float], list[str]]:
@@ -49,6 +51,21 @@ def compare(before: dict, after: dict, tolerance: float) -> tuple[dict[str, floa
             worst[metric] = max(worst.get(metric, 0.0), diff)
             if diff > tolerance and not math.isclose(x, y, rel_tol=tolerance):
                 problems.append(f"{name} {metric}: {x} -> {y} (|diff| {diff:.2e})")
+    # the redundancy's head-by-head matrices (JS distance over the sampled rows, output cosine) and clusters
+    for matrix in ("js_distance", "cosine"):
+        a, b = before["redundancy"].get(matrix), after["redundancy"].get(matrix)
+        if (a is None) != (b is None):
+            problems.append(f"redundancy {matrix}: in one report only")
+        elif a is not None:
+            diffs = [abs(x - y) for row_a, row_b in zip(a, b, strict=True) for x, y in zip(row_a, row_b, strict=True)
+                     if x is not None and y is not None]
+            worst[f"redundancy {matrix}"] = max(diffs, default=0.0)
+            if worst[f"redundancy {matrix}"] > max(tolerance, 1e-4):  # the JSON keeps 4 digits of them
+                problems.append(f"redundancy {matrix}: |diff| up to {worst[f'redundancy {matrix}']:.2e}")
+    for key in ("rows_js", "clusters_js"):
+        if before["redundancy"].get(key) != after["redundancy"].get(key):
+            problems.append(f"redundancy {key}: {str(before['redundancy'].get(key))[:60]} -> "
+                            f"{str(after['redundancy'].get(key))[:60]}")
     if before["marks"] != after["marks"]:
         changed = sorted(set(before["marks"].items()) ^ set(after["marks"].items()))
         problems.append(f"evidence marks differ: {changed[:10]}")
