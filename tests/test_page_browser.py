@@ -819,7 +819,7 @@ def long_context_page(tmp_path_factory, smollm2):
     from multihead.analysis.sections import Ablation
 
     report = mh.analyze(smollm2, [SENTENCE, "Heads specialise in many ways."], coreference=False, induction=False,
-                        redundancy=False, long_context=True)
+                        redundancy=False, long_context=True, what_if="window=4")
     skipped = Ablation("next-token cross-entropy (nats per token)", 0.0, 0, 0, [], unit="nats/token",
                        skipped="the ablated texts reach 5387 tokens")
     report = dataclasses.replace(report, sections=dataclasses.replace(report.sections, ablation=skipped))
@@ -843,6 +843,18 @@ def test_the_overview_says_what_the_text_report_says_of_a_long_run(browser, long
     kept = sum((r.metrics.get("window_256") or 0) + (r.metrics.get("sink_first4") or 0) >= WINDOW_KEPT for r in heads)
     counts = box.find_element("css selector", "p.mh-long-counts").text
     assert counts.startswith(f"{sinks} of {len(heads)} heads put ≥ 50 %"), counts
+    # the what-if table the text report prints (it was in the terminal and the JSON, not on the page)
+    from multihead.render.text import what_if_text
+
+    change = report.sections.what_if
+    said = box.find_element("css selector", "p.mh-what-if").text
+    assert said == (f"Mean next-token loss over {change.tokens} tokens (nats): intact {change.loss:.4f}, every layer "
+                    f"{change.loss_all_layers:.4f} ({what_if_text(change).split('(')[2].split(')')[0]})."), said
+    table = box.find_element("css selector", "p.mh-what-if").find_element("xpath", "following-sibling::table[1]")
+    got = [row.text.split() for row in table.find_elements("css selector", "tr")[1:]]
+    want = [[f"L{layer}", loss, delta] for layer, loss, delta in
+            (line.replace("|", " ").split() for line in what_if_text(change).splitlines()[2:])]
+    assert got == want and len(got) == 30, got
     assert counts.endswith(f"keep ≥ 95 % of the attention of {kept} of {len(heads)}."), counts
 
     def named(metric: str, floor: float) -> list[str]:  # the text report's top(): six heads above the floor

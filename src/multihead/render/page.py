@@ -270,7 +270,8 @@ def _overview(report: Report) -> dict:
             rel: {"count": d.count, "baseline": json_number(d.baseline), "baseline_offset": d.baseline_offset,
                   "best": json_value(d.best), "margin_needed": json_number(d.margin_needed()), "beats": d.beats()}
             for rel, d in sections.syntax.relations.items()}, "not_parsed": sections.syntax.not_parsed}
-    for key in ("coreference", "induction", "ablation", "evidence", "long_context", "retrieval", "corpus", "typical"):
+    for key in ("coreference", "induction", "ablation", "evidence", "long_context", "retrieval", "what_if", "corpus",
+                "typical"):
         section = getattr(sections, key)
         if section is not None:
             out[key] = section.to_dict()

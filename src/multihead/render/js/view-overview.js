@@ -149,6 +149,13 @@ export function overviewView(page) {
         }
       }
     }
+    if (o.what_if) {  // the text report's what-if table: the loss with every layer, and each alone, through the mask
+      const w = o.what_if, change = (d) => (Math.round(d * 1e4) / 1e4 < 0 ? "-" : "+") + fmt(Math.abs(d), 4);
+      box.appendChild(el("h3", {}, "What if the model attended through " + w.mask + "?"));
+      box.appendChild(el("p", { "class": "mh-note mh-what-if" }, "Mean next-token loss over " + counted(w.tokens, "token") + " (nats): intact " +
+        fmt(w.loss, 4) + ", every layer " + fmt(w.loss_all_layers, 4) + " (" + change(w.delta_all_layers) + ")."));
+      box.appendChild(tableOf(["layer alone", "loss", "change"], w.delta_per_layer.map((d, l) => ["L" + l, fmt(w.loss + d, 4), change(d)])));
+    }
   }
 
   function mapSVG() {  // the layer x head label map, labelled
