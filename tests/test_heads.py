@@ -370,3 +370,19 @@ def test_the_pruning_steps_said_are_those_that_run():
     assert _steps_run(8, 0.1, 12) == 8  # one head a step (10 % of fewer than 10 rounds to 0: one at least)
     assert _steps_run(72, 0.25, 2) == 2 and _steps_run(72, 0.5, 20) == 7  # pruning 36, 18, 9, 4 (4.5 to even), 2, 2, 1
     assert _steps_run(0, 0.1, 5) == 0
+
+
+def test_a_report_of_a_model_with_its_heads_gated_says_which(minilm):
+    """mh.analyze under HeadGates wrote a report like the whole model's: compare and view could not
+    tell that six of its heads were off."""
+    texts = ["The cat sat on the mat.", "Dogs bark at night."]
+    values = torch.ones(6, 12)
+    values[0, 1] = values[3, 5] = 0.0
+    whole = mh.analyze(minilm, texts, coreference=False, ablation=0, progress=False)
+    with HeadGates(minilm, values=values):
+        gated = mh.analyze(minilm, texts, coreference=False, ablation=0, progress=False)
+    assert whole.placement == minilm.placement == "float32 on cpu"  # the gates gone with their block
+    assert gated.placement == "float32 on cpu, 2 heads gated (L0.H1, L3.H5)"
+    found = mh.compare(whole, gated)
+    assert f"{found.b_name} was analysed with 2 heads gated (L0.H1, L3.H5): those heads were turned down in its run" \
+        in found.warnings, found.warnings

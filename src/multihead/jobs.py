@@ -385,7 +385,7 @@ def view_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str | No
         _check_report_fits(found, loaded)
         if found.placement and found.placement != loaded.placement:  # its labels read from other numbers
             warn(f"--report ran in {found.placement}, these maps in {loaded.placement}: the page's labels are of "
-                 "that run (a bfloat16 run's differ from float32's in a few heads)")
+                 "that run (a bfloat16 run's differ from float32's in a few heads; a gated run's in its gated heads)")
     encoded = loaded.tokenizer(shown, verbose=False)["input_ids"]
     if loaded.max_positions:
         for i, n in enumerate(len(ids) for ids in encoded):

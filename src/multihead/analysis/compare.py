@@ -39,6 +39,7 @@ the comparison carries a warning that the CLI and the page show.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -227,6 +228,10 @@ def compare(a: Report | str | Path, b: Report | str | Path, *, different_corpora
         # a dtype apart: every metric moves by its rounding (SmolLM2 bfloat16 against float32: entropy up to 0.024)
         warnings.append(f"different precisions ({ra.placement} against {rb.placement}): differences include the "
                         "lower one's rounding")
+    for name, report in ((na, ra), (nb, rb)):  # a model analysed with head gates acting (its placement says which)
+        gated = re.search(r"\d+ heads? gated \([^)]*\)", report.placement or "")
+        if gated:
+            warnings.append(f"{name} was analysed with {gated.group()}: those heads were turned down in its run")
     others = sorted(set(ra.stacks) | set(rb.stacks))
     if others:  # an encoder-decoder's decoder and cross stacks: not compared yet, and said so
         warnings.append(f"only the {ra.stack} stacks are compared: the reports' {' and '.join(others)} stacks are "

@@ -19,6 +19,7 @@ Both are :class:`~multihead.hf.route.Attachment` objects: they act through the o
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
@@ -26,7 +27,7 @@ from torch import Tensor
 
 from ..masks import Mask
 from .model import ModelLike, as_module
-from .placement import swapped_weights_saved_by_name
+from .placement import GATES_ACTING, swapped_weights_saved_by_name
 from .route import Attachment
 from .sites import AttentionSite, find_sites, main_stack, select
 
@@ -108,6 +109,21 @@ class HeadGates(Attachment):
         self.fill = replacement
         self.where = [(s, layer) for s in self.sites for layer in s.layers]
         self.__enter__()  # the gates act from here on (also without a with block) until removed
+
+    def __enter__(self) -> HeadGates:
+        super().__enter__()
+        acting = getattr(self.model, GATES_ACTING, None)
+        if acting is None:  # the model's placement says which heads its gates turn down (a report records it)
+            acting = weakref.WeakSet()
+            object.__setattr__(self.model, GATES_ACTING, acting)
+        acting.add(self)
+        return self
+
+    def remove(self) -> None:
+        super().remove()
+        acting = getattr(self.model, GATES_ACTING, None)
+        if acting is not None:
+            acting.discard(self)
 
     def gates(self, site: AttentionSite, layer: int) -> Tensor:
         v = self.values

@@ -468,6 +468,23 @@ def _give_back(module: Any, args: Any, output: Any) -> None:
         give_back_freed()
 
 
+#: The attribute of a model that holds the head gates acting on it (:class:`~multihead.hf.interventions.HeadGates`,
+#: a weak set): what its placement says of them.
+GATES_ACTING = "_multihead_gates_acting"
+
+
+def gated_heads(model: Any) -> list[tuple[int, int]]:
+    """The (layer, head) cells the gates acting on ``model`` turn down (a gate below 1 for some
+    example) or make uniform, sorted; [] where none act."""
+    cells: set[tuple[int, int]] = set()
+    for gates in list(getattr(model, GATES_ACTING, None) or ()):
+        values = gates.values.detach()
+        down = values < 1 if values.dim() == 2 else (values < 1).any(1)  # (L, H), of (L, H) or (L, B, H)
+        cells.update((int(layer), int(head)) for layer, head in down.nonzero().tolist())
+        cells.update(gates.uniform_heads)
+    return sorted(cells)
+
+
 def mapped_places(model: Any) -> str | None:
     """Where accelerate's device map put a model's weights, in words (``cpu + disk``, ``cuda:0 +
     cuda:1 + cpu``; every weight on disk: ``cpu, its weights on disk``, where it runs said too), or
