@@ -120,13 +120,19 @@ def test_the_head_map_prints_a_legend_for_what_it_abbreviates():
     assert "REL>: the governor attends to its REL dependents" in legend
 
 
-def _interrupt_when(tmp_path, words: str, stop: int = signal.SIGINT, ignored: bool = False) -> tuple[int, str]:
+#: A short run of `multihead analyze` (seconds): what the tests that let a run finish give it.
+SHORT_RUN = ["--sample", "5", "--ablation", "0", "--syntax", "off", "--no-coreference"]
+
+
+def _interrupt_when(tmp_path, words: str, stop: int = signal.SIGINT, ignored: bool = False,
+                    short: bool = False) -> tuple[int, str]:
     """Run `multihead analyze` with stderr on a terminal (so it reports its steps) and send ``stop``
     (Ctrl-C's SIGINT, SIGTERM or SIGHUP) when a line containing ``words`` appears — started with
     ``stop`` ignored where ``ignored`` (as ``nohup`` starts it); returns (exit status, what it printed
-    on stderr)."""
+    on stderr); ``short``: a run of seconds (:data:`SHORT_RUN`) where the test lets it finish."""
     main, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "multihead.cli", "analyze", "--sample", "40", "--out",
+    flags = SHORT_RUN if short else ["--sample", "40"]
+    proc = subprocess.Popen([sys.executable, "-m", "multihead.cli", "analyze", *flags, "--out",
                              str(tmp_path / "rep")], stdout=subprocess.DEVNULL, stderr=follower,
                             env=dict(os.environ, OMP_NUM_THREADS="1"),
                             preexec_fn=(lambda: signal.signal(stop, signal.SIG_IGN)) if ignored else None)
@@ -173,7 +179,7 @@ def test_a_stop_at_any_step_exits_130_143_or_129_and_keeps_the_earlier_report(tm
 @pytest.mark.slow
 def test_a_run_started_with_sighup_ignored_goes_on_when_its_terminal_hangs_up(tmp_path):
     """``nohup multihead analyze …``: the hang-up it was started to survive does not stop it."""
-    code, printed = _interrupt_when(tmp_path, "parsing", signal.SIGHUP, ignored=True)
+    code, printed = _interrupt_when(tmp_path, "loading minilm", signal.SIGHUP, ignored=True, short=True)
     assert code == 0, printed
     assert "hung up" not in printed and "Traceback" not in printed, printed
     assert json.loads((tmp_path / "rep" / "report.json").read_text())["num_heads"] == 12
@@ -184,8 +190,8 @@ def test_a_run_whose_terminal_is_gone_writes_its_report_without_a_traceback(tmp_
     """The terminal closed (EIO on every write) before a hang-up is handled, or without one: a
     progress line's failed write ended the run in a traceback (exit 1), its report never written."""
     main, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "multihead.cli", "analyze", "--sample", "40", "--syntax", "off",
-                             "--out", str(tmp_path / "rep")], stdout=follower, stderr=follower,
+    proc = subprocess.Popen([sys.executable, "-m", "multihead.cli", "analyze", *SHORT_RUN, "--out",
+                             str(tmp_path / "rep")], stdout=follower, stderr=follower,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
     os.close(follower)
     seen = b""
