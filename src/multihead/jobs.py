@@ -257,11 +257,12 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
                              "reads text")
         if not images and loaded.processor is not None:
             raise InputError(f"{loaded.name} is a vision model: give it --images FOLDER (or --images digits)")
-        if asked_ablation and (loaded.is_encoder_decoder or loaded.processor is not None):
-            kind = "an encoder-decoder" if loaded.is_encoder_decoder else "a vision"
-            raise InputError(f"{asked_ablation} measures each head against a one-stack text model's own objective; "
-                             f"{loaded.name} is {kind} model (its heads are gated in Python: mh.hf.HeadGates)")
-        if not asked_ablation and (loaded.is_encoder_decoder or loaded.processor is not None):
+        if loaded.is_encoder_decoder or loaded.processor is not None:  # no one-stack text objective
+            if asked_ablation:
+                kind = "an encoder-decoder" if loaded.is_encoder_decoder else "a vision"
+                raise InputError(f"{asked_ablation} measures each head against a one-stack text model's own "
+                                 f"objective; {loaded.name} is {kind} model (its heads are gated in Python: "
+                                 "mh.hf.HeadGates)")
             ablation = 0  # the default's texts: nothing to measure them against
         if loaded.is_encoder_decoder:  # three stacks; the probes read single-stack models
             if (parses is not None and syntax == "spacy") or conllu:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from ..analysis.labels import flags_for, label_for
 from ..analysis.report import Report, head_records
 from ..analysis.sections import Corpus, Sections
+from ..hf.placement import placement_words
 from ..io import write_report_folder
 from ..models import Encoder, ModelConfig
 from ..train import CharData, step_generator
@@ -95,8 +96,7 @@ def _labels(model: nn.Module, data: MaskedChars, step: int,
     report = Report(model=f"specialise encoder, step {step}", causal=False, num_layers=L, num_heads=H,
                     sentences=ids.shape[0], tokens=ids.numel(), heads=head_records(means, label_for, flags_for),
                     sections=Sections(corpus=Corpus(**corpus)), stack="encoder")
-    weight = next(model.parameters())
-    report.placement = f"{str(weight.dtype).removeprefix('torch.')} on {weight.device}"  # as a loaded model's says
+    report.placement = placement_words(model)  # as a loaded model's says
     write_report_folder(report, reports / f"step-{step:05d}", force=True)
     keep = ("entropy_norm", "previous_token", "next_token", "self", "local", "cls", "sep", "distance")
     return labels, {k: means[k].tolist() for k in keep}

@@ -90,11 +90,16 @@ class PruningCurve:
         return fig
 
 
+def _pruned_at(remaining: int, per_step: float) -> int:
+    """How many heads a step prunes: ``per_step`` of those left, one at least."""
+    return max(1, round(per_step * remaining))
+
+
 def _steps_run(heads: int, per_step: float, steps: int) -> int:
-    """How many of ``steps`` run before ``heads`` run out, each pruning ``per_step`` of those left (one at least)."""
+    """How many of ``steps`` run before ``heads`` run out (:func:`_pruned_at` a step)."""
     run = 0
     while run < steps and heads > 0:
-        heads -= max(1, round(per_step * heads))
+        heads -= _pruned_at(heads, per_step)
         run += 1
     return run
 
@@ -128,7 +133,7 @@ def pruning_curve(task: Task, *, steps: int = 10, per_step: float = 0.1, reestim
             scores = head_importance(model, task.batches("train"), task.loss, gates=mask).scores
             ranking = [(int(n) // H, int(n) % H) for n in scores.flatten().argsort()]
         alive = [(layer, h) for layer, h in ranking if mask[layer, h] > 0]
-        for layer, h in alive[:max(1, round(per_step * remaining))]:
+        for layer, h in alive[:_pruned_at(remaining, per_step)]:
             mask[layer, h] = 0
         with HeadGates(model, values=mask.clone()):
             metric = task.evaluate()

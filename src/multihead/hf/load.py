@@ -21,7 +21,7 @@ from .placement import OFFLOAD_PREFIX, Placement, PlacementError, give_back_swap
 from .sites import find_sites, main_stack
 from .version import require_transformers
 
-__all__ = ["check_room", "empty_model", "load", "max_positions", "model_class", "wrap"]
+__all__ = ["check_room", "empty_model", "load", "max_positions", "model_class", "quiet_logger", "wrap"]
 
 
 def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: str = "auto",
@@ -117,7 +117,7 @@ def _from_pretrained(loader: Any, path: Path, where: dict[str, Any], placement: 
         # offloaded weights sit on the meta device is what offloading means (the placement says so)
         # transformers' load report lists a task checkpoint's heads the base model leaves out (a
         # classifier: what loading the base means); weights it lacks are said below, in one line
-        with warnings.catch_warnings(), _quiet("accelerate.big_modeling"), \
+        with warnings.catch_warnings(), quiet_logger("accelerate.big_modeling"), \
                 _dropped("transformers.modeling_utils", "LOAD REPORT"):
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             model, info = loader.from_pretrained(path, output_loading_info=True, **where)
@@ -242,7 +242,7 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 
 
 @contextmanager
-def _quiet(logger_name: str) -> Iterator[None]:
+def quiet_logger(logger_name: str) -> Iterator[None]:
     """Inside, the named logger says only errors."""
     logger = logging.getLogger(logger_name)
     level = logger.level
@@ -293,7 +293,7 @@ def empty_model(config: Any, dtype: Any, *, base: bool = False, **built: Any) ->
         # the model's module imported here, not under the meta device: with torch 2.6, transformers'
         # generation module reads a tensor's .item() as it is imported, which a meta tensor refuses
         auto._model_mapping[type(config)]
-    with torch.device("meta"), warnings.catch_warnings(), _quiet("transformers.modeling_utils"):
+    with torch.device("meta"), warnings.catch_warnings(), quiet_logger("transformers.modeling_utils"):
         warnings.simplefilter("ignore")
         return auto.from_config(config, dtype=dtype, **built).eval()
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from .placement import gated_heads, input_device, mapped_places
+from .placement import gated_heads, input_device, placement_words
 
 __all__ = ["HFModel", "ModelLike", "as_module", "is_conv1d", "require_loaded", "right_padding", "takes"]
 
@@ -75,9 +75,7 @@ class HFModel:
         """Where and in what precision the model runs, in words: ``bfloat16 on cuda:0``, ``float32
         on cpu + disk (device map)`` — and the heads gated while head gates act on it (``float32 on
         cpu, 2 heads gated (L0.H1, L3.H5)``)."""
-        dtype = str(self.dtype).removeprefix("torch.")
-        places = mapped_places(self.model)
-        where = f"{dtype} on {places} (device map)" if places else f"{dtype} on {self.device}"
+        where = placement_words(self.model)
         # head gates acting (mh.hf.HeadGates): a report of the gated model says so, and which heads
         gated = sorted(set(gated_heads(self.model)) | set(gated_heads(self.body)))
         if gated:

@@ -485,6 +485,15 @@ def gated_heads(model: Any) -> list[tuple[int, int]]:
     return sorted(cells)
 
 
+def placement_words(model: Any) -> str:
+    """Where and in what precision ``model`` (a module) runs, in words: ``bfloat16 on cuda:0``,
+    ``float32 on cpu + disk (device map)`` — its first floating-point weight's dtype."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    dtype = str(dtype).removeprefix("torch.")
+    places = mapped_places(model)
+    return f"{dtype} on {places} (device map)" if places else f"{dtype} on {input_device(model)}"
+
+
 def mapped_places(model: Any) -> str | None:
     """Where accelerate's device map put a model's weights, in words (``cpu + disk``, ``cuda:0 +
     cuda:1 + cpu``; every weight on disk: ``cpu, its weights on disk``, where it runs said too), or

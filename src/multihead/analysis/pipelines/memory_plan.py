@@ -55,7 +55,7 @@ from ...attn.cpu_trace import traced_as_cpu
 from ...attn.heap import HeapRules, heap_rules, replay
 from ...attn.memory import LiveBytes, available_memory, pages_in_memory, process_resident
 from ...hf.capture import AttentionCapture
-from ...hf.load import check_room, empty_model, max_positions
+from ...hf.load import check_room, empty_model, max_positions, quiet_logger
 from ...hf.model import HFModel, takes
 from ...hf.paths import model_path
 from ...hf.placement import (
@@ -368,8 +368,6 @@ def _inferred_map(config: Any, dtype: Any, device_map: str | dict, max_memory: s
         return dict(device_map)
     if device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
         raise ValueError(f"device_map must be 'auto', 'balanced', 'sequential' or a dict; got {device_map!r}")
-    import logging
-
     from accelerate import infer_auto_device_map
     from accelerate.utils import get_balanced_memory
 
@@ -380,14 +378,9 @@ def _inferred_map(config: Any, dtype: Any, device_map: str | dict, max_memory: s
         raise ValueError("a device map planned without the devices needs max_memory (e.g. 0=80GiB,1=80GiB)")
     # as load refuses it: a share too small for one block leaves the map nothing but the host or disk
     check_room(config, {"max_memory": limits, "dtype": dtype}, f"a {config.model_type} config")
-    quiet = logging.getLogger("accelerate.utils.modeling")  # "Device 0 is not available": it is planned for
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    # transformers' note on a buffer for offloaded layers: what the plan's own weights line says
-    hushed = logging.getLogger("transformers.integrations.accelerate")
-    hushed_level = hushed.level
-    hushed.setLevel(logging.ERROR)
-    try:
+    # accelerate's "Device 0 is not available" (it is planned for), transformers' note on a buffer for
+    # offloaded layers (what the plan's own weights line says)
+    with quiet_logger("accelerate.utils.modeling"), quiet_logger("transformers.integrations.accelerate"):
         try:  # what from_pretrained itself calls (its own sizes and buffers, not accelerate's)
             from transformers.integrations.accelerate import _get_device_map
         except ImportError:
@@ -399,9 +392,6 @@ def _inferred_map(config: Any, dtype: Any, device_map: str | dict, max_memory: s
             limits = get_balanced_memory(empty, max_memory=limits, no_split_module_classes=blocks, dtype=dtype,
                                          low_zero=device_map == "balanced_low_0")
         return infer_auto_device_map(empty, max_memory=limits, no_split_module_classes=blocks, dtype=dtype)
-    finally:
-        quiet.setLevel(level)
-        hushed.setLevel(hushed_level)
 
 
 def _room(available: int | str | dict | None, device: Any) -> int | None:
