@@ -130,6 +130,52 @@ def test_model_path_errors_are_clear(tmp_path):
         mh.hf.model_path(tmp_path)
 
 
+def _hub_cache_of(folder: Path, cache: Path, repo_id: str, revision: str, *, main: bool = True) -> Path:
+    """``folder`` as ``hf download`` leaves a model in the Hugging Face cache: its files in ``blobs``
+    under their hashes, a snapshot of links to them, and ``refs/main`` naming the snapshot."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir(exist_ok=True)
+    for file in folder.iterdir():
+        if file.is_file():
+            blob = repo / "blobs" / f"{revision[:8]}-{file.name}"
+            blob.symlink_to(file.resolve())
+            (snapshot / file.name).symlink_to(Path("../../blobs") / blob.name)
+    if main:
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(revision)
+    return snapshot
+
+
+def test_a_model_id_in_the_local_hugging_face_cache_loads_offline_under_its_id(tmp_path, monkeypatch, minilm):
+    """Researchers' models live in the Hugging Face cache (``hf download``, any from_pretrained):
+    ``--model org/name`` reads it there, offline, and the report names the id, not the snapshot's
+    hash; an id the cache lacks is one line saying where it looked and that nothing is downloaded."""
+    from huggingface_hub import constants
+
+    from multihead.hf.paths import model_name
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    repo_id, first, second = "sentence-transformers/all-MiniLM-L6-v2", "a" * 40, "b" * 40
+    snapshot = _hub_cache_of(mh.hf.model_path("minilm"), cache, repo_id, first)
+    assert mh.hf.model_path(repo_id) == snapshot and mh.hf.model_path(f"{repo_id}@{first}") == snapshot
+    loaded = mh.hf.load(repo_id)
+    assert loaded.name == repo_id and loaded.num_layers == 6
+    batch = minilm.tokenizer(["The cat sat on the mat."], return_tensors="pt")
+    with torch.no_grad():
+        assert torch.equal(loaded.body(**batch).last_hidden_state, minilm.body(**batch).last_hidden_state)
+    assert model_name(str(snapshot), snapshot) == repo_id  # the snapshot folder given as a path: its id too
+    (cache / f"models--{repo_id.replace('/', '--')}" / "refs" / "main").unlink()
+    assert mh.hf.model_path(repo_id) == snapshot  # `hf download --revision HASH` writes no main ref: its only one
+    _hub_cache_of(mh.hf.model_path("minilm"), cache, repo_id, second, main=False)
+    for missing in (repo_id, f"{repo_id}@{'c' * 40}", "someone/not-downloaded", "../escape/x", "a--b/c"):
+        with pytest.raises(FileNotFoundError, match="downloads nothing") as err:  # two snapshots: which?
+            mh.hf.model_path(missing)
+        assert str(cache) in str(err.value) and "\n" not in str(err.value)
+
+
 def test_a_conversion_another_process_finished_first_is_taken_not_refused(tmp_path, monkeypatch):
     """Two processes converting SmolLM2's GGUF at once (pytest-xdist's workers on a fresh machine):
     the one whose conversion another finished first drops its own copy and reads that one — not

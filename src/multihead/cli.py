@@ -156,7 +156,9 @@ def _parser() -> argparse.ArgumentParser:
 
     def model_flag(p: argparse.ArgumentParser, default: str = "minilm") -> None:
         p.add_argument("--model", default=default,
-                       help=f"'minilm', 'smollm2' or a local Hugging Face model folder (default {default})")
+                       help=f"'minilm', 'smollm2', a local Hugging Face model folder, or a model id the local "
+                            f"Hugging Face cache holds, e.g. Qwen/Qwen2.5-7B (read offline; nothing is downloaded) "
+                            f"(default {default})")
         where = p.add_argument_group("where the model runs")
         where.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                            help="auto (default): the checkpoint's own dtype on a GPU, float32 on a CPU (bfloat16 "

