@@ -672,6 +672,7 @@ def test_explain_backend_says_why():
         (lambda q, k, v: mh.attention(q, k, v, backend="sdpa", need_weights=True), ValueError, "weights"),
         (lambda q, k, v: mh.attention(q, k, v, dropout_p=1.0), ValueError, "dropout_p"),
         (lambda q, k, v: mh.attention(q, k, v, scale=-1.0), ValueError, "scale"),
+        (lambda q, k, v: mh.attention(q, k, v, scale=float("inf")), ValueError, "finite"),  # was all NaN
     ],
 )
 def test_bad_inputs_name_the_expected_form(call, error, words):
@@ -679,6 +680,30 @@ def test_bad_inputs_name_the_expected_form(call, error, words):
     with pytest.raises(error) as info:
         call(q, k, v)
     assert words in str(info.value)
+
+
+@pytest.mark.parametrize("backend", ["auto", "math", "sdpa", "local"])
+@pytest.mark.parametrize(("B", "H", "T", "S"), [(0, 2, 5, 5), (2, 0, 5, 5), (2, 2, 0, 5), (2, 2, 5, 0),
+                                                (0, 2, 1100, 1100)])
+def test_nothing_to_attend_is_an_empty_or_zero_output_with_zero_gradients(backend, B, H, T, S):
+    """An empty batch (the last of a dataset split unevenly), no queries or no keys: what SDPA and
+    nn.MultiheadAttention answer — empty outputs, and zeros for rows with no key (as a fully
+    masked row) — not "cannot reshape tensor of 0 elements"."""
+    q = torch.randn(B, H, T, 8, requires_grad=True)
+    k, v = (torch.randn(B, max(H, 1) if H else 0, S, 8, requires_grad=True) for _ in range(2))
+    if H == 0:
+        k, v = (torch.randn(B, 1, S, 8, requires_grad=True) for _ in range(2))
+    mask = masks.window(4) if backend == "local" else None
+    for need_weights in (False, True) if backend in ("auto", "math") else (False,):
+        out, weights = mh.attention(q, k, v, mask, need_weights=need_weights, backend=backend)
+        assert out.shape == (B, H, T, 8) and not out.any()
+        assert weights is None if not need_weights else (weights.shape == (B, H, T, S) and not weights.any())
+        out.sum().backward()
+        assert all(t.grad is not None and not t.grad.any() for t in (q, k, v))
+    layer = mh.MultiHeadAttention(16, 2)
+    x = torch.randn(B, T, 16)
+    out, weights = layer(x, need_weights=True)
+    assert out.shape == (B, T, 16) and weights.shape == (B, 2, T, T)
 
 
 @pytest.mark.parametrize("mask", [None, "causal", "window"])

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -108,6 +109,70 @@ def test_half_precision_with_float32_accumulation(dtype, mask, backend):
     for a, b in zip(got, want, strict=True):
         assert a.dtype == dtype and torch.isfinite(a).all()
         torch.testing.assert_close(a.double(), b, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("mask", "backend"), [
+    (masks.window(20), "local"),
+    (masks.window(8) | masks.random_blocks(1, 64, seed=0), "sparse"),
+])
+def test_half_gradients_where_logits_share_an_offset_are_as_good_as_sdpas(dtype, mask, backend):
+    """A head whose queries and keys share a direction has logits offset by ~50 (the softmax does
+    not see it; bfloat16's step there is 0.25). The forward's chunks go through fused SDPA, which
+    holds its scores in float32; the backward recomputed them rounded to the half dtype — another
+    softmax than the forward's: dk 1.5 against torch's 0.08 (bfloat16), 0.11 against 0.012 (float16)."""
+    torch.manual_seed(0)
+    T, D = 1100, 64
+    q, k, v = (torch.randn(1, 2, T, D, dtype=torch.float64) * 0.5 for _ in range(3))
+    q[..., 0] += 20
+    k[..., 0] += 20
+    q, k, v = (t.to(dtype).double() for t in (q, k, v))  # the half inputs, exactly
+    grad = torch.randn(1, 2, T, D, dtype=torch.float64)
+    truth = run("math", *(t.clone().requires_grad_(True) for t in (q, k, v)), mask, grad)
+    keep = mask.materialize(T, T)
+    errors = {}
+    for name in (backend, "torch"):  # torch's own SDPA in the half dtype: the peer
+        half = [t.to(dtype).requires_grad_(True) for t in (q, k, v)]
+        if name == "torch":
+            out = F.scaled_dot_product_attention(*half, attn_mask=keep)
+            out.backward(grad.to(dtype))
+            got = [out.detach(), *(t.grad for t in half)]
+        else:
+            got = run(name, *half, mask, grad.to(dtype))
+        errors[name] = [float((a.double() - b).abs().max()) for a, b in zip(got, truth, strict=True)]
+    for ours, torchs, what in zip(errors[backend], errors["torch"], ("out", "dq", "dk", "dv"), strict=True):
+        # within 3x: the chunks' products are half GEMMs (ds rounded to the dtype; dk 1.8-2x torch's here),
+        # torch's CPU kernel sums in float32 throughout
+        assert ours <= 3 * torchs, (what, errors)
+
+
+def test_a_learned_bias_gets_its_gradient_from_auto_and_a_chunked_kernel_refuses_it():
+    """ALiBi-like slopes learned through a float mask: auto took the chunked kernel for the band
+    (S >= 1024) and the slope's gradient was silently None (the kernels' backward differentiates
+    q, k, v only); auto now takes a dense kernel, a chunked one named is one line."""
+    T = 1100
+    q, k, v = rand_qkv(1, 2, 2, T, T, 8, 8, torch.float64, seed=2, requires_grad=True)
+    i = torch.arange(T)
+    slope = torch.tensor(0.1, dtype=torch.float64, requires_grad=True)
+
+    def learned(extra):
+        return masks.from_tensor(-(i[:, None] - i[None, :]).abs().double() * slope) & extra
+
+    grads = {}
+    for backend, extra in (("math", masks.window(64)), ("auto", masks.window(64)), ("auto", masks.topk(8)),
+                           ("math", masks.topk(8))):
+        slope.grad = None
+        mh.attention(q, k, v, learned(extra), backend=backend)[0].sum().backward()
+        grads[backend, repr(extra)] = slope.grad
+    assert grads["auto", repr(masks.window(64))] == pytest.approx(float(grads["math", repr(masks.window(64))]))
+    assert grads["auto", repr(masks.topk(8))] == pytest.approx(float(grads["math", repr(masks.topk(8))]))
+    for backend in ("local", "sparse"):
+        with pytest.raises(ValueError, match="bias takes a gradient"):
+            mh.attention(q, k, v, learned(masks.window(64)), backend=backend)
+    with torch.no_grad():  # nothing to differentiate: the band's chunked kernel, as before
+        assert mh.explain_backend(q, k, v, learned(masks.window(64))).backend == "local"
+    fixed = masks.from_tensor(-(i[:, None] - i[None, :]).abs().double() * 0.1) & masks.window(64)
+    assert mh.explain_backend(q, k, v, fixed).backend == "local"
 
 
 @pytest.mark.parametrize("backend", ["local", "sparse", "topk"])

@@ -161,6 +161,7 @@ def test_and_adds_biases():
         (lambda: masks.from_tensor([[1, 0]]), TypeError, "torch.Tensor"),
         (lambda: masks.key_padding(torch.ones(3, dtype=torch.bool)), ValueError, "(B, S)"),
         (lambda: masks.key_padding(torch.ones(2, 3)), TypeError, "bool or integer"),
+        (lambda: masks.key_padding(torch.tensor([[2, 1, 0, -1]])), ValueError, "0/1 values"),  # lengths, ids
         (lambda: masks.padding([[1, 2]]), ValueError, "1-D"),
         (lambda: masks.padding([-1]), ValueError, ">= 0"),
         (lambda: masks.causal() | masks.from_tensor(torch.zeros(2, 2)), ValueError, "additive"),

@@ -142,6 +142,12 @@ class Mask:
         return FULL
 
     @property
+    def bias_needs_grad(self) -> bool:
+        """True when the additive bias is a tensor that takes a gradient (a learned relative
+        position bias, ALiBi slopes): only the dense kernels differentiate it."""
+        return False
+
+    @property
     def relative(self) -> bool:
         """True when whether query i may attend key j depends only on the offset j - (i + S - T),
         the same for every example and head (causal, windows and their combinations): every block
@@ -224,6 +230,10 @@ class KeyPadding(Mask):
                     "key_padding(valid) expects bool or integer 0/1 values (True/1 = real token); "
                     f"got {valid.dtype}. For an additive float mask use from_tensor()."
                 )
+            odd = (valid != 0) & (valid != 1)
+            if bool(odd.any()):  # a 2 or a -1 is no token flag: lengths, or ids given by mistake
+                raise ValueError(f"key_padding(valid) expects 0/1 values (1 = real token); got "
+                                 f"{int(valid[odd][0])}. Lengths go to padding(lengths)")
             valid = valid != 0
         self.valid = valid
 
@@ -285,6 +295,10 @@ class FromTensor(Mask):
         self.tensor = t
         self.has_bias = t.dtype.is_floating_point
 
+    @property
+    def bias_needs_grad(self) -> bool:
+        return self.has_bias and self.tensor.requires_grad
+
     def _check_shape(self, T: int, S: int) -> None:
         shape = tuple(self.tensor.shape)
         t_dim = shape[-2] if len(shape) >= 2 else 1
@@ -332,6 +346,10 @@ class And(Mask):
     def __init__(self, a: Mask, b: Mask) -> None:
         self.a, self.b = a, b
         self.has_bias = a.has_bias or b.has_bias
+
+    @property
+    def bias_needs_grad(self) -> bool:
+        return self.a.bias_needs_grad or self.b.bias_needs_grad
 
     def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
         return self.a.mask_mod(i, j, T, S) & self.b.mask_mod(i, j, T, S)
@@ -409,6 +427,10 @@ class Rows(Mask):
             raise ValueError(f"Rows(start={start}) must be a query row of the T = {T} rows")
         self.mask, self.start, self.T, self.S = mask, start, T, S
         self.has_bias = mask.has_bias
+
+    @property
+    def bias_needs_grad(self) -> bool:
+        return self.mask.bias_needs_grad
 
     def mask_mod(self, i: Tensor, j: Tensor, T: int, S: int) -> Tensor:
         return self.mask.mask_mod(i + self.start, j, self.T, self.S)

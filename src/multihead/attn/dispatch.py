@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
 from ..masks import FULL, Mask, split_topk
@@ -43,6 +44,12 @@ SPARSE_SHARE = 0.55
 MIN_CHUNKED_KEYS = 1024
 
 
+def _count(keys: float) -> str:
+    """A number of keys for a reason. While torch.compile traces, the shapes may be symbols (a
+    ``SymFloat``, which no format spec takes) and the reason is read by nobody: a placeholder."""
+    return "W" if torch.compiler.is_compiling() else f"{keys:.0f}"
+
+
 def choose(q: Tensor, k: Tensor, mask: Mask | None, need_weights: bool, backend: str) -> BackendChoice:
     """The backend ``backend`` ("auto": the fastest exact one) that serves the request, with the
     reasons the others were not taken; ValueError when a named backend cannot serve it."""
@@ -64,6 +71,10 @@ def choose(q: Tensor, k: Tensor, mask: Mask | None, need_weights: bool, backend:
             problems["sdpa"] = "scaled_dot_product_attention cannot keep only the top-k scores"
         if top is None:
             problems["topk"] = "the mask has no topk(k)"
+    if mask is not None and mask.bias_needs_grad and torch.is_grad_enabled():
+        for name in ("local", "sparse", "topk"):  # their autograd Function takes q, k, v: a bias would get None
+            problems.setdefault(name, "the mask's additive bias takes a gradient (requires_grad), which the chunked "
+                                      "kernels do not compute; backend='sdpa' or 'math' does")
     if backend != "auto":
         if backend in problems:
             raise ValueError(f"backend={backend!r} cannot serve this request: {problems[backend]}")
@@ -77,25 +88,27 @@ def choose(q: Tensor, k: Tensor, mask: Mask | None, need_weights: bool, backend:
     if need_weights:
         return BackendChoice("math", "the only path that returns per-head weights",
                              {n: w for n, w in problems.items() if n != "topk"})
-    if top is not None:
-        return BackendChoice("topk", f"chunked top-{top} selection over at most {width:.0f} keys per query; "
+    if top is not None and "topk" not in problems:
+        return BackendChoice("topk", f"chunked top-{top} selection over at most {_count(width)} keys per query; "
                              "keeps only q, k, v for backward", {"sdpa": problems["sdpa"], "math": math_why})
-    dense_why = (f"the mask's {structure} leave {width:.0f} of S={S} keys per query; a chunked kernel "
+    dense_why = (f"the mask's {structure} leave {_count(width)} of S={S} keys per query; a chunked kernel "
                  "computes only those")
     sparse_enough = not cover.is_full and width <= SPARSE_SHARE * S and S >= MIN_CHUNKED_KEYS
-    if sparse_enough:
+    if sparse_enough and "local" not in problems:
         name = "sparse" if cover.layouts else "local"
         other = "local" if name == "sparse" else "sparse"
         return BackendChoice(
-            name, f"{structure}: {width:.0f} of S={S} keys per query, time and memory O(T·{width:.0f})",
+            name, f"{structure}: {_count(width)} of S={S} keys per query, time and memory O(T·{_count(width)})",
             {"sdpa": dense_why, "math": math_why, other: f"the mask has {structure}", "topk": problems["topk"]},
         )
-    if cover.is_full:
+    if "local" in problems:
+        chunk_why = problems["local"]
+    elif cover.is_full:
         chunk_why = "the mask is dense"
     elif S < MIN_CHUNKED_KEYS:
         chunk_why = f"S={S} < {MIN_CHUNKED_KEYS}: per-chunk overhead outweighs the keys saved; dense fused kernels win"
     else:
-        chunk_why = f"{width:.0f} of S={S} keys per query is more than {SPARSE_SHARE:.0%}; dense fused kernels win"
+        chunk_why = f"{_count(width)} of S={S} keys per query is more than {SPARSE_SHARE:.0%}; dense fused kernels win"
     if "sdpa" not in problems:
         return BackendChoice("sdpa", "fused kernel, exact for this request",
                              {"math": math_why, "local/sparse": chunk_why, "topk": problems["topk"]})

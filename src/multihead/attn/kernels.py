@@ -107,12 +107,15 @@ def attention(
         raise ValueError(f"softcap must be a positive number; got {softcap!r}")
     if sinks is not None and (sinks.dim() != 1 or sinks.shape[0] != q.shape[1]):
         raise ValueError(f"sinks must be one logit per query head, ({q.shape[1]},); got {tuple(sinks.shape)}")
+    if 0 in (q.shape[0], q.shape[1], q.shape[2], k.shape[2]):
+        return _nothing_to_attend(q, k, v, need_weights, weights_dtype)
     extras = [name for name, value in (("softcap", softcap), ("sinks", sinks)) if value is not None]
     choice = choose(q, k, mask, need_weights, "math" if extras and backend == "auto" else backend)
     if extras and choice.backend != "math":
         raise ValueError(f"{' and '.join(extras)} need backend='math' (the fused and chunked kernels do not "
                          f"implement them); got backend={backend!r}")
-    check_memory(estimate_memory(q, k, v, mask, need_weights=need_weights, backend=choice.backend))
+    if not torch.compiler.is_compiling():  # traced once for a range of shapes (symbols): checked by eager calls
+        check_memory(estimate_memory(q, k, v, mask, need_weights=need_weights, backend=choice.backend))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if choice.backend == "math":
         out, weights = _math_attention(q, k, v, mask, scale, dropout_p, softcap=softcap, sinks=sinks,
@@ -502,6 +505,20 @@ def _check_broadcast(name: str, shape: torch.Size, target: tuple[int, ...]) -> N
 # --------------------------------------------------------------------------- validation
 
 
+def _nothing_to_attend(q: Tensor, k: Tensor, v: Tensor, need_weights: bool, weights_dtype: torch.dtype | None
+                       ) -> tuple[Tensor, Tensor | None]:
+    """An empty batch, no heads, no queries (T = 0) or no keys (S = 0): out (B, H, T, Dv) zeros —
+    a row with no key attends to nothing, as a fully masked row does — and weights (B, H, T, S)
+    zeros; tied to q, k and v so that a backward gives each its zero gradient (the kernels'
+    reshapes of an empty tensor fail: "cannot reshape tensor of 0 elements")."""
+    B, H, T, _ = q.shape
+    S, Dv = k.shape[2], v.shape[3]
+    tied = (q.sum() + k.sum() + v.sum()) * 0  # () zero, with q, k and v in its graph
+    out = q.new_zeros(B, H, T, Dv) + tied  # (B, H, T, Dv)
+    weights = q.new_zeros(B, H, T, S, dtype=weights_dtype or q.dtype) if need_weights else None  # (B, H, T, S)
+    return out, weights
+
+
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout_p: float
                   ) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -533,5 +550,5 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout_
         raise ValueError(f"k and v must have the same length S; got {k.shape[2]} and {v.shape[2]}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")
-    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
-        raise ValueError(f"scale must be a positive number or None; got {scale!r}")
+    if scale is not None and not (isinstance(scale, (int, float)) and 0 < scale < math.inf):
+        raise ValueError(f"scale must be a positive finite number or None; got {scale!r}")
