@@ -320,6 +320,41 @@ def test_the_cli_on_local_folders_of_other_architectures(tmp_path, capsys):
     assert code == 2 and "--target" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
+def test_a_decoders_base_model_checkpoint_is_read_with_its_tied_head_or_refused_where_a_head_is_needed(
+        tmp_path, capsys):
+    """A folder saved from a decoder's base model (``"architectures": ["LlamaModel"]``: an embedding
+    model, or ``model.model.save_pretrained``) crashed every command that reads logits
+    (``'BaseModelOutputWithPast' object has no attribute 'logits'``). With its output embedding tied
+    to the input one its head is in the checkpoint: it loads as the language model it is; untied,
+    it is read without one, and what needs a head says so in one line."""
+    from transformers import AutoModelForCausalLM
+
+    from conftest import run_cli
+
+    tied = _save("gpt2", tmp_path / "gpt2-base")  # GPT2Model; GPT-2 ties its embeddings
+    assert json.loads((tied / "config.json").read_text())["architectures"] == ["GPT2Model"]
+    loaded = mh.hf.load(tied)
+    assert loaded.has_lm_head and loaded.is_causal
+    whole = AutoModelForCausalLM.from_pretrained(tied).eval()  # the head the checkpoint's embedding makes
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        assert torch.equal(loaded.model(input_ids=ids).logits, whole(input_ids=ids).logits)
+    untied = _save("llama (GQA)", tmp_path / "llama-base")
+    assert json.loads((untied / "config.json").read_text())["architectures"] == ["LlamaModel"]
+    assert not mh.hf.load(untied).has_lm_head
+    texts = ["w5 w6 w7 w8 w9 w10", "w11 w12 w13"]
+    code, out, err = run_cli(["analyze", *texts, "--model", str(untied), "--out", str(tmp_path / "r"),
+                              "--no-coreference", "--syntax", "off"], capsys)
+    assert code == 0 and "not tested" in out, err  # the default run: the probes and labels, no ablation
+    headless = "llama-base is a decoder loaded without a language-model head"
+    for command, args in (("analyze", [*texts, "--ablation", "2"]), ("analyze", [*texts, "--what-if", "window=2"]),
+                          ("patch", ["--example", "capital"]), ("prune", [])):
+        code, _, err = run_cli([command, *args, "--model", str(untied), "--out", str(tmp_path / "no")], capsys)
+        assert code == 2 and headless in err and len(err.strip().splitlines()) == 1, (command, err)
+        assert not (tmp_path / "no").exists()
+
+
 @pytest.mark.parametrize("name", ENCODER_DECODER)
 def test_an_encoder_decoder_report_has_three_stacks_equal_to_a_direct_computation(name, tmp_path):
     model = build(name)

@@ -213,6 +213,19 @@ def test_the_plan_is_within_20_percent_of_the_tensors_the_analysis_holds(smollm2
     assert abs(found.tensors / live.peak - 1) <= 0.2, (found, live.peak)
 
 
+def test_an_encoders_plan_has_no_probes_and_a_long_encoder_text_gets_its_plan(minilm, capsys):
+    """The probes run on causal models only: an encoder's plan traced the retrieval probe's
+    633-token trial through MiniLM's 512 positions ("The expanded size of the tensor (633) must
+    match the existing size (512)") — every plan of a BERT failed, and analyze printed none."""
+    for model in ("minilm", minilm):
+        found = mh.analysis.plan(model, 128)
+        assert found.probes == 0 and found.fits
+    assert mh.analysis.plan(minilm, 512).total > mh.analysis.plan(minilm, 128).total
+    mh.analyze(minilm, [" ".join(["word"] * 600)], truncate=True, progress=True, coreference=False, parses=None)
+    err = capsys.readouterr().err
+    assert "memory plan for minilm" in err and "no memory plan" not in err, err
+
+
 def test_a_plan_for_more_tokens_than_the_model_reads_is_refused_in_one_line():
     """Llama-3-8B reads 8,192 positions: analyze would refuse (or --truncate) a 32k-token text, so a
     plan for it would answer a run that cannot happen."""

@@ -257,11 +257,13 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
                              "reads text")
         if not images and loaded.processor is not None:
             raise InputError(f"{loaded.name} is a vision model: give it --images FOLDER (or --images digits)")
-        if loaded.is_encoder_decoder or loaded.processor is not None:  # no one-stack text objective
+        headless = loaded.is_causal and not loaded.has_lm_head
+        if loaded.is_encoder_decoder or loaded.processor is not None or headless:  # no one-stack text objective
             if asked_ablation:
-                kind = "an encoder-decoder" if loaded.is_encoder_decoder else "a vision"
+                kind = "an encoder-decoder model" if loaded.is_encoder_decoder else "a vision model" \
+                    if loaded.processor is not None else loaded.HEADLESS
                 raise InputError(f"{asked_ablation} measures each head against a one-stack text model's own "
-                                 f"objective; {loaded.name} is {kind} model (its heads are gated in Python: "
+                                 f"objective; {loaded.name} is {kind} (its heads are gated in Python: "
                                  "mh.hf.HeadGates)")
             ablation = 0  # the default's texts: nothing to measure them against
         if loaded.is_encoder_decoder:  # three stacks; the probes read single-stack models
@@ -273,6 +275,8 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
             raise InputError(f"--target is for encoder-decoder models; {loaded.name} has one stack")
         if what_if and not loaded.is_causal:
             raise InputError(f"--what-if measures a causal language model's loss; {loaded.name} is not one")
+        if what_if and headless:
+            raise InputError(f"--what-if measures a causal language model's loss; {loaded.name} is {loaded.HEADLESS}")
         try:
             report = analyze(loaded, corpus, batch_size=batch_size, truncate=truncate, parses=parses,
                              coreference=refs, targets=targets, ablation=ablation, what_if=what_if, progress=None,
@@ -470,6 +474,9 @@ def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10
                          f"{'an encoder-decoder' if loaded.is_encoder_decoder else 'a vision'} model")
     if is_offloaded(loaded.model):
         raise InputError(OFFLOADED)
+    if loaded.is_causal and not loaded.has_lm_head:
+        raise InputError(f"prune's tasks read a language model's predictions or an encoder's sentences; "
+                         f"{loaded.name} is {loaded.HEADLESS}")
     name = task or ("lm" if loaded.is_causal else "sentiment")
     sizes = {k: v for k, v in (("train_size", train_size), ("test_size", test_size)) if v is not None}
     if name == "sentiment":

@@ -173,6 +173,9 @@ class LanguageModelTask(Task):
         self.metric_name = "next-token accuracy"
         if not self.model.is_causal:
             raise ValueError(f"the language-modelling task needs a causal model; {self.model.name} is an encoder")
+        if not self.model.has_lm_head:
+            raise ValueError(f"the language-modelling task reads next-word predictions; {self.model.name} is "
+                             f"{self.model.HEADLESS}")
         texts = lm_texts(self.source, self.train_size + self.test_size)
         self.splits = {"train": texts[:self.train_size], "test": texts[self.train_size:]}
 

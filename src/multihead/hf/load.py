@@ -22,7 +22,8 @@ from .placement import OFFLOAD_PREFIX, Placement, PlacementError, give_back_swap
 from .sites import find_sites, main_stack
 from .version import require_transformers
 
-__all__ = ["check_room", "empty_model", "load", "max_positions", "model_class", "quiet_logger", "wrap"]
+__all__ = ["check_room", "empty_model", "is_language_model", "load", "max_positions", "model_class", "quiet_logger",
+           "wrap"]
 
 
 def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: str = "auto",
@@ -280,7 +281,7 @@ def model_class(config: Any) -> Any:
     language model with its LM head, an encoder with its masked-LM head, else the base model."""
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
-    return AutoModelForCausalLM if _is_language_model(config) else \
+    return AutoModelForCausalLM if is_language_model(config) else \
         AutoModelForMaskedLM if _is_masked_language_model(config) else AutoModel
 
 
@@ -404,12 +405,13 @@ def _weights_problem(path: Path, err: BaseException) -> str:
     return f"{name} cannot be read: it is truncated or not a model's weights ({first})"
 
 
-def _is_language_model(config: Any) -> bool:
+def is_language_model(config: Any) -> bool:
     """Whether the folder holds a causal language model (loaded with its LM head): a decoder config,
     or an architecture transformers lists among its causal-LM classes (GPT2LMHeadModel, LlamaForCausalLM...)."""
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        MODEL_MAPPING_NAMES,
     )
 
     if getattr(config, "is_encoder_decoder", False):
@@ -418,7 +420,13 @@ def _is_language_model(config: Any) -> bool:
         kind = getattr(config, "model_type", None)
         return bool(getattr(config, "is_decoder", False)) or (
             kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES)
-    return bool(getattr(config, "is_decoder", False)) or _names_one_of(config, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    if bool(getattr(config, "is_decoder", False)) or _names_one_of(config, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        return True
+    # a causal LM's base model saved alone (LlamaModel, Qwen2Model) with its output embedding tied to
+    # the input one: its LM head is in the checkpoint, as the embedding (loaded so, nothing random)
+    kind = config.model_type
+    return bool(getattr(config, "tie_word_embeddings", False)) and _names_one_of(config, MODEL_MAPPING_NAMES) and \
+        kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 
 def _is_masked_language_model(config: Any) -> bool:

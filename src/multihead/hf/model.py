@@ -54,6 +54,16 @@ class HFModel:
         return getattr(self.model, "base_model", self.model)
 
     @property
+    def has_lm_head(self) -> bool:
+        """Whether the model makes logits over words (a causal or masked language model's head):
+        a base model's checkpoint (``LlamaModel``, ``BertModel``: an embedding model) has none, and
+        nothing that reads a loss, an answer's logit or the words' embedding can run on it."""
+        return getattr(self.model, "get_output_embeddings", lambda: None)() is not None
+
+    #: What a decoder without an LM head is called in the one-line refusals of what needs one.
+    HEADLESS = "a decoder loaded without a language-model head (a base model's checkpoint, e.g. an embedding model)"
+
+    @property
     def no_cache(self) -> dict[str, bool]:
         """``{"use_cache": False}`` for a model whose forward takes it, else ``{}``: a reading pass
         generates nothing, and a decoder's KV cache would keep every layer's keys and values alive

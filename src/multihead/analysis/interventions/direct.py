@@ -35,6 +35,9 @@ def direct_logit_attribution(model: HFModel, text: str, answer: str, wrong: str)
     model = require_loaded(model, "direct_logit_attribution")
     if not model.is_causal:
         raise ValueError("direct logit attribution reads decoders (the answer follows the last token)")
+    if not model.has_lm_head:
+        raise ValueError(f"direct logit attribution reads the words' output embedding; {model.name} is "
+                         f"{model.HEADLESS}")
     ids = text_ids(model, text)
     a, b = single_token(model.tokenizer, answer, "answer"), single_token(model.tokenizer, wrong, "wrong")
     position = ids.shape[1] - 1

@@ -38,7 +38,7 @@ from ...hf.sites import UnsupportedModelError
 from ...inputs import text_tokens
 from .direct import head_attribution
 from .final import final_norm
-from .runs import answer_position, clean_run, logit_diff, single_token, text_ids
+from .runs import answer_position, check_answerable, clean_run, logit_diff, single_token, text_ids
 
 __all__ = ["EXAMPLES", "PATCH_TOKENS", "SCHEMA", "Patching", "answer_position", "patch", "patch_heads",
            "single_token"]
@@ -223,6 +223,7 @@ def _prepared(model: HFModel, clean: str, corrupt: str, answer: str,
     ValueError naming what is wrong with the input."""
     if model.processor is not None or model.is_encoder_decoder:
         raise ValueError("activation patching reads text models with one self-attention stack")
+    check_answerable(model)  # before the texts: a model with no answer to read is the first thing wrong
     tok = model.tokenizer
     ids_clean, ids_corrupt = text_ids(model, clean), text_ids(model, corrupt)
     if ids_clean.shape != ids_corrupt.shape:

@@ -15,7 +15,7 @@ from ...hf.route import AttentionChunk
 from ...inputs import text_tokens
 from .final import final_norm
 
-__all__ = ["ROUNDING_STEPS", "Run", "answer_position", "clean_run", "logit_diff", "logits_at",
+__all__ = ["ROUNDING_STEPS", "Run", "answer_position", "check_answerable", "clean_run", "logit_diff", "logits_at",
            "single_token", "text_ids"]
 
 #: Steps of the logits' dtype, at the size of the largest logit, within which two runs' logit
@@ -83,9 +83,18 @@ def single_token(tokenizer, text: str, name: str) -> int:
     return int(ids[0])
 
 
+def check_answerable(model: HFModel) -> None:
+    """One line unless ``model`` predicts words (a causal LM, or an encoder with its masked-LM
+    head): what a patched or attributed answer is read from."""
+    if model.is_causal and not model.has_lm_head:
+        raise ValueError(f"{model.name} is {model.HEADLESS}: there is no answer to patch; use a causal or "
+                         "masked language model")
+
+
 def answer_position(model: HFModel, ids: Tensor) -> int:
     """Where the answer is predicted in ``ids`` (1, T): after the last token of a causal model, at
     the one mask token of a masked language model."""
+    check_answerable(model)
     if model.is_causal:
         return ids.shape[1] - 1
     mask_id = getattr(model.tokenizer, "mask_token_id", None)

@@ -53,7 +53,7 @@ def check_what_if(model: HFModel, texts: Sequence[str], spec: str) -> None:
     causal language model with its head, and a token to predict (texts of two tokens or more) —
     asked of the tokenizer alone, before any forward."""
     parse_what_if(spec)
-    if not model.is_causal or getattr(model.model, "get_output_embeddings", lambda: None)() is None:
+    if not model.is_causal or not model.has_lm_head:
         raise ValueError(f"what-if measures a causal language model's loss; {model.name} is not one "
                          "(an encoder, or a decoder loaded without its language-model head)")
     if not texts:

@@ -154,10 +154,13 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     section records the share).
     """
     model = require_loaded(model, "analyze")
-    if (model.processor is not None or model.is_encoder_decoder) and (ablation or what_if is not None):
+    headless = model.is_causal and not model.has_lm_head
+    if (model.processor is not None or model.is_encoder_decoder or headless) and (ablation or what_if is not None):
         asked = "ablation" if ablation else "what_if"
+        kind = "an encoder-decoder model" if model.is_encoder_decoder else "a vision model" \
+            if model.processor is not None else model.HEADLESS
         raise ValueError(f"{asked} measures heads against a one-stack text model's own objective; {model.name} is "
-                         f"{'an encoder-decoder' if model.is_encoder_decoder else 'a vision'} model")
+                         f"{kind}")
     if model.processor is not None:  # a vision model: ``texts`` are its images
         from .vision import analyze_images
 

@@ -18,7 +18,7 @@ alone — before a weight is read, and for devices this machine does not have.
                (:meth:`TextViews.planned_bytes`) — with the probes, their inputs' views too (the
                induction probe's first sequence, the retrieval probe's first trial: read in the
                probes' passes, kept for the page); on a CPU it adds to the device's total
-    probes     the induction and retrieval probes' own passes (fixed, small shapes)
+    probes     the induction and retrieval probes' own passes (fixed, small shapes; a causal model's)
     process    on a CPU, for the model loaded in this process: what the process holds now beside the
                model's resident weights (the libraries, the tokenizer, the parses: VmRSS less the
                weights' pages present, :func:`~multihead.attn.memory.pages_in_memory`), so that the
@@ -55,7 +55,7 @@ from ...attn.cpu_trace import traced_as_cpu
 from ...attn.heap import HeapRules, heap_rules, replay
 from ...attn.memory import LiveBytes, available_memory, pages_in_memory, process_resident
 from ...hf.capture import AttentionCapture
-from ...hf.load import check_room, empty_model, max_positions, quiet_logger
+from ...hf.load import check_room, empty_model, is_language_model, max_positions, quiet_logger
 from ...hf.model import HFModel, takes
 from ...hf.paths import model_path
 from ...hf.placement import (
@@ -299,14 +299,18 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     holes = max(_replayed(events, rules, kept) - forward, 0) if rules else 0
     probe = 0
     haystack = RETRIEVAL["haystack"] + 2 * NEEDLE + 1  # the retrieval probe's trial: its tokens
+    # the run reads the probes on a causal model only (an encoder's 512 positions took no 633-token trial)
+    probes = probes and (loaded.is_causal if loaded else is_language_model(config))
+    retrieval = probes and not (limit and haystack > limit)
     if probes and views:  # the page's views of the probes' inputs, read in their passes and kept with the others
         host += TextViews.planned_bytes(L, H, INDUCTION_SHAPE[1]) + \
-            TextViews.planned_bytes(L, H, haystack, top_k=EVIDENCE_TOP_K)
+            (TextViews.planned_bytes(L, H, haystack, top_k=EVIDENCE_TOP_K) if retrieval else 0)
     if probes:
-        probe = max(_traced(body, *INDUCTION_SHAPE, chunk=None, budget=budget, limit=bytes_for(*INDUCTION_SHAPE),
-                            work=work, on_cpu=on_cpu)[0],
-                    _traced(body, 1, haystack, chunk=256, budget=budget, limit=bytes_for(1, haystack), work=work,
-                            on_cpu=on_cpu)[0])
+        probe = _traced(body, *INDUCTION_SHAPE, chunk=None, budget=budget, limit=bytes_for(*INDUCTION_SHAPE),
+                        work=work, on_cpu=on_cpu)[0]
+    if retrieval:
+        probe = max(probe, _traced(body, 1, haystack, chunk=256, budget=budget, limit=bytes_for(1, haystack),
+                                   work=work, on_cpu=on_cpu)[0])
     return MemoryPlan(name, str(device), str(dtype).removeprefix("torch."), tokens, batch, weights, forward,
                       statistics, end, probe, largest, host, available, holes, places,
                       "" if readers_on is None else str(torch.device(readers_on)), process, unwritten)
