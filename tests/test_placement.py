@@ -357,6 +357,35 @@ def test_weights_a_checkpoint_lacks_are_said_and_never_offloaded(tmp_path):
     assert "\n" not in str(err.value) and not (tmp_path / "off").exists()  # the folder it made: gone again
 
 
+def test_a_pickled_checkpoint_with_a_tied_head_runs_offloaded(tmp_path):
+    """GPT-2's own checkpoints are ``pytorch_model.bin`` without ``lm_head.weight`` (tied to the input
+    embedding): offloaded, accelerate wrote the embedding out under its own name only and the head's
+    forward stopped on ``KeyError: 'lm_head.weight'`` (ablation, patching, what-if: every logit)."""
+    import transformers
+
+    from test_architectures import _word_tokenizer
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    folder = tmp_path / "tied-bin"
+    model.save_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    weights = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    torch.save(weights, folder / "pytorch_model.bin")
+    _word_tokenizer(64).save_pretrained(folder)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7]])
+    with torch.no_grad():
+        want = mh.hf.load(folder).model(input_ids=ids).logits
+        offloaded = mh.hf.load(folder, device_map={"": "disk"}, offload_folder=tmp_path / "o")
+        assert offloaded.model.lm_head.weight.device.type == "meta"  # the head's weight too: read from disk
+        torch.testing.assert_close(offloaded.model(input_ids=ids).logits, want)
+    effects = attribution_effects(offloaded, ["w5 w6 w7 w8 w9"])  # the run that stopped: logits under a gradient
+    assert torch.isfinite(effects["zero_ablation"]).all()
+
+
 def test_transformers_report_of_weights_it_raises_on_is_kept(tmp_path):
     """Its load report of a task head left out is dropped; the one its error points to ("look at the
     above report!": weights of the wrong shape) is not."""

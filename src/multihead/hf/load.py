@@ -138,6 +138,7 @@ def _from_pretrained(loader: Any, path: Path, where: dict[str, Any], placement: 
         raise ValueError(_weights_problem(path, err)) from err
     missing = sorted(info.get("missing_keys") or ())
     _check_offloaded_are_stored(model, missing, shown)
+    _alias_tied_offloaded(model)
     if missing:
         warnings.warn(f"{shown}: {len(missing)} weight{'s' if len(missing) > 1 else ''} the checkpoint does not "
                       f"hold {'are' if len(missing) > 1 else 'is'} newly initialised (random): "
@@ -155,6 +156,26 @@ def _check_offloaded_are_stored(model: Any, missing: Any, shown: str) -> None:
         raise PlacementError("max_memory", f"offloads weights {shown}'s checkpoint does not hold ({lost[0]}, …: "
                              "newly initialised, so never written to disk): give the model more memory "
                              "(--max-memory) so that they stay in it")
+
+
+def _alias_tied_offloaded(model: Any) -> None:
+    """Give a tied weight (an LM head tied to the input embedding) its source's entry in the index
+    of weights offloaded to disk: transformers writes one for a safetensors checkpoint read in place,
+    none for a pickled one (``pytorch_model.bin``) whose weights accelerate wrote out — the head's
+    forward then stopped on ``KeyError: 'lm_head.weight'`` (GPT-2's own checkpoints are such)."""
+    tied = getattr(model, "all_tied_weights_keys", None)
+    if not isinstance(tied, dict) or not tied:
+        return
+    indexes = {}
+    for module in model.modules():
+        dataset = getattr(getattr(getattr(module, "_hf_hook", None), "weights_map", None), "dataset", None)
+        index = getattr(dataset, "index", None)
+        if isinstance(index, dict):
+            indexes[id(index)] = index
+    for index in indexes.values():
+        for name, source in tied.items():
+            if name not in index and source in index:
+                index[name] = index[source]
 
 
 def _base_without_pooler(loader: Any, config: Any, path: Path) -> dict[str, Any]:
