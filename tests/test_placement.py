@@ -7,6 +7,7 @@ gets float32 maps.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -388,11 +389,20 @@ def test_a_pickled_checkpoint_with_a_tied_head_runs_offloaded(tmp_path):
 
 def test_transformers_report_of_weights_it_raises_on_is_kept(tmp_path):
     """Its load report of a task head left out is dropped; the one its error points to ("look at the
-    above report!": weights of the wrong shape) is not."""
+    above report!": weights of the wrong shape) is not — and the error names the weight and its two
+    shapes itself, since a command's quiet logging shows no report."""
     import json
     import logging
 
-    folder = _tiny_mixtral(tmp_path / "mix")
+    import transformers
+
+    from test_architectures import _word_tokenizer
+
+    folder = tmp_path / "llama"
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2)).save_pretrained(folder)
+    _word_tokenizer(64).save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
     config["intermediate_size"] = 48  # the checkpoint's MLP weights are 64 wide
     (folder / "config.json").write_text(json.dumps(config))
@@ -402,11 +412,53 @@ def test_transformers_report_of_weights_it_raises_on_is_kept(tmp_path):
     logger = logging.getLogger("transformers.modeling_utils")
     logger.addHandler(handler)
     try:
-        with pytest.raises(ValueError, match="look at the above report"):
+        with pytest.raises(ValueError, match=r"llama: its weights are not the shapes its config.json makes: "
+                                             r"model.layers.0.mlp.down_proj.weight is \(32, 64\) in the checkpoint, "
+                                             r"\(32, 48\) by the config \(and 5 more\); the config belongs to "
+                                             r"another checkpoint"):
             mh.hf.load(folder)
     finally:
         logger.removeHandler(handler)
     assert any("LOAD REPORT" in line and "MISMATCH" in line for line in seen), seen
+
+
+def test_a_missing_or_cut_shard_is_named_and_unused_weights_are_said(tmp_path):
+    """A sharded checkpoint with a shard gone or cut short was blamed on its index ("index.json
+    cannot be read ... No such file"); a config of fewer layers than its checkpoint dropped the
+    rest in silence (its missing weights were said, its unused ones not)."""
+    import json
+    import shutil
+
+    import transformers
+
+    from test_architectures import _word_tokenizer
+
+    folder = tmp_path / "sharded"
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2)).save_pretrained(folder, max_shard_size="20KB")
+    _word_tokenizer(64).save_pretrained(folder)
+    shards = sorted(folder.glob("model-*.safetensors"))
+    assert len(shards) > 2
+    fewer = tmp_path / "fewer"
+    shutil.copytree(folder, fewer)
+    config = json.loads((fewer / "config.json").read_text())
+    config["num_hidden_layers"] = 2
+    (fewer / "config.json").write_text(json.dumps(config))
+    with pytest.warns(UserWarning, match=r"fewer: \d+ weights of the checkpoint have no place in the model its "
+                                         r"config.json makes and are not used \(model.layers.2.input_layernorm.weight"):
+        assert mh.hf.load(fewer).num_layers == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a task checkpoint's head beside the base model: what loading the base means
+        mh.hf.load(folder)
+    shards[1].write_bytes(shards[1].read_bytes()[:1000])
+    with pytest.raises(ValueError, match=rf"^{shards[1]} cannot be read: it is truncated or not safetensors"):
+        mh.hf.load(folder)
+    shards[1].unlink()
+    with pytest.raises(ValueError, match=rf"^{shards[1]} is missing: model.safetensors.index.json names "
+                                         rf"{len(shards)} shards and the folder lacks this one"):
+        mh.hf.load(folder)
 
 
 def test_an_offloaded_modules_freed_weights_go_back_to_the_system_after_its_forward(offloaded, monkeypatch):

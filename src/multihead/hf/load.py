@@ -131,6 +131,8 @@ def _from_pretrained(loader: Any, path: Path, where: dict[str, Any], placement: 
         raise PlacementError("max_memory", f"{placement.max_memory!r} does not hold {shown}: give an offload "
                              "folder (--offload-folder DIR) for the rest, or more memory") from err
     except (OSError, RuntimeError, pickle.UnpicklingError, EOFError) as err:
+        if "ignore_mismatched_sizes" in str(err):  # weights of other shapes than the config makes
+            raise ValueError(_mismatch_problem(loader, path, where)) from err
         raise ValueError(_weights_problem(path, err)) from err
     except Exception as err:  # safetensors' own error type, raised for a truncated or foreign file
         if type(err).__name__ != "SafetensorError":
@@ -138,12 +140,55 @@ def _from_pretrained(loader: Any, path: Path, where: dict[str, Any], placement: 
         raise ValueError(_weights_problem(path, err)) from err
     missing = sorted(info.get("missing_keys") or ())
     _check_offloaded_are_stored(model, missing, shown)
+    unused = _unused(model, info.get("unexpected_keys") or ())
+    if unused:
+        warnings.warn(f"{shown}: {len(unused)} weight{'s' if len(unused) > 1 else ''} of the checkpoint "
+                      f"{'have' if len(unused) > 1 else 'has'} no place in the model its config.json makes and "
+                      f"{'are' if len(unused) > 1 else 'is'} not used ({', '.join(unused[:3])}"
+                      f"{', …' if len(unused) > 3 else ''}): is the config the one saved with these weights?",
+                      stacklevel=3)
     _alias_tied_offloaded(model)
     if missing:
         warnings.warn(f"{shown}: {len(missing)} weight{'s' if len(missing) > 1 else ''} the checkpoint does not "
                       f"hold {'are' if len(missing) > 1 else 'is'} newly initialised (random): "
                       f"{', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}", stacklevel=3)
     return model.eval()
+
+
+def _unused(model: Any, unexpected: Any) -> list[str]:
+    """The checkpoint's weights transformers did not load that fall inside the model's own modules
+    (``model.layers.2.…`` of a config with two layers): its config says another shape than its
+    weights. Those of a module the model does not have (a task checkpoint's classifier or pooler,
+    an LM head beside a base model) are what loading the base model means: not these."""
+    modules = {name for name, _ in model.named_modules() if name}
+    found = []
+    for key in sorted(unexpected):
+        parts = key.split(".")
+        if any(".".join(parts[:n]) in modules for n in range(len(parts) - 1, 0, -1)):
+            found.append(key)
+    return found
+
+
+def _mismatch_problem(loader: Any, path: Path, where: dict[str, Any]) -> str:
+    """One line naming a checkpoint weight whose shape the config does not make: the safetensors'
+    headers against the model the config builds on ``meta`` (transformers' own word points to a
+    report that a command's quiet logging never shows)."""
+    from transformers import AutoConfig
+
+    stored = checkpoint_shapes(path) or {}
+    empty = empty_model(AutoConfig.from_pretrained(path), where.get("dtype"), **_built(where))
+    shapes = {name: tuple(t.shape) for name, t in empty.state_dict().items()}
+    prefix = getattr(empty, "base_model_prefix", "") or ""
+    found = []
+    for key, shape in stored.items():
+        for name in (key, f"{prefix}.{key}", key.removeprefix(f"{prefix}.")):
+            if name in shapes:
+                if shapes[name] != shape:
+                    found.append(f"{key} is {shape} in the checkpoint, {shapes[name]} by the config")
+                break
+    which = (f": {found[0]}{f' (and {len(found) - 1} more)' if len(found) > 1 else ''}" if found else "")
+    return (f"{path}: its weights are not the shapes its config.json makes{which}; the config belongs to another "
+            "checkpoint — use the config.json saved with these weights")
 
 
 def _check_offloaded_are_stored(model: Any, missing: Any, shown: str) -> None:
@@ -199,6 +244,27 @@ def _base_without_pooler(loader: Any, config: Any, path: Path) -> dict[str, Any]
     if names is None or any(".pooler." in f".{name}" for name in names):
         return {}
     return {"add_pooling_layer": False}
+
+
+def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
+    """Each weight's shape as a model folder's safetensors store it (their headers only, every
+    shard's); None for a pickled checkpoint or one that cannot be read."""
+    from safetensors import safe_open
+
+    names = checkpoint_names(path)
+    if names is None:
+        return None
+    index = path / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())) if index.is_file() \
+        else ["model.safetensors"]
+    shapes = {}
+    try:
+        for file in files:
+            with safe_open(str(path / file), framework="pt") as stored:
+                shapes.update({key: tuple(stored.get_slice(key).get_shape()) for key in stored.keys()})
+    except Exception:  # a truncated or foreign file: the load says so in one line
+        return None
+    return shapes
 
 
 def checkpoint_names(path: Path) -> list[str] | None:
@@ -369,9 +435,38 @@ def check_room(config: Any, where: dict, shown: str) -> None:
 
 
 def _check_weights(path: Path) -> None:
-    """One line for a folder without weights beside its config."""
+    """One line for a folder without weights beside its config, or a sharded checkpoint with a
+    shard its index names missing or cut short (the load blamed the index for it)."""
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise ValueError(f"{path} holds no weights ({', '.join(WEIGHT_FILES[::2])}) beside its config.json")
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (path / index).is_file() and not any((path / name).is_file() for name in WEIGHT_FILES[::2]):
+            _check_shards(path, index)
+
+
+def _check_shards(path: Path, index: str) -> None:
+    try:
+        shards = sorted(set(json.loads((path / index).read_text(encoding="utf-8"))["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return  # not an index: the load says so in one line
+    for shard in shards:
+        file = path / shard
+        if not file.is_file():
+            raise ValueError(f"{file} is missing: {index} names {len(shards)} shards and the folder lacks this one "
+                             "(a download or copy that stopped?); fetch it again")
+        if shard.endswith(".safetensors") and _safetensors_problem(file):
+            raise ValueError(f"{file} cannot be read: {_safetensors_problem(file)}; fetch it again")
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    """Why a safetensors file cannot be read (cut short, not safetensors), from its header alone; None if it can."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt"):
+            return None
+    except Exception as err:  # safetensors' own error type
+        return f"it is truncated or not safetensors ({' '.join(str(err).split())[:120]})"
 
 
 def _image_processor(path: Path) -> Any:
