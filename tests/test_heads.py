@@ -290,9 +290,10 @@ def test_cli_prune_on_minilm_writes_the_curve(tmp_path):
     import sys
 
     out = tmp_path / "p"
-    done = subprocess.run([sys.executable, "-m", "multihead.cli", "prune", "--steps", "2", "--per-step", "0.5",
-                           "--train-size", "64", "--test-size", "64", "--out", str(out), "--save-model"],
-                          capture_output=True, text=True, timeout=600)
+    (tmp_path / "minilm-folder").symlink_to(mh.hf.model_path("minilm"))  # a model folder named by a relative path
+    done = subprocess.run([sys.executable, "-m", "multihead.cli", "prune", "--model", "minilm-folder", "--steps", "2",
+                           "--per-step", "0.5", "--train-size", "64", "--test-size", "64", "--out", str(out),
+                           "--save-model"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     curve = json.loads((out / "curve.json").read_text())
     kept = [s for s in curve["steps"] if s["metric"] >= 0.99 * curve["baseline"]]
@@ -300,6 +301,9 @@ def test_cli_prune_on_minilm_writes_the_curve(tmp_path):
         assert f"Largest fraction prunable within 99% of the unpruned accuracy: {kept[-1]['fraction_pruned']:.2f}" \
             in done.stdout, done.stdout
         assert (out / "model" / "model.safetensors").is_file()
+        # its base recorded whole: the pruned folder is loaded onto it from anywhere
+        assert json.loads((out / "model" / "pruned_heads.json").read_text())["base"] == str(
+            (tmp_path / "minilm-folder").resolve())
     else:
         assert "No step kept accuracy within 99%" in done.stdout, done.stdout
     assert curve["schema"] == "multihead.pruning/1" and [s["heads_pruned"] for s in curve["steps"]] == [36, 54]
@@ -313,7 +317,7 @@ def test_cli_prune_on_minilm_writes_the_curve(tmp_path):
     record.write_text(record.read_text() if record.is_file() else '{"base": "minilm", "pruned_heads": {}}')
     before = {f.name: f.read_bytes() for f in out.rglob("*") if f.is_file()}
     again = subprocess.run([sys.executable, "-m", "multihead.cli", "prune", "--steps", "1", "--out", str(out)],
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert again.returncode == 2 and "holds an earlier run's pruned model" in again.stderr, again.stderr
     assert {f.name: f.read_bytes() for f in out.rglob("*") if f.is_file()} == before
 

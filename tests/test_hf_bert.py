@@ -128,6 +128,15 @@ def test_model_path_errors_are_clear(tmp_path):
         mh.hf.model_path(tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="no config\\.json"):
         mh.hf.model_path(tmp_path)
+    custom = tmp_path / "custom"  # a model that is code of its own (auto_map): never run
+    custom.mkdir()
+    (custom / "config.json").write_text('{"model_type": "xcustom", "auto_map": {"AutoConfig": "conf.XConfig", '
+                                        '"AutoModelForCausalLM": "modeling_x.XForCausalLM"}}')
+    (custom / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"its model is custom code \(auto_map in config.json\), which multihead "
+                                         r"never runs \(trust_remote_code stays off\)") as err:
+        mh.hf.load(custom)
+    assert "\n" not in str(err.value)
 
 
 def _hub_cache_of(folder: Path, cache: Path, repo_id: str, revision: str, *, main: bool = True) -> Path:
@@ -170,8 +179,13 @@ def test_a_model_id_in_the_local_hugging_face_cache_loads_offline_under_its_id(t
     (cache / f"models--{repo_id.replace('/', '--')}" / "refs" / "main").unlink()
     assert mh.hf.model_path(repo_id) == snapshot  # `hf download --revision HASH` writes no main ref: its only one
     _hub_cache_of(mh.hf.model_path("minilm"), cache, repo_id, second, main=False)
-    for missing in (repo_id, f"{repo_id}@{'c' * 40}", "someone/not-downloaded", "../escape/x", "a--b/c"):
-        with pytest.raises(FileNotFoundError, match="downloads nothing") as err:  # two snapshots: which?
+    for held, why in ((repo_id, " and no main ref naming one"), (f"{repo_id}@{'c' * 40}", f", not '{'c' * 40}'")):
+        with pytest.raises(FileNotFoundError) as err:  # two snapshots, no main: which? / a revision not there
+            mh.hf.model_path(held)
+        assert str(err.value) == (f"the local Hugging Face cache ({cache}) holds {repo_id} at 2 revisions "
+                                  f"({'a' * 12}, {'b' * 12}){why}: give one as {repo_id}@REVISION"), err.value
+    for missing in ("someone/not-downloaded", "../escape/x", "a--b/c"):
+        with pytest.raises(FileNotFoundError, match="downloads nothing") as err:
             mh.hf.model_path(missing)
         assert str(cache) in str(err.value) and "\n" not in str(err.value)
 

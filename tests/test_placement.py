@@ -461,6 +461,31 @@ def test_a_missing_or_cut_shard_is_named_and_unused_weights_are_said(tmp_path):
         mh.hf.load(folder)
 
 
+def test_a_folder_with_tokenizer_json_alone_pads_with_the_configs_token(smollm2, tmp_path):
+    """``tokenizer.json`` without ``tokenizer_config.json`` (no end or padding token): every batch of
+    two texts or more stopped on "Asking to pad but the tokenizer does not have a padding token" —
+    after the model had loaded. The config's ``pad_token_id`` / ``eos_token_id`` names one."""
+    import shutil
+
+    import transformers
+
+    folder = tmp_path / "bare"
+    config = transformers.LlamaConfig(vocab_size=len(smollm2.tokenizer), hidden_size=16, intermediate_size=32,
+                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                      eos_token_id=2, pad_token_id=2)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    shutil.copy(smollm2.path / "tokenizer.json", folder)
+    loaded = mh.hf.load(folder)
+    assert loaded.tokenizer.pad_token_id == 2
+    report = mh.analyze(loaded, ["One text only.", "And a second, longer text here."], coreference=False,
+                        induction=False, progress=False)
+    assert report.num_layers == 1
+    config.pad_token_id = config.eos_token_id = config.bos_token_id = None
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    with pytest.raises(ValueError, match=r"has no padding or end token and config\.json names none"):
+        mh.hf.load(folder)
+
+
 def test_an_offloaded_modules_freed_weights_go_back_to_the_system_after_its_forward(offloaded, monkeypatch):
     """Each module whose weights accelerate swaps in gives the heap's freed pages back after its
     forward — once its hook has dropped the weights (every swapping module's are on meta when it

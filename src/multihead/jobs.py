@@ -496,7 +496,9 @@ def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10
             for layer, h in job.best.pruned:
                 heads.setdefault(layer, []).append(h)
             prune_heads(loaded, heads)
-            save_pruned(loaded, folder / "model", heads, base=model, staged=staged)
+            # a folder named by a relative path is recorded whole: the record is read from anywhere
+            base = str(Path(model).resolve()) if Path(model).expanduser().is_dir() else model
+            save_pruned(loaded, folder / "model", heads, base=base, staged=staged)
             job.saved = folder / "model"
         staged.commit()
     earlier = folder / "model"

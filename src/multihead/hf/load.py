@@ -73,6 +73,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
     if not (path / "preprocessor_config.json").is_file() and any((path / n).is_file() for n in TOKENIZER_FILES):
         tokenizer = AutoTokenizer.from_pretrained(path)  # a text model's: checked before a weight is read
         _check_vocabulary(tokenizer, config, path)
+        _give_padding_token(tokenizer, config, path)
     if placement is None:
         placement = Placement(dtype="auto" if dtype is None else dtype, device=device, device_map=device_map,
                               max_memory=max_memory, offload_folder=offload_folder)
@@ -107,8 +108,7 @@ def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: st
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(path)
             _check_vocabulary(tokenizer, model.config, path)
-        if tokenizer.pad_token is None:  # decoders often ship without one; padding is masked anyway
-            tokenizer.pad_token = tokenizer.eos_token
+            _give_padding_token(tokenizer, model.config, path)
     loaded = _wrapped(model, tokenizer, sites, stack, name=shown, path=path, processor=processor)
     loaded.offloaded_to = offloaded_to
     return loaded
@@ -498,6 +498,26 @@ def _check_tokenizer(path: Path) -> None:
                          "(tokenizer.json, or vocab.txt / vocab.json and merges.txt / a SentencePiece model)")
 
 
+def _give_padding_token(tokenizer: Any, config: Any, path: Path) -> None:
+    """A padding token for a tokenizer without one (padding is masked, any token does): its end
+    token, else the config's ``pad_token_id`` / ``eos_token_id`` (a folder with ``tokenizer.json``
+    alone has neither token: every batch of texts stopped on "Asking to pad but the tokenizer does
+    not have a padding token"); one line where neither names one."""
+    if tokenizer.pad_token is not None:
+        return
+    if tokenizer.eos_token is not None:  # decoders often ship without a padding token
+        tokenizer.pad_token = tokenizer.eos_token
+        return
+    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        value = getattr(config, name, None)
+        value = value[0] if isinstance(value, (list, tuple)) and value else value
+        if isinstance(value, int) and 0 <= value < len(tokenizer):
+            tokenizer.pad_token = tokenizer.convert_ids_to_tokens(value)
+            return
+    raise ValueError(f"the tokenizer in {path} has no padding or end token and config.json names none "
+                     "(pad_token_id, eos_token_id): its tokenizer_config.json is missing?")
+
+
 def _check_vocabulary(tokenizer: Any, config: Any, path: Path) -> None:
     """One line for a tokenizer that knows under half of the model's vocabulary: its vocabulary file
     is missing (a folder with only ``tokenizer_config.json`` gave BERT a tokenizer of 5 tokens, every
@@ -581,6 +601,9 @@ def _config_problem(path: Path, err: Exception) -> str:
     if model_type is None:
         return f"{path}/config.json names no model_type (expected e.g. \"bert\" or \"llama\")"
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if "custom code" in first or "trust_remote_code" in first:
+        return (f"{path}: its model is custom code (auto_map in config.json), which multihead never runs "
+                "(trust_remote_code stays off); it reads the architectures transformers itself implements")
     if "does not recognize" in first or "Unrecognized" in first or isinstance(err, KeyError):
         return (f"{path}: model_type {model_type!r} is not an architecture transformers {transformers.__version__} "
                 "knows; multihead loads the models transformers can load")

@@ -66,6 +66,15 @@ def model_path(name_or_path: str | Path = "minilm") -> Path:
     path = Path(key).expanduser()
     if not path.is_dir():
         cached = _hub_snapshot(key)
+        if cached is None and _cached_revisions(key):
+            repo_id, _, revision = key.partition("@")
+            held = _cached_revisions(key)
+            shown = ", ".join(h[:12] for h in held[:4]) + (", …" if len(held) > 4 else "")
+            raise FileNotFoundError(
+                f"the local Hugging Face cache ({_hub_cache()}) holds {repo_id} at {len(held)} revision"
+                f"{'s' if len(held) > 1 else ''} ({shown})"
+                f"{f', not {revision!r}' if revision else ' and no main ref naming one'}: give one as "
+                f"{repo_id}@REVISION")
         if cached is None:
             known = ", ".join(sorted(KNOWN_MODELS))
             raise FileNotFoundError(
@@ -137,9 +146,17 @@ def _hub_snapshot(key: str) -> Path | None:
         return Path(found).parent
     if revision:
         return None
-    snapshots = Path(_hub_cache()) / f"models--{repo_id.replace('/', '--')}" / "snapshots"
-    holding = [s for s in snapshots.glob("*") if (s / "config.json").is_file()] if snapshots.is_dir() else []
-    return holding[0] if len(holding) == 1 else None
+    held = _cached_revisions(key)
+    return Path(_hub_cache()) / f"models--{repo_id.replace('/', '--')}" / "snapshots" / held[0] if len(held) == 1 \
+        else None
+
+
+def _cached_revisions(key: str) -> list[str]:
+    """The snapshots (with a config) the local Hugging Face cache holds of model id ``key``'s repository."""
+    if not _MODEL_ID.match(key) or "--" in key or ".." in key:
+        return []
+    snapshots = Path(_hub_cache()) / f"models--{key.partition('@')[0].replace('/', '--')}" / "snapshots"
+    return sorted(s.name for s in snapshots.glob("*") if (s / "config.json").is_file()) if snapshots.is_dir() else []
 
 
 def _known_model_path(key: str, known: KnownModel) -> Path:
