@@ -241,6 +241,8 @@ def test_works_under_torch_compile_as_lengths_change(backend):
         (lambda: mh.MultiHeadAttention(8, 2, backend="flash"), ValueError, "backend"),
         (lambda: mh.MultiHeadAttention(8, 2)(torch.randn(4, 8)), ValueError, "3-D"),
         (lambda: mh.MultiHeadAttention(8, 2)(torch.randn(2, 4, 7)), ValueError, "8 features"),
+        (lambda: mh.MultiHeadAttention(8, 2)(torch.randn(2, 4, 8, dtype=torch.bfloat16)), TypeError,
+         "layer's weights are torch.float32"),  # torch's own words were "mat1 and mat2 must have the same dtype"
         (lambda: mh.MultiHeadAttention(8, 2)(torch.randn(2, 4, 8), torch.randn(3, 4, 8)), ValueError, "batch"),
         (lambda: mh.MultiHeadAttention(8, 2)(torch.randn(2, 4, 8), mask=torch.ones(4, 5, dtype=torch.bool)),
          ValueError, "broadcast"),

@@ -146,8 +146,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     common = _Parser(add_help=False)
     common.add_argument("--quiet", "-q", action="store_true",
-                        help="no progress on stderr (a bar on a terminal, else a line per stage with the time left, "
-                             "written once a run passes its first 10 s; warnings at once)")
+                        help="no progress or advice on stderr (a bar on a terminal, else a line per stage with the "
+                             "time left, written once a run passes its first 10 s; advice such as a slow dtype at "
+                             "once); warnings about the results (weights newly initialised, unknown tokens) stay")
 
     def command(name: str, run: Callable, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common], help=help)

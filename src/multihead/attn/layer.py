@@ -213,6 +213,10 @@ class MultiHeadAttention(nn.Module):
 
     def _inputs(self, x: Tensor, context: Tensor | tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
         _check_input("x", x, self.embed_dim)
+        weights = self.q_proj.weight.dtype
+        if x.dtype != weights and not _autocast_on(x.device.type):  # torch's word: "mat1 and mat2 must have …"
+            raise TypeError(f"x is {x.dtype} but the layer's weights are {weights}: convert one "
+                            f"(layer.to({x.dtype}) or x.to({weights})), or run it under torch.autocast")
         if context is None:
             if self.kdim != self.embed_dim or self.vdim != self.embed_dim:
                 raise ValueError(
@@ -337,6 +341,14 @@ def _check_config(embed_dim: int, num_heads: int, num_kv_heads: int, kdim: int |
         raise ValueError(f"dropout must be in [0, 1); got {dropout}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+
+
+def _autocast_on(device_type: str) -> bool:
+    """Whether autocast casts this device's matmuls now (it takes inputs of any floating dtype)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 takes no device type
+        return torch.is_autocast_enabled() or (device_type == "cpu" and torch.is_autocast_cpu_enabled())
 
 
 def _check_input(name: str, t: Tensor, features: int) -> None:
