@@ -342,7 +342,13 @@ def test_a_decoders_base_model_checkpoint_is_read_with_its_tied_head_or_refused_
         assert torch.equal(loaded.model(input_ids=ids).logits, whole(input_ids=ids).logits)
     untied = _save("llama (GQA)", tmp_path / "llama-base")
     assert json.loads((untied / "config.json").read_text())["architectures"] == ["LlamaModel"]
-    assert not mh.hf.load(untied).has_lm_head
+    headless_model = mh.hf.load(untied)
+    assert not headless_model.has_lm_head
+    from multihead.analysis.interventions.ablation import ablation_effects, attribution_effects
+
+    for measure in (ablation_effects, attribution_effects):  # the Python API as the commands
+        with pytest.raises(ValueError, match="is a decoder loaded without a language-model head"):
+            measure(headless_model, ["w5 w6 w7"])
     texts = ["w5 w6 w7 w8 w9 w10", "w11 w12 w13"]
     code, out, err = run_cli(["analyze", *texts, "--model", str(untied), "--out", str(tmp_path / "r"),
                               "--no-coreference", "--syntax", "off"], capsys)

@@ -184,6 +184,14 @@ def test_a_model_id_in_the_local_hugging_face_cache_loads_offline_under_its_id(t
             mh.hf.model_path(held)
         assert str(err.value) == (f"the local Hugging Face cache ({cache}) holds {repo_id} at 2 revisions "
                                   f"({'a' * 12}, {'b' * 12}){why}: give one as {repo_id}@REVISION"), err.value
+    assert mh.hf.model_path(f"{repo_id}@{'a' * 12}") == snapshot  # the revision as the message shows it
+    with pytest.raises(FileNotFoundError, match=f"not '{'a' * 6}'"):
+        mh.hf.model_path(f"{repo_id}@{'a' * 6}")  # under 7 characters: no prefix taken
+    (cache / f"models--{repo_id.replace('/', '--')}" / "refs").mkdir(exist_ok=True)
+    (cache / f"models--{repo_id.replace('/', '--')}" / "refs" / "main").write_text("d" * 40)  # a stopped download's
+    (cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / ("b" * 40) / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match=f"its main ref names {'d' * 12}, whose snapshot has no config.json"):
+        mh.hf.model_path(repo_id)  # not the only other snapshot, passed over in silence
     for missing in ("someone/not-downloaded", "../escape/x", "a--b/c"):
         with pytest.raises(FileNotFoundError, match="downloads nothing") as err:
             mh.hf.model_path(missing)

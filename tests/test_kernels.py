@@ -700,6 +700,10 @@ def test_nothing_to_attend_is_an_empty_or_zero_output_with_zero_gradients(backen
         assert weights is None if not need_weights else (weights.shape == (B, H, T, S) and not weights.any())
         out.sum().backward()
         assert all(t.grad is not None and not t.grad.any() for t in (q, k, v))
+    for bad in (dict(backend="topk"), dict(backend="sdpa", need_weights=True),
+                dict(mask=torch.ones(3, 4, dtype=torch.bool))):  # refused as for any batch, not only a real one
+        with pytest.raises(ValueError):
+            mh.attention(q, k, v, **bad)
     layer = mh.MultiHeadAttention(16, 2)
     x = torch.randn(B, T, 16)
     out, weights = layer(x, need_weights=True)

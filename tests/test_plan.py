@@ -221,6 +221,8 @@ def test_an_encoders_plan_has_no_probes_and_a_long_encoder_text_gets_its_plan(mi
         found = mh.analysis.plan(model, 128)
         assert found.probes == 0 and found.fits
     assert mh.analysis.plan(minilm, 512).total > mh.analysis.plan(minilm, 128).total
+    short = LlamaConfig(**{**LLAMA_3_8B, "max_position_embeddings": 512, "num_hidden_layers": 2})
+    assert 0 < mh.analysis.plan(short, 256).probes  # 512 positions: its induction probe, no 633-token trial
     mh.analyze(minilm, [" ".join(["word"] * 600)], truncate=True, progress=True, coreference=False, parses=None)
     err = capsys.readouterr().err
     assert "memory plan for minilm" in err and "no memory plan" not in err, err

@@ -33,6 +33,7 @@ from .files import (
     stale_scratch,
     write_atomically,
 )
+from .hf.paths import KNOWN_MODELS
 from .hf.placement import OFFLOAD_PREFIX, Placement, PlacementError, is_offloaded
 from .io import (
     check_compare_folder,
@@ -257,14 +258,11 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
                              "reads text")
         if not images and loaded.processor is not None:
             raise InputError(f"{loaded.name} is a vision model: give it --images FOLDER (or --images digits)")
-        headless = loaded.is_causal and not loaded.has_lm_head
-        if loaded.is_encoder_decoder or loaded.processor is not None or headless:  # no one-stack text objective
+        if loaded.without_objective:  # no one-stack text objective
             if asked_ablation:
-                kind = "an encoder-decoder model" if loaded.is_encoder_decoder else "a vision model" \
-                    if loaded.processor is not None else loaded.HEADLESS
                 raise InputError(f"{asked_ablation} measures each head against a one-stack text model's own "
-                                 f"objective; {loaded.name} is {kind} (its heads are gated in Python: "
-                                 "mh.hf.HeadGates)")
+                                 f"objective; {loaded.name} is {loaded.without_objective} (its heads are gated in "
+                                 "Python: mh.hf.HeadGates)")
             ablation = 0  # the default's texts: nothing to measure them against
         if loaded.is_encoder_decoder:  # three stacks; the probes read single-stack models
             if (parses is not None and syntax == "spacy") or conllu:
@@ -275,7 +273,7 @@ def analyze_job(*, model: str = "minilm", texts: Sequence[str] = (), file: str |
             raise InputError(f"--target is for encoder-decoder models; {loaded.name} has one stack")
         if what_if and not loaded.is_causal:
             raise InputError(f"--what-if measures a causal language model's loss; {loaded.name} is not one")
-        if what_if and headless:
+        if what_if and loaded.is_causal and not loaded.has_lm_head:
             raise InputError(f"--what-if measures a causal language model's loss; {loaded.name} is {loaded.HEADLESS}")
         try:
             report = analyze(loaded, corpus, batch_size=batch_size, truncate=truncate, parses=parses,
@@ -469,14 +467,11 @@ def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10
                          "--out")
     check_device(placement)
     loaded = load_model(model, placement)
-    if loaded.is_encoder_decoder or loaded.processor is not None:
-        raise InputError(f"prune's tasks (sentiment, lm) read text models with one stack; {loaded.name} is "
-                         f"{'an encoder-decoder' if loaded.is_encoder_decoder else 'a vision'} model")
+    if loaded.without_objective:
+        raise InputError(f"prune's tasks (sentiment, lm) read a one-stack text model's predictions or sentences; "
+                         f"{loaded.name} is {loaded.without_objective}")
     if is_offloaded(loaded.model):
         raise InputError(OFFLOADED)
-    if loaded.is_causal and not loaded.has_lm_head:
-        raise InputError(f"prune's tasks read a language model's predictions or an encoder's sentences; "
-                         f"{loaded.name} is {loaded.HEADLESS}")
     name = task or ("lm" if loaded.is_causal else "sentiment")
     sizes = {k: v for k, v in (("train_size", train_size), ("test_size", test_size)) if v is not None}
     if name == "sentiment":
@@ -496,8 +491,10 @@ def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10
             for layer, h in job.best.pruned:
                 heads.setdefault(layer, []).append(h)
             prune_heads(loaded, heads)
-            # a folder named by a relative path is recorded whole: the record is read from anywhere
-            base = str(Path(model).resolve()) if Path(model).expanduser().is_dir() else model
+            # a known name or a cached model id as given; a folder whole (model_path's order, ~ expanded):
+            # the record is read from anywhere
+            base = model if model in KNOWN_MODELS or not Path(model).expanduser().is_dir() else \
+                str(loaded.path.resolve())
             save_pruned(loaded, folder / "model", heads, base=base, staged=staged)
             job.saved = folder / "model"
         staged.commit()

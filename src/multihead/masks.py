@@ -230,8 +230,10 @@ class KeyPadding(Mask):
                     "key_padding(valid) expects bool or integer 0/1 values (True/1 = real token); "
                     f"got {valid.dtype}. For an additive float mask use from_tensor()."
                 )
+            # a 2 or a -1 is no token flag (lengths, or ids given by mistake); checked on a CPU tensor only:
+            # on a GPU the check would wait for the device on every forward, under torch.compile break the graph
             odd = (valid != 0) & (valid != 1)
-            if bool(odd.any()):  # a 2 or a -1 is no token flag: lengths, or ids given by mistake
+            if valid.device.type == "cpu" and not torch.compiler.is_compiling() and bool(odd.any()):
                 raise ValueError(f"key_padding(valid) expects 0/1 values (1 = real token); got "
                                  f"{int(valid[odd][0])}. Lengths go to padding(lengths)")
             valid = valid != 0

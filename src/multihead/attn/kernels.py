@@ -107,13 +107,16 @@ def attention(
         raise ValueError(f"softcap must be a positive number; got {softcap!r}")
     if sinks is not None and (sinks.dim() != 1 or sinks.shape[0] != q.shape[1]):
         raise ValueError(f"sinks must be one logit per query head, ({q.shape[1]},); got {tuple(sinks.shape)}")
-    if 0 in (q.shape[0], q.shape[1], q.shape[2], k.shape[2]):
-        return _nothing_to_attend(q, k, v, need_weights, weights_dtype)
     extras = [name for name, value in (("softcap", softcap), ("sinks", sinks)) if value is not None]
     choice = choose(q, k, mask, need_weights, "math" if extras and backend == "auto" else backend)
     if extras and choice.backend != "math":
         raise ValueError(f"{' and '.join(extras)} need backend='math' (the fused and chunked kernels do not "
                          f"implement them); got backend={backend!r}")
+    if 0 in (q.shape[0], q.shape[1], q.shape[2], k.shape[2]):
+        if mask is not None:  # its shape checked as for any batch: on its first row and key, no (T, S) grid made
+            T, S = q.shape[2], k.shape[2]
+            mask.mask_mod(torch.arange(min(T, 1)).view(-1, 1), torch.arange(min(S, 1)).view(1, -1), T, S)
+        return _nothing_to_attend(q, k, v, need_weights, weights_dtype)
     if not torch.compiler.is_compiling():  # traced once for a range of shapes (symbols): checked by eager calls
         check_memory(estimate_memory(q, k, v, mask, need_weights=need_weights, backend=choice.backend))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

@@ -22,8 +22,8 @@ from .placement import OFFLOAD_PREFIX, Placement, PlacementError, give_back_swap
 from .sites import find_sites, main_stack
 from .version import require_transformers
 
-__all__ = ["check_room", "empty_model", "is_language_model", "load", "max_positions", "model_class", "quiet_logger",
-           "wrap"]
+__all__ = ["check_room", "empty_model", "is_causal_config", "is_language_model", "load", "max_positions",
+           "model_class", "quiet_logger", "wrap"]
 
 
 def load(name_or_path: str | Path = "minilm", *, dtype: Any = "auto", device: str = "auto",
@@ -156,15 +156,22 @@ def _from_pretrained(loader: Any, path: Path, where: dict[str, Any], placement: 
 
 
 def _unused(model: Any, unexpected: Any) -> list[str]:
-    """The checkpoint's weights transformers did not load that fall inside the model's own modules
-    (``model.layers.2.…`` of a config with two layers): its config says another shape than its
-    weights. Those of a module the model does not have (a task checkpoint's classifier or pooler,
-    an LM head beside a base model) are what loading the base model means: not these."""
-    modules = {name for name, _ in model.named_modules() if name}
+    """The checkpoint's weights transformers did not load that belong to the model's own modules
+    (``model.layers.2.…`` of a config with two layers, a bias of a projection built without one):
+    its config says another shape than its weights. Those of a module the model does not have (a
+    task checkpoint's classifier or pooler, an LM head beside a base model) are what loading the
+    base model means: not these."""
+    from torch import nn
+
+    modules = dict(model.named_modules())
     found = []
     for key in sorted(unexpected):
         parts = key.split(".")
-        if any(".".join(parts[:n]) in modules for n in range(len(parts) - 1, 0, -1)):
+        nearest = next((n for n in range(len(parts) - 1, 0, -1) if ".".join(parts[:n]) in modules), 0)
+        # a weight of a module the model has (a bias the config turned off), or an entry past a
+        # list's end (layers, experts beyond the config's count); a missing submodule of the base
+        # (BERT's pooler beside a masked-LM head) is a task checkpoint's, as loading the base means
+        if nearest and (nearest == len(parts) - 1 or isinstance(modules[".".join(parts[:nearest])], nn.ModuleList)):
             found.append(key)
     return found
 
@@ -502,7 +509,7 @@ def _give_padding_token(tokenizer: Any, config: Any, path: Path) -> None:
     """A padding token for a tokenizer without one (padding is masked, any token does): its end
     token, else the config's ``pad_token_id`` / ``eos_token_id`` (a folder with ``tokenizer.json``
     alone has neither token: every batch of texts stopped on "Asking to pad but the tokenizer does
-    not have a padding token"); one line where neither names one."""
+    not have a padding token"); where neither names one, the first token (masked out all the same)."""
     if tokenizer.pad_token is not None:
         return
     if tokenizer.eos_token is not None:  # decoders often ship without a padding token
@@ -514,8 +521,8 @@ def _give_padding_token(tokenizer: Any, config: Any, path: Path) -> None:
         if isinstance(value, int) and 0 <= value < len(tokenizer):
             tokenizer.pad_token = tokenizer.convert_ids_to_tokens(value)
             return
-    raise ValueError(f"the tokenizer in {path} has no padding or end token and config.json names none "
-                     "(pad_token_id, eos_token_id): its tokenizer_config.json is missing?")
+    if len(tokenizer):
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(0)
 
 
 def _check_vocabulary(tokenizer: Any, config: Any, path: Path) -> None:
@@ -541,6 +548,21 @@ def _weights_problem(path: Path, err: BaseException) -> str:
     return f"{name} cannot be read: it is truncated or not a model's weights ({first})"
 
 
+def is_causal_config(config: Any) -> bool:
+    """Whether a model of ``config`` attends causally, read from the config alone (a decoder, or a
+    model type transformers has causal-LM classes for and no masked-LM class), with or without its LM head."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    if getattr(config, "is_encoder_decoder", False):
+        return False
+    kind = getattr(config, "model_type", None)
+    return bool(getattr(config, "is_decoder", False)) or (
+        kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+
 def is_language_model(config: Any) -> bool:
     """Whether the folder holds a causal language model (loaded with its LM head): a decoder config,
     or an architecture transformers lists among its causal-LM classes (GPT2LMHeadModel, LlamaForCausalLM...)."""
@@ -553,9 +575,7 @@ def is_language_model(config: Any) -> bool:
     if getattr(config, "is_encoder_decoder", False):
         return False
     if not getattr(config, "architectures", None):  # a config made in code names no class: its type decides
-        kind = getattr(config, "model_type", None)
-        return bool(getattr(config, "is_decoder", False)) or (
-            kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+        return is_causal_config(config)
     if bool(getattr(config, "is_decoder", False)) or _names_one_of(config, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         return True
     # a causal LM's base model saved alone (LlamaModel, Qwen2Model) with its output embedding tied to

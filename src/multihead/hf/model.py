@@ -64,6 +64,17 @@ class HFModel:
     HEADLESS = "a decoder loaded without a language-model head (a base model's checkpoint, e.g. an embedding model)"
 
     @property
+    def without_objective(self) -> str | None:
+        """What this model is, where it has no one-stack text objective to measure heads against
+        (ablation, what-if, pruning): an encoder-decoder, a vision model, a decoder without its
+        LM head; None for the models that have one."""
+        if self.is_encoder_decoder:
+            return "an encoder-decoder model"
+        if self.processor is not None:
+            return "a vision model"
+        return self.HEADLESS if self.is_causal and not self.has_lm_head else None
+
+    @property
     def no_cache(self) -> dict[str, bool]:
         """``{"use_cache": False}`` for a model whose forward takes it, else ``{}``: a reading pass
         generates nothing, and a decoder's KV cache would keep every layer's keys and values alive

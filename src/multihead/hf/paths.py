@@ -70,11 +70,13 @@ def model_path(name_or_path: str | Path = "minilm") -> Path:
             repo_id, _, revision = key.partition("@")
             held = _cached_revisions(key)
             shown = ", ".join(h[:12] for h in held[:4]) + (", …" if len(held) > 4 else "")
+            main = _main_ref(repo_id)
+            why = f", not {revision!r}" if revision else \
+                f"; its main ref names {main[:12]}, whose snapshot has no config.json (a download that stopped?)" \
+                if main else " and no main ref naming one"
             raise FileNotFoundError(
                 f"the local Hugging Face cache ({_hub_cache()}) holds {repo_id} at {len(held)} revision"
-                f"{'s' if len(held) > 1 else ''} ({shown})"
-                f"{f', not {revision!r}' if revision else ' and no main ref naming one'}: give one as "
-                f"{repo_id}@REVISION")
+                f"{'s' if len(held) > 1 else ''} ({shown}){why}: give one as {repo_id}@REVISION")
         if cached is None:
             known = ", ".join(sorted(KNOWN_MODELS))
             raise FileNotFoundError(
@@ -129,8 +131,9 @@ def _hub_cache() -> str:
 
 def _hub_snapshot(key: str) -> Path | None:
     """The folder of model id ``key`` (``org/name[@revision]``) in the local Hugging Face cache, or
-    None: the snapshot its revision (``main`` unless given) points to, else its only snapshot
-    holding a config (``hf download --revision HASH`` writes no ``main`` ref). Reads no network."""
+    None: the snapshot its revision (``main`` unless given; a commit hash's unique first 7 or more
+    characters, as git takes them) points to, else — where no ``main`` ref is written (``hf
+    download --revision HASH``) — its only snapshot holding a config. Reads no network."""
     if not _MODEL_ID.match(key) or "--" in key or ".." in key:
         return None
     repo_id, _, revision = key.partition("@")
@@ -144,18 +147,29 @@ def _hub_snapshot(key: str) -> Path | None:
         return None
     if isinstance(found, str):
         return Path(found).parent
-    if revision:
-        return None
     held = _cached_revisions(key)
-    return Path(_hub_cache()) / f"models--{repo_id.replace('/', '--')}" / "snapshots" / held[0] if len(held) == 1 \
-        else None
+    if revision:
+        chosen = [h for h in held if h.startswith(revision)] if len(revision) >= 7 else []
+    else:  # a main ref naming a snapshot without a config (a download that stopped) is not passed over
+        chosen = held if not _main_ref(repo_id) else []
+    return _repo_folder(repo_id) / "snapshots" / chosen[0] if len(chosen) == 1 else None
+
+
+def _repo_folder(repo_id: str) -> Path:
+    return Path(_hub_cache()) / f"models--{repo_id.replace('/', '--')}"
+
+
+def _main_ref(repo_id: str) -> str | None:
+    """The revision the cache's ``main`` ref of ``repo_id`` names, or None."""
+    ref = _repo_folder(repo_id) / "refs" / "main"
+    return ref.read_text(encoding="utf-8").strip() or None if ref.is_file() else None
 
 
 def _cached_revisions(key: str) -> list[str]:
     """The snapshots (with a config) the local Hugging Face cache holds of model id ``key``'s repository."""
     if not _MODEL_ID.match(key) or "--" in key or ".." in key:
         return []
-    snapshots = Path(_hub_cache()) / f"models--{key.partition('@')[0].replace('/', '--')}" / "snapshots"
+    snapshots = _repo_folder(key.partition("@")[0]) / "snapshots"
     return sorted(s.name for s in snapshots.glob("*") if (s / "config.json").is_file()) if snapshots.is_dir() else []
 
 

@@ -294,13 +294,15 @@ def no_terms_reason(model: HFModel) -> str:
 
 def _objective(model: HFModel) -> str:
     if model.is_causal:
+        if not model.has_lm_head:  # ablation_effects / attribution_effects called on it in Python
+            raise ValueError(f"ablation measures heads against the model's own objective; {model.name} is "
+                             f"{model.HEADLESS}")
         return "next-token"
     return "masked-lm" if _has_mlm_head(model) else "cosine"
 
 
 def _has_mlm_head(model: HFModel) -> bool:
-    head = getattr(model.model, "get_output_embeddings", lambda: None)()
-    return head is not None and getattr(model.tokenizer, "mask_token_id", None) is not None
+    return model.has_lm_head and getattr(model.tokenizer, "mask_token_id", None) is not None
 
 
 def _batches(model: HFModel, texts: list[str], batch_size: int, *, with_indices: bool = False):

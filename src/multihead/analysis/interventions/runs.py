@@ -89,6 +89,9 @@ def check_answerable(model: HFModel) -> None:
     if model.is_causal and not model.has_lm_head:
         raise ValueError(f"{model.name} is {model.HEADLESS}: there is no answer to patch; use a causal or "
                          "masked language model")
+    if not model.is_causal and (not model.has_lm_head or getattr(model.tokenizer, "mask_token_id", None) is None):
+        raise ValueError(f"{model.name} has no language-model head (a sentence-embedding encoder?): there is no "
+                         "answer to patch; use a causal or masked language model")
 
 
 def answer_position(model: HFModel, ids: Tensor) -> int:
@@ -97,11 +100,7 @@ def answer_position(model: HFModel, ids: Tensor) -> int:
     check_answerable(model)
     if model.is_causal:
         return ids.shape[1] - 1
-    mask_id = getattr(model.tokenizer, "mask_token_id", None)
-    head = getattr(model.model, "get_output_embeddings", lambda: None)()
-    if head is None or mask_id is None:
-        raise ValueError(f"{model.name} has no language-model head (a sentence-embedding encoder?): there is no "
-                         "answer to patch; use a causal or masked language model")
+    mask_id = model.tokenizer.mask_token_id
     where = (ids[0] == mask_id).nonzero().flatten().tolist()
     if len(where) != 1:
         raise ValueError(f"a masked language model's text needs exactly one {model.tokenizer.mask_token} where the "

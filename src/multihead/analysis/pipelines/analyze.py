@@ -154,13 +154,10 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     section records the share).
     """
     model = require_loaded(model, "analyze")
-    headless = model.is_causal and not model.has_lm_head
-    if (model.processor is not None or model.is_encoder_decoder or headless) and (ablation or what_if is not None):
+    if model.without_objective and (ablation or what_if is not None):
         asked = "ablation" if ablation else "what_if"
-        kind = "an encoder-decoder model" if model.is_encoder_decoder else "a vision model" \
-            if model.processor is not None else model.HEADLESS
         raise ValueError(f"{asked} measures heads against a one-stack text model's own objective; {model.name} is "
-                         f"{kind}")
+                         f"{model.without_objective}")
     if model.processor is not None:  # a vision model: ``texts`` are its images
         from .vision import analyze_images
 
@@ -202,7 +199,7 @@ def analyze(model: HFModel, texts: Sequence[str], *, batch_size: int = 32, trunc
     if corpus.long is not None:  # long inputs: how far each head looks
         means.update(corpus.long.result())
         sections.long_context = S.LongContext(corpus.long.longest, budget, chunk)
-        if model.is_causal and getattr(model.model, "get_output_embeddings", lambda: None)() is not None:
+        if model.is_causal and model.has_lm_head:
             with step("retrieval probe (a needle copied from far back)", progress=progress):
                 reader = InputViews(model, top_k=EVIDENCE_TOP_K) if page else None
                 found = retrieval_scores(model, chunk=chunk, reader=reader)

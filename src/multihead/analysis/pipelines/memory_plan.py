@@ -55,7 +55,7 @@ from ...attn.cpu_trace import traced_as_cpu
 from ...attn.heap import HeapRules, heap_rules, replay
 from ...attn.memory import LiveBytes, available_memory, pages_in_memory, process_resident
 from ...hf.capture import AttentionCapture
-from ...hf.load import check_room, empty_model, is_language_model, max_positions, quiet_logger
+from ...hf.load import check_room, empty_model, is_causal_config, is_language_model, max_positions, quiet_logger
 from ...hf.model import HFModel, takes
 from ...hf.paths import model_path
 from ...hf.placement import (
@@ -227,10 +227,11 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     available = _size(available)
     loaded = model if isinstance(model, HFModel) else None
     config = loaded.model.config if loaded else _config(model)
-    limit = loaded.max_positions if loaded else max_positions(config)
-    if limit and tokens > limit:  # analyze refuses such a text (or cuts it, --truncate): no run to plan
-        raise ValueError(f"{tokens:,} tokens is more than the {limit:,} positions the model reads; plan for at "
-                         f"most {limit:,} tokens (what analyze --truncate keeps), or for a config with more positions")
+    positions = loaded.max_positions if loaded else max_positions(config)
+    if positions and tokens > positions:  # analyze refuses such a text (or cuts it, --truncate): no run to plan
+        raise ValueError(f"{tokens:,} tokens is more than the {positions:,} positions the model reads; plan for at "
+                         f"most {positions:,} tokens (what analyze --truncate keeps), or for a config with more "
+                         "positions")
     # as load reads them: one line (a PlacementError, a ValueError) for a device or dtype that is none
     device = device_named(device if device is not None else (loaded.device if loaded else "cpu"))
     if dtype is None and loaded is not None:
@@ -299,9 +300,11 @@ def plan(model: HFModel | Any, tokens: int, *, batch: int = 1, dtype: Any = None
     holes = max(_replayed(events, rules, kept) - forward, 0) if rules else 0
     probe = 0
     haystack = RETRIEVAL["haystack"] + 2 * NEEDLE + 1  # the retrieval probe's trial: its tokens
-    # the run reads the probes on a causal model only (an encoder's 512 positions took no 633-token trial)
-    probes = probes and (loaded.is_causal if loaded else is_language_model(config))
-    retrieval = probes and not (limit and haystack > limit)
+    # as the run reads them: the induction probe on a causal model, the retrieval probe on one with its LM head
+    # and the trial's positions (an encoder's 512 took no 633-token trial)
+    probes = probes and (loaded.is_causal if loaded else is_causal_config(config))
+    retrieval = probes and (loaded.has_lm_head if loaded else is_language_model(config)) and \
+        not (positions and haystack > positions)
     if probes and views:  # the page's views of the probes' inputs, read in their passes and kept with the others
         host += TextViews.planned_bytes(L, H, INDUCTION_SHAPE[1]) + \
             (TextViews.planned_bytes(L, H, haystack, top_k=EVIDENCE_TOP_K) if retrieval else 0)

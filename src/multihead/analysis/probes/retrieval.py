@@ -88,7 +88,7 @@ def retrieval_scores(model: HFModel, *, trials: int = PROBE["trials"], haystack:
     that trial's pass (e.g. the page's view of its input,
     :class:`~multihead.analysis.pipelines.views.InputViews`, without a pass of its own)."""
     lm = model.model
-    if not model.is_causal or getattr(lm, "get_output_embeddings", lambda: None)() is None:
+    if not model.is_causal or not model.has_lm_head:
         raise ValueError(f"the retrieval probe needs a causal language model with its head; {model.name} is not one")
     total = torch.zeros(model.num_layers, model.num_heads, dtype=torch.float64)
     copy_steps = steps = 0
