@@ -101,6 +101,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _progress_as_each_test_found_it():
+    """A command run in this process (:func:`run_cli`) turns progress on and, off a terminal, holds
+    its lines back for 10 s from then: a later test's own progress lines were held past its capsys
+    read (a flake that came and went with the tests' order). After each test, the module's defaults."""
+    yield
+    from multihead import progress
+
+    progress.set_enabled(False, terminal=True)
+
+
 @pytest.fixture(scope="session")
 def minilm():
     """all-MiniLM-L6-v2 as mh.hf.load gives it, loaded once for the whole run (tests must not modify it)."""
