@@ -33,7 +33,7 @@ from .files import (
     stale_scratch,
     write_atomically,
 )
-from .hf.paths import KNOWN_MODELS
+from .hf.paths import given_as_folder
 from .hf.placement import OFFLOAD_PREFIX, Placement, PlacementError, is_offloaded
 from .io import (
     check_compare_folder,
@@ -493,8 +493,7 @@ def prune_job(*, model: str = "minilm", task: str | None = None, steps: int = 10
             prune_heads(loaded, heads)
             # a known name or a cached model id as given; a folder whole (model_path's order, ~ expanded):
             # the record is read from anywhere
-            base = model if model in KNOWN_MODELS or not Path(model).expanduser().is_dir() else \
-                str(loaded.path.resolve())
+            base = str(loaded.path.resolve()) if given_as_folder(model) else model
             save_pruned(loaded, folder / "model", heads, base=base, staged=staged)
             job.saved = folder / "model"
         staged.commit()

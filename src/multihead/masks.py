@@ -232,10 +232,11 @@ class KeyPadding(Mask):
                 )
             # a 2 or a -1 is no token flag (lengths, or ids given by mistake); checked on a CPU tensor only:
             # on a GPU the check would wait for the device on every forward, under torch.compile break the graph
-            odd = (valid != 0) & (valid != 1)
-            if valid.device.type == "cpu" and not torch.compiler.is_compiling() and bool(odd.any()):
-                raise ValueError(f"key_padding(valid) expects 0/1 values (1 = real token); got "
-                                 f"{int(valid[odd][0])}. Lengths go to padding(lengths)")
+            if valid.device.type == "cpu" and not torch.compiler.is_compiling():
+                odd = valid[(valid != 0) & (valid != 1)]
+                if odd.numel():
+                    raise ValueError(f"key_padding(valid) expects 0/1 values (1 = real token); got {int(odd[0])}. "
+                                     "Lengths go to padding(lengths)")
             valid = valid != 0
         self.valid = valid
 

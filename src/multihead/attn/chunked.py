@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..masks import Mask, TopK
-from .precision import HALF, as_half_product, compute_dtype, half_matmul, score_operands
+from .precision import as_half_product, compute_dtype, half_matmul, score_operands
 
 __all__ = ["Chunk", "chunked_attention", "fusable"]
 
@@ -244,18 +244,16 @@ def _probabilities(q, k, v, chunk: Chunk, mask: Mask | None, scale: float, topk:
     kc, vc = _keys(k, chunk), _keys(v, chunk)  # (B, Hkv, W, Dk), (B, Hkv, W, Dv)
     acc = compute_dtype(q)
     c, W = rows.numel(), chunk.n_keys
-    if topk is None and q.dtype in HALF:
-        # float32 scores on every device, as the fused forward's chunks (SDPA) hold them: the backward
-        # recomputes these probabilities, and half scores rounded (bfloat16's step is 0.25 at 50) made
-        # them another softmax than the forward's — gradients 10-40x worse than SDPA's where a head's
-        # logits share an offset (float16's dk 220 against 1.9)
-        qs, ks = qc.float(), kc.float()
-    else:
-        qs, ks = score_operands(qc, kc, half_product=False)  # float32 on a CPU for half inputs: W changes every chunk
+    # without top-k, scores in the accumulation dtype on every device, as the fused forward's chunks (SDPA)
+    # hold them: the backward recomputes these probabilities, and half scores rounded (bfloat16's step is
+    # 0.25 at 50) made them another softmax than the forward's — gradients 10-40x worse than SDPA's where a
+    # head's logits share an offset (float16's dk 220 against 1.9). Top-k selects among them as the math
+    # kernel rounds them (float32 products on a CPU for half inputs: W changes every chunk).
+    qs, ks = (qc.to(acc), kc.to(acc)) if topk is None else score_operands(qc, kc, half_product=False)
     if qs.dtype == acc:
         s = torch.matmul(qs, ks.transpose(-1, -2), out=work.scores((B, Hkv, qc.shape[2], W), q, acc))
-        if topk is not None:  # (B, Hkv, G·c, W): top-k selects among the scores as the math kernel rounds them
-            s = as_half_product(s, q.dtype)
+        if topk is not None:
+            s = as_half_product(s, q.dtype)  # (B, Hkv, G·c, W)
     else:
         s = (qs @ ks.transpose(-1, -2)).to(acc)
     s = s.view(B, H, c, W)  # (B, H, c, W)

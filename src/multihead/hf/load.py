@@ -258,12 +258,11 @@ def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
     shard's); None for a pickled checkpoint or one that cannot be read."""
     from safetensors import safe_open
 
-    names = checkpoint_names(path)
-    if names is None:
+    index = "model.safetensors.index.json"
+    files = _shards(path, index) if (path / index).is_file() else \
+        ["model.safetensors"] if (path / "model.safetensors").is_file() else None
+    if files is None:
         return None
-    index = path / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())) if index.is_file() \
-        else ["model.safetensors"]
     shapes = {}
     try:
         for file in files:
@@ -451,18 +450,24 @@ def _check_weights(path: Path) -> None:
             _check_shards(path, index)
 
 
-def _check_shards(path: Path, index: str) -> None:
+def _shards(path: Path, index: str) -> list[str] | None:
+    """The shard files a sharded checkpoint's ``index`` names, or None where it is no index."""
     try:
-        shards = sorted(set(json.loads((path / index).read_text(encoding="utf-8"))["weight_map"].values()))
+        return sorted(set(json.loads((path / index).read_text(encoding="utf-8"))["weight_map"].values()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return  # not an index: the load says so in one line
+        return None
+
+
+def _check_shards(path: Path, index: str) -> None:
+    shards = _shards(path, index) or []  # not an index: the load says so in one line
     for shard in shards:
         file = path / shard
         if not file.is_file():
             raise ValueError(f"{file} is missing: {index} names {len(shards)} shards and the folder lacks this one "
                              "(a download or copy that stopped?); fetch it again")
-        if shard.endswith(".safetensors") and _safetensors_problem(file):
-            raise ValueError(f"{file} cannot be read: {_safetensors_problem(file)}; fetch it again")
+        problem = _safetensors_problem(file) if shard.endswith(".safetensors") else None
+        if problem:
+            raise ValueError(f"{file} cannot be read: {problem}; fetch it again")
 
 
 def _safetensors_problem(file: Path) -> str | None:
@@ -566,11 +571,7 @@ def is_causal_config(config: Any) -> bool:
 def is_language_model(config: Any) -> bool:
     """Whether the folder holds a causal language model (loaded with its LM head): a decoder config,
     or an architecture transformers lists among its causal-LM classes (GPT2LMHeadModel, LlamaForCausalLM...)."""
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-        MODEL_MAPPING_NAMES,
-    )
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
 
     if getattr(config, "is_encoder_decoder", False):
         return False
@@ -580,9 +581,8 @@ def is_language_model(config: Any) -> bool:
         return True
     # a causal LM's base model saved alone (LlamaModel, Qwen2Model) with its output embedding tied to
     # the input one: its LM head is in the checkpoint, as the embedding (loaded so, nothing random)
-    kind = config.model_type
     return bool(getattr(config, "tie_word_embeddings", False)) and _names_one_of(config, MODEL_MAPPING_NAMES) and \
-        kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        is_causal_config(config)
 
 
 def _is_masked_language_model(config: Any) -> bool:

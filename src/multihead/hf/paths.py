@@ -23,7 +23,8 @@ from pathlib import Path
 
 from ..jsonable import read_json
 
-__all__ = ["KNOWN_MODELS", "KnownModel", "cache_dir", "cached_model_id", "model_name", "model_path"]
+__all__ = ["KNOWN_MODELS", "KnownModel", "cache_dir", "cached_model_id", "given_as_folder", "model_name",
+           "model_path"]
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,9 @@ def model_path(name_or_path: str | Path = "minilm") -> Path:
     path = Path(key).expanduser()
     if not path.is_dir():
         cached = _hub_snapshot(key)
-        if cached is None and _cached_revisions(key):
+        held = _cached_revisions(key) if cached is None else []
+        if held:
             repo_id, _, revision = key.partition("@")
-            held = _cached_revisions(key)
             shown = ", ".join(h[:12] for h in held[:4]) + (", …" if len(held) > 4 else "")
             main = _main_ref(repo_id)
             why = f", not {revision!r}" if revision else \
@@ -104,9 +105,14 @@ def model_name(name_or_path: str | Path, path: Path) -> str:
     id as given, a folder of the Hugging Face cache by its id (``org/name``, not its snapshot's
     hash), any other folder by its name."""
     key = str(name_or_path)
-    if key in KNOWN_MODELS or not Path(key).expanduser().is_dir():
-        return key
-    return cached_model_id(path) or path.name
+    return cached_model_id(path) or path.name if given_as_folder(key) else key
+
+
+def given_as_folder(name_or_path: str | Path) -> bool:
+    """Whether :func:`model_path` reads ``name_or_path`` as a folder on disk (not a known name,
+    which comes first, nor a model id of the Hugging Face cache)."""
+    key = str(name_or_path)
+    return key not in KNOWN_MODELS and Path(key).expanduser().is_dir()
 
 
 def cached_model_id(path: Path) -> str | None:
@@ -129,12 +135,16 @@ def _hub_cache() -> str:
     return constants.HF_HUB_CACHE
 
 
+def _is_model_id(key: str) -> bool:
+    return bool(_MODEL_ID.match(key)) and "--" not in key and ".." not in key
+
+
 def _hub_snapshot(key: str) -> Path | None:
     """The folder of model id ``key`` (``org/name[@revision]``) in the local Hugging Face cache, or
     None: the snapshot its revision (``main`` unless given; a commit hash's unique first 7 or more
     characters, as git takes them) points to, else — where no ``main`` ref is written (``hf
     download --revision HASH``) — its only snapshot holding a config. Reads no network."""
-    if not _MODEL_ID.match(key) or "--" in key or ".." in key:
+    if not _is_model_id(key):
         return None
     repo_id, _, revision = key.partition("@")
     try:
@@ -167,7 +177,7 @@ def _main_ref(repo_id: str) -> str | None:
 
 def _cached_revisions(key: str) -> list[str]:
     """The snapshots (with a config) the local Hugging Face cache holds of model id ``key``'s repository."""
-    if not _MODEL_ID.match(key) or "--" in key or ".." in key:
+    if not _is_model_id(key):
         return []
     snapshots = _repo_folder(key.partition("@")[0]) / "snapshots"
     return sorted(s.name for s in snapshots.glob("*") if (s / "config.json").is_file()) if snapshots.is_dir() else []
